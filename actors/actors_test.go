@@ -157,7 +157,7 @@ func TestGangAllForOneRestart(t *testing.T) {
 	defer cancel()
 	var failures atomic.Int32
 	g, err := job.SpawnGang(ctx, GangSpec{Name: "g", Kind: "counter", Size: 4, MaxRestarts: 2,
-		Backoff: time.Millisecond, OnFailure: func(int, any) { failures.Add(1) }})
+		Backoff: time.Millisecond, OnFailure: func(Failure) { failures.Add(1) }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,7 +67,7 @@ func (p *replyProcess) SendUserMessage(_ *actor.PID, message any) {
 }
 
 func (p *replyProcess) SendSystemMessage(*actor.PID, any) {}
-func (p *replyProcess) Stop(*actor.PID)                    {}
+func (p *replyProcess) Stop(*actor.PID)                   {}
 
 // Future is the pending result of a call. Await it once.
 type Future[T any] struct {

@@ -30,7 +30,19 @@ type GangSpec struct {
 	Data any
 	// OnFailure, if set, is called when a worker fails, before the gang restarts. It must not
 	// block; the runtime uses it to abort the gang's collectives.
-	OnFailure func(rank int, reason any)
+	OnFailure func(Failure)
+}
+
+// Failure describes a worker failure, as told to GangSpec.OnFailure.
+type Failure struct {
+	// Rank is the failed worker's rank.
+	Rank int
+	// Reason is what it panicked with.
+	Reason any
+	// Generation is the gang incarnation that ended with the failure (the next is +1).
+	Generation int
+	// Final says the gang used up its restarts and is stopped.
+	Final bool
 }
 
 func (s *GangSpec) normalize() error {
@@ -263,10 +275,11 @@ func (st gangStrategy) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor,
 		g.state = GangFailed
 		g.err = fmt.Errorf("%w: %q: worker %d failed (%v) after %d restarts within %v", ErrGangFailed, g.spec.Name, rank, reason, g.spec.MaxRestarts, g.spec.RestartWindow)
 		g.log.Error("gang failed", zap.Int("rank", rank), zap.Any("reason", reason))
+		gen := g.generation
 		g.notifyLocked()
 		g.mu.Unlock()
 		if g.spec.OnFailure != nil {
-			g.spec.OnFailure(rank, reason)
+			g.spec.OnFailure(Failure{Rank: rank, Reason: reason, Generation: gen, Final: true})
 		}
 		sup.StopChildren(children...)
 		return
@@ -276,6 +289,7 @@ func (st gangStrategy) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor,
 		backoff = g.spec.MaxBackoff
 	}
 	g.state = GangRestarting
+	ended := g.generation
 	g.generation++
 	g.restarts++
 	for i := range g.started {
@@ -286,7 +300,7 @@ func (st gangStrategy) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor,
 	g.notifyLocked()
 	g.mu.Unlock()
 	if g.spec.OnFailure != nil {
-		g.spec.OnFailure(rank, reason)
+		g.spec.OnFailure(Failure{Rank: rank, Reason: reason, Generation: ended})
 	}
 	time.AfterFunc(backoff, func() { sup.RestartChildren(children...) })
 }

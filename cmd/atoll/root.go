@@ -14,6 +14,7 @@ func newRootCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Run a benchmark against its baseline, measured in the same run",
 	}
-	root.AddCommand(bench)
+	bench.AddCommand(newBenchActorsCmd())
+	root.AddCommand(bench, newDemoCmd())
 	return root
 }

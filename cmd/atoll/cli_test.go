@@ -1,0 +1,77 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func runCLI(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := newRootCmd()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+func TestHelpListsEveryCommandWithAPurpose(t *testing.T) {
+	root := newRootCmd()
+	for _, c := range root.Commands() {
+		if c.Short == "" {
+			t.Errorf("command %q has no one-line purpose", c.Name())
+		}
+		for _, sub := range c.Commands() {
+			if sub.Short == "" {
+				t.Errorf("command %q %q has no one-line purpose", c.Name(), sub.Name())
+			}
+		}
+	}
+	out, err := runCLI(t, "--help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"demo", "bench"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--help does not list %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestDemoJSONContract(t *testing.T) {
+	out, err := runCLI(t, "demo", "--json", "--steps", "60", "--kill-at", "33")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("demo --json printed something other than one JSON object: %v\n%s", err, out)
+	}
+	for _, k := range []string{"gpus_total", "gang_size", "islands_used", "initial_loss", "final_loss", "accuracy", "restarts", "steps", "wall_s"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("demo --json lacks %q", k)
+		}
+	}
+	if m["gang_size"] != 8.0 || m["islands_used"] != 1.0 || m["restarts"] != 1.0 || m["gpus_total"] != 32.0 {
+		t.Errorf("demo --json: gang %v on %v islands, %v restarts, %v GPUs", m["gang_size"], m["islands_used"], m["restarts"], m["gpus_total"])
+	}
+}
+
+func TestBenchActorsJSONContract(t *testing.T) {
+	out, err := runCLI(t, "bench", "actors", "--json", "--duration", "50ms", "--rounds", "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, k := range []string{"atoll_calls_per_s", "protoactor_calls_per_s", "ratio"} {
+		if v, ok := m[k].(float64); !ok || v <= 0 {
+			t.Errorf("bench actors --json: %q = %v", k, m[k])
+		}
+	}
+}

@@ -1,0 +1,22 @@
+// Command digits runs the digits training example on an embedded Atoll cluster.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/atoll-run/atoll/examples/digits"
+)
+
+func main() {
+	o := digits.DefaultOptions()
+	o.Progress = os.Stderr
+	res, err := digits.Run(context.Background(), o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "digits:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("final loss %.4f (from %.4f), test accuracy %.2f%%, %d restart(s), %.1fs\n",
+		res.FinalLoss, res.InitialLoss, 100*res.Accuracy, res.Restarts, res.WallSeconds)
+}

@@ -1,0 +1,65 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestRingAllReduce(t *testing.T) {
+	for _, tc := range []struct{ n, length int }{{1, 5}, {2, 7}, {3, 10}, {8, 1000}, {8, 3}, {5, 0}} {
+		r := NewRing(tc.n)
+		bufs := make([][]float32, tc.n)
+		want := make([]float32, tc.length)
+		for i := range bufs {
+			bufs[i] = make([]float32, tc.length)
+			for j := range bufs[i] {
+				bufs[i][j] = float32(i*100 + j)
+				want[j] += float32(i*100 + j)
+			}
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, tc.n)
+		for i := 0; i < tc.n; i++ {
+			wg.Add(1)
+			go func(i int) { defer wg.Done(); errs[i] = r.AllReduce(context.Background(), i, bufs[i]) }(i)
+		}
+		wg.Wait()
+		for i := range bufs {
+			if errs[i] != nil {
+				t.Fatalf("n=%d rank %d: %v", tc.n, i, errs[i])
+			}
+			for j := range want {
+				if bufs[i][j] != want[j] {
+					t.Fatalf("n=%d len=%d rank %d [%d] = %v, want %v", tc.n, tc.length, i, j, bufs[i][j], want[j])
+				}
+			}
+		}
+	}
+}
+
+func TestRingAbortAndDeadline(t *testing.T) {
+	r := NewRing(4)
+	done := make(chan error, 3)
+	for i := 0; i < 3; i++ { // rank 3 never comes
+		go func(i int) { done <- r.AllReduce(context.Background(), i, make([]float32, 8)) }(i)
+	}
+	time.Sleep(10 * time.Millisecond)
+	r.Abort()
+	for i := 0; i < 3; i++ {
+		if err := <-done; !errors.Is(err, ErrAborted) {
+			t.Fatalf("aborted ring: %v", err)
+		}
+	}
+	r2 := NewRing(2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := r2.AllReduce(ctx, 0, make([]float32, 4)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("lonely rank: %v", err)
+	}
+	if err := r2.AllReduce(ctx, 7, nil); !errors.Is(err, ErrInvalidRequest) {
+		t.Fatalf("bad rank: %v", err)
+	}
+}

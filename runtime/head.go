@@ -1,0 +1,115 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"go.uber.org/zap"
+)
+
+// Head holds the cluster's state: which GPUs are free, which gang holds which, and the
+// metadata log every decision is committed to before it is acted on.
+type Head struct {
+	cluster *Cluster
+	placer  Placer
+	meta    MetaStore
+	log     *zap.Logger
+
+	mu    sync.Mutex
+	free  []bool
+	gangs map[string]Placement
+}
+
+// NewHead makes a head over a validated cluster.
+func NewHead(c *Cluster, p Placer, meta MetaStore, log *zap.Logger) (*Head, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	free := make([]bool, c.NumGPUs())
+	for i := range free {
+		free[i] = true
+	}
+	return &Head{cluster: c, placer: p, meta: meta, log: log.Named("head"), free: free, gangs: map[string]Placement{}}, nil
+}
+
+// Cluster is the head's cluster (read-only).
+func (h *Head) Cluster() *Cluster { return h.cluster }
+
+// Meta is the metadata store.
+func (h *Head) Meta() MetaStore { return h.meta }
+
+// FreeGPUs counts the GPUs not held by any gang.
+func (h *Head) FreeGPUs() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, f := range h.free {
+		if f {
+			n++
+		}
+	}
+	return n
+}
+
+func gangKey(job, gang string) string { return job + "/" + gang }
+
+// Admit places a gang all-or-nothing, commits the placement to the metadata log, and only
+// then marks its GPUs taken. A request that can never fit fails with ErrNeverFits; one that
+// does not fit now with ErrNoCapacity.
+func (h *Head) Admit(ctx context.Context, req GangRequest) (Placement, error) {
+	if err := req.Validate(h.cluster); err != nil {
+		return Placement{}, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	key := gangKey(req.Job, req.Gang)
+	if _, ok := h.gangs[key]; ok {
+		return Placement{}, fmt.Errorf("%w: gang %s is already placed", ErrInvalidRequest, key)
+	}
+	p, err := h.placer.Place(req, h.cluster, h.free)
+	if err != nil {
+		return Placement{}, err
+	}
+	if len(p.Members) != req.Members {
+		return Placement{}, fmt.Errorf("runtime: placer %s returned %d members for a gang of %d", p.Placer, len(p.Members), req.Members)
+	}
+	for _, g := range p.GPUs() {
+		if g < 0 || g >= len(h.free) || !h.free[g] {
+			return Placement{}, fmt.Errorf("runtime: placer %s chose GPU %d, which is not free", p.Placer, g)
+		}
+	}
+	rec, err := json.Marshal(p)
+	if err != nil {
+		return Placement{}, err
+	}
+	if err := h.meta.Put(ctx, TablePlacements, key, rec); err != nil {
+		return Placement{}, fmt.Errorf("runtime: commit placement of %s: %w", key, err)
+	}
+	for _, g := range p.GPUs() {
+		h.free[g] = false
+	}
+	h.gangs[key] = p
+	h.log.Info("gang placed", zap.String("gang", key), zap.Ints("islands", p.Islands), zap.Ints("machines", p.Machines))
+	return p, nil
+}
+
+// Release frees a gang's GPUs.
+func (h *Head) Release(ctx context.Context, job, gang string) error {
+	key := gangKey(job, gang)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	p, ok := h.gangs[key]
+	if !ok {
+		return fmt.Errorf("%w: gang %s is not placed", ErrInvalidRequest, key)
+	}
+	if err := h.meta.Delete(ctx, TablePlacements, key); err != nil {
+		return fmt.Errorf("runtime: release %s: %w", key, err)
+	}
+	for _, g := range p.GPUs() {
+		h.free[g] = true
+	}
+	delete(h.gangs, key)
+	return nil
+}

@@ -1,0 +1,286 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/actors"
+)
+
+// Config configures an embedded cluster. DefaultConfig gives the embedded default.
+type Config struct {
+	// Logger receives every component's logs. Default: no-op.
+	Logger *zap.Logger
+	// Cluster describes the machines. Default: DefaultCluster().
+	Cluster *Cluster
+	// Placer places gangs. Default: FirstFit.
+	Placer Placer
+	// Meta is the metadata log. Default: an in-memory store.
+	Meta MetaStore
+	// NewStore makes each machine's object store. Default: an in-memory store per machine.
+	NewStore func(machine string) (ObjectStore, error)
+	// CallTimeout bounds actor calls whose context has no deadline. Default 30 s.
+	CallTimeout time.Duration
+}
+
+// DefaultConfig is the embedded default: four simulated 8-GPU machines, each one NVLink
+// island of 8.
+func DefaultConfig() Config { return Config{} }
+
+// Agent is one machine's agent: its GPUs and its object store.
+type Agent struct {
+	Machine Machine
+	Store   ObjectStore
+}
+
+// Local is a whole cluster in one process: a head, one agent per machine, and an actor
+// system hosting the workers of every machine.
+type Local struct {
+	Actors *actors.System
+	Head   *Head
+	Agents []*Agent
+	log    *zap.Logger
+	meta   MetaStore
+}
+
+// StartLocal starts an embedded cluster.
+func StartLocal(ctx context.Context, cfg Config) (*Local, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Cluster == nil {
+		cfg.Cluster = DefaultCluster()
+	}
+	if cfg.Placer == nil {
+		cfg.Placer = FirstFit{}
+	}
+	if cfg.Meta == nil {
+		cfg.Meta = NewMemMeta()
+	}
+	if cfg.NewStore == nil {
+		cfg.NewStore = func(string) (ObjectStore, error) { return NewMemStore(), nil }
+	}
+	head, err := NewHead(cfg.Cluster, cfg.Placer, cfg.Meta, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	l := &Local{Head: head, log: cfg.Logger, meta: cfg.Meta}
+	for _, m := range cfg.Cluster.Machines {
+		st, err := cfg.NewStore(m.Name)
+		if err != nil {
+			return nil, fmt.Errorf("runtime: object store of %s: %w", m.Name, err)
+		}
+		rec, _ := json.Marshal(m)
+		if err := cfg.Meta.Put(ctx, TableMachines, m.Name, rec); err != nil {
+			return nil, fmt.Errorf("runtime: register machine %s: %w", m.Name, err)
+		}
+		l.Agents = append(l.Agents, &Agent{Machine: m, Store: st})
+	}
+	l.Actors, err = actors.NewSystem(actors.Config{Logger: cfg.Logger, DefaultCallTimeout: cfg.CallTimeout})
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// Shutdown stops every actor.
+func (l *Local) Shutdown(ctx context.Context) error { return l.Actors.Shutdown(ctx) }
+
+// Agent returns the agent of the machine with the given index.
+func (l *Local) Agent(machine int) (*Agent, error) {
+	if machine < 0 || machine >= len(l.Agents) {
+		return nil, fmt.Errorf("%w: machine %d of %d", ErrUnknownMachine, machine, len(l.Agents))
+	}
+	return l.Agents[machine], nil
+}
+
+// ObjectMeta is what the metadata log records of an object.
+type ObjectMeta struct {
+	ID          ObjectID `json:"id"`
+	Size        int      `json:"size"`
+	Fingerprint uint64   `json:"fingerprint"`
+	Owner       string   `json:"owner"`
+	Locations   []string `json:"locations"`
+}
+
+// PutObject stores data as a new object in the store of the given machine and commits its
+// metadata before returning its id, so no reader sees an object the cluster may forget.
+func (l *Local) PutObject(ctx context.Context, machine int, owner string, data []byte) (ObjectID, error) {
+	a, err := l.Agent(machine)
+	if err != nil {
+		return "", err
+	}
+	id := NewObjectID()
+	if err := a.Store.Put(ctx, id, owner, data); err != nil {
+		return "", fmt.Errorf("runtime: put object on %s: %w", a.Machine.Name, err)
+	}
+	rec, _ := json.Marshal(ObjectMeta{ID: id, Size: len(data), Fingerprint: xxhash.Sum64(data), Owner: owner, Locations: []string{a.Machine.Name}})
+	if err := l.meta.Put(ctx, TableObjects, string(id), rec); err != nil {
+		_ = a.Store.Free(ctx, id)
+		return "", fmt.Errorf("runtime: commit object %s: %w", id, err)
+	}
+	return id, nil
+}
+
+// GetObject returns a read-only view of an object on the given machine, pulling it from a
+// machine that holds it when it is not local. release must be called once.
+func (l *Local) GetObject(ctx context.Context, machine int, id ObjectID) ([]byte, func(), error) {
+	a, err := l.Agent(machine)
+	if err != nil {
+		return nil, nil, err
+	}
+	if view, release, err := a.Store.Get(ctx, id); err == nil {
+		return view, release, nil
+	} else if !errors.Is(err, ErrUnknownObject) {
+		return nil, nil, err
+	}
+	rec, ok, err := l.meta.Get(ctx, TableObjects, string(id))
+	if err != nil {
+		return nil, nil, err
+	}
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: %s", ErrUnknownObject, id)
+	}
+	var om ObjectMeta
+	if err := json.Unmarshal(rec, &om); err != nil {
+		return nil, nil, fmt.Errorf("runtime: object %s metadata: %w", id, err)
+	}
+	for _, loc := range om.Locations {
+		for _, src := range l.Agents {
+			if src.Machine.Name != loc {
+				continue
+			}
+			view, release, err := src.Store.Get(ctx, id)
+			if err != nil {
+				continue
+			}
+			if xxhash.Sum64(view) != om.Fingerprint {
+				release()
+				return nil, nil, fmt.Errorf("runtime: object %s on %s fails its fingerprint", id, loc)
+			}
+			err = a.Store.Put(ctx, id, om.Owner, view)
+			release()
+			if err != nil {
+				return nil, nil, fmt.Errorf("runtime: copy object %s to %s: %w", id, a.Machine.Name, err)
+			}
+			om.Locations = append(om.Locations, a.Machine.Name)
+			rec, _ := json.Marshal(om)
+			if err := l.meta.Put(ctx, TableObjects, string(id), rec); err != nil {
+				return nil, nil, err
+			}
+			return a.Store.Get(ctx, id)
+		}
+	}
+	return nil, nil, fmt.Errorf("%w: %s: no live copy (locations %v)", ErrUnknownObject, id, om.Locations)
+}
+
+// FreeObject drops an object everywhere and forgets its metadata.
+func (l *Local) FreeObject(ctx context.Context, id ObjectID) error {
+	rec, ok, err := l.meta.Get(ctx, TableObjects, string(id))
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrUnknownObject, id)
+	}
+	var om ObjectMeta
+	_ = json.Unmarshal(rec, &om)
+	if err := l.meta.Delete(ctx, TableObjects, string(id)); err != nil {
+		return err
+	}
+	for _, a := range l.Agents {
+		if a.Store.Has(id) {
+			_ = a.Store.Free(ctx, id)
+		}
+	}
+	return nil
+}
+
+// Checkpoint is a complete checkpoint of a gang: one object per rank, committed as a whole.
+type Checkpoint struct {
+	Job     string     `json:"job"`
+	Gang    string     `json:"gang"`
+	Step    int64      `json:"step"`
+	Objects []ObjectID `json:"objects"`
+	Time    time.Time  `json:"time"`
+}
+
+func checkpointKey(job, gang string, step int64) string {
+	return fmt.Sprintf("%s/%s/%020d", job, gang, step)
+}
+
+// CommitCheckpoint records a complete checkpoint; from then on restarts restore from it.
+func (l *Local) CommitCheckpoint(ctx context.Context, cp Checkpoint) error {
+	rec, err := json.Marshal(cp)
+	if err != nil {
+		return err
+	}
+	return l.meta.Put(ctx, TableCheckpoints, checkpointKey(cp.Job, cp.Gang, cp.Step), rec)
+}
+
+// LatestCheckpoint returns the newest complete checkpoint of a gang.
+func (l *Local) LatestCheckpoint(ctx context.Context, job, gang string) (Checkpoint, bool, error) {
+	kvs, err := l.meta.List(ctx, TableCheckpoints, job+"/"+gang+"/")
+	if err != nil || len(kvs) == 0 {
+		return Checkpoint{}, false, err
+	}
+	var cp Checkpoint
+	if err := json.Unmarshal(kvs[len(kvs)-1].Value, &cp); err != nil {
+		return Checkpoint{}, false, fmt.Errorf("runtime: checkpoint %s: %w", kvs[len(kvs)-1].Key, err)
+	}
+	return cp, true, nil
+}
+
+// PruneCheckpoints keeps the newest keep checkpoints of a gang and frees the others' objects.
+func (l *Local) PruneCheckpoints(ctx context.Context, job, gang string, keep int) error {
+	kvs, err := l.meta.List(ctx, TableCheckpoints, job+"/"+gang+"/")
+	if err != nil {
+		return err
+	}
+	for i := 0; i < len(kvs)-keep; i++ {
+		var cp Checkpoint
+		if err := json.Unmarshal(kvs[i].Value, &cp); err != nil {
+			return err
+		}
+		if err := l.meta.Delete(ctx, TableCheckpoints, kvs[i].Key); err != nil {
+			return err
+		}
+		for _, id := range cp.Objects {
+			if err := l.FreeObject(ctx, id); err != nil && !errors.Is(err, ErrUnknownObject) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// DefaultCluster is the embedded default: four simulated machines of eight GPUs, each
+// machine one NVLink island of eight (an NVSwitch machine such as a DGX H100).
+func DefaultCluster() *Cluster {
+	return SimulatedCluster(4, 8, "simulated-8gpu", "Simulated GPU (80 GiB)")
+}
+
+// SimulatedCluster declares n machines of gpus GPUs each, every machine one NVLink island.
+func SimulatedCluster(n, gpus int, typ, model string) *Cluster {
+	c := &Cluster{}
+	global := 0
+	for m := 0; m < n; m++ {
+		mach := Machine{Name: fmt.Sprintf("node-%d", m), Type: typ, Simulated: true}
+		var island []int
+		for i := 0; i < gpus; i++ {
+			mach.GPUs = append(mach.GPUs, GPU{Global: global, Machine: m, Index: i, Island: m, Model: model,
+				MemoryMiB: 81920, UUID: fmt.Sprintf("GPU-sim-%d-%d", m, i)})
+			island = append(island, global)
+			global++
+		}
+		c.Machines = append(c.Machines, mach)
+		c.Islands = append(c.Islands, island)
+	}
+	return c
+}

@@ -1,0 +1,101 @@
+package runtime
+
+import (
+	"context"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Metadata tables the runtime writes.
+const (
+	TableMachines    = "machines"
+	TableJobs        = "jobs"
+	TableGangs       = "gangs"
+	TablePlacements  = "placements"
+	TableObjects     = "objects"
+	TableCheckpoints = "checkpoints"
+)
+
+// KV is one metadata entry.
+type KV struct {
+	Key   string
+	Value []byte
+}
+
+// MetaStore is where the head commits what it decides before acting on it. Implementations
+// must be safe for concurrent use and linearizable; a Put returns only once the write is
+// durable by the implementation's standard (the Paxos log: committed on a majority). Values
+// are owned by the caller after the call returns.
+type MetaStore interface {
+	Put(ctx context.Context, table, key string, value []byte) error
+	Get(ctx context.Context, table, key string) (value []byte, ok bool, err error)
+	Delete(ctx context.Context, table, key string) error
+	// List returns the entries of table whose keys start with prefix, sorted by key.
+	List(ctx context.Context, table, prefix string) ([]KV, error)
+}
+
+// MemMeta is an in-memory MetaStore for tests and for a single-process head without
+// durability.
+type MemMeta struct {
+	mu sync.RWMutex
+	t  map[string]map[string][]byte
+}
+
+var _ MetaStore = (*MemMeta)(nil)
+
+// NewMemMeta returns an empty in-memory MetaStore.
+func NewMemMeta() *MemMeta { return &MemMeta{t: map[string]map[string][]byte{}} }
+
+// Put implements MetaStore.
+func (m *MemMeta) Put(ctx context.Context, table, key string, value []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.t[table] == nil {
+		m.t[table] = map[string][]byte{}
+	}
+	m.t[table][key] = append([]byte(nil), value...)
+	return nil
+}
+
+// Get implements MetaStore.
+func (m *MemMeta) Get(ctx context.Context, table, key string) ([]byte, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, false, err
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	v, ok := m.t[table][key]
+	return append([]byte(nil), v...), ok, nil
+}
+
+// Delete implements MetaStore.
+func (m *MemMeta) Delete(ctx context.Context, table, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.t[table], key)
+	return nil
+}
+
+// List implements MetaStore.
+func (m *MemMeta) List(ctx context.Context, table, prefix string) ([]KV, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	var out []KV
+	for k, v := range m.t[table] {
+		if strings.HasPrefix(k, prefix) {
+			out = append(out, KV{Key: k, Value: append([]byte(nil), v...)})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
