@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+
+	"github.com/atoll-run/atoll/topology"
 )
 
 // Errors of the runtime. Check them with errors.Is.
@@ -55,6 +57,34 @@ type Cluster struct {
 	Machines []Machine
 	// Islands lists, for each island id, the global ids of its GPUs.
 	Islands [][]int
+	// Topology is the full machine model the cluster was built from (links, NICs, the
+	// bandwidth model), or nil for a cluster declared without one.
+	Topology *topology.Cluster
+}
+
+// FromTopology makes the head's picture of a topology cluster. GPU ids, islands and
+// machine order are the topology's.
+func FromTopology(tc *topology.Cluster) *Cluster {
+	c := &Cluster{Topology: tc, Islands: tc.Islands()}
+	for _, m := range tc.Machines {
+		rm := Machine{Name: m.Name, Type: m.Type, Rack: m.Rack, Simulated: m.Simulated}
+		for _, g := range m.GPUs {
+			rm.GPUs = append(rm.GPUs, GPU{Global: g.ID, Machine: m.Index, Index: g.Index, Island: tc.IslandOf(g.ID),
+				Model: g.Model, MemoryMiB: g.MemoryMiB, UUID: g.UUID})
+		}
+		c.Machines = append(c.Machines, rm)
+	}
+	return c
+}
+
+// LoadCluster builds the head's cluster from a topology spec: a built-in machine name, a
+// shorthand such as "4xdgx-h100" or "64xdgx-h100/8", or a spec file.
+func LoadCluster(spec string) (*Cluster, error) {
+	tc, err := topology.Load(spec)
+	if err != nil {
+		return nil, err
+	}
+	return FromTopology(tc), nil
 }
 
 // NumGPUs is the number of GPUs in the cluster.

@@ -55,7 +55,11 @@ func StartLocal(ctx context.Context, cfg Config) (*Local, error) {
 		cfg.Logger = zap.NewNop()
 	}
 	if cfg.Cluster == nil {
-		cfg.Cluster = DefaultCluster()
+		c, err := DefaultCluster()
+		if err != nil {
+			return nil, fmt.Errorf("runtime: the embedded default cluster %q: %w", DefaultClusterSpec, err)
+		}
+		cfg.Cluster = c
 	}
 	if cfg.Placer == nil {
 		cfg.Placer = FirstFit{}
@@ -260,11 +264,12 @@ func (l *Local) PruneCheckpoints(ctx context.Context, job, gang string, keep int
 	return nil
 }
 
-// DefaultCluster is the embedded default: four simulated machines of eight GPUs, each
-// machine one NVLink island of eight (an NVSwitch machine such as a DGX H100).
-func DefaultCluster() *Cluster {
-	return SimulatedCluster(4, 8, "simulated-8gpu", "Simulated GPU (80 GiB)")
-}
+// DefaultClusterSpec is the topology spec of the embedded default: four simulated DGX H100
+// machines (8 GPUs joined by NVSwitch: one NVLink island of eight each) in one rack.
+const DefaultClusterSpec = "4xdgx-h100"
+
+// DefaultCluster is the embedded default, built from DefaultClusterSpec.
+func DefaultCluster() (*Cluster, error) { return LoadCluster(DefaultClusterSpec) }
 
 // SimulatedCluster declares n machines of gpus GPUs each, every machine one NVLink island.
 func SimulatedCluster(n, gpus int, typ, model string) *Cluster {

@@ -39,6 +39,20 @@ func WithCluster(cl *runtime.Cluster) Option {
 	}
 }
 
+// WithSpec builds the cluster's simulated machines from a topology spec: a built-in machine
+// name ("dgx-h100"), a shorthand ("4xdgx-h100", "16xdgx-a100/4") or a spec file. A malformed
+// spec is an error naming the file and line.
+func WithSpec(spec string) Option {
+	return func(c *runtime.Config) error {
+		cl, err := runtime.LoadCluster(spec)
+		if err != nil {
+			return fmt.Errorf("sdk: WithSpec(%q): %w", spec, err)
+		}
+		c.Cluster = cl
+		return nil
+	}
+}
+
 // WithPlacer places gangs with p instead of the default placer.
 func WithPlacer(p runtime.Placer) Option {
 	return func(c *runtime.Config) error { c.Placer = p; return nil }
@@ -56,7 +70,8 @@ func WithCallTimeout(d time.Duration) Option {
 }
 
 // Local starts an embedded cluster in this process: a head and one agent per machine. By
-// default the machines are four simulated 8-GPU machines, each one NVLink island of 8;
+// default the machines are four simulated DGX H100s (runtime.DefaultClusterSpec), each one
+// NVLink island of 8;
 // simulated GPUs are declared as such (Machine.Simulated), never claimed as hardware.
 func Local(ctx context.Context, opts ...Option) (*Cluster, error) {
 	cfg := runtime.DefaultConfig()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -135,6 +137,15 @@ func TestBadRequestsAreRejectedWithReasons(t *testing.T) {
 	}
 	if _, err := c.Actor("job-bad/gang-zz/w0"); !errors.Is(err, actors.ErrUnknownActor) {
 		t.Fatalf("lookup unknown actor: %v", err)
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "cluster.json")
+	_ = os.WriteFile(path, []byte("{\"machines\": [\n  {\"type\": \"dgx-h100\", \"count\": 2,}\n]}\n"), 0o644)
+	if _, err := sdk.Local(ctx, sdk.WithSpec(path)); err == nil || !strings.Contains(err.Error(), path+":2:") {
+		t.Fatalf("malformed spec file: %v; want the file and line", err)
+	}
+	if _, err := sdk.Local(ctx, sdk.WithSpec("4xdgx-h1000")); err == nil || !strings.Contains(err.Error(), "dgx-h1000") {
+		t.Fatalf("unknown machine type: %v", err)
 	}
 	bad := runtime.SimulatedCluster(1, 4, "x", "y")
 	bad.Machines[0].GPUs[2].Island = 7

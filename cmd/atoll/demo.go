@@ -8,11 +8,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/examples/digits"
+	"github.com/atoll-run/atoll/runtime"
+	"github.com/atoll-run/atoll/sdk"
 )
 
 func newDemoCmd() *cobra.Command {
 	o := digits.DefaultOptions()
 	var asJSON, verbose bool
+	var clusterSpec string
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Train a small model on an embedded cluster of simulated GPU machines (the main job)",
@@ -32,6 +35,9 @@ all-for-one from its newest checkpoint. The GPUs are simulated: no GPU is needed
 					return err
 				}
 				o.Logger = log
+			}
+			if clusterSpec != "" {
+				o.ClusterOptions = append(o.ClusterOptions, sdk.WithSpec(clusterSpec))
 			}
 			res, err := digits.Run(cmd.Context(), o)
 			if err != nil {
@@ -60,6 +66,7 @@ summary
 	f.IntVar(&o.Steps, "steps", o.Steps, "training steps")
 	f.IntVar(&o.Workers, "workers", o.Workers, "workers in the gang (one GPU each)")
 	f.IntVar(&o.KillAtStep, "kill-at", o.KillAtStep, "crash one worker before this step (-1: never)")
+	f.StringVar(&clusterSpec, "cluster", "", "simulated machines: a topology spec name, shorthand (e.g. 2xhgx-h200) or file (default "+runtime.DefaultClusterSpec+")")
 	f.Uint64Var(&o.Seed, "seed", o.Seed, "seed for the data split, weights and minibatches")
 	return cmd
 }
