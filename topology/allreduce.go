@@ -116,12 +116,12 @@ func (c *Cluster) AllReduce(gpus []int, bytes int64, algo Algo) AllReduceEstimat
 		return best
 	case Ring:
 		b, alpha, tier := c.ring(ids)
-		est.Time = ringTime(len(ids), bytes, b, alpha)
+		est.Time = us(c.model.RingBaseLatencyUs) + ringTime(len(ids), bytes, b, alpha)
 		est.Bottleneck = tier
 	case Tree:
 		b, alpha, tier := c.ring(ids)
 		steps := math.Ceil(math.Log2(float64(len(ids))))
-		est.Time = time.Duration(2*steps*float64(alpha)) + secs(2*float64(bytes)/(b*1e9))
+		est.Time = us(c.model.TreeBaseLatencyUs) + time.Duration(2*steps*float64(alpha)) + secs(2*float64(bytes)/(b*1e9))
 		est.Bottleneck = tier
 	case NVLS:
 		b, ok := c.nvls(ids)
@@ -129,7 +129,7 @@ func (c *Cluster) AllReduce(gpus []int, bytes int64, algo Algo) AllReduceEstimat
 			est.Time = Unreachable
 			return est
 		}
-		est.Time = 2*us(c.model.NVSwitchLatencyUs) + secs(float64(bytes)/(b*1e9))
+		est.Time = c.nvlsLatency() + secs(float64(bytes)/(b*1e9))
 		est.Bottleneck = TierNVSwitch
 	case Hierarchical:
 		est.Time, est.Bottleneck = c.hierarchical(ids, bytes)
@@ -147,6 +147,12 @@ func (c *Cluster) AllReduce(gpus []int, bytes int64, algo Algo) AllReduceEstimat
 
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
+// nvlsLatency is NVLS's fixed cost: its base latency and one step into and out of the switch.
+func (c *Cluster) nvlsLatency() time.Duration {
+	return us(c.model.NVLSBaseLatencyUs) + 2*us(c.model.NVSwitchLatencyUs)
+}
+
+// ringTime is a ring's step latencies plus its transfer time, without the base latency.
 func ringTime(p int, bytes int64, b float64, alpha time.Duration) time.Duration {
 	if p <= 1 {
 		return 0
@@ -245,7 +251,7 @@ func (c *Cluster) hierarchical(ids []int, bytes int64) (time.Duration, Tier) {
 		b, alpha, bt := c.ring(grp)
 		t, lat := ringTime(len(grp), bytes, b, alpha), ringTime(len(grp), 0, b, alpha)
 		if nb, ok := c.nvls(grp); ok {
-			nl := 2 * us(c.model.NVSwitchLatencyUs)
+			nl := c.nvlsLatency() - us(c.model.RingBaseLatencyUs)
 			if tn := nl + secs(float64(bytes)/(nb*1e9)); tn < t {
 				t, lat, bt = tn, nl, TierNVSwitch
 			}
@@ -256,7 +262,7 @@ func (c *Cluster) hierarchical(ids []int, bytes int64) (time.Duration, Tier) {
 	}
 	k := len(order)
 	if k < 2 {
-		return intra, tier
+		return us(c.model.RingBaseLatencyUs) + intra, tier
 	}
 	// Inter-island ring: hop i joins group i and i+1; each of the g GPU positions runs its
 	// own ring over its shard, sharing NICs where GPUs of a group share one.
@@ -283,11 +289,15 @@ func (c *Cluster) hierarchical(ids []int, bytes int64) (time.Duration, Tier) {
 		a, z := groups[order[i]][0], groups[order[(i+1)%k]][0]
 		l := c.Link(a, z)
 		bw := l.GBps * c.model.efficiency(l.Tier)
-		if l.Tier == TierNetLeaf || l.Tier == TierNetSpine {
+		switch l.Tier {
+		case TierNetLeaf, TierNetSpine:
 			bw = min(perGPU[i], perGPU[(i+1)%k]) * c.model.NetEfficiency
 			if l.Tier == TierNetSpine {
 				bw /= c.Network.Oversubscription
 			}
+		case TierPCIeSwitch, TierPCIeHostBridge, TierCrossSocket:
+			// The g parallel rings share the PCIe uplink or the socket interconnect.
+			bw /= float64(g)
 		}
 		if bw < b {
 			b, interTier = bw, l.Tier
@@ -302,5 +312,5 @@ func (c *Cluster) hierarchical(ids []int, bytes int64) (time.Duration, Tier) {
 	if inter-interLat > intra-intraLat {
 		tier = interTier
 	}
-	return intraLat + interLat + max(intra-intraLat, inter-interLat), tier
+	return us(c.model.RingBaseLatencyUs) + intraLat + interLat + max(intra-intraLat, inter-interLat), tier
 }

@@ -97,7 +97,13 @@ type ModelParams struct {
 	CrossSocketFactor float64
 	// NoNICGbps is the speed assumed for a machine without a declared NIC.
 	NoNICGbps float64
-	// Per-step latencies, microseconds.
+	// RingBaseLatencyUs, TreeBaseLatencyUs and NVLSBaseLatencyUs are each algorithm's fixed
+	// cost per AllReduce, microseconds. Ring 3.6 and tree 4.4 are NCCL's own tuning-model
+	// base latencies for the LL protocol (NCCL src/include/tuning.h, baseLat); NVLS runs only
+	// the Simple protocol, so it gets NCCL's Simple ring base, 8.4 (an assumption).
+	RingBaseLatencyUs, TreeBaseLatencyUs, NVLSBaseLatencyUs float64
+	// Per-step (per-hop) latencies, microseconds. NVLink 0.5 and network 2.7 follow NCCL's
+	// hwLat for the LL protocol (0.47 NVLink, 2.7 network); the PCIe values sit between.
 	NVLinkLatencyUs, NVSwitchLatencyUs, PCIeSwitchLatencyUs, HostBridgeLatencyUs, CrossSocketLatencyUs float64
 	// LeafLatencyUs and SpineLatencyUs are used when the cluster's NetworkSpec leaves them 0.
 	LeafLatencyUs, SpineLatencyUs float64
@@ -113,13 +119,16 @@ func DefaultModelParams() ModelParams {
 		HostBridgeFactor:     0.90,
 		CrossSocketFactor:    0.50,
 		NoNICGbps:            10,
-		NVLinkLatencyUs:      1.0,
-		NVSwitchLatencyUs:    1.0,
-		PCIeSwitchLatencyUs:  2.0,
-		HostBridgeLatencyUs:  2.5,
-		CrossSocketLatencyUs: 3.5,
-		LeafLatencyUs:        4.0,
-		SpineLatencyUs:       6.0,
+		RingBaseLatencyUs:    3.6,
+		TreeBaseLatencyUs:    4.4,
+		NVLSBaseLatencyUs:    8.4,
+		NVLinkLatencyUs:      0.5,
+		NVSwitchLatencyUs:    0.5,
+		PCIeSwitchLatencyUs:  1.0,
+		HostBridgeLatencyUs:  1.2,
+		CrossSocketLatencyUs: 1.5,
+		LeafLatencyUs:        2.7,
+		SpineLatencyUs:       3.5,
 	}
 }
 
@@ -137,6 +146,7 @@ func (p ModelParams) Validate() error {
 		"NVLinkLatencyUs": p.NVLinkLatencyUs, "NVSwitchLatencyUs": p.NVSwitchLatencyUs, "PCIeSwitchLatencyUs": p.PCIeSwitchLatencyUs,
 		"HostBridgeLatencyUs": p.HostBridgeLatencyUs, "CrossSocketLatencyUs": p.CrossSocketLatencyUs,
 		"LeafLatencyUs": p.LeafLatencyUs, "SpineLatencyUs": p.SpineLatencyUs,
+		"RingBaseLatencyUs": p.RingBaseLatencyUs, "TreeBaseLatencyUs": p.TreeBaseLatencyUs, "NVLSBaseLatencyUs": p.NVLSBaseLatencyUs,
 	} {
 		if v < 0 {
 			return fmt.Errorf("topology: model %s = %v must not be negative: %w", name, v, ErrInvalidSpec)
