@@ -38,9 +38,9 @@ func TestTopologyJSONContract(t *testing.T) {
 				t.Fatal(err)
 			}
 			var got struct {
-				Machines  int       `json:"machines"`
-				GPUs      int       `json:"gpus"`
-				Islands   [][]int   `json:"islands"`
+				Machines  int     `json:"machines"`
+				GPUs      int     `json:"gpus"`
+				Islands   [][]int `json:"islands"`
 				AllReduce []struct {
 					Algo      string  `json:"algo"`
 					BusBWGBps float64 `json:"busbwGBps"`
