@@ -20,6 +20,21 @@ type Cluster struct {
 	gpus     []*GPU
 	islands  [][]int
 	islandOf []int32
+	loc      []gpuLoc  // per GPU, compact, for Link
+	mach     []machLoc // per machine, compact, for Link
+}
+
+// gpuLoc places a GPU: its machine and local index.
+type gpuLoc struct {
+	machine int32
+	index   int32
+}
+
+// machLoc is what Link needs of a machine.
+type machLoc struct {
+	mt         *machineType
+	rack       int32
+	rackDomain bool
 }
 
 // Rack is a group of machines under one leaf switch; for rack NVLink fabrics (GB200 NVL72)
@@ -244,6 +259,14 @@ func BuildMachines(machines []MachineInstance, network NetworkSpec) (*Cluster, e
 					r.Index, len(r.Machines), ms.Name, ms.NVLinkDomainSize, ErrInvalidSpec)
 			}
 		}
+	}
+	c.loc = make([]gpuLoc, len(c.gpus))
+	for i, g := range c.gpus {
+		c.loc[i] = gpuLoc{machine: int32(g.Machine), index: int32(g.Index)}
+	}
+	c.mach = make([]machLoc, len(c.Machines))
+	for i, m := range c.Machines {
+		c.mach[i] = machLoc{mt: m.mt, rack: int32(m.Rack), rackDomain: c.Racks[m.Rack].NVLinkDomain}
 	}
 	c.computeIslands()
 	return c, nil

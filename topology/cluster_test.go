@@ -364,3 +364,18 @@ func TestBuildMachinesRackOrder(t *testing.T) {
 		t.Fatalf("discovered machine = %+v, uuid %q", c.Machines[0], c.GPU(0).UUID)
 	}
 }
+
+func TestExampleClusterFile(t *testing.T) {
+	c := mustLoad(t, "testdata/example-cluster.json")
+	if c.NumGPUs() != 16*8+4*4 || len(c.Racks) != 3 {
+		t.Fatalf("gpus %d racks %d", c.NumGPUs(), len(c.Racks))
+	}
+	// 16 DGX islands of 8; each h100-pcie-4 has pair {0,1}, GPU 2 alone (its peer 3 is in
+	// MIG mode) and GPU 3 alone.
+	if got := len(c.Islands()); got != 16+4*3 {
+		t.Fatalf("islands = %d", got)
+	}
+	if c.Network.Oversubscription != 2 {
+		t.Fatalf("network %+v", c.Network)
+	}
+}
