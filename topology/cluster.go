@@ -500,6 +500,22 @@ func (c *Cluster) IslandOf(global int) int {
 	return int(c.islandOf[global])
 }
 
+// CheckGPUs returns an error wrapping ErrNoGPU naming the first id outside 0..NumGPUs()-1,
+// or a duplicate id; nil if every id names a distinct GPU.
+func (c *Cluster) CheckGPUs(ids []int) error {
+	seen := make(map[int]bool, len(ids))
+	for i, id := range ids {
+		if id < 0 || id >= len(c.gpus) {
+			return fmt.Errorf("topology: GPU id %d at position %d: the cluster has GPUs 0..%d: %w", id, i, len(c.gpus)-1, ErrNoGPU)
+		}
+		if seen[id] {
+			return fmt.Errorf("topology: GPU id %d listed twice (position %d): %w", id, i, ErrNoGPU)
+		}
+		seen[id] = true
+	}
+	return nil
+}
+
 // MachineOf returns the machine holding a GPU, or nil.
 func (c *Cluster) MachineOf(global int) *Machine {
 	g := c.GPU(global)

@@ -1,6 +1,7 @@
 package topology
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -377,5 +378,60 @@ func TestExampleClusterFile(t *testing.T) {
 	}
 	if c.Network.Oversubscription != 2 {
 		t.Fatalf("network %+v", c.Network)
+	}
+}
+
+func TestBuiltinSpecsRoundTripThroughJSON(t *testing.T) {
+	// What an agent sends (a MachineSpec as JSON) must rebuild the same machine.
+	for _, name := range BuiltinNames() {
+		t.Run(name, func(t *testing.T) {
+			m, err := BuiltinMachine(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, err := json.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			spec, err := ParseSpec(raw, name+".json")
+			if err != nil {
+				t.Fatalf("%v\n%s", err, raw)
+			}
+			a, b := mustLoad(t, name), mustBuild(t, spec)
+			if !reflect.DeepEqual(a.Islands(), b.Islands()) || a.NumGPUs() != b.NumGPUs() {
+				t.Fatalf("islands %v vs %v", a.Islands(), b.Islands())
+			}
+			for i := 0; i < a.NumGPUs(); i++ {
+				for j := 0; j < a.NumGPUs(); j += 5 {
+					if a.Link(i, j) != b.Link(i, j) {
+						t.Fatalf("Link(%d,%d) %+v vs %+v", i, j, a.Link(i, j), b.Link(i, j))
+					}
+				}
+			}
+		})
+	}
+}
+
+func mustBuild(t *testing.T, s *ClusterSpec) *Cluster {
+	t.Helper()
+	c, err := Build(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestCheckGPUs(t *testing.T) {
+	c := mustLoad(t, "dgx-h100")
+	if err := c.CheckGPUs([]int{0, 7}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ids := range [][]int{{8}, {-1}, {1, 1}} {
+		if err := c.CheckGPUs(ids); !errors.Is(err, ErrNoGPU) {
+			t.Errorf("%v: err = %v", ids, err)
+		}
+	}
+	if _, err := ParseSpec([]byte(`[1,2]`), "x.json"); !errors.Is(err, ErrSyntax) || !strings.Contains(err.Error(), "want a JSON object") {
+		t.Errorf("array: %v", err)
 	}
 }
