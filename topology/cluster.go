@@ -1,6 +1,10 @@
 package topology
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
 
 // Cluster is a built, validated set of machines with global GPU ids 0..N-1 in machine
 // order. It is immutable after Build and safe for concurrent use; Link, IslandOf and
@@ -514,6 +518,53 @@ func (c *Cluster) CheckGPUs(ids []int) error {
 		seen[id] = true
 	}
 	return nil
+}
+
+// IslandsOf groups GPUs by island: one sorted list per island touched, ordered by island
+// index. Unknown ids are left out. len(IslandsOf(gang)) is the number of islands a gang spans.
+func (c *Cluster) IslandsOf(gpus []int) [][]int {
+	byIsland := map[int][]int{}
+	for _, id := range gpus {
+		if k := c.IslandOf(id); k >= 0 {
+			byIsland[k] = append(byIsland[k], id)
+		}
+	}
+	keys := make([]int, 0, len(byIsland))
+	for k := range byIsland {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out := make([][]int, 0, len(keys))
+	for _, k := range keys {
+		ids := byIsland[k]
+		slices.Sort(ids)
+		out = append(out, slices.Compact(ids))
+	}
+	return out
+}
+
+// DescribePlacement says in one line where a set of GPUs sits, e.g.
+// "16 GPU(s) on 2 island(s): island 0 = dgx-h100-0 GPUs 0-7; island 1 = dgx-h100-1 GPUs 0-7".
+// The demo prints it for the islands its gang landed on.
+func (c *Cluster) DescribePlacement(gpus []int) string {
+	groups := c.IslandsOf(gpus)
+	n := 0
+	var parts []string
+	for _, g := range groups {
+		n += len(g)
+		// Within an island, list GPUs per machine by local index.
+		var per []string
+		for i := 0; i < len(g); {
+			m := c.gpus[g[i]].Machine
+			var local []int
+			for ; i < len(g) && c.gpus[g[i]].Machine == m; i++ {
+				local = append(local, c.gpus[g[i]].Index)
+			}
+			per = append(per, fmt.Sprintf("%s GPUs %s", c.Machines[m].Name, ranges(local)))
+		}
+		parts = append(parts, fmt.Sprintf("island %d = %s", c.IslandOf(g[0]), strings.Join(per, ", ")))
+	}
+	return fmt.Sprintf("%d GPU(s) on %d island(s): %s", n, len(groups), strings.Join(parts, "; "))
 }
 
 // MachineOf returns the machine holding a GPU, or nil.

@@ -435,3 +435,20 @@ func TestCheckGPUs(t *testing.T) {
 		t.Errorf("array: %v", err)
 	}
 }
+
+func TestIslandsOfAndDescribePlacement(t *testing.T) {
+	c := mustLoad(t, "4xdgx-h100")
+	gang := []int{9, 8, 0, 1, 2, 3, 99, 10, 11, 8}
+	want := [][]int{{0, 1, 2, 3}, {8, 9, 10, 11}}
+	if got := c.IslandsOf(gang); !reflect.DeepEqual(got, want) {
+		t.Fatalf("IslandsOf = %v", got)
+	}
+	got := c.DescribePlacement([]int{0, 1, 2, 3, 8, 9, 10, 11})
+	if got != "8 GPU(s) on 2 island(s): island 0 = dgx-h100-0 GPUs 0-3; island 1 = dgx-h100-1 GPUs 0-3" {
+		t.Fatalf("DescribePlacement = %q", got)
+	}
+	g := mustLoad(t, "gb200-nvl72")
+	if got := g.DescribePlacement([]int{2, 3, 4}); got != "3 GPU(s) on 1 island(s): island 0 = gb200-nvl72-0 GPUs 2-3, gb200-nvl72-1 GPUs 0" {
+		t.Fatalf("DescribePlacement = %q", got)
+	}
+}
