@@ -139,6 +139,10 @@ type machineType struct {
 	nicGBps  []float64  // per NIC: GB/s (speed/8)
 }
 
+// MaxGPUs bounds the size of a built cluster (about 200 MiB of model), so that a typo in a
+// count fails with an error instead of exhausting memory.
+const MaxGPUs = 1 << 20
+
 // Build validates a cluster spec and builds the cluster. Errors wrap ErrInvalidSpec or
 // ErrUnknownMachine and name the JSON path of what was wrong.
 func Build(spec *ClusterSpec) (*Cluster, error) {
@@ -151,7 +155,8 @@ func Build(spec *ClusterSpec) (*Cluster, error) {
 	var insts []MachineInstance
 	perType := map[string]int{}
 	rack := 0
-	for _, g := range spec.Machines {
+	total := 0
+	for i, g := range spec.Machines {
 		ms, err := spec.resolve(&g)
 		if err != nil { // cannot happen after Validate; keep the check
 			return nil, fmt.Errorf("topology: %w: %v", ErrInvalidSpec, err)
@@ -170,6 +175,10 @@ func Build(spec *ClusterSpec) (*Cluster, error) {
 		}
 		if rackSize == 0 {
 			rackSize = count
+		}
+		total += count * max(1, len(ms.GPUs))
+		if total > MaxGPUs {
+			return nil, fmt.Errorf("topology: machines[%d]: the cluster would hold more than %d GPUs (a typo in a count?): %w", i, MaxGPUs, ErrInvalidSpec)
 		}
 		typeName := ms.Name
 		if typeName == "" {

@@ -452,3 +452,9 @@ func TestIslandsOfAndDescribePlacement(t *testing.T) {
 		t.Fatalf("DescribePlacement = %q", got)
 	}
 }
+
+func TestBuildRefusesHugeClusters(t *testing.T) {
+	if _, err := Load("1000000xdgx-h100"); !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), "more than") {
+		t.Fatalf("err = %v", err)
+	}
+}
