@@ -40,7 +40,9 @@ func newTopologyCmd() *cobra.Command {
 		Long: `Print the topology of a declared cluster (--spec) or of this machine (--discover).
 
 --spec takes a built-in machine type (` + strings.Join(topology.BuiltinNames(), ", ") + `),
-a shorthand ("64xdgx-h100/8" = 64 DGX H100 in racks of 8; "16xdgx-h100/8+8xpcie-l40s-8"),
+a shorthand ("64xdgx-h100/8" = 64 DGX H100 in racks of 8; "16xdgx-h100/8+8xpcie-l40s-8";
+counts are machines, so for gb200-nvl72 they are trays: "gb200-nvl72" alone is one 18-tray
+NVL72 rack, "36xgb200-nvl72" two),
 or a JSON spec file (one machine or a cluster; see docs/topology.md).
 
 --discover reads this machine through NVML, sysfs and rdmamap. Without an NVIDIA driver (or
