@@ -97,7 +97,13 @@ type ModelParams struct {
 	CrossSocketFactor float64
 	// NoNICGbps is the speed assumed for a machine without a declared NIC.
 	NoNICGbps float64
-	// Per-step latencies, microseconds.
+	// RingBaseLatencyUs, TreeBaseLatencyUs and NVLSBaseLatencyUs are each algorithm's fixed
+	// cost per AllReduce, microseconds. Ring 3.6 and tree 4.4 are NCCL's own tuning-model
+	// base latencies for the LL protocol (NCCL src/include/tuning.h, baseLat); NVLS runs only
+	// the Simple protocol, so it gets NCCL's Simple ring base, 8.4 (an assumption).
+	RingBaseLatencyUs, TreeBaseLatencyUs, NVLSBaseLatencyUs float64
+	// Per-step (per-hop) latencies, microseconds. NVLink 0.5 and network 2.7 follow NCCL's
+	// hwLat for the LL protocol (0.47 NVLink, 2.7 network); the PCIe values sit between.
 	NVLinkLatencyUs, NVSwitchLatencyUs, PCIeSwitchLatencyUs, HostBridgeLatencyUs, CrossSocketLatencyUs float64
 	// LeafLatencyUs and SpineLatencyUs are used when the cluster's NetworkSpec leaves them 0.
 	LeafLatencyUs, SpineLatencyUs float64
@@ -113,13 +119,16 @@ func DefaultModelParams() ModelParams {
 		HostBridgeFactor:     0.90,
 		CrossSocketFactor:    0.50,
 		NoNICGbps:            10,
-		NVLinkLatencyUs:      1.0,
-		NVSwitchLatencyUs:    1.0,
-		PCIeSwitchLatencyUs:  2.0,
-		HostBridgeLatencyUs:  2.5,
-		CrossSocketLatencyUs: 3.5,
-		LeafLatencyUs:        4.0,
-		SpineLatencyUs:       6.0,
+		RingBaseLatencyUs:    3.6,
+		TreeBaseLatencyUs:    4.4,
+		NVLSBaseLatencyUs:    8.4,
+		NVLinkLatencyUs:      0.5,
+		NVSwitchLatencyUs:    0.5,
+		PCIeSwitchLatencyUs:  1.0,
+		HostBridgeLatencyUs:  1.2,
+		CrossSocketLatencyUs: 1.5,
+		LeafLatencyUs:        2.7,
+		SpineLatencyUs:       3.5,
 	}
 }
 
@@ -137,6 +146,7 @@ func (p ModelParams) Validate() error {
 		"NVLinkLatencyUs": p.NVLinkLatencyUs, "NVSwitchLatencyUs": p.NVSwitchLatencyUs, "PCIeSwitchLatencyUs": p.PCIeSwitchLatencyUs,
 		"HostBridgeLatencyUs": p.HostBridgeLatencyUs, "CrossSocketLatencyUs": p.CrossSocketLatencyUs,
 		"LeafLatencyUs": p.LeafLatencyUs, "SpineLatencyUs": p.SpineLatencyUs,
+		"RingBaseLatencyUs": p.RingBaseLatencyUs, "TreeBaseLatencyUs": p.TreeBaseLatencyUs, "NVLSBaseLatencyUs": p.NVLSBaseLatencyUs,
 	} {
 		if v < 0 {
 			return fmt.Errorf("topology: model %s = %v must not be negative: %w", name, v, ErrInvalidSpec)
@@ -167,17 +177,19 @@ func (p ModelParams) efficiency(t Tier) float64 {
 // reads the machine type's precomputed table; across machines it derives the path from the
 // rack layout and the GPUs' nearest NICs. Unknown ids give a zero LinkInfo (TierUnknown).
 func (c *Cluster) Link(a, b int) LinkInfo {
-	ga, gb := c.GPU(a), c.GPU(b)
-	if ga == nil || gb == nil {
+	if a < 0 || b < 0 || a >= len(c.loc) || b >= len(c.loc) {
 		return LinkInfo{}
 	}
 	if a == b {
 		return LinkInfo{Tier: TierSelf}
 	}
-	ma, mb := c.Machines[ga.Machine], c.Machines[gb.Machine]
+	// Only the compact per-GPU and per-machine arrays are read, so a call touches a few
+	// cache lines whatever the cluster's size.
+	la, lb := c.loc[a], c.loc[b]
+	ma, mb := &c.mach[la.machine], &c.mach[lb.machine]
 	p := &c.model
-	if ma == mb {
-		l := ma.mt.local[ga.Index*ma.mt.n+gb.Index]
+	if la.machine == lb.machine {
+		l := ma.mt.local[int(la.index)*ma.mt.n+int(lb.index)]
 		switch l.Tier {
 		case TierNVLink:
 			l.Latency = us(p.NVLinkLatencyUs)
@@ -194,22 +206,22 @@ func (c *Cluster) Link(a, b int) LinkInfo {
 		}
 		return l
 	}
-	if ma.Rack == mb.Rack && c.Racks[ma.Rack].NVLinkDomain && ma.mt.rackPort[ga.Index] && mb.mt.rackPort[gb.Index] {
-		links := min(ga.NVSwitchLinks, gb.NVSwitchLinks)
-		bw := float64(links) * min(ma.NVLink.LinkGBps, mb.NVLink.LinkGBps)
+	if ma.rack == mb.rack && ma.rackDomain && ma.mt.rackPort[la.index] && mb.mt.rackPort[lb.index] {
+		links := min(ma.mt.spec.GPUs[la.index].NVSwitchLinks, mb.mt.spec.GPUs[lb.index].NVSwitchLinks)
+		bw := float64(links) * min(ma.mt.spec.NVLink.LinkGBps, mb.mt.spec.NVLink.LinkGBps)
 		return LinkInfo{Tier: TierNVSwitch, GBps: bw, Latency: us(p.NVSwitchLatencyUs), Links: links, CrossMachine: true}
 	}
-	bw := min(c.nicGBps(ma, ga.Index), c.nicGBps(mb, gb.Index))
-	if ma.Rack == mb.Rack {
+	bw := min(c.nicGBpsOf(ma.mt, int(la.index)), c.nicGBpsOf(mb.mt, int(lb.index)))
+	if ma.rack == mb.rack {
 		return LinkInfo{Tier: TierNetLeaf, GBps: bw, Latency: us(c.Network.LeafLatencyUs), CrossMachine: true}
 	}
 	return LinkInfo{Tier: TierNetSpine, GBps: bw / c.Network.Oversubscription, Latency: us(c.Network.SpineLatencyUs), CrossMachine: true}
 }
 
-// nicGBps is the bandwidth of a GPU's nearest NIC.
-func (c *Cluster) nicGBps(m *Machine, local int) float64 {
-	if k := m.mt.nic[local]; k >= 0 {
-		return m.mt.nicGBps[k]
+// nicGBpsOf is the bandwidth of a GPU's nearest NIC.
+func (c *Cluster) nicGBpsOf(mt *machineType, local int) float64 {
+	if k := mt.nic[local]; k >= 0 {
+		return mt.nicGBps[k]
 	}
 	return c.model.NoNICGbps / 8
 }

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// SummarySizes are the message sizes of the AllReduce estimates in a Summary.
+// summarySizes are the message sizes of the AllReduce estimates in a Summary.
 var summarySizes = []int64{1 << 20, 64 << 20, 1 << 30}
 
 // Summary is the JSON view of a cluster printed by `atoll topology --format json`.
@@ -314,6 +314,9 @@ func (c *Cluster) WriteText(w io.Writer, limit int) error {
 	for _, k := range sizes {
 		parts = append(parts, fmt.Sprintf("%d of %d GPU(s)", s.IslandSizes[k], k))
 	}
+	if len(parts) == 0 {
+		parts = []string{"none (no GPUs)"}
+	}
 	fmt.Fprintf(b, "\nislands: %s\n", strings.Join(parts, ", "))
 	for i, isl := range s.Islands {
 		if i == limit {
@@ -327,6 +330,9 @@ func (c *Cluster) WriteText(w io.Writer, limit int) error {
 		fmt.Fprintf(b, "  island %d: GPUs %s (%d GPU(s) on %d machine(s))\n", i, ranges(isl), len(isl), len(ms))
 	}
 	b.WriteString("\nlink tiers:\n")
+	if len(s.Tiers) == 0 {
+		b.WriteString("  none (fewer than two GPUs)\n")
+	}
 	for _, t := range s.Tiers {
 		fmt.Fprintf(b, "  %-17s %7.1f GB/s  %6.1f us   e.g. GPU %d - GPU %d\n", t.Tier, t.GBps, float64(t.Latency)/1e3, t.Example[0], t.Example[1])
 	}
@@ -343,13 +349,13 @@ func writeEstimates(b *strings.Builder, title string, es []AllReduceEstimate) {
 		return
 	}
 	fmt.Fprintf(b, "\n%s (alpha-beta model; busbw as nccl-tests reports it):\n", title)
-	fmt.Fprintf(b, "  %-8s %-13s %12s %12s  %s\n", "size", "algorithm", "time", "busbw GB/s", "bottleneck")
+	fmt.Fprintf(b, "  %-8s %-18s %12s %12s  %s\n", "size", "algorithm", "time", "busbw GB/s", "bottleneck")
 	for _, e := range es {
 		name := e.Algo.String()
 		if e.Requested == Best {
 			name = "best=" + name
 		}
-		fmt.Fprintf(b, "  %-8s %-13s %12s %12.1f  %s\n", humanBytes(e.Bytes), name, e.Time.Round(100*time.Nanosecond), e.BusBWGBps, e.Bottleneck)
+		fmt.Fprintf(b, "  %-8s %-18s %12s %12.1f  %s\n", humanBytes(e.Bytes), name, e.Time.Round(100*time.Nanosecond), e.BusBWGBps, e.Bottleneck)
 	}
 }
 

@@ -16,9 +16,9 @@ func TestSummaryJSON(t *testing.T) {
 				t.Fatal(err)
 			}
 			var got struct {
-				Machines  int       `json:"machines"`
-				GPUs      int       `json:"gpus"`
-				Islands   [][]int   `json:"islands"`
+				Machines  int     `json:"machines"`
+				GPUs      int     `json:"gpus"`
+				Islands   [][]int `json:"islands"`
 				AllReduce []struct {
 					Algo      string  `json:"algo"`
 					Requested string  `json:"requested"`

@@ -14,7 +14,7 @@ func newRootCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Run a benchmark against its baseline, measured in the same run",
 	}
-	bench.AddCommand(newBenchActorsCmd())
-	root.AddCommand(bench, newDemoCmd())
+	bench.AddCommand(newBenchActorsCmd(), newBenchTopologyCmd())
+	root.AddCommand(bench, newDemoCmd(), newTopologyCmd())
 	return root
 }
