@@ -134,22 +134,26 @@ func DefaultModelParams() ModelParams {
 
 // Validate rejects efficiencies outside (0,1] and negative latencies.
 func (p ModelParams) Validate() error {
-	for name, v := range map[string]float64{
-		"NVLinkEfficiency": p.NVLinkEfficiency, "NVLSEfficiency": p.NVLSEfficiency, "PCIeEfficiency": p.PCIeEfficiency,
-		"NetEfficiency": p.NetEfficiency, "HostBridgeFactor": p.HostBridgeFactor, "CrossSocketFactor": p.CrossSocketFactor,
+	type field struct {
+		name string
+		v    float64
+	}
+	for _, f := range []field{
+		{"NVLinkEfficiency", p.NVLinkEfficiency}, {"NVLSEfficiency", p.NVLSEfficiency}, {"PCIeEfficiency", p.PCIeEfficiency},
+		{"NetEfficiency", p.NetEfficiency}, {"HostBridgeFactor", p.HostBridgeFactor}, {"CrossSocketFactor", p.CrossSocketFactor},
 	} {
-		if !(v > 0 && v <= 1) {
-			return fmt.Errorf("topology: model %s = %v, want 0 < x <= 1: %w", name, v, ErrInvalidSpec)
+		if !(f.v > 0 && f.v <= 1) {
+			return fmt.Errorf("topology: model %s = %v, want 0 < x <= 1: %w", f.name, f.v, ErrInvalidSpec)
 		}
 	}
-	for name, v := range map[string]float64{
-		"NVLinkLatencyUs": p.NVLinkLatencyUs, "NVSwitchLatencyUs": p.NVSwitchLatencyUs, "PCIeSwitchLatencyUs": p.PCIeSwitchLatencyUs,
-		"HostBridgeLatencyUs": p.HostBridgeLatencyUs, "CrossSocketLatencyUs": p.CrossSocketLatencyUs,
-		"LeafLatencyUs": p.LeafLatencyUs, "SpineLatencyUs": p.SpineLatencyUs,
-		"RingBaseLatencyUs": p.RingBaseLatencyUs, "TreeBaseLatencyUs": p.TreeBaseLatencyUs, "NVLSBaseLatencyUs": p.NVLSBaseLatencyUs,
+	for _, f := range []field{
+		{"RingBaseLatencyUs", p.RingBaseLatencyUs}, {"TreeBaseLatencyUs", p.TreeBaseLatencyUs}, {"NVLSBaseLatencyUs", p.NVLSBaseLatencyUs},
+		{"NVLinkLatencyUs", p.NVLinkLatencyUs}, {"NVSwitchLatencyUs", p.NVSwitchLatencyUs}, {"PCIeSwitchLatencyUs", p.PCIeSwitchLatencyUs},
+		{"HostBridgeLatencyUs", p.HostBridgeLatencyUs}, {"CrossSocketLatencyUs", p.CrossSocketLatencyUs},
+		{"LeafLatencyUs", p.LeafLatencyUs}, {"SpineLatencyUs", p.SpineLatencyUs},
 	} {
-		if v < 0 {
-			return fmt.Errorf("topology: model %s = %v must not be negative: %w", name, v, ErrInvalidSpec)
+		if f.v < 0 {
+			return fmt.Errorf("topology: model %s = %v must not be negative: %w", f.name, f.v, ErrInvalidSpec)
 		}
 	}
 	if !(p.NoNICGbps > 0) {
