@@ -51,11 +51,12 @@ func DefaultOptions() Options {
 
 // Result is the summary of a run; its JSON is `atoll demo --json`'s output.
 type Result struct {
-	GPUsTotal       int       `json:"gpus_total"`
-	Machines        int       `json:"machines"`
-	SimulatedGPUs   bool      `json:"simulated_gpus"`
-	GangSize        int       `json:"gang_size"`
-	IslandsUsed     int       `json:"islands_used"`
+	GPUsTotal     int  `json:"gpus_total"`
+	Machines      int  `json:"machines"`
+	SimulatedGPUs bool `json:"simulated_gpus"`
+	GangSize      int  `json:"gang_size"`
+	IslandsUsed   int  `json:"islands_used"`
+	// Islands lists the gang's GPUs (global ids) grouped by NVLink island.
 	Islands         [][]int   `json:"islands"`
 	Placement       []Placed  `json:"placement"`
 	Placer          string    `json:"placer"`
@@ -278,8 +279,14 @@ func describe(c *sdk.Cluster, g *sdk.Gang) Result {
 	for _, m := range topo.Machines {
 		res.SimulatedGPUs = res.SimulatedGPUs || m.Simulated
 	}
+	// Islands: the gang's GPUs grouped by the NVLink island they sit in.
+	byIsland := map[int][]int{}
+	for _, g := range p.GPUs() {
+		gpu, _ := topo.GPU(g)
+		byIsland[gpu.Island] = append(byIsland[gpu.Island], g)
+	}
 	for _, is := range p.Islands {
-		res.Islands = append(res.Islands, topo.Islands[is])
+		res.Islands = append(res.Islands, byIsland[is])
 	}
 	for r, m := range p.Members {
 		res.Placement = append(res.Placement, Placed{Rank: r, Machine: m.MachineName, GPUs: m.GPUs, Island: m.Islands})
@@ -299,7 +306,15 @@ func printPlacement(w io.Writer, c *sdk.Cluster, r Result) {
 	}
 	fmt.Fprintf(w, "cluster: %d machines, %d %s GPUs, %d NVLink islands (largest %d)\n",
 		r.Machines, r.GPUsTotal, kind, len(topo.Islands), topo.LargestIsland())
-	fmt.Fprintf(w, "gang dp: %d workers x 1 GPU, placed by %s on %d island(s): %v\n", r.GangSize, r.Placer, r.IslandsUsed, r.Islands)
+	where := fmt.Sprintf("%d island(s)", r.IslandsUsed)
+	if topo.Topology != nil {
+		var gpus []int
+		for _, p := range r.Placement {
+			gpus = append(gpus, p.GPUs...)
+		}
+		where = topo.Topology.DescribePlacement(gpus)
+	}
+	fmt.Fprintf(w, "gang dp: %d workers x 1 GPU, placed by %s: %s\n", r.GangSize, r.Placer, where)
 	for _, s := range r.Scores {
 		fmt.Fprintf(w, "  score %-24s %.4g\n", s.Name, s.Value)
 	}
