@@ -298,7 +298,7 @@ func TestRestartRediscovers(t *testing.T) {
 	ctx := context.Background()
 	d1, d2, d3 := randBytes(1<<20, 7), randBytes(1<<20, 8), randBytes(1<<20, 9)
 	id1, _ := s.Put(ctx, "alice", d1)
-	id2, _ := s.Put(ctx, "bob", d2) // spills id1
+	id2, _ := s.Put(ctx, "bob", d2)     // spills id1
 	id3, err := s.Put(ctx, "carol", d3) // spills id2
 	if err != nil {
 		t.Fatal(err)

@@ -65,16 +65,16 @@ func clientHandshake(c net.Conn, token []byte, deadline time.Time) error {
 	return nil
 }
 
+// serverHandshake authenticates the client; on failure the caller counts it and
+// then tells the client (so the count is visible when the client sees the error).
 func serverHandshake(c net.Conn, token []byte, deadline time.Time) error {
 	_ = c.SetDeadline(deadline)
-	defer c.SetDeadline(time.Time{})
 	var buf []byte
 	f, err := ReadFrame(c, &buf)
 	if err != nil {
 		return err
 	}
 	if f.Type != FrameHello || f.Version != ProtocolVersion {
-		_ = writeFrame(c, &Frame{Type: FrameError, Code: CodeBadFrame, Msg: "want hello version 1"})
 		return fmt.Errorf("want hello v%d, got type %d v%d: %w", ProtocolVersion, f.Type, f.Version, ErrAuth)
 	}
 	var sn [32]byte
@@ -89,8 +89,10 @@ func serverHandshake(c net.Conn, token []byte, deadline time.Time) error {
 	}
 	want := mac(token, "atoll-client", sn, cn)
 	if f.Type != FrameAuth || !hmac.Equal(want[:], f.MAC[:]) {
-		_ = writeFrame(c, &Frame{Type: FrameError, Code: CodeBadKey, Msg: "bad token proof"})
 		return fmt.Errorf("client does not know the cluster token: %w", ErrAuth)
 	}
-	return writeFrame(c, &Frame{Type: FrameAuthOK})
+	if err := writeFrame(c, &Frame{Type: FrameAuthOK}); err != nil {
+		return err
+	}
+	return c.SetDeadline(time.Time{})
 }

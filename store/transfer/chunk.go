@@ -34,25 +34,31 @@ func (c ChunkConfig) Validate() error {
 type ChunkSizer struct {
 	cfg    ChunkConfig
 	bw     float64       // bytes/s, EWMA
-	minRTT time.Duration // smallest latency left after the transfer time: the RTT estimate
+	minRTT time.Duration // smallest data-free round trip seen
 }
 
 // NewChunkSizer returns a sizer starting at cfg.Initial.
 func NewChunkSizer(cfg ChunkConfig) *ChunkSizer { return &ChunkSizer{cfg: cfg} }
 
+// ObserveRTT records a round trip that carried no data (the Open of a pull).
+func (s *ChunkSizer) ObserveRTT(d time.Duration) {
+	if d > 0 && (s.minRTT == 0 || d < s.minRTT) {
+		s.minRTT = d
+	}
+}
+
 // Observe records that a chunk of n bytes took lat from request to verified
-// arrival while inflight chunks (this one included) shared the path.
+// arrival while inflight chunks (this one included) shared the path. The link
+// rate is estimated from the time beyond one RTT.
 func (s *ChunkSizer) Observe(n int64, lat time.Duration, inflight int) {
 	if lat <= 0 || n <= 0 {
 		return
 	}
-	if s.bw > 0 { // what the latency has beyond the bytes queued ahead at the current rate
-		rtt := lat - time.Duration(float64(n)*float64(max(inflight, 1))/s.bw*float64(time.Second))
-		if rtt > 0 && (s.minRTT == 0 || rtt < s.minRTT) {
-			s.minRTT = rtt
-		}
+	wire := lat - s.minRTT
+	if wire <= lat/10 {
+		wire = lat
 	}
-	sample := float64(n) * float64(max(inflight, 1)) / lat.Seconds()
+	sample := float64(n) * float64(max(inflight, 1)) / wire.Seconds()
 	if s.bw == 0 {
 		s.bw = sample
 	} else {

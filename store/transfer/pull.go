@@ -148,7 +148,11 @@ func (p *puller) open(ctx context.Context, addr string) (*source, error) {
 	}
 	octx, cancel := context.WithTimeout(ctx, p.cl.cfg.DialTimeout)
 	defer cancel()
+	start := time.Now()
 	r, err := s.conns[0].Open(octx, p.id)
+	p.mu.Lock()
+	p.sizer.ObserveRTT(time.Since(start))
+	p.mu.Unlock()
 	if err != nil {
 		s.close()
 		return nil, err

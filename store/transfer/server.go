@@ -265,6 +265,7 @@ func (s *Server) serveConn(c net.Conn, connID uint64) {
 	if err := serverHandshake(c, s.cfg.Token, time.Now().Add(s.cfg.HandshakeTimeout)); err != nil {
 		s.m.err(reasonAuth)
 		log.Info("handshake failed", zap.Error(err))
+		_ = writeFrame(c, &Frame{Type: FrameError, Code: CodeBadKey, Msg: "authentication failed"})
 		return
 	}
 	br := bufio.NewReaderSize(c, 64<<10)
