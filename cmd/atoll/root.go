@@ -15,5 +15,7 @@ func newRootCmd() *cobra.Command {
 		Short: "Run a benchmark against its baseline, measured in the same run",
 	}
 	root.AddCommand(bench)
+	bench.AddCommand(newBenchStoreCmd())
+	root.AddCommand(newStoreServeCmd())
 	return root
 }
