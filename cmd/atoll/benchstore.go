@@ -35,6 +35,8 @@ func newBenchStoreCmd() *cobra.Command {
 			}
 			fmt.Fprintf(out, "memcpy            %8.2f GB/s\n", res.MemcpyGBps)
 			fmt.Fprintf(out, "put               %8.2f GB/s  (%.2f x memcpy, target >= 0.7)\n", res.PutGBps, res.PutMemcpyRatio)
+			fmt.Fprintf(out, "cold memcpy       %8.2f GB/s  (into never-touched memory)\n", res.MemcpyColdGBps)
+			fmt.Fprintf(out, "cold put          %8.2f GB/s  (%.2f x cold memcpy; first put into a fresh store)\n", res.PutColdGBps, res.PutColdRatio)
 			fmt.Fprintf(out, "get+read ratio    %8.2f       (plain read time / store get-and-read time, target >= 0.9)\n", res.GetReadRatio)
 			fmt.Fprintf(out, "pull              %8.2f GB/s  (%d bytes, two processes, loopback)\n", res.PullGBps, res.PullBytes)
 			fmt.Fprintf(out, "bare tcp          %8.2f GB/s\n", res.TCPGBps)
@@ -42,8 +44,8 @@ func newBenchStoreCmd() *cobra.Command {
 			fmt.Fprintf(out, "1 KiB puts        %8.0f /s    (target >= 50000)\n", res.SmallPutsPerS)
 			fmt.Fprintf(out, "1 KiB gets        %8.0f /s\n", res.SmallGetsPerS)
 			for _, s := range res.Sizes {
-				fmt.Fprintf(out, "  %10d B  memcpy %6.2f GB/s  put %6.2f GB/s  read plain %.4fs  get+read %.4fs\n",
-					s.Size, s.MemcpyGBps, s.PutGBps, s.PlainReadS, s.GetReadS)
+				fmt.Fprintf(out, "  %10d B  memcpy %6.2f GB/s  put %6.2f GB/s  cold memcpy %6.2f  cold put %6.2f  read plain %.4fs  get+read %.4fs\n",
+					s.Size, s.MemcpyGBps, s.PutGBps, s.MemcpyColdGBps, s.PutColdGBps, s.PlainReadS, s.GetReadS)
 			}
 			fmt.Fprintf(out, "rdma: %d devices, backend %s (%s)\n", len(res.RDMA.Devices), res.RDMA.Backend, res.RDMA.Note)
 			return nil

@@ -19,6 +19,18 @@ type Config struct {
 	Capacity int64
 	// CapacityShare is the share of RAM used when Capacity is 0. Default 0.3.
 	CapacityShare float64
+	// SmallMax: objects up to this size share slab files instead of one file each.
+	// Default min(64 KiB, SlabSize/4).
+	SmallMax int64
+	// SlabSize is the size of one slab file. Default min(4 MiB, Capacity/16), at least 64 KiB.
+	SlabSize int64
+	// RecycleBytes bounds the freed large-object memory kept mapped for reuse (it
+	// counts against Capacity and is dropped first under pressure). Default Capacity.
+	RecycleBytes int64
+	// FingerprintOnPut computes the xxhash64 during Put. Default false: it is
+	// computed on first need (serving a transfer, spilling, View.Fingerprint), since
+	// a same-machine get never needs it and hashing halves put bandwidth.
+	FingerprintOnPut bool
 	// Location is this store's transfer address as recorded in the Directory.
 	Location string
 	// Directory receives object metadata. Default: a fresh MemDirectory.
@@ -60,6 +72,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("object: config: Capacity %d is negative", c.Capacity)
 	case c.Capacity == 0 && (c.CapacityShare <= 0 || c.CapacityShare > 0.9):
 		return fmt.Errorf("object: config: CapacityShare %v must be in (0, 0.9] when Capacity is 0", c.CapacityShare)
+	case c.SmallMax < 0 || c.SlabSize < 0 || c.RecycleBytes < 0:
+		return fmt.Errorf("object: config: SmallMax %d, SlabSize %d, RecycleBytes %d must not be negative", c.SmallMax, c.SlabSize, c.RecycleBytes)
+	case c.SlabSize != 0 && c.SlabSize%4096 != 0:
+		return fmt.Errorf("object: config: SlabSize %d is not a multiple of 4096", c.SlabSize)
 	case c.LeaseTTL <= 0:
 		return fmt.Errorf("object: config: LeaseTTL %v must be positive", c.LeaseTTL)
 	}

@@ -11,7 +11,7 @@ import (
 type Meta struct {
 	ID          ID
 	Size        int64
-	Fingerprint uint64 // xxhash64 of the whole object
+	Fingerprint uint64 // xxhash64 of the whole object; 0 until first computed
 	Owner       string
 	Locations   []string // transfer addresses of stores holding a full copy
 	Refs        int64    // logical references held at Locations[0]'s store (advisory)
@@ -53,7 +53,10 @@ func (d *MemDirectory) Register(_ context.Context, m Meta) error {
 		d.m[m.ID] = &c
 		return nil
 	}
-	if e.Size != m.Size || e.Fingerprint != m.Fingerprint {
+	if e.Fingerprint == 0 {
+		e.Fingerprint = m.Fingerprint
+	}
+	if e.Size != m.Size || (m.Fingerprint != 0 && e.Fingerprint != m.Fingerprint) {
 		return fmt.Errorf("object: directory register %s: size/fingerprint %d/%x differ from %d/%x: %w",
 			m.ID.Short(), m.Size, m.Fingerprint, e.Size, e.Fingerprint, ErrFingerprint)
 	}

@@ -36,13 +36,13 @@ func (s *Store) OpenRegion(ctx context.Context, id ID) (*Region, error) {
 func (r *Region) ID() ID { return r.e.id }
 
 // Bytes returns the mapped bytes (read only; possibly still being written past Ready).
-func (r *Region) Bytes() []byte { return r.e.data }
+func (r *Region) Bytes() []byte { return r.e.mem.ro }
 
 // Size returns the object size.
 func (r *Region) Size() int64 { return r.e.size }
 
-// Fingerprint returns the object's (expected) xxhash64.
-func (r *Region) Fingerprint() uint64 { return r.e.fp }
+// Fingerprint returns the object's xxhash64 (the expected one while being written).
+func (r *Region) Fingerprint() uint64 { return r.s.fingerprint(r.e) }
 
 // WaitReady blocks until [0, end) is written, the object is aborted (ErrLost) or
 // ctx ends.

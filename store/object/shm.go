@@ -30,42 +30,9 @@ func createShm(path string, size int64) ([]byte, error) {
 	return b, nil
 }
 
-// sealShm makes a read-write mapping read-only: from now on a write through any
-// view of it faults, which is what makes a handed-out view immutable.
-func sealShm(b []byte) error {
-	if len(b) == 0 {
-		return nil
-	}
-	return unix.Mprotect(b, unix.PROT_READ)
-}
-
 func unmap(b []byte) error {
 	if len(b) == 0 {
 		return nil
 	}
 	return unix.Munmap(b)
-}
-
-// MapFile maps the shared-memory file of an object read-only, as a worker process
-// on the same machine does with the path from Store.Map. The bytes are the store's
-// own pages: nothing is copied. Call the returned function to unmap; the slice
-// must not be used after that.
-func MapFile(path string) ([]byte, func() error, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, nil, fmt.Errorf("object: map %s: %w", path, err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, nil, fmt.Errorf("object: map %s: %w", path, err)
-	}
-	if st.Size() == 0 {
-		return []byte{}, func() error { return nil }, nil
-	}
-	b, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		return nil, nil, fmt.Errorf("object: mmap %s: %w", path, err)
-	}
-	return b, func() error { return unix.Munmap(b) }, nil
 }

@@ -35,8 +35,8 @@ type entry struct {
 	fp    uint64
 	owner string
 	state state
-	data  []byte // the shm mapping: read-write while pending, read-only once sealed
-	path  string // shm file
+	mem   mem  // where the bytes are while hot or pending
+	fpOK  bool // fp is known (computed lazily for puts unless FingerprintOnPut)
 
 	refs  map[string]int // logical references by holder
 	maps  map[string]int // external (worker-process) mappings by holder
@@ -74,6 +74,10 @@ type Store struct {
 	spill     SpillFS
 	directory Directory
 	level     zstd.EncoderLevel
+	smallMax  int64
+	slabSize  int64
+
+	recycleBytes int64
 
 	mu       sync.Mutex
 	objs     map[ID]*entry
@@ -84,6 +88,13 @@ type Store struct {
 	leases   map[string]time.Time
 	lost     []ID
 	closed   bool
+
+	pool      map[int64][]*segment // recycled large segments by class
+	poolBytes int64
+	partial   map[int64][]*slab // slabs with free slots by class
+	slabs     map[*slab]struct{}
+	slabSeq   uint64
+	segSeq    uint64
 }
 
 // Stats is a snapshot of the store's occupancy.
@@ -147,6 +158,24 @@ func Open(cfg Config, dir string) (*Store, error) {
 		changed:   make(chan struct{}),
 		leases:    make(map[string]time.Time),
 		level:     level,
+		pool:      make(map[int64][]*segment),
+		partial:   make(map[int64][]*slab),
+		slabs:     make(map[*slab]struct{}),
+	}
+	s.slabSize = cfg.SlabSize
+	if s.slabSize == 0 {
+		s.slabSize = min(4<<20, max(64<<10, roundUp(capacity/16, 4096)))
+	}
+	s.smallMax = cfg.SmallMax
+	if s.smallMax == 0 {
+		s.smallMax = min(64<<10, s.slabSize/4)
+	}
+	s.recycleBytes = cfg.RecycleBytes
+	if s.recycleBytes == 0 {
+		s.recycleBytes = capacity
+	}
+	if s.smallMax > s.slabSize || s.slabSize > capacity {
+		return nil, fmt.Errorf("object: open %s: SmallMax %d <= SlabSize %d <= capacity %d does not hold", dir, s.smallMax, s.slabSize, capacity)
 	}
 	if err := s.recover(); err != nil {
 		return nil, err
@@ -157,11 +186,8 @@ func Open(cfg Config, dir string) (*Store, error) {
 // recover cleans the shm directory of a previous instance and finds spill files.
 func (s *Store) recover() error {
 	if es, err := os.ReadDir(s.shmDir); err == nil {
-		for _, e := range es {
-			if id, err := ParseID(e.Name()); err == nil {
-				s.lost = append(s.lost, id)
-			}
-		}
+		// Objects that were only in shared memory are gone with the process that
+		// owned them; the directory still names this location for them.
 		s.log.Info("removing shared memory of a previous instance", zap.String("dir", s.shmDir), zap.Int("files", len(es)))
 	}
 	if err := os.RemoveAll(s.shmDir); err != nil {
@@ -174,7 +200,6 @@ func (s *Store) recover() error {
 	if err != nil {
 		return fmt.Errorf("object: open: list spill files: %w", err)
 	}
-	found := map[ID]bool{}
 	for _, n := range names {
 		id, ok := isSpillName(n)
 		if !ok {
@@ -189,23 +214,14 @@ func (s *Store) recover() error {
 			_ = s.spill.Remove(n)
 			continue
 		}
-		found[id] = true
-		e := &entry{id: id, size: h.size, fp: h.fp, owner: h.owner, state: stateCold, spilled: true,
-			path: filepath.Join(s.shmDir, id.String()), refs: map[string]int{h.owner: 1}, progress: make(chan struct{})}
+		e := &entry{id: id, size: h.size, fp: h.fp, fpOK: true, owner: h.owner, state: stateCold, spilled: true,
+			refs: map[string]int{h.owner: 1}, progress: make(chan struct{})}
 		s.objs[id] = e
 		if err := s.directory.Register(context.Background(), Meta{ID: id, Size: h.size, Fingerprint: h.fp,
 			Owner: h.owner, Locations: []string{s.cfg.Location}, Refs: 1}); err != nil {
 			s.log.Warn("directory register of recovered object failed", zap.Stringer("id", id), zap.Error(err))
 		}
 	}
-	// An id both in shm and on disk was not lost: its spill copy survives.
-	lost := s.lost[:0]
-	for _, id := range s.lost {
-		if !found[id] {
-			lost = append(lost, id)
-		}
-	}
-	s.lost = lost
 	return nil
 }
 
@@ -250,10 +266,6 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
-// ShmPath returns the shared-memory file a hot object lives in (for tests and tools;
-// worker processes should use Map, which also pins the object).
-func (s *Store) ShmPath(id ID) string { return filepath.Join(s.shmDir, id.String()) }
-
 func (s *Store) notifyLocked() {
 	close(s.changed)
 	s.changed = make(chan struct{})
@@ -272,12 +284,15 @@ func (s *Store) Put(ctx context.Context, owner string, b []byte) (ID, error) {
 
 // PutID stores a copy of b under id (for example ContentID(b)), owned by owner.
 func (s *Store) PutID(ctx context.Context, owner string, id ID, b []byte) error {
-	w, err := s.Create(ctx, owner, id, int64(len(b)), 0)
+	w, err := s.create(ctx, owner, id, int64(len(b)), 0, false)
 	if err != nil {
 		return err
 	}
-	fp := copyHash(w.e.data, b)
-	w.e.fp = fp
+	if s.cfg.FingerprintOnPut {
+		w.e.fp, w.e.fpOK = copyHash(w.e.mem.rw, b), true
+	} else {
+		copy(w.e.mem.rw, b)
+	}
 	return w.seal(ctx, false)
 }
 
@@ -300,74 +315,74 @@ func copyHash(dst, src []byte) uint64 {
 // Writer.Seal(true) and reported to relays serving the object before it is sealed.
 // Until sealed the object is invisible to Get.
 func (s *Store) Create(ctx context.Context, owner string, id ID, size int64, fp uint64) (*Writer, error) {
+	return s.create(ctx, owner, id, size, fp, true)
+}
+
+func (s *Store) create(ctx context.Context, owner string, id ID, size int64, fp uint64, fpOK bool) (*Writer, error) {
 	if size < 0 {
 		return nil, fmt.Errorf("object: create %s: negative size %d", id.Short(), size)
 	}
-	if size > s.capacity {
+	if s.memBytes(size) > s.capacity {
 		return nil, s.fail(reasonTooLarge, fmt.Errorf("object: create %s: %d bytes > capacity %d: %w", id.Short(), size, s.capacity, ErrTooLarge))
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed {
-		s.mu.Unlock()
 		return nil, ErrClosed
 	}
 	if _, ok := s.objs[id]; ok {
-		s.mu.Unlock()
 		return nil, fmt.Errorf("object: create %s: %w", id.Short(), ErrExists)
 	}
-	e := &entry{id: id, size: size, fp: fp, owner: owner, state: statePending,
-		path: filepath.Join(s.shmDir, id.String()), progress: make(chan struct{})}
+	e := &entry{id: id, size: size, fp: fp, fpOK: fpOK, owner: owner, state: statePending, progress: make(chan struct{})}
 	s.objs[id] = e // reserve the id while admitting
-	if err := s.reserveLocked(ctx, size); err != nil {
+	m, err := s.allocLocked(ctx, id, size)
+	if err != nil {
 		delete(s.objs, id)
-		s.mu.Unlock()
 		return nil, fmt.Errorf("object: create %s: %w", id.Short(), err)
 	}
-	s.mu.Unlock()
-	data, err := createShm(e.path, size)
-	if err != nil {
-		s.mu.Lock()
-		delete(s.objs, id)
-		s.used -= size
-		s.notifyLocked()
-		s.mu.Unlock()
-		return nil, err
-	}
-	e.data = data
+	e.mem = m
 	s.m.puts.Inc()
 	s.m.bytesPut.Add(float64(size))
 	return &Writer{s: s, e: e}, nil
 }
 
-// reserveLocked admits size bytes into the hot tier, spilling least-recently-used
-// unpinned objects to make room. It waits for room only until ctx's deadline (and
-// not at all without one, unless spills are in flight). s.mu is held on entry and
-// exit but released while spilling and waiting.
-func (s *Store) reserveLocked(ctx context.Context, size int64) error {
+// reserveLocked admits size bytes into the hot tier, dropping recycled memory and
+// then spilling least-recently-used unpinned objects to make room. If pred is
+// given and becomes true while making room (a slot of the wanted class was freed),
+// it returns satisfied without reserving. It waits for room only until ctx's
+// deadline (and not at all without one, unless spills are in flight). s.mu is
+// held on entry and exit but released while spilling and waiting.
+func (s *Store) reserveLocked(ctx context.Context, size int64, pred func() bool) (satisfied bool, err error) {
 	for {
 		if s.closed {
-			return ErrClosed
+			return false, ErrClosed
+		}
+		if pred != nil && pred() {
+			return true, nil
 		}
 		if s.used+size <= s.capacity {
 			s.used += size
-			return nil
+			return false, nil
+		}
+		if s.dropCachedLocked() {
+			continue
 		}
 		if v := s.victimLocked(); v != nil {
 			if err := s.spillLocked(v); err != nil {
-				return err
+				return false, err
 			}
 			continue
 		}
 		_, hasDeadline := ctx.Deadline()
 		if !hasDeadline && s.spilling == 0 {
-			return s.fail(reasonStoreFull, fmt.Errorf("need %d bytes, %d of %d in use and pinned: %w", size, s.used, s.capacity, ErrStoreFull))
+			return false, s.fail(reasonStoreFull, fmt.Errorf("need %d bytes, %d of %d in use and pinned: %w", size, s.used, s.capacity, ErrStoreFull))
 		}
 		ch := s.changed
 		s.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			s.mu.Lock()
-			return s.fail(reasonStoreFull, fmt.Errorf("need %d bytes, %d of %d in use and pinned, waited until %v: %w", size, s.used, s.capacity, ctx.Err(), ErrStoreFull))
+			return false, s.fail(reasonStoreFull, fmt.Errorf("need %d bytes, %d of %d in use and pinned, waited until %v: %w", size, s.used, s.capacity, ctx.Err(), ErrStoreFull))
 		case <-ch:
 		}
 		s.mu.Lock()
@@ -389,11 +404,16 @@ func (s *Store) spillLocked(e *entry) error {
 	if !e.spilled {
 		e.spilling = true
 		s.spilling++
-		hdr := spillHeader{id: e.id, size: e.size, fp: e.fp, owner: e.owner}
-		data := e.data
+		data, fp, fpOK := e.mem.ro, e.fp, e.fpOK
 		s.mu.Unlock()
-		err := s.writeSpill(hdr, data)
+		if !fpOK {
+			fp = xxhash.Sum64(data)
+		}
+		err := s.writeSpill(spillHeader{id: e.id, size: e.size, fp: fp, owner: e.owner}, data)
 		s.mu.Lock()
+		if !fpOK {
+			e.fp, e.fpOK = fp, true
+		}
 		e.spilling = false
 		s.spilling--
 		s.notifyLocked()
@@ -419,15 +439,11 @@ func (s *Store) spillLocked(e *entry) error {
 			return nil
 		}
 	}
-	if err := unmap(e.data); err != nil {
-		s.log.Warn("munmap failed", zap.Stringer("id", e.id), zap.Error(err))
-	}
-	_ = os.Remove(e.path)
-	e.data = nil
+	s.releaseMemLocked(e.mem, true)
+	e.mem = mem{}
 	e.state = stateCold
 	s.lru.Remove(e.lru)
 	e.lru = nil
-	s.used -= e.size
 	s.notifyLocked()
 	return nil
 }
@@ -480,17 +496,15 @@ func (s *Store) ensureHotLocked(ctx context.Context, e *entry) error {
 		}
 		ch := make(chan struct{})
 		e.restoring = ch
-		err := s.reserveLocked(ctx, e.size)
+		m, err := s.allocLocked(ctx, e.id, e.size)
 		if err == nil {
 			s.mu.Unlock()
-			var data []byte
-			data, err = s.readSpill(e)
+			err = s.readSpill(e, m)
 			s.mu.Lock()
 			if err != nil {
-				s.used -= e.size
-				s.notifyLocked()
+				s.releaseMemLocked(m, false)
 			} else {
-				e.data = data
+				e.mem = m
 				e.state = stateHot
 				e.lru = s.lru.PushFront(e)
 				s.m.restores.Inc()
@@ -505,40 +519,28 @@ func (s *Store) ensureHotLocked(ctx context.Context, e *entry) error {
 	return nil
 }
 
-func (s *Store) readSpill(e *entry) ([]byte, error) {
+// readSpill decompresses e's spill file into m and checks the fingerprint.
+func (s *Store) readSpill(e *entry, m mem) error {
 	r, err := s.spill.Open(spillName(e.id))
 	if err != nil {
-		return nil, s.fail(reasonLost, fmt.Errorf("open spill: %v: %w", err, ErrLost))
+		return s.fail(reasonLost, fmt.Errorf("open spill: %v: %w", err, ErrLost))
 	}
 	defer r.Close()
 	if _, err := readSpillHeader(r); err != nil {
-		return nil, s.fail(reasonLost, fmt.Errorf("spill file: %v: %w", err, ErrLost))
-	}
-	_ = os.Remove(e.path)
-	data, err := createShm(e.path, e.size)
-	if err != nil {
-		return nil, err
-	}
-	bad := func(err error) ([]byte, error) {
-		_ = unmap(data)
-		_ = os.Remove(e.path)
-		return nil, s.fail(reasonLost, fmt.Errorf("spill file: %v: %w", err, ErrLost))
+		return s.fail(reasonLost, fmt.Errorf("spill file: %v: %w", err, ErrLost))
 	}
 	dec, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1))
 	if err != nil {
-		return bad(err)
+		return s.fail(reasonLost, fmt.Errorf("spill file: %v: %w", err, ErrLost))
 	}
 	defer dec.Close()
-	if _, err := io.ReadFull(dec, data); err != nil {
-		return bad(err)
+	if _, err := io.ReadFull(dec, m.rw); err != nil {
+		return s.fail(reasonLost, fmt.Errorf("spill file: %v: %w", err, ErrLost))
 	}
-	if got := xxhash.Sum64(data); got != e.fp {
-		return bad(fmt.Errorf("fingerprint %x, want %x: %w", got, e.fp, ErrFingerprint))
+	if got := xxhash.Sum64(m.rw); got != e.fp {
+		return s.fail(reasonLost, fmt.Errorf("spill file: fingerprint %x, want %x: %w", got, e.fp, ErrLost))
 	}
-	if err := sealShm(data); err != nil {
-		return bad(err)
-	}
-	return data, nil
+	return sealMem(m)
 }
 
 // View is a read-only view of an object's bytes in shared memory. It pins the
@@ -551,7 +553,7 @@ type View struct {
 
 // Bytes returns the object's bytes: the mapped pages themselves, not a copy. They
 // are mapped read-only; writing to them faults. Do not use them after Release.
-func (v *View) Bytes() []byte { return v.e.data }
+func (v *View) Bytes() []byte { return v.e.mem.ro }
 
 // ID returns the object's id.
 func (v *View) ID() ID { return v.e.id }
@@ -559,8 +561,28 @@ func (v *View) ID() ID { return v.e.id }
 // Size returns the object's size.
 func (v *View) Size() int64 { return v.e.size }
 
-// Fingerprint returns the object's xxhash64.
-func (v *View) Fingerprint() uint64 { return v.e.fp }
+// Fingerprint returns the object's xxhash64 (computed now if it was not yet).
+func (v *View) Fingerprint() uint64 { return v.s.fingerprint(v.e) }
+
+// fingerprint returns e's fingerprint, computing it on first use. The caller has
+// pinned e.
+func (s *Store) fingerprint(e *entry) uint64 {
+	s.mu.Lock()
+	fp, ok, data := e.fp, e.fpOK, e.mem.ro
+	s.mu.Unlock()
+	if ok {
+		return fp
+	}
+	fp = xxhash.Sum64(data)
+	s.mu.Lock()
+	e.fp, e.fpOK = fp, true
+	s.mu.Unlock()
+	if err := s.directory.Register(context.Background(), Meta{ID: e.id, Size: e.size, Fingerprint: fp, Owner: e.owner,
+		Locations: []string{s.cfg.Location}}); err != nil {
+		s.log.Warn("directory register fingerprint", zap.Stringer("id", e.id), zap.Error(err))
+	}
+	return fp
+}
 
 // Release unpins the view. Calling it again does nothing.
 func (v *View) Release() {
@@ -653,21 +675,13 @@ func (s *Store) Release(ctx context.Context, id ID, holder string) error {
 	return nil
 }
 
-// Mapping tells a worker process on the same machine where to map an object from
-// (with MapFile).
-type Mapping struct {
-	Path        string
-	Size        int64
-	Fingerprint uint64
-}
-
 // Map pins id for holder (a worker process) and returns where to map it. The pin
 // lasts until Unmap, or until holder's lease expires (see Renew).
 func (s *Store) Map(ctx context.Context, id ID, holder string) (Mapping, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	e, ok := s.objs[id]
 	if !ok || e.state == statePending || e.state == stateAborted || e.freePending {
+		s.mu.Unlock()
 		return Mapping{}, s.fail(reasonNotFound, fmt.Errorf("object: map %s: %w", id.Short(), ErrNotFound))
 	}
 	if e.maps == nil {
@@ -676,9 +690,13 @@ func (s *Store) Map(ctx context.Context, id ID, holder string) (Mapping, error) 
 	e.maps[holder]++
 	if err := s.ensureHotLocked(ctx, e); err != nil {
 		s.dropMapLocked(e, holder)
+		s.mu.Unlock()
 		return Mapping{}, err
 	}
-	return Mapping{Path: e.path, Size: e.size, Fingerprint: e.fp}, nil
+	m := Mapping{Path: e.mem.path, Offset: e.mem.off, Size: e.size}
+	s.mu.Unlock()
+	m.Fingerprint = s.fingerprint(e)
+	return m, nil
 }
 
 func (s *Store) dropMapLocked(e *entry, holder string) {
@@ -769,16 +787,10 @@ func (s *Store) finishFreeLocked(e *entry, freed []ID) []ID {
 	if s.objs[e.id] != e {
 		return freed
 	}
-	if e.data != nil {
-		if err := unmap(e.data); err != nil {
-			s.log.Warn("munmap failed", zap.Stringer("id", e.id), zap.Error(err))
-		}
-		e.data = nil
+	if !e.mem.none() {
+		s.releaseMemLocked(e.mem, e.state == stateHot)
+		e.mem = mem{}
 	}
-	if e.state == stateHot || e.state == statePending || e.state == stateAborted {
-		s.used -= e.size
-	}
-	_ = os.Remove(e.path)
 	if e.spilled {
 		if err := s.spill.Remove(spillName(e.id)); err != nil {
 			s.log.Warn("remove spill file failed", zap.Stringer("id", e.id), zap.Error(err))
@@ -819,8 +831,7 @@ func (s *Store) Contains(id ID) bool {
 }
 
 // Close unmaps hot objects and removes their shared memory; spill files stay for the
-// next Open. Objects with outstanding views are left mapped (their memory is
-// returned at process exit).
+// next Open. Memory under outstanding views is left mapped (returned at process exit).
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -828,12 +839,31 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
+	busy := map[*slab]bool{}
 	for _, e := range s.objs {
-		if e.data != nil && e.views == 0 {
-			_ = unmap(e.data)
-			e.data = nil
+		if e.views > 0 && e.mem.slab != nil {
+			busy[e.mem.slab] = true
+		}
+		if e.views == 0 && e.mem.seg != nil {
+			_ = unmap(e.mem.seg.rw)
+			_ = unmap(e.mem.seg.ro)
+		}
+		e.mem = mem{}
+	}
+	for _, segs := range s.pool {
+		for _, seg := range segs {
+			_ = unmap(seg.rw)
+			_ = unmap(seg.ro)
 		}
 	}
+	s.pool = nil
+	for sl := range s.slabs {
+		if !busy[sl] {
+			_ = unmap(sl.rw)
+			_ = unmap(sl.ro)
+		}
+	}
+	s.slabs = nil
 	s.notifyLocked()
 	return os.RemoveAll(s.shmDir)
 }

@@ -15,7 +15,7 @@ type Writer struct {
 }
 
 // Bytes returns the object's writable shared memory.
-func (w *Writer) Bytes() []byte { return w.e.data }
+func (w *Writer) Bytes() []byte { return w.e.mem.rw }
 
 // ID returns the object's id.
 func (w *Writer) ID() ID { return w.e.id }
@@ -56,12 +56,12 @@ func (w *Writer) Seal(ctx context.Context, verify bool) error { return w.seal(ct
 func (w *Writer) seal(ctx context.Context, verify bool) error {
 	s, e := w.s, w.e
 	if verify {
-		if got := xxhash.Sum64(e.data); got != e.fp {
+		if got := xxhash.Sum64(e.mem.rw); got != e.fp {
 			w.Abort()
 			return s.fail(reasonFingerprint, fmt.Errorf("object: seal %s: fingerprint %x, want %x: %w", e.id.Short(), got, e.fp, ErrFingerprint))
 		}
 	}
-	if err := sealShm(e.data); err != nil {
+	if err := sealMem(e.mem); err != nil {
 		w.Abort()
 		return fmt.Errorf("object: seal %s: mprotect: %w", e.id.Short(), err)
 	}
@@ -74,7 +74,11 @@ func (w *Writer) seal(ctx context.Context, verify bool) error {
 	close(e.progress)
 	e.progress = make(chan struct{})
 	s.mu.Unlock()
-	return s.directory.Register(ctx, Meta{ID: e.id, Size: e.size, Fingerprint: e.fp, Owner: e.owner,
+	fp := e.fp
+	if !e.fpOK {
+		fp = 0 // computed on first need (a transfer, a spill, View.Fingerprint)
+	}
+	return s.directory.Register(ctx, Meta{ID: e.id, Size: e.size, Fingerprint: fp, Owner: e.owner,
 		Locations: []string{s.cfg.Location}, Refs: 1})
 }
 

@@ -138,8 +138,29 @@ func TestBadInput(t *testing.T) {
 	if _, err := bcl.Dial(ctx, a.addr); !errors.Is(err, ErrAuth) {
 		t.Fatalf("wrong token: %v", err)
 	}
-	if testutil.ToFloat64(a.m.Errors.WithLabelValues(reasonAuth)) < 1 {
-		t.Fatal("auth failure not counted by the server")
+	if testutil.ToFloat64(bcl.m.Errors.WithLabelValues(reasonAuth)) != 1 {
+		t.Fatal("auth failure not counted by the client")
+	}
+	// A client that cannot prove the token is refused before it can name a key.
+	{
+		raw, err := net.Dial("tcp", a.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw.SetDeadline(time.Now().Add(5 * time.Second))
+		var buf []byte
+		writeFrame(raw, &Frame{Type: FrameHello, Version: ProtocolVersion})
+		if f, err := ReadFrame(raw, &buf); err != nil || f.Type != FrameChallenge {
+			t.Fatalf("challenge: %+v %v", f, err)
+		}
+		writeFrame(raw, &Frame{Type: FrameAuth, MAC: [32]byte{1}})
+		if f, err := ReadFrame(raw, &buf); err != nil || f.Type != FrameError {
+			t.Fatalf("bad proof answered with %+v %v", f, err)
+		}
+		raw.Close()
+		if testutil.ToFloat64(a.m.Errors.WithLabelValues(reasonAuth)) < 1 {
+			t.Fatal("auth failure not counted by the server")
+		}
 	}
 
 	c, err := a.client.Dial(ctx, a.addr)
