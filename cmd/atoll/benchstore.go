@@ -38,7 +38,8 @@ func newBenchStoreCmd() *cobra.Command {
 			fmt.Fprintf(out, "cold memcpy       %8.2f GB/s  (into never-touched memory)\n", res.MemcpyColdGBps)
 			fmt.Fprintf(out, "cold put          %8.2f GB/s  (%.2f x cold memcpy; first put into a fresh store)\n", res.PutColdGBps, res.PutColdRatio)
 			fmt.Fprintf(out, "get+read ratio    %8.2f       (plain read time / store get-and-read time, target >= 0.9)\n", res.GetReadRatio)
-			fmt.Fprintf(out, "pull              %8.2f GB/s  (%d bytes, two processes, loopback)\n", res.PullGBps, res.PullBytes)
+			fmt.Fprintf(out, "pull              %8.2f GB/s  (%d bytes, two processes, loopback, best of %d)\n", res.PullGBps, res.PullBytes, res.PullRuns)
+			fmt.Fprintf(out, "first pull        %8.2f GB/s  (the serving side hashes every chunk; later pulls reuse its fingerprints)\n", res.PullFirstGBps)
 			fmt.Fprintf(out, "bare tcp          %8.2f GB/s\n", res.TCPGBps)
 			fmt.Fprintf(out, "pull ratio        %8.2f       (target >= 0.8)\n", res.PullRatio)
 			fmt.Fprintf(out, "1 KiB puts        %8.0f /s    (target >= 50000)\n", res.SmallPutsPerS)
@@ -58,6 +59,8 @@ func newBenchStoreCmd() *cobra.Command {
 	f.Int64Var(&cfg.BytesPerSize, "bytes-per-size", cfg.BytesPerSize, "bytes moved per size and measurement")
 	f.Int64Var(&cfg.PullSize, "pull-size", 0, "bytes pulled between processes (default max-size)")
 	f.IntVar(&cfg.PullRuns, "pull-runs", cfg.PullRuns, "pull and tcp runs; the best of each counts")
+	f.IntVar(&cfg.Streams, "streams", 0, "puller connections (default: the transfer default)")
+	f.IntVar(&cfg.Depth, "depth", 0, "chunk reads in flight per connection (default: the transfer default)")
 	f.IntVar(&cfg.SmallCount, "small-count", cfg.SmallCount, "number of 1 KiB objects")
 	return cmd
 }

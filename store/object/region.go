@@ -3,6 +3,8 @@ package object
 import (
 	"context"
 	"fmt"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // Region is an object's bytes as served to the transfer plane: sealed objects are
@@ -43,6 +45,30 @@ func (r *Region) Size() int64 { return r.e.size }
 
 // Fingerprint returns the object's xxhash64 (the expected one while being written).
 func (r *Region) Fingerprint() uint64 { return r.s.fingerprint(r.e) }
+
+// ChunkFingerprint returns xxhash64 of bytes [off, off+n), which the caller has
+// waited to be ready. Fingerprints are remembered with the object (its bytes never
+// change), so serving the same chunk again costs no hashing.
+func (r *Region) ChunkFingerprint(off, n int64) uint64 {
+	s, e := r.s, r.e
+	k := [2]int64{off, n}
+	s.mu.Lock()
+	fp, ok := e.chunkFP[k]
+	s.mu.Unlock()
+	if ok {
+		return fp
+	}
+	fp = xxhash.Sum64(e.mem.ro[off : off+n])
+	s.mu.Lock()
+	if e.chunkFP == nil {
+		e.chunkFP = map[[2]int64]uint64{}
+	}
+	if len(e.chunkFP) < 1<<16 {
+		e.chunkFP[k] = fp
+	}
+	s.mu.Unlock()
+	return fp
+}
 
 // WaitReady blocks until [0, end) is written, the object is aborted (ErrLost) or
 // ctx ends.

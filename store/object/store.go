@@ -38,6 +38,8 @@ type entry struct {
 	mem   mem  // where the bytes are while hot or pending
 	fpOK  bool // fp is known (computed lazily for puts unless FingerprintOnPut)
 
+	chunkFP map[[2]int64]uint64 // fingerprints of served chunks: {off, len} -> xxhash64
+
 	refs  map[string]int // logical references by holder
 	maps  map[string]int // external (worker-process) mappings by holder
 	views int            // in-process views and regions

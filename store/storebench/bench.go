@@ -38,6 +38,9 @@ type Config struct {
 	ServeCmd []string
 	// ServeEnv is added to the serving process's environment.
 	ServeEnv []string
+	// Streams and Depth set the puller's connections and reads in flight per
+	// connection (0: the transfer defaults).
+	Streams, Depth int
 	// Dir holds the local store; default a temporary directory.
 	Dir string
 }
@@ -83,6 +86,8 @@ type Result struct {
 	PullGBps       float64             `json:"pull_gbps"`
 	TCPGBps        float64             `json:"tcp_gbps"`
 	PullRatio      float64             `json:"pull_ratio"`
+	PullFirstGBps  float64             `json:"pull_first_gbps"`
+	PullRuns       int                 `json:"pull_runs"`
 	PullBytes      int64               `json:"pull_bytes"`
 	SmallPutsPerS  float64             `json:"small_puts_per_s"`
 	SmallGetsPerS  float64             `json:"small_gets_per_s"`
@@ -308,13 +313,19 @@ func runPull(ctx context.Context, cfg Config, st *object.Store, res *Result, log
 	}
 	ccfg := transfer.DefaultClientConfig()
 	ccfg.Token, ccfg.Logger = tok, log
+	if cfg.Streams > 0 {
+		ccfg.Streams = cfg.Streams
+	}
+	if cfg.Depth > 0 {
+		ccfg.Depth = cfg.Depth
+	}
 	cl, err := transfer.NewClient(ccfg)
 	if err != nil {
 		return err
 	}
 	buf := make([]byte, info.Size)
 	copy(buf, pattern(int(info.Size))) // touched, as the store's pages are
-	var bestTCP, bestPull time.Duration
+	var bestTCP, bestPull, firstPull time.Duration
 	for range cfg.PullRuns {
 		t0 := time.Now()
 		c, err := net.Dial("tcp", info.TCPAddr)
@@ -334,6 +345,9 @@ func runPull(ctx context.Context, cfg Config, st *object.Store, res *Result, log
 			return err
 		}
 		d := time.Since(t0)
+		if firstPull == 0 {
+			firstPull = d
+		}
 		if bestPull == 0 || d < bestPull {
 			bestPull = d
 		}
@@ -354,6 +368,8 @@ func runPull(ctx context.Context, cfg Config, st *object.Store, res *Result, log
 	res.TCPGBps = gbps(info.Size, bestTCP)
 	res.PullGBps = gbps(info.Size, bestPull)
 	res.PullRatio = res.PullGBps / res.TCPGBps
+	res.PullFirstGBps = gbps(info.Size, firstPull)
+	res.PullRuns = cfg.PullRuns
 	return nil
 }
 

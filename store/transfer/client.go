@@ -109,7 +109,7 @@ type Conn struct {
 type call struct {
 	dst  []byte // chunk destination
 	done chan error
-	f    Frame // the reply (Opened)
+	f    Frame // the reply (Opened, or Chunk: its fingerprint)
 }
 
 // Dial connects to addr and authenticates.
@@ -197,10 +197,9 @@ func (cn *Conn) readLoop() {
 				cn.fail(err)
 				return
 			}
-			if got := xxhash.Sum64(c.dst); got != f.Fingerprint {
-				c.done <- fmt.Errorf("transfer: chunk from %s: fingerprint %x, sent %x: %w", cn.addr, got, f.Fingerprint, ErrCorruptChunk)
-				continue
-			}
+			// The caller checks the fingerprint, so this goroutine can go on
+			// receiving the next chunk while that one is hashed.
+			c.f = f
 			c.done <- nil
 		case FrameOpened:
 			if c == nil {
@@ -307,8 +306,14 @@ func (cn *Conn) ReadRange(ctx context.Context, key Key, off int64, dst []byte) e
 	if len(dst) > MaxChunk {
 		return fmt.Errorf("transfer: read %d bytes: more than %d: %w", len(dst), MaxChunk, ErrRange)
 	}
-	_, err := cn.roundTrip(ctx, &Frame{Type: FrameRead, Key: key, Off: off, Len: uint32(len(dst))}, dst)
-	return err
+	c, err := cn.roundTrip(ctx, &Frame{Type: FrameRead, Key: key, Off: off, Len: uint32(len(dst))}, dst)
+	if err != nil {
+		return err
+	}
+	if got := xxhash.Sum64(dst); got != c.f.Fingerprint {
+		return fmt.Errorf("transfer: chunk [%d,+%d) from %s: fingerprint %x, sent %x: %w", off, len(dst), cn.addr, got, c.f.Fingerprint, ErrCorruptChunk)
+	}
+	return nil
 }
 
 // CloseRegion ends the registration of key (best effort; it also ends with the

@@ -29,6 +29,13 @@ type Region interface {
 	Close()
 }
 
+// ChunkFingerprinter is an optional Region extension: a region that can remember
+// chunk fingerprints (an immutable object can) saves the server hashing the same
+// bytes again when they are read again (repeated pulls, broadcast fan-out).
+type ChunkFingerprinter interface {
+	ChunkFingerprint(off, n int64) uint64
+}
+
 // Source opens objects for serving. The server owns this interface; StoreSource
 // adapts an *object.Store.
 type Source interface {
@@ -345,7 +352,13 @@ func (s *Server) serveRead(ctx context.Context, c net.Conn, f *Frame, hdr *[]byt
 		return s.sendErr(c, f.ReqID, CodeLost, err)
 	}
 	data := reg.region.Bytes()[f.Off:end]
-	*hdr = AppendFrame((*hdr)[:0], &Frame{Type: FrameChunk, ReqID: f.ReqID, Fingerprint: xxhash.Sum64(data), Len: f.Len})
+	var fp uint64
+	if cf, ok := reg.region.(ChunkFingerprinter); ok {
+		fp = cf.ChunkFingerprint(f.Off, int64(f.Len))
+	} else {
+		fp = xxhash.Sum64(data)
+	}
+	*hdr = AppendFrame((*hdr)[:0], &Frame{Type: FrameChunk, ReqID: f.ReqID, Fingerprint: fp, Len: f.Len})
 	_ = c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 	bufs := net.Buffers{*hdr, data}
 	if _, err := bufs.WriteTo(c); err != nil {
