@@ -58,6 +58,7 @@ func newBenchStoreCmd() *cobra.Command {
 	f.Int64Var(&cfg.MaxSize, "max-size", cfg.MaxSize, "largest object size in bytes")
 	f.Int64Var(&cfg.BytesPerSize, "bytes-per-size", cfg.BytesPerSize, "bytes moved per size and measurement")
 	f.Int64Var(&cfg.PullSize, "pull-size", 0, "bytes pulled between processes (default max-size)")
+	f.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "rounds per size, methods interleaved; the best of each counts")
 	f.IntVar(&cfg.PullRuns, "pull-runs", cfg.PullRuns, "pull and tcp runs; the best of each counts")
 	f.IntVar(&cfg.Streams, "streams", 0, "puller connections (default: the transfer default)")
 	f.IntVar(&cfg.Depth, "depth", 0, "chunk reads in flight per connection (default: the transfer default)")
