@@ -147,6 +147,13 @@ func (cn *Conn) Close() error {
 	return err
 }
 
+// Closed reports whether the connection is dead.
+func (cn *Conn) Closed() bool {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	return cn.err != nil
+}
+
 func (cn *Conn) fail(err error) {
 	cn.mu.Lock()
 	if cn.err == nil {

@@ -116,6 +116,7 @@ type puller struct {
 	doneB    int64
 	err      error
 	changed  chan struct{}
+	cancel   context.CancelFunc
 }
 
 // openNext dials the next location that has the object.
@@ -216,6 +217,7 @@ func (p *puller) run(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	p.cancel = cancel
 	workers := p.cl.cfg.Streams * p.cl.cfg.Depth
 	var wg sync.WaitGroup
 	for i := range workers {
@@ -268,6 +270,11 @@ func (p *puller) work(ctx context.Context, i int) {
 		case ctx.Err() != nil:
 			p.setErrLocked(fmt.Errorf("transfer: pull %s: %w", p.id.Short(), ctx.Err()))
 		default:
+			// The connection's reader may still be writing this span (a timed-out
+			// read): it must stop before anyone fetches the span again.
+			p.mu.Unlock()
+			conn.Close()
+			p.mu.Lock()
 			p.retry = append(p.retry, sp)
 			if p.src == src { // first to notice: move to the next location
 				p.cl.m.err(reasonSourceFailed)
@@ -275,6 +282,9 @@ func (p *puller) work(ctx context.Context, i int) {
 				p.retired = append(p.retired, src)
 				p.src = nil
 				p.mu.Unlock()
+				for _, c := range src.conns {
+					c.Close()
+				}
 				ns, nerr := p.openNext(ctx)
 				p.mu.Lock()
 				if nerr != nil {
@@ -292,5 +302,8 @@ func (p *puller) work(ctx context.Context, i int) {
 func (p *puller) setErrLocked(err error) {
 	if p.err == nil {
 		p.err = err
+		if p.cancel != nil {
+			p.cancel() // stop the reads in flight
+		}
 	}
 }
