@@ -520,3 +520,75 @@ func TestTwoProcesses(t *testing.T) {
 		t.Fatal("not a separate process")
 	}
 }
+
+func TestBroadcastRelayDies(t *testing.T) {
+	log := zaptest.NewLogger(t)
+	src, relay := newNode(t, log, nil), newNode(t, log, nil)
+	var read atomic.Int64
+	var once sync.Once
+	kill := func() {
+		once.Do(func() {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				relay.server.Shutdown(ctx)
+			}()
+		})
+	}
+	leaf := newNode(t, log, func(c *ClientConfig) {
+		d := &net.Dialer{}
+		c.Dial = func(ctx context.Context, addr string) (net.Conn, error) {
+			conn, err := d.DialContext(ctx, "tcp", addr)
+			if err != nil || addr != relay.addr {
+				return conn, err
+			}
+			return &dyingConn{Conn: conn, n: &read, limit: 512 << 10, kill: kill}, nil
+		}
+	})
+	ctx := ctxT(t)
+	data := randBytes(3<<20, 12)
+	id, _ := src.store.Put(ctx, "o", data)
+	rs := []Receiver{{relay.store, relay.client}, {leaf.store, leaf.client}}
+	if err := Broadcast(ctx, id, src.addr, rs, 1, "bcast"); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(getBytes(t, leaf.store, id), data) {
+		t.Fatal("leaf bytes differ after its relay died")
+	}
+	if read.Load() < 512<<10 {
+		t.Fatalf("leaf read only %d bytes from the relay: it did not die mid-stream", read.Load())
+	}
+	if testutil.ToFloat64(leaf.m.Errors.WithLabelValues(reasonSourceFailed)) < 1 {
+		t.Fatal("relay failure not counted")
+	}
+}
+
+// A source that accepts but never answers is given up after ChunkTimeout.
+func TestStalledSource(t *testing.T) {
+	log := zaptest.NewLogger(t)
+	good := newNode(t, log, nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // accept, then say nothing
+		}
+	}()
+	dst := newNode(t, log, func(c *ClientConfig) { c.DialTimeout = 200 * time.Millisecond })
+	ctx := ctxT(t)
+	data := randBytes(1<<20, 13)
+	id, _ := good.store.Put(ctx, "o", data)
+	if err := dst.client.Pull(ctx, dst.store, id, []string{ln.Addr().String(), good.addr}, PullOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(getBytes(t, dst.store, id), data) {
+		t.Fatal("bytes differ")
+	}
+}
