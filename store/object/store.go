@@ -104,7 +104,8 @@ type Stats struct {
 	Objects     int
 	HotObjects  int
 	ColdObjects int
-	HotBytes    int64
+	HotBytes    int64 // shared memory charged against Capacity, recycled memory included
+	Recycled    int64 // freed large-object memory kept for reuse
 	Capacity    int64
 }
 
@@ -256,7 +257,7 @@ func (s *Store) Directory() Directory { return s.directory }
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := Stats{Objects: len(s.objs), HotBytes: s.used, Capacity: s.capacity}
+	st := Stats{Objects: len(s.objs), HotBytes: s.used, Recycled: s.poolBytes, Capacity: s.capacity}
 	for _, e := range s.objs {
 		switch e.state {
 		case stateHot:
