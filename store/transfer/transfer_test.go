@@ -600,3 +600,21 @@ func TestStalledSource(t *testing.T) {
 		t.Fatal("bytes differ")
 	}
 }
+
+// BenchmarkPull pulls a 256 MiB object between two stores in this process.
+func BenchmarkPull(b *testing.B) {
+	log := zap.NewNop()
+	src, dst := newNode(b, log, func(c *ClientConfig) { *c = DefaultClientConfig(); c.Token = testToken }), newNode(b, log, func(c *ClientConfig) { *c = DefaultClientConfig(); c.Token = testToken })
+	ctx := context.Background()
+	data := randBytes(256<<20, 1)
+	id, _ := src.store.Put(ctx, "o", data)
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		if err := dst.client.Pull(ctx, dst.store, id, []string{src.addr}, PullOptions{Owner: "b"}); err != nil {
+			b.Fatal(err)
+		}
+		if err := dst.store.Release(ctx, id, "b"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
