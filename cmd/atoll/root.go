@@ -14,7 +14,16 @@ func newRootCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Run a benchmark against its baseline, measured in the same run",
 	}
-	bench.AddCommand(newBenchActorsCmd(), newBenchTopologyCmd())
-	root.AddCommand(bench, newDemoCmd(), newTopologyCmd())
+	bench.AddCommand(
+		newBenchActorsCmd(),
+		newBenchStoreCmd(),
+		newBenchTopologyCmd(),
+	)
+	root.AddCommand(
+		bench,
+		newDemoCmd(),
+		newStoreServeCmd(),
+		newTopologyCmd(),
+	)
 	return root
 }

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/store/storebench"
+)
+
+// newBenchStoreCmd is `atoll bench store`: the object store and transfer plane
+// against memcpy, plain reads and bare loopback TCP, measured in the same run.
+func newBenchStoreCmd() *cobra.Command {
+	cfg := storebench.DefaultConfig()
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "store",
+		Short: "Benchmark object store puts/gets and a two-process pull against memcpy and bare TCP",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			cfg.ServeCmd = []string{exe, "store-serve"}
+			res, err := storebench.Run(cmd.Context(), cfg, zap.NewNop())
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				return json.NewEncoder(out).Encode(res)
+			}
+			fmt.Fprintf(out, "memcpy            %8.2f GB/s\n", res.MemcpyGBps)
+			fmt.Fprintf(out, "put               %8.2f GB/s  (%.2f x memcpy, target >= 0.7)\n", res.PutGBps, res.PutMemcpyRatio)
+			fmt.Fprintf(out, "cold memcpy       %8.2f GB/s  (into never-touched memory)\n", res.MemcpyColdGBps)
+			fmt.Fprintf(out, "cold put          %8.2f GB/s  (%.2f x cold memcpy; first put into a fresh store)\n", res.PutColdGBps, res.PutColdRatio)
+			fmt.Fprintf(out, "get+read ratio    %8.2f       (plain read time / store get-and-read time, target >= 0.9)\n", res.GetReadRatio)
+			fmt.Fprintf(out, "pull              %8.2f GB/s  (%d bytes, two processes, loopback, best of %d)\n", res.PullGBps, res.PullBytes, res.PullRuns)
+			fmt.Fprintf(out, "first pull        %8.2f GB/s  (the serving side hashes every chunk; later pulls reuse its fingerprints)\n", res.PullFirstGBps)
+			fmt.Fprintf(out, "bare tcp          %8.2f GB/s\n", res.TCPGBps)
+			fmt.Fprintf(out, "pull ratio        %8.2f       (target >= 0.8)\n", res.PullRatio)
+			fmt.Fprintf(out, "1 KiB puts        %8.0f /s    (target >= 50000)\n", res.SmallPutsPerS)
+			fmt.Fprintf(out, "1 KiB gets        %8.0f /s\n", res.SmallGetsPerS)
+			for _, s := range res.Sizes {
+				fmt.Fprintf(out, "  %10d B  memcpy %6.2f GB/s  put %6.2f GB/s  cold memcpy %6.2f  cold put %6.2f  read plain %.4fs  get+read %.4fs\n",
+					s.Size, s.MemcpyGBps, s.PutGBps, s.MemcpyColdGBps, s.PutColdGBps, s.PlainReadS, s.GetReadS)
+			}
+			fmt.Fprintf(out, "rdma: %d devices, backend %s (%s)\n", len(res.RDMA.Devices), res.RDMA.Backend, res.RDMA.Note)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	f.Int64Var(&cfg.MinSize, "min-size", cfg.MinSize, "smallest object size in bytes (sizes grow by 4x)")
+	f.Int64Var(&cfg.MaxSize, "max-size", cfg.MaxSize, "largest object size in bytes")
+	f.Int64Var(&cfg.BytesPerSize, "bytes-per-size", cfg.BytesPerSize, "bytes moved per size and measurement")
+	f.Int64Var(&cfg.PullSize, "pull-size", 0, "bytes pulled between processes (default max-size)")
+	f.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "rounds per size, methods interleaved; the best of each counts")
+	f.IntVar(&cfg.PullRuns, "pull-runs", cfg.PullRuns, "pull and tcp runs; the best of each counts")
+	f.IntVar(&cfg.Streams, "streams", 0, "puller connections (default: the transfer default)")
+	f.IntVar(&cfg.Depth, "depth", 0, "chunk reads in flight per connection (default: the transfer default)")
+	f.IntVar(&cfg.SmallCount, "small-count", cfg.SmallCount, "number of 1 KiB objects")
+	return cmd
+}
+
+// newStoreServeCmd is the hidden serving side of the benchmark's pull.
+func newStoreServeCmd() *cobra.Command {
+	var size int64
+	var token string
+	cmd := &cobra.Command{
+		Use:    "store-serve",
+		Short:  "Serve one object from a fresh store until stdin closes (used by bench store)",
+		Hidden: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return storebench.Serve(cmd.Context(), size, token, os.Stdin, cmd.OutOrStdout(), zap.NewNop())
+		},
+	}
+	cmd.Flags().Int64Var(&size, "size", 1<<20, "object size in bytes")
+	cmd.Flags().StringVar(&token, "token", "", "cluster token, hex")
+	return cmd
+}

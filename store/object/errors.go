@@ -1,0 +1,30 @@
+package object
+
+import "errors"
+
+// Sentinel errors returned by the store. Check them with errors.Is; the returned
+// errors wrap them with the object id and the operation that failed.
+var (
+	// ErrNotFound: the id is unknown to this store (never put, or already freed).
+	ErrNotFound = errors.New("object: not found")
+	// ErrTooLarge: the object is larger than the store's whole capacity; it can never fit.
+	ErrTooLarge = errors.New("object: larger than store capacity")
+	// ErrStoreFull: admission could not make room (everything resident is in use)
+	// before the context's deadline. Nothing was overcommitted.
+	ErrStoreFull = errors.New("object: store full")
+	// ErrDiskFull: spilling to the cold tier failed for lack of disk (ENOSPC or the
+	// configured spill capacity). Returned to the putter; the store never retries forever.
+	ErrDiskFull = errors.New("object: spill disk full")
+	// ErrExists: an object with this id is already present.
+	ErrExists = errors.New("object: already exists")
+	// ErrFingerprint: the bytes do not match the object's fingerprint.
+	ErrFingerprint = errors.New("object: fingerprint mismatch")
+	// ErrLost: the object's bytes are gone (a spill file vanished or is corrupt).
+	ErrLost = errors.New("object: lost")
+	// ErrNotHolder: Release or Unmap named a holder that holds no reference.
+	ErrNotHolder = errors.New("object: holder holds no reference")
+	// ErrClosed: the store has been closed.
+	ErrClosed = errors.New("object: store closed")
+	// ErrBadID: a printable id could not be parsed.
+	ErrBadID = errors.New("object: bad id")
+)

@@ -1,0 +1,415 @@
+package storebench
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"time"
+	"unsafe"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/atoll-run/atoll/store/object"
+	"github.com/atoll-run/atoll/store/transfer"
+)
+
+// Config tunes a run.
+type Config struct {
+	// MinSize and MaxSize bound the object sizes (powers of 4 from MinSize). Default 1 MiB .. 1 GiB.
+	MinSize, MaxSize int64
+	// BytesPerSize is how many bytes each size moves per method, over all rounds (at
+	// least 2 objects a round). Default 512 MiB.
+	BytesPerSize int64
+	// PullSize is the object pulled between processes. Default MaxSize.
+	PullSize int64
+	// Rounds: each size is measured this many times, methods interleaved; the best
+	// round of each method counts. Default 3.
+	Rounds int
+	// PullRuns: the pull and the bare TCP copy each run this many times; the best counts. Default 3.
+	PullRuns int
+	// SmallCount is the number of 1 KiB objects. Default 50000.
+	SmallCount int
+	// ServeCmd starts the serving process (it gets --size and --token appended).
+	ServeCmd []string
+	// ServeEnv is added to the serving process's environment.
+	ServeEnv []string
+	// Streams and Depth set the puller's connections and reads in flight per
+	// connection (0: the transfer defaults).
+	Streams, Depth int
+	// Dir holds the local store; default a temporary directory.
+	Dir string
+}
+
+// DefaultConfig returns the sizes the issue names.
+func DefaultConfig() Config {
+	return Config{MinSize: 1 << 20, MaxSize: 1 << 30, BytesPerSize: 512 << 20, Rounds: 3, PullRuns: 3, SmallCount: 50000}
+}
+
+// Validate reports the first bad field.
+func (c Config) Validate() error {
+	switch {
+	case c.MinSize < 4096 || c.MaxSize < c.MinSize:
+		return fmt.Errorf("storebench: sizes %d..%d: want 4096 <= min <= max", c.MinSize, c.MaxSize)
+	case c.BytesPerSize <= 0 || c.Rounds < 1 || c.PullRuns < 1 || c.SmallCount < 1:
+		return fmt.Errorf("storebench: BytesPerSize, Rounds, PullRuns and SmallCount must be positive")
+	case len(c.ServeCmd) == 0:
+		return fmt.Errorf("storebench: ServeCmd is empty")
+	}
+	return nil
+}
+
+// SizeResult is one size's figures.
+type SizeResult struct {
+	Size           int64   `json:"size"`
+	MemcpyGBps     float64 `json:"memcpy_gbps"`
+	PutGBps        float64 `json:"put_gbps"`
+	MemcpyColdGBps float64 `json:"memcpy_cold_gbps"`
+	PutColdGBps    float64 `json:"put_cold_gbps"`
+	PlainReadS     float64 `json:"plain_read_s"`
+	GetReadS       float64 `json:"get_read_s"`
+}
+
+// Result is what `atoll bench store --json` prints.
+type Result struct {
+	MemcpyGBps     float64             `json:"memcpy_gbps"`
+	PutGBps        float64             `json:"put_gbps"`
+	PutMemcpyRatio float64             `json:"put_memcpy_ratio"`
+	MemcpyColdGBps float64             `json:"memcpy_cold_gbps"`
+	PutColdGBps    float64             `json:"put_cold_gbps"`
+	PutColdRatio   float64             `json:"put_cold_ratio"`
+	GetReadRatio   float64             `json:"get_read_ratio"`
+	PullGBps       float64             `json:"pull_gbps"`
+	TCPGBps        float64             `json:"tcp_gbps"`
+	PullRatio      float64             `json:"pull_ratio"`
+	PullFirstGBps  float64             `json:"pull_first_gbps"`
+	PullRuns       int                 `json:"pull_runs"`
+	PullBytes      int64               `json:"pull_bytes"`
+	SmallPutsPerS  float64             `json:"small_puts_per_s"`
+	SmallGetsPerS  float64             `json:"small_gets_per_s"`
+	Sizes          []SizeResult        `json:"sizes"`
+	Targets        map[string]float64  `json:"targets"`
+	Met            map[string]bool     `json:"met"`
+	RDMA           transfer.RDMAReport `json:"rdma"`
+	CPUs           int                 `json:"cpus"`
+}
+
+func gbps(bytes int64, d time.Duration) float64 { return float64(bytes) / d.Seconds() / 1e9 }
+
+// Run runs the whole benchmark.
+func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return Result{}, err
+	}
+	if cfg.PullSize == 0 {
+		cfg.PullSize = cfg.MaxSize
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	dir := cfg.Dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "atoll-bench-store")
+		if err != nil {
+			return Result{}, err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	res := Result{RDMA: transfer.DetectRDMA(), CPUs: runtime.NumCPU(),
+		Targets: map[string]float64{"put_memcpy_ratio": 0.7, "get_read_ratio": 0.9, "pull_ratio": 0.8, "small_puts_per_s": 50000}}
+
+	scfg := object.DefaultConfig()
+	scfg.Capacity = max(2*cfg.MaxSize, 2*cfg.PullSize, 256<<20)
+	st, err := object.Open(scfg, dir)
+	if err != nil {
+		return res, err
+	}
+	defer st.Close()
+
+	var memB, putB, coldB, plainNs, getNs int64
+	var memT, putT, memColdT, putColdT time.Duration
+	for size := cfg.MinSize; size <= cfg.MaxSize; size *= 4 {
+		log.Info("sizes", zap.Int64("size", size))
+		reps := int(max(2, cfg.BytesPerSize/size/int64(cfg.Rounds)))
+		src := pattern(int(size))
+		dst := make([]byte, size)
+		copy(dst, src) // fault the pages in: memcpy is measured into touched memory
+		// Cold: into memory never touched before — fresh anonymous pages for
+		// memcpy, a store that has never held an object of this size for put.
+		mc, pc, err := coldPair(ctx, st, src)
+		if err != nil {
+			return res, err
+		}
+		// (b) put, steady state: each object is freed after its put, so the next
+		// put reuses its recycled shared memory, as a training loop putting
+		// same-sized gradients does. One unmeasured put first warms the pool.
+		if id, err := st.Put(ctx, "bench", src); err == nil {
+			_ = st.Release(ctx, id, "bench")
+		}
+		readID, err := st.Put(ctx, "bench", src)
+		if err != nil {
+			return res, err
+		}
+		// Each round times every method once, in turn; the best round of each
+		// counts, so a burst of load from other processes hits one round, not
+		// one method.
+		var mt, pt, plain, got time.Duration
+		best := func(cur *time.Duration, d time.Duration) {
+			if *cur == 0 || d < *cur {
+				*cur = d
+			}
+		}
+		var sink uint64
+		for range cfg.Rounds {
+			t0 := time.Now()
+			for range reps {
+				copy(dst, src)
+			}
+			best(&mt, time.Since(t0))
+			t0 = time.Now()
+			for range reps {
+				id, err := st.Put(ctx, "bench", src)
+				if err != nil {
+					return res, fmt.Errorf("storebench: put %d bytes: %w", size, err)
+				}
+				if err := st.Release(ctx, id, "bench"); err != nil {
+					return res, err
+				}
+			}
+			best(&pt, time.Since(t0))
+			// (c) get and read every byte vs reading the plain buffer.
+			t0 = time.Now()
+			for range reps {
+				sink += sum(dst)
+			}
+			best(&plain, time.Since(t0))
+			t0 = time.Now()
+			for range reps {
+				v, err := st.Get(ctx, readID)
+				if err != nil {
+					return res, err
+				}
+				sink += sum(v.Bytes())
+				v.Release()
+			}
+			best(&got, time.Since(t0))
+		}
+		_ = st.Release(ctx, readID, "bench")
+		if sink == 1 {
+			fmt.Fprint(io.Discard, sink)
+		}
+		tot := int64(reps) * size
+		memB += tot
+		putB += tot
+		memT += mt
+		putT += pt
+		coldB += size
+		memColdT += mc
+		putColdT += pc
+		plainNs += plain.Nanoseconds()
+		getNs += got.Nanoseconds()
+		res.Sizes = append(res.Sizes, SizeResult{Size: size, MemcpyGBps: gbps(tot, mt), PutGBps: gbps(tot, pt),
+			MemcpyColdGBps: gbps(size, mc), PutColdGBps: gbps(size, pc),
+			PlainReadS: plain.Seconds(), GetReadS: got.Seconds()})
+	}
+	res.MemcpyGBps = gbps(memB, memT)
+	res.PutGBps = gbps(putB, putT)
+	res.PutMemcpyRatio = res.PutGBps / res.MemcpyGBps
+	res.MemcpyColdGBps = gbps(coldB, memColdT)
+	res.PutColdGBps = gbps(coldB, putColdT)
+	res.PutColdRatio = res.PutColdGBps / res.MemcpyColdGBps
+	res.GetReadRatio = float64(plainNs) / float64(getNs)
+
+	if err := runPull(ctx, cfg, st, &res, log); err != nil {
+		return res, err
+	}
+	if err := runSmall(ctx, cfg, st, &res); err != nil {
+		return res, err
+	}
+	res.Met = map[string]bool{
+		"put_memcpy_ratio": res.PutMemcpyRatio >= 0.7,
+		"get_read_ratio":   res.GetReadRatio >= 0.9,
+		"pull_ratio":       res.PullRatio >= 0.8,
+		"small_puts_per_s": res.SmallPutsPerS >= 50000,
+	}
+	return res, nil
+}
+
+// coldPair times one memcpy into fresh anonymous memory and one put into a fresh
+// store (its own directory, so no recycled memory).
+func coldPair(ctx context.Context, like *object.Store, src []byte) (memcpy, put time.Duration, err error) {
+	t0 := time.Now()
+	dst, err := unix.Mmap(-1, 0, len(src), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return 0, 0, err
+	}
+	copy(dst, src)
+	memcpy = time.Since(t0)
+	_ = unix.Munmap(dst)
+	dir, err := os.MkdirTemp("", "atoll-bench-cold")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer os.RemoveAll(dir)
+	cfg := object.DefaultConfig()
+	cfg.Capacity = like.Capacity()
+	st, err := object.Open(cfg, dir)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer st.Close()
+	t0 = time.Now()
+	if _, err := st.Put(ctx, "bench", src); err != nil {
+		return 0, 0, err
+	}
+	return memcpy, time.Since(t0), nil
+}
+
+// sum reads every byte of b (as 64-bit words).
+func sum(b []byte) uint64 {
+	if len(b) < 8 {
+		return 0
+	}
+	w := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/8)
+	var s0, s1, s2, s3 uint64
+	i := 0
+	for ; i+4 <= len(w); i += 4 {
+		s0 += w[i]
+		s1 += w[i+1]
+		s2 += w[i+2]
+		s3 += w[i+3]
+	}
+	for ; i < len(w); i++ {
+		s0 += w[i]
+	}
+	return s0 + s1 + s2 + s3
+}
+
+func runPull(ctx context.Context, cfg Config, st *object.Store, res *Result, log *zap.Logger) error {
+	tok := make([]byte, 32)
+	_, _ = rand.Read(tok)
+	args := append(append([]string{}, cfg.ServeCmd[1:]...), "--size", fmt.Sprint(cfg.PullSize), "--token", hex.EncodeToString(tok))
+	cmd := exec.CommandContext(ctx, cfg.ServeCmd[0], args...)
+	cmd.Env = append(os.Environ(), cfg.ServeEnv...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("storebench: start %v: %w", cfg.ServeCmd, err)
+	}
+	defer func() { stdin.Close(); _ = cmd.Wait() }()
+	line, err := bufio.NewReader(stdout).ReadBytes('\n')
+	if err != nil {
+		return fmt.Errorf("storebench: serving process said nothing: %w", err)
+	}
+	var info ServeInfo
+	if err := json.Unmarshal(line, &info); err != nil {
+		return fmt.Errorf("storebench: serving process said %q: %w", line, err)
+	}
+	id, err := object.ParseID(info.ID)
+	if err != nil {
+		return err
+	}
+	ccfg := transfer.DefaultClientConfig()
+	ccfg.Token, ccfg.Logger = tok, log
+	if cfg.Streams > 0 {
+		ccfg.Streams = cfg.Streams
+	}
+	if cfg.Depth > 0 {
+		ccfg.Depth = cfg.Depth
+	}
+	cl, err := transfer.NewClient(ccfg)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, info.Size)
+	copy(buf, pattern(int(info.Size))) // touched, as the store's pages are
+	var bestTCP, bestPull, firstPull time.Duration
+	for range cfg.PullRuns {
+		t0 := time.Now()
+		c, err := net.Dial("tcp", info.TCPAddr)
+		if err != nil {
+			return err
+		}
+		_, err = io.ReadFull(c, buf)
+		c.Close()
+		if err != nil {
+			return fmt.Errorf("storebench: bare tcp copy: %w", err)
+		}
+		if d := time.Since(t0); bestTCP == 0 || d < bestTCP {
+			bestTCP = d
+		}
+		t0 = time.Now()
+		if err := cl.Pull(ctx, st, id, []string{info.Addr}, transfer.PullOptions{Owner: "bench"}); err != nil {
+			return err
+		}
+		d := time.Since(t0)
+		if firstPull == 0 {
+			firstPull = d
+		}
+		if bestPull == 0 || d < bestPull {
+			bestPull = d
+		}
+		v, err := st.Get(ctx, id)
+		if err != nil {
+			return err
+		}
+		same := v.Size() == info.Size && v.Fingerprint() != 0
+		v.Release()
+		if !same {
+			return fmt.Errorf("storebench: pulled object has size %d, want %d", v.Size(), info.Size)
+		}
+		if err := st.Release(ctx, id, "bench"); err != nil {
+			return err
+		}
+	}
+	res.PullBytes = info.Size
+	res.TCPGBps = gbps(info.Size, bestTCP)
+	res.PullGBps = gbps(info.Size, bestPull)
+	res.PullRatio = res.PullGBps / res.TCPGBps
+	res.PullFirstGBps = gbps(info.Size, firstPull)
+	res.PullRuns = cfg.PullRuns
+	return nil
+}
+
+func runSmall(ctx context.Context, cfg Config, st *object.Store, res *Result) error {
+	b := pattern(1024)
+	ids := make([]object.ID, cfg.SmallCount)
+	t0 := time.Now()
+	for i := range ids {
+		id, err := st.Put(ctx, "bench", b)
+		if err != nil {
+			return fmt.Errorf("storebench: small put %d: %w", i, err)
+		}
+		ids[i] = id
+	}
+	res.SmallPutsPerS = float64(len(ids)) / time.Since(t0).Seconds()
+	t0 = time.Now()
+	for _, id := range ids {
+		v, err := st.Get(ctx, id)
+		if err != nil {
+			return err
+		}
+		v.Release()
+	}
+	res.SmallGetsPerS = float64(len(ids)) / time.Since(t0).Seconds()
+	for _, id := range ids {
+		_ = st.Release(ctx, id, "bench")
+	}
+	return nil
+}

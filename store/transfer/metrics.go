@@ -1,0 +1,54 @@
+package transfer
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Error reasons counted in atoll_transfer_errors_total{reason}.
+const (
+	reasonBadKey       = "bad_key"
+	reasonCorrupt      = "corrupt_chunk"
+	reasonBadFrame     = "bad_frame"
+	reasonAuth         = "auth_failed"
+	reasonSourceFailed = "source_failed"
+	reasonLost         = "object_lost"
+	reasonNotFound     = "not_found"
+	reasonRange        = "range"
+)
+
+// Metrics are the transfer plane's counters. Build with NewMetrics on an injected
+// registry; share one between a node's Server and Client.
+type Metrics struct {
+	ChunksServed prometheus.Counter
+	BytesServed  prometheus.Counter
+	ChunksPulled prometheus.Counter
+	BytesPulled  prometheus.Counter
+	ChunkRefetch prometheus.Counter
+	Pulls        prometheus.Counter
+	Errors       *prometheus.CounterVec
+}
+
+// NewMetrics creates the counters and registers them on reg (nil: unregistered).
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	c := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "atoll", Subsystem: "transfer", Name: name, Help: help})
+	}
+	m := &Metrics{
+		ChunksServed: c("chunks_served_total", "Chunks sent to pullers."),
+		BytesServed:  c("served_bytes_total", "Bytes sent to pullers."),
+		ChunksPulled: c("chunks_pulled_total", "Chunks received and verified."),
+		BytesPulled:  c("pulled_bytes_total", "Bytes received and verified."),
+		ChunkRefetch: c("chunk_refetch_total", "Chunks fetched again after a fingerprint mismatch."),
+		Pulls:        c("pulls_total", "Completed pulls."),
+		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "atoll", Subsystem: "transfer",
+			Name: "errors_total", Help: "Errors by reason."}, []string{"reason"}),
+	}
+	if reg != nil {
+		for _, col := range []prometheus.Collector{m.ChunksServed, m.BytesServed, m.ChunksPulled, m.BytesPulled, m.ChunkRefetch, m.Pulls, m.Errors} {
+			if err := reg.Register(col); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *Metrics) err(reason string) { m.Errors.WithLabelValues(reason).Inc() }

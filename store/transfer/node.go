@@ -1,0 +1,125 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/store/object"
+)
+
+// NodeConfig configures a Node: one machine's store, its transfer server and its
+// client. Token is required; the rest have defaults.
+type NodeConfig struct {
+	// Name labels this node's counters (node="Name") so that several nodes can
+	// share one registry (the embedded default runs several in one process).
+	Name string
+	// Dir holds the store's spill files.
+	Dir string
+	// ListenAddr is where the transfer server listens. Default "127.0.0.1:0".
+	ListenAddr string
+	// Token is the shared cluster secret.
+	Token []byte
+	// Store configures the store; its Location is set to the bound address, and its
+	// Registerer and Logger to the node's.
+	Store  object.Config
+	Server ServerConfig
+	Client ClientConfig
+	// Registerer receives all counters; nil registers nothing.
+	Registerer prometheus.Registerer
+	Logger     *zap.Logger
+}
+
+// DefaultNodeConfig returns defaults for everything but Token and Dir.
+func DefaultNodeConfig() NodeConfig {
+	return NodeConfig{ListenAddr: "127.0.0.1:0", Store: object.DefaultConfig(), Server: DefaultServerConfig(), Client: DefaultClientConfig()}
+}
+
+// Node is a machine's object store served on the transfer plane.
+type Node struct {
+	Store   *object.Store
+	Server  *Server
+	Client  *Client
+	Metrics *Metrics
+	// Addr is the transfer address, also the store's Location in the directory.
+	Addr string
+}
+
+// StartNode listens, opens the store with its location set to the bound address,
+// and starts serving it.
+func StartNode(cfg NodeConfig) (*Node, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.ListenAddr == "" {
+		cfg.ListenAddr = "127.0.0.1:0"
+	}
+	reg := cfg.Registerer
+	if reg != nil && cfg.Name != "" {
+		reg = prometheus.WrapRegistererWith(prometheus.Labels{"node": cfg.Name}, reg)
+	}
+	log := cfg.Logger
+	if cfg.Name != "" {
+		log = log.With(zap.String("node", cfg.Name))
+	}
+	m, err := NewMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("transfer: start node %s: %w", cfg.Name, err)
+	}
+	ln, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		return nil, fmt.Errorf("transfer: start node %s: listen %s: %w", cfg.Name, cfg.ListenAddr, err)
+	}
+	cfg.Store.Location = ln.Addr().String()
+	cfg.Store.Registerer = reg
+	cfg.Store.Logger = log
+	st, err := object.Open(cfg.Store, cfg.Dir)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	cfg.Server.Token, cfg.Server.Logger, cfg.Server.Metrics = cfg.Token, log, m
+	srv, err := NewServer(cfg.Server, StoreSource{Store: st})
+	if err != nil {
+		ln.Close()
+		st.Close()
+		return nil, err
+	}
+	cfg.Client.Token, cfg.Client.Logger, cfg.Client.Metrics = cfg.Token, log, m
+	cl, err := NewClient(cfg.Client)
+	if err != nil {
+		ln.Close()
+		st.Close()
+		return nil, err
+	}
+	go func() { _ = srv.Serve(ln) }()
+	return &Node{Store: st, Server: srv, Client: cl, Metrics: m, Addr: ln.Addr().String()}, nil
+}
+
+// Get returns a view of id, pulling it first from the locations the store's
+// directory lists if this node does not hold it. The caller releases the view;
+// the pulled copy is owned by owner (one reference) and stays until released.
+func (n *Node) Get(ctx context.Context, id object.ID, owner string) (*object.View, error) {
+	v, err := n.Store.Get(ctx, id)
+	if err == nil || !errors.Is(err, object.ErrNotFound) {
+		return v, err
+	}
+	meta, err := n.Store.Directory().Lookup(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("transfer: get %s: %w", id.Short(), err)
+	}
+	if err := n.Client.Pull(ctx, n.Store, id, meta.Locations, PullOptions{Owner: owner}); err != nil {
+		return nil, err
+	}
+	return n.Store.Get(ctx, id)
+}
+
+// Shutdown stops serving and closes the store.
+func (n *Node) Shutdown(ctx context.Context) error {
+	err := n.Server.Shutdown(ctx)
+	return errors.Join(err, n.Store.Close())
+}

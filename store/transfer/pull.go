@@ -1,0 +1,309 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/store/object"
+)
+
+// PullOptions are the optional parts of a pull.
+type PullOptions struct {
+	// Owner owns the new local copy (one reference). Default "transfer".
+	Owner string
+	// OnCreated is called once the local object exists (still being written); a
+	// broadcast uses it to start the next receiver, which reads from this one.
+	OnCreated func()
+}
+
+type span struct{ off, n int64 }
+
+// source is one location being pulled from.
+type source struct {
+	addr   string
+	conns  []*Conn
+	remote Remote
+}
+
+func (s *source) close() {
+	for _, c := range s.conns {
+		_ = c.CloseRegion(s.remote.Key)
+		c.Close()
+	}
+}
+
+// Pull copies object id into st from the first of locations (transfer addresses)
+// that has it, chunk by chunk with Streams×Depth reads in flight, writing each
+// chunk straight into the new object's shared memory and checking its fingerprint
+// on arrival (a bad chunk is fetched again). If a source dies mid-pull the
+// remaining chunks come from the next location; when none is left it returns
+// ErrObjectLost. Locations equal to st.Location() are skipped. A pull of an id st
+// already holds returns nil at once.
+func (cl *Client) Pull(ctx context.Context, st *object.Store, id object.ID, locations []string, opt PullOptions) error {
+	if st.Contains(id) {
+		return nil
+	}
+	if opt.Owner == "" {
+		opt.Owner = "transfer"
+	}
+	var locs []string
+	for _, l := range locations {
+		if l != "" && l != st.Location() {
+			locs = append(locs, l)
+		}
+	}
+	p := &puller{cl: cl, id: id, locs: locs, sizer: NewChunkSizer(cl.cfg.Chunk), changed: make(chan struct{})}
+	src, err := p.openNext(ctx)
+	if err != nil {
+		return err
+	}
+	p.src = src
+	p.size = src.remote.Size
+	w, err := st.Create(ctx, opt.Owner, id, src.remote.Size, src.remote.Fingerprint)
+	if err != nil {
+		src.close()
+		return fmt.Errorf("transfer: pull %s: %w", id.Short(), err)
+	}
+	if opt.OnCreated != nil {
+		opt.OnCreated()
+	}
+	p.dst = w.Bytes()
+	p.w = w
+	err = p.run(ctx)
+	p.mu.Lock()
+	for _, s := range p.retired {
+		s.close()
+	}
+	if p.src != nil {
+		p.src.close()
+	}
+	p.mu.Unlock()
+	if err != nil {
+		w.Abort()
+		return err
+	}
+	// Every chunk was checked against the fingerprint its server computed from
+	// sealed bytes (or bytes a relay had itself verified), so no second pass.
+	if err := w.Seal(ctx, false); err != nil {
+		return fmt.Errorf("transfer: pull %s: %w", id.Short(), err)
+	}
+	cl.m.Pulls.Inc()
+	return nil
+}
+
+type puller struct {
+	cl    *Client
+	id    object.ID
+	locs  []string
+	next  int // index into locs of the next location to try
+	size  int64
+	dst   []byte
+	w     *object.Writer
+	sizer *ChunkSizer
+
+	mu       sync.Mutex
+	src      *source
+	retired  []*source
+	cursor   int64
+	retry    []span
+	refetch  map[int64]int
+	inflight int
+	doneB    int64
+	err      error
+	changed  chan struct{}
+	cancel   context.CancelFunc
+}
+
+// openNext dials the next location that has the object.
+func (p *puller) openNext(ctx context.Context) (*source, error) {
+	var errs []error
+	for p.next < len(p.locs) {
+		addr := p.locs[p.next]
+		p.next++
+		s, err := p.open(ctx, addr)
+		if err == nil {
+			return s, nil
+		}
+		p.cl.m.err(reasonSourceFailed)
+		p.cl.log.Info("source unusable", zap.String("addr", addr), zap.Stringer("id", p.id), zap.Error(err))
+		errs = append(errs, err)
+	}
+	p.cl.m.err(reasonLost)
+	return nil, fmt.Errorf("transfer: pull %s: no location of %d could supply it (%v): %w", p.id.Short(), len(p.locs), errors.Join(errs...), ErrObjectLost)
+}
+
+func (p *puller) open(ctx context.Context, addr string) (*source, error) {
+	s := &source{addr: addr}
+	for range p.cl.cfg.Streams {
+		c, err := p.cl.Dial(ctx, addr)
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		s.conns = append(s.conns, c)
+	}
+	octx, cancel := context.WithTimeout(ctx, p.cl.cfg.DialTimeout)
+	defer cancel()
+	start := time.Now()
+	r, err := s.conns[0].Open(octx, p.id)
+	p.mu.Lock()
+	p.sizer.ObserveRTT(time.Since(start))
+	p.mu.Unlock()
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	if p.size != 0 && (r.Size != p.size || (p.src != nil && r.Fingerprint != p.src.remote.Fingerprint)) {
+		s.close()
+		return nil, fmt.Errorf("transfer: %s has a different object under %s (size %d)", addr, p.id.Short(), r.Size)
+	}
+	s.remote = r
+	return s, nil
+}
+
+func (p *puller) notifyLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// take returns the next span to fetch and the source to fetch it from; ok is
+// false when the pull is over (finished or failed).
+func (p *puller) take(ctx context.Context) (span, *source, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for {
+		if p.err != nil || p.doneB == p.size {
+			return span{}, nil, false
+		}
+		if p.src == nil { // another worker is opening the next location
+			goto wait
+		}
+		if n := len(p.retry); n > 0 {
+			sp := p.retry[n-1]
+			p.retry = p.retry[:n-1]
+			p.inflight++
+			return sp, p.src, true
+		}
+		if p.cursor < p.size {
+			n := min(p.sizer.Next(), p.size-p.cursor)
+			sp := span{p.cursor, n}
+			p.cursor += n
+			p.inflight++
+			return sp, p.src, true
+		}
+	wait:
+		ch := p.changed // others hold the last spans (or a source is opening); wait
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+		p.mu.Lock()
+		if ctx.Err() != nil && p.err == nil {
+			p.err = fmt.Errorf("transfer: pull %s: %w", p.id.Short(), ctx.Err())
+			p.notifyLocked()
+		}
+	}
+}
+
+func (p *puller) run(ctx context.Context) error {
+	if p.size == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	p.cancel = cancel
+	workers := p.cl.cfg.Streams * p.cl.cfg.Depth
+	var wg sync.WaitGroup
+	for i := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.work(ctx, i)
+		}()
+	}
+	wg.Wait()
+	return p.err
+}
+
+func (p *puller) work(ctx context.Context, i int) {
+	for {
+		sp, src, ok := p.take(ctx)
+		if !ok {
+			return
+		}
+		conn := src.conns[i%len(src.conns)]
+		start := time.Now()
+		cctx, cancel := context.WithTimeout(ctx, p.cl.cfg.ChunkTimeout)
+		err := conn.ReadRange(cctx, src.remote.Key, sp.off, p.dst[sp.off:sp.off+sp.n])
+		cancel()
+		lat := time.Since(start)
+		p.mu.Lock()
+		p.inflight--
+		switch {
+		case err == nil:
+			p.sizer.Observe(sp.n, lat, p.inflight+1)
+			p.doneB += sp.n
+			p.cl.m.ChunksPulled.Inc()
+			p.cl.m.BytesPulled.Add(float64(sp.n))
+			p.mu.Unlock()
+			p.w.MarkDone(sp.off, sp.n)
+			p.mu.Lock()
+		case errors.Is(err, ErrCorruptChunk):
+			p.cl.m.err(reasonCorrupt)
+			p.cl.m.ChunkRefetch.Inc()
+			if p.refetch == nil {
+				p.refetch = map[int64]int{}
+			}
+			p.refetch[sp.off]++
+			if p.refetch[sp.off] > p.cl.cfg.MaxRefetch {
+				p.setErrLocked(fmt.Errorf("transfer: pull %s: chunk at %d corrupt %d times: %w", p.id.Short(), sp.off, p.refetch[sp.off], err))
+			} else {
+				p.cl.log.Info("corrupt chunk, fetching again", zap.Stringer("id", p.id), zap.Int64("off", sp.off), zap.Error(err))
+				p.retry = append(p.retry, sp)
+			}
+		case ctx.Err() != nil:
+			p.setErrLocked(fmt.Errorf("transfer: pull %s: %w", p.id.Short(), ctx.Err()))
+		default:
+			// The connection's reader may still be writing this span (a timed-out
+			// read): it must stop before anyone fetches the span again.
+			p.mu.Unlock()
+			conn.Close()
+			p.mu.Lock()
+			p.retry = append(p.retry, sp)
+			if p.src == src { // first to notice: move to the next location
+				p.cl.m.err(reasonSourceFailed)
+				p.cl.log.Info("source failed mid-pull", zap.String("addr", src.addr), zap.Stringer("id", p.id), zap.Error(err))
+				p.retired = append(p.retired, src)
+				p.src = nil
+				p.mu.Unlock()
+				for _, c := range src.conns {
+					c.Close()
+				}
+				ns, nerr := p.openNext(ctx)
+				p.mu.Lock()
+				if nerr != nil {
+					p.setErrLocked(fmt.Errorf("%w (after %s failed: %v)", nerr, src.addr, err))
+				} else {
+					p.src = ns
+				}
+			}
+		}
+		p.notifyLocked()
+		p.mu.Unlock()
+	}
+}
+
+func (p *puller) setErrLocked(err error) {
+	if p.err == nil {
+		p.err = err
+		if p.cancel != nil {
+			p.cancel() // stop the reads in flight
+		}
+	}
+}

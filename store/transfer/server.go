@@ -1,0 +1,370 @@
+package transfer
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/store/object"
+)
+
+// Region is memory a server can serve by key. *object.Region implements it.
+// WaitReady blocks until [0, end) may be read (immediately for sealed objects);
+// Close is called once when the registration ends.
+type Region interface {
+	Bytes() []byte
+	Size() int64
+	Fingerprint() uint64
+	WaitReady(ctx context.Context, end int64) error
+	Close()
+}
+
+// ChunkFingerprinter is an optional Region extension: a region that can remember
+// chunk fingerprints (an immutable object can) saves the server hashing the same
+// bytes again when they are read again (repeated pulls, broadcast fan-out).
+type ChunkFingerprinter interface {
+	ChunkFingerprint(off, n int64) uint64
+}
+
+// Source opens objects for serving. The server owns this interface; StoreSource
+// adapts an *object.Store.
+type Source interface {
+	OpenRegion(ctx context.Context, id object.ID) (Region, error)
+}
+
+// StoreSource serves a Store's objects (including ones still being pulled, which
+// is what lets a broadcast relay forward chunks as they arrive).
+type StoreSource struct{ Store *object.Store }
+
+// OpenRegion implements Source.
+func (s StoreSource) OpenRegion(ctx context.Context, id object.ID) (Region, error) {
+	r, err := s.Store.OpenRegion(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// ServerConfig tunes a Server.
+type ServerConfig struct {
+	// Token is the shared cluster secret peers prove they know (at least 16 bytes).
+	Token []byte
+	// HandshakeTimeout bounds authentication. Default 5s.
+	HandshakeTimeout time.Duration
+	// ReadyTimeout bounds how long a read of a range still being written (a relay)
+	// waits for it. Default 30s.
+	ReadyTimeout time.Duration
+	// WriteTimeout bounds sending one chunk. Default 30s.
+	WriteTimeout time.Duration
+	Logger       *zap.Logger
+	// Metrics, default unregistered counters.
+	Metrics *Metrics
+}
+
+// DefaultServerConfig returns a config that needs only Token.
+func DefaultServerConfig() ServerConfig {
+	return ServerConfig{HandshakeTimeout: 5 * time.Second, ReadyTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
+}
+
+// Validate reports the first bad field.
+func (c ServerConfig) Validate() error {
+	switch {
+	case len(c.Token) < 16:
+		return fmt.Errorf("transfer: server config: Token has %d bytes, want at least 16", len(c.Token))
+	case c.HandshakeTimeout <= 0 || c.ReadyTimeout <= 0 || c.WriteTimeout <= 0:
+		return fmt.Errorf("transfer: server config: timeouts must be positive (%v, %v, %v)", c.HandshakeTimeout, c.ReadyTimeout, c.WriteTimeout)
+	}
+	return nil
+}
+
+type registration struct {
+	secret [16]byte
+	region Region
+	conn   uint64 // connection that registered it (0: RegisterRegion); freed with it
+}
+
+// Server serves registered regions to authenticated pullers.
+type Server struct {
+	cfg ServerConfig
+	src Source
+	log *zap.Logger
+	m   *Metrics
+
+	mu     sync.Mutex
+	regs   map[uint64]*registration
+	nextH  uint64
+	nextC  uint64
+	ln     net.Listener
+	conns  map[net.Conn]struct{}
+	wg     sync.WaitGroup
+	closed bool
+}
+
+// NewServer returns a server for src. Call Serve to accept connections.
+func NewServer(cfg ServerConfig, src Source) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics, _ = NewMetrics(nil)
+	}
+	return &Server{cfg: cfg, src: src, log: cfg.Logger.Named("transfer"), m: cfg.Metrics,
+		regs: map[uint64]*registration{}, conns: map[net.Conn]struct{}{}}, nil
+}
+
+// RegisterRegion registers r and returns the key that authorizes reading it. The
+// registration lasts until DeregisterRegion.
+func (s *Server) RegisterRegion(r Region) Key { return s.register(r, 0) }
+
+func (s *Server) register(r Region, conn uint64) Key {
+	var k Key
+	reg := &registration{region: r, conn: conn}
+	_, _ = rand.Read(reg.secret[:])
+	s.mu.Lock()
+	s.nextH++
+	h := s.nextH
+	s.regs[h] = reg
+	s.mu.Unlock()
+	binary.BigEndian.PutUint64(k[:8], h)
+	copy(k[8:], reg.secret[:])
+	return k
+}
+
+// DeregisterRegion ends k's registration and closes its region; it reports whether
+// k was registered.
+func (s *Server) DeregisterRegion(k Key) bool {
+	s.mu.Lock()
+	reg, ok := s.lookupLocked(k)
+	if ok {
+		delete(s.regs, binary.BigEndian.Uint64(k[:8]))
+	}
+	s.mu.Unlock()
+	if ok {
+		reg.region.Close()
+	}
+	return ok
+}
+
+func (s *Server) lookupLocked(k Key) (*registration, bool) {
+	reg, ok := s.regs[binary.BigEndian.Uint64(k[:8])]
+	if !ok || subtle.ConstantTimeCompare(reg.secret[:], k[8:]) != 1 {
+		return nil, false
+	}
+	return reg, true
+}
+
+// Listen binds addr ("127.0.0.1:0" for an ephemeral port) and serves in the
+// background until Shutdown; it returns the bound address.
+func (s *Server) Listen(addr string) (string, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("transfer: listen %s: %w", addr, err)
+	}
+	go func() { _ = s.Serve(ln) }()
+	return ln.Addr().String(), nil
+}
+
+// Serve accepts connections on ln until Shutdown. It returns ErrClosed after Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		ln.Close()
+		return ErrClosed
+	}
+	s.ln = ln
+	s.mu.Unlock()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return ErrClosed
+			}
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("transfer: accept: %w", err)
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return ErrClosed
+		}
+		s.nextC++
+		id := s.nextC
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			s.serveConn(c, id)
+		}()
+	}
+}
+
+// Shutdown stops accepting, closes every connection and registration, and waits
+// for the connection goroutines until ctx ends.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	for c := range s.conns {
+		c.Close()
+	}
+	regs := s.regs
+	s.regs = map[uint64]*registration{}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("transfer: shutdown: %w", ctx.Err())
+	}
+	for _, r := range regs {
+		r.region.Close()
+	}
+	return nil
+}
+
+func (s *Server) serveConn(c net.Conn, connID uint64) {
+	log := s.log.With(zap.Stringer("peer", c.RemoteAddr()))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() {
+		cancel()
+		c.Close()
+		s.mu.Lock()
+		delete(s.conns, c)
+		var mine []*registration
+		for h, r := range s.regs {
+			if r.conn == connID {
+				mine = append(mine, r)
+				delete(s.regs, h)
+			}
+		}
+		s.mu.Unlock()
+		for _, r := range mine {
+			r.region.Close()
+		}
+	}()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	if err := serverHandshake(c, s.cfg.Token, time.Now().Add(s.cfg.HandshakeTimeout)); err != nil {
+		s.m.err(reasonAuth)
+		log.Info("handshake failed", zap.Error(err))
+		_ = writeFrame(c, &Frame{Type: FrameError, Code: CodeBadKey, Msg: "authentication failed"})
+		return
+	}
+	br := bufio.NewReaderSize(c, 64<<10)
+	var buf []byte
+	hdr := make([]byte, 0, 64)
+	for {
+		f, err := ReadFrame(br, &buf)
+		if err != nil {
+			if errors.Is(err, ErrBadFrame) {
+				s.m.err(reasonBadFrame)
+				log.Info("bad frame, closing", zap.Error(err))
+				_ = writeFrame(c, &Frame{Type: FrameError, Code: CodeBadFrame, Msg: err.Error()})
+			}
+			return
+		}
+		switch f.Type {
+		case FrameOpen:
+			r, err := s.src.OpenRegion(ctx, f.Object)
+			if err != nil {
+				code := CodeInternal
+				if errors.Is(err, object.ErrNotFound) {
+					code = CodeNotFound
+					s.m.err(reasonNotFound)
+				} else if errors.Is(err, object.ErrLost) {
+					code = CodeLost
+				}
+				if s.sendErr(c, f.ReqID, code, err) != nil {
+					return
+				}
+				continue
+			}
+			k := s.register(r, connID)
+			hdr = AppendFrame(hdr[:0], &Frame{Type: FrameOpened, ReqID: f.ReqID, Key: k, Size: r.Size(), Fingerprint: r.Fingerprint()})
+			if _, err := c.Write(hdr); err != nil {
+				return
+			}
+		case FrameClose:
+			s.DeregisterRegion(f.Key)
+		case FrameRead:
+			if err := s.serveRead(ctx, c, &f, &hdr); err != nil {
+				log.Debug("read failed", zap.Error(err))
+				return
+			}
+		default:
+			s.m.err(reasonBadFrame)
+			_ = s.sendErr(c, f.ReqID, CodeBadFrame, fmt.Errorf("unexpected frame type %d: %w", f.Type, ErrBadFrame))
+			return
+		}
+	}
+}
+
+func (s *Server) sendErr(c net.Conn, req uint64, code ErrCode, err error) error {
+	_ = c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+	return writeFrame(c, &Frame{Type: FrameError, ReqID: req, Code: code, Msg: err.Error()})
+}
+
+// serveRead sends one chunk: the header with the fingerprint, then the bytes
+// straight from the mapped region (writev; no copy in user space). A non-nil
+// return means the connection is unusable.
+func (s *Server) serveRead(ctx context.Context, c net.Conn, f *Frame, hdr *[]byte) error {
+	s.mu.Lock()
+	reg, ok := s.lookupLocked(f.Key)
+	s.mu.Unlock()
+	if !ok {
+		s.m.err(reasonBadKey)
+		return s.sendErr(c, f.ReqID, CodeBadKey, fmt.Errorf("read of unregistered key: %w", ErrBadKey))
+	}
+	end := f.Off + int64(f.Len)
+	if end > reg.region.Size() || end < f.Off {
+		s.m.err(reasonRange)
+		return s.sendErr(c, f.ReqID, CodeRange, fmt.Errorf("range [%d,%d) outside region of %d bytes: %w", f.Off, end, reg.region.Size(), ErrRange))
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReadyTimeout)
+	err := reg.region.WaitReady(rctx, end)
+	cancel()
+	if err != nil {
+		return s.sendErr(c, f.ReqID, CodeLost, err)
+	}
+	data := reg.region.Bytes()[f.Off:end]
+	var fp uint64
+	if cf, ok := reg.region.(ChunkFingerprinter); ok {
+		fp = cf.ChunkFingerprint(f.Off, int64(f.Len))
+	} else {
+		fp = xxhash.Sum64(data)
+	}
+	*hdr = AppendFrame((*hdr)[:0], &Frame{Type: FrameChunk, ReqID: f.ReqID, Fingerprint: fp, Len: f.Len})
+	_ = c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+	bufs := net.Buffers{*hdr, data}
+	if _, err := bufs.WriteTo(c); err != nil {
+		return err
+	}
+	s.m.ChunksServed.Inc()
+	s.m.BytesServed.Add(float64(f.Len))
+	return nil
+}
