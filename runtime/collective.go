@@ -16,6 +16,7 @@ var ErrAborted = errors.New("runtime: collective aborted")
 // and the next incarnation gets a new one.
 type Ring struct {
 	n     int
+	plane ChunkPlane
 	inbox []chan ringMsg // inbox[i] carries what rank i-1 sends to rank i
 	abort chan struct{}
 	once  sync.Once
@@ -23,7 +24,30 @@ type Ring struct {
 
 type ringMsg struct {
 	op, step, total int
-	chunk           []float32
+	chunk           []float32   // inline, when the ring has no plane
+	handle          ChunkHandle // the chunk's object, when it has one
+}
+
+// ChunkPlane moves a ring's chunks between ranks through the object store: Send stores a
+// chunk on the sender's machine and returns a handle; Recv lends the receiver a read-only
+// view of it (the shared memory itself on the same machine, a checksummed pull otherwise)
+// and frees it afterwards. Implementations are safe for concurrent use by all ranks.
+type ChunkPlane interface {
+	Send(ctx context.Context, from int, chunk []float32) (ChunkHandle, error)
+	Recv(ctx context.Context, to int, h ChunkHandle, use func(chunk []float32)) error
+}
+
+// ChunkHandle names a chunk in flight.
+type ChunkHandle struct {
+	ID ObjectID
+	N  int // float32 count
+}
+
+// NewRingOver makes a ring of n ranks whose chunks move through plane.
+func NewRingOver(n int, plane ChunkPlane) *Ring {
+	r := NewRing(n)
+	r.plane = plane
+	return r
 }
 
 // NewRing makes a ring of n ranks.
@@ -60,7 +84,16 @@ func (r *Ring) AllReduce(ctx context.Context, rank int, data []float32) error {
 	mod := func(x int) int { return ((x % n) + n) % n }
 	exchange := func(op, step, sendChunk int) (ringMsg, error) {
 		lo, hi := chunkBounds(len(data), n, sendChunk)
-		out := ringMsg{op: op, step: step, total: len(data), chunk: append([]float32(nil), data[lo:hi]...)}
+		out := ringMsg{op: op, step: step, total: len(data)}
+		if r.plane != nil && hi > lo {
+			h, err := r.plane.Send(ctx, rank, data[lo:hi])
+			if err != nil {
+				return ringMsg{}, err
+			}
+			out.handle = h
+		} else {
+			out.chunk = append([]float32(nil), data[lo:hi]...)
+		}
 		select {
 		case r.inbox[right] <- out:
 		case <-r.abort:
@@ -87,8 +120,12 @@ func (r *Ring) AllReduce(ctx context.Context, rank int, data []float32) error {
 			return fmt.Errorf("allreduce rank %d: %w", rank, err)
 		}
 		lo, _ := chunkBounds(len(data), n, mod(rank-s-1))
-		for i, v := range in.chunk {
-			data[lo+i] += v
+		if err := r.receive(ctx, rank, in, func(c []float32) {
+			for i, v := range c {
+				data[lo+i] += v
+			}
+		}); err != nil {
+			return fmt.Errorf("allreduce rank %d: %w", rank, err)
 		}
 	}
 	for s := 0; s < n-1; s++ { // all-gather
@@ -97,7 +134,17 @@ func (r *Ring) AllReduce(ctx context.Context, rank int, data []float32) error {
 			return fmt.Errorf("allreduce rank %d: %w", rank, err)
 		}
 		lo, _ := chunkBounds(len(data), n, mod(rank-s))
-		copy(data[lo:], in.chunk)
+		if err := r.receive(ctx, rank, in, func(c []float32) { copy(data[lo:], c) }); err != nil {
+			return fmt.Errorf("allreduce rank %d: %w", rank, err)
+		}
 	}
 	return nil
+}
+
+func (r *Ring) receive(ctx context.Context, rank int, in ringMsg, use func([]float32)) error {
+	if in.handle.ID == "" {
+		use(in.chunk)
+		return nil
+	}
+	return r.plane.Recv(ctx, rank, in.handle, use)
 }

@@ -63,3 +63,48 @@ func TestRingAbortAndDeadline(t *testing.T) {
 		t.Fatalf("bad rank: %v", err)
 	}
 }
+
+func TestRingOverObjectStore(t *testing.T) {
+	ctx := context.Background()
+	l, err := StartLocal(ctx, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Shutdown(ctx)
+	// Ranks on two machines: chunks between them are pulled over the transfer plane.
+	machines := []int{0, 0, 0, 1, 1, 1}
+	r := NewRingOver(len(machines), l.RingPlane("test", machines))
+	const length = 10007
+	bufs := make([][]float32, len(machines))
+	want := make([]float32, length)
+	for i := range bufs {
+		bufs[i] = make([]float32, length)
+		for j := range bufs[i] {
+			bufs[i][j] = float32(i + j%13)
+			want[j] += float32(i + j%13)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(machines))
+	for i := range machines {
+		wg.Add(1)
+		go func(i int) { defer wg.Done(); errs[i] = r.AllReduce(ctx, i, bufs[i]) }(i)
+	}
+	wg.Wait()
+	for i := range bufs {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		for j := range want {
+			if bufs[i][j] != want[j] {
+				t.Fatalf("rank %d [%d] = %v, want %v", i, j, bufs[i][j], want[j])
+			}
+		}
+	}
+	// Every chunk was freed after use.
+	for m := 0; m < 2; m++ {
+		if st := l.Agents[m].Node.Store.Stats(); st.Objects != 0 {
+			t.Fatalf("machine %d still holds %d objects after the AllReduce", m, st.Objects)
+		}
+	}
+}

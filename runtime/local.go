@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/actors"
@@ -23,8 +22,8 @@ type Config struct {
 	Placer Placer
 	// Meta is the metadata log. Default: an in-memory store.
 	Meta MetaStore
-	// NewStore makes each machine's object store. Default: an in-memory store per machine.
-	NewStore func(machine string) (ObjectStore, error)
+	// Objects configures every machine's object store and the transfer plane.
+	Objects ObjectsConfig
 	// CallTimeout bounds actor calls whose context has no deadline. Default 30 s.
 	CallTimeout time.Duration
 }
@@ -32,12 +31,6 @@ type Config struct {
 // DefaultConfig is the embedded default: four simulated 8-GPU machines, each one NVLink
 // island of 8.
 func DefaultConfig() Config { return Config{} }
-
-// Agent is one machine's agent: its GPUs and its object store.
-type Agent struct {
-	Machine Machine
-	Store   ObjectStore
-}
 
 // Local is a whole cluster in one process: a head, one agent per machine, and an actor
 // system hosting the workers of every machine.
@@ -47,6 +40,7 @@ type Local struct {
 	Agents []*Agent
 	log    *zap.Logger
 	meta   MetaStore
+	obj    *objects
 }
 
 // StartLocal starts an embedded cluster.
@@ -67,34 +61,33 @@ func StartLocal(ctx context.Context, cfg Config) (*Local, error) {
 	if cfg.Meta == nil {
 		cfg.Meta = NewMemMeta()
 	}
-	if cfg.NewStore == nil {
-		cfg.NewStore = func(string) (ObjectStore, error) { return NewMemStore(), nil }
-	}
 	head, err := NewHead(cfg.Cluster, cfg.Placer, cfg.Meta, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
 	l := &Local{Head: head, log: cfg.Logger, meta: cfg.Meta}
 	for _, m := range cfg.Cluster.Machines {
-		st, err := cfg.NewStore(m.Name)
-		if err != nil {
-			return nil, fmt.Errorf("runtime: object store of %s: %w", m.Name, err)
-		}
 		rec, _ := json.Marshal(m)
 		if err := cfg.Meta.Put(ctx, TableMachines, m.Name, rec); err != nil {
 			return nil, fmt.Errorf("runtime: register machine %s: %w", m.Name, err)
 		}
-		l.Agents = append(l.Agents, &Agent{Machine: m, Store: st})
 	}
+	if l.obj, err = startObjects(cfg.Objects, cfg.Cluster.Machines, cfg.Meta, cfg.Logger); err != nil {
+		return nil, err
+	}
+	l.Agents = l.obj.agents
 	l.Actors, err = actors.NewSystem(actors.Config{Logger: cfg.Logger, DefaultCallTimeout: cfg.CallTimeout})
 	if err != nil {
+		_ = l.obj.close(ctx)
 		return nil, err
 	}
 	return l, nil
 }
 
-// Shutdown stops every actor.
-func (l *Local) Shutdown(ctx context.Context) error { return l.Actors.Shutdown(ctx) }
+// Shutdown stops every actor, then every machine's object store and transfer server.
+func (l *Local) Shutdown(ctx context.Context) error {
+	return errors.Join(l.Actors.Shutdown(ctx), l.obj.close(ctx))
+}
 
 // Agent returns the agent of the machine with the given index.
 func (l *Local) Agent(machine int) (*Agent, error) {
@@ -104,106 +97,41 @@ func (l *Local) Agent(machine int) (*Agent, error) {
 	return l.Agents[machine], nil
 }
 
-// ObjectMeta is what the metadata log records of an object.
-type ObjectMeta struct {
-	ID          ObjectID `json:"id"`
-	Size        int      `json:"size"`
-	Fingerprint uint64   `json:"fingerprint"`
-	Owner       string   `json:"owner"`
-	Locations   []string `json:"locations"`
-}
-
-// PutObject stores data as a new object in the store of the given machine and commits its
-// metadata before returning its id, so no reader sees an object the cluster may forget.
+// PutObject stores data as a new immutable object, owned by owner, in the store of the
+// given machine. Its metadata (size, fingerprint, owner, location) is committed through
+// the metadata log before the id is returned, so no reader sees an object the cluster may
+// forget.
 func (l *Local) PutObject(ctx context.Context, machine int, owner string, data []byte) (ObjectID, error) {
-	a, err := l.Agent(machine)
+	id, err := l.obj.put(ctx, machine, owner, data)
 	if err != nil {
 		return "", err
 	}
-	id := NewObjectID()
-	if err := a.Store.Put(ctx, id, owner, data); err != nil {
-		return "", fmt.Errorf("runtime: put object on %s: %w", a.Machine.Name, err)
-	}
-	rec, _ := json.Marshal(ObjectMeta{ID: id, Size: len(data), Fingerprint: xxhash.Sum64(data), Owner: owner, Locations: []string{a.Machine.Name}})
-	if err := l.meta.Put(ctx, TableObjects, string(id), rec); err != nil {
-		_ = a.Store.Free(ctx, id)
-		return "", fmt.Errorf("runtime: commit object %s: %w", id, err)
-	}
-	return id, nil
+	return ObjectID(id.String()), nil
 }
 
-// GetObject returns a read-only view of an object on the given machine, pulling it from a
-// machine that holds it when it is not local. release must be called once.
+// GetObject returns a read-only view of an object's bytes on the given machine: the store's
+// shared memory itself when the object is there, else after a checksummed pull over the
+// transfer plane from a machine that holds it. release must be called once.
 func (l *Local) GetObject(ctx context.Context, machine int, id ObjectID) ([]byte, func(), error) {
-	a, err := l.Agent(machine)
+	oid, err := parseObjectID(id)
 	if err != nil {
 		return nil, nil, err
 	}
-	if view, release, err := a.Store.Get(ctx, id); err == nil {
-		return view, release, nil
-	} else if !errors.Is(err, ErrUnknownObject) {
-		return nil, nil, err
-	}
-	rec, ok, err := l.meta.Get(ctx, TableObjects, string(id))
+	v, err := l.obj.get(ctx, machine, oid)
 	if err != nil {
 		return nil, nil, err
 	}
-	if !ok {
-		return nil, nil, fmt.Errorf("%w: %s", ErrUnknownObject, id)
-	}
-	var om ObjectMeta
-	if err := json.Unmarshal(rec, &om); err != nil {
-		return nil, nil, fmt.Errorf("runtime: object %s metadata: %w", id, err)
-	}
-	for _, loc := range om.Locations {
-		for _, src := range l.Agents {
-			if src.Machine.Name != loc {
-				continue
-			}
-			view, release, err := src.Store.Get(ctx, id)
-			if err != nil {
-				continue
-			}
-			if xxhash.Sum64(view) != om.Fingerprint {
-				release()
-				return nil, nil, fmt.Errorf("runtime: object %s on %s fails its fingerprint", id, loc)
-			}
-			err = a.Store.Put(ctx, id, om.Owner, view)
-			release()
-			if err != nil {
-				return nil, nil, fmt.Errorf("runtime: copy object %s to %s: %w", id, a.Machine.Name, err)
-			}
-			om.Locations = append(om.Locations, a.Machine.Name)
-			rec, _ := json.Marshal(om)
-			if err := l.meta.Put(ctx, TableObjects, string(id), rec); err != nil {
-				return nil, nil, err
-			}
-			return a.Store.Get(ctx, id)
-		}
-	}
-	return nil, nil, fmt.Errorf("%w: %s: no live copy (locations %v)", ErrUnknownObject, id, om.Locations)
+	return v.Bytes(), v.Release, nil
 }
 
-// FreeObject drops an object everywhere and forgets its metadata.
+// FreeObject drops every reference to an object, on every machine; its bytes go once no
+// view is held, and its metadata with its last copy.
 func (l *Local) FreeObject(ctx context.Context, id ObjectID) error {
-	rec, ok, err := l.meta.Get(ctx, TableObjects, string(id))
+	oid, err := parseObjectID(id)
 	if err != nil {
 		return err
 	}
-	if !ok {
-		return fmt.Errorf("%w: %s", ErrUnknownObject, id)
-	}
-	var om ObjectMeta
-	_ = json.Unmarshal(rec, &om)
-	if err := l.meta.Delete(ctx, TableObjects, string(id)); err != nil {
-		return err
-	}
-	for _, a := range l.Agents {
-		if a.Store.Has(id) {
-			_ = a.Store.Free(ctx, id)
-		}
-	}
-	return nil
+	return l.obj.free(ctx, oid)
 }
 
 // Checkpoint is a complete checkpoint of a gang: one object per rank, committed as a whole.

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"strings"
 	"sync"
@@ -33,7 +34,13 @@ type MetaStore interface {
 	Delete(ctx context.Context, table, key string) error
 	// List returns the entries of table whose keys start with prefix, sorted by key.
 	List(ctx context.Context, table, prefix string) ([]KV, error)
+	// Update replaces a key's value with fn(old) atomically (fn may run more than once, and
+	// must not keep old). fn returning a nil value deletes the key; ErrNoChange leaves it.
+	Update(ctx context.Context, table, key string, fn func(old []byte, ok bool) ([]byte, error)) error
 }
+
+// ErrNoChange, returned by an Update function, leaves the key as it is.
+var ErrNoChange = errors.New("runtime: no change")
 
 // MemMeta is an in-memory MetaStore for tests and for a single-process head without
 // durability.
@@ -80,6 +87,31 @@ func (m *MemMeta) Delete(ctx context.Context, table, key string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.t[table], key)
+	return nil
+}
+
+// Update implements MetaStore.
+func (m *MemMeta) Update(ctx context.Context, table, key string, fn func([]byte, bool) ([]byte, error)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old, ok := m.t[table][key]
+	v, err := fn(append([]byte(nil), old...), ok)
+	switch {
+	case errors.Is(err, ErrNoChange):
+		return nil
+	case err != nil:
+		return err
+	case v == nil:
+		delete(m.t[table], key)
+	default:
+		if m.t[table] == nil {
+			m.t[table] = map[string][]byte{}
+		}
+		m.t[table][key] = append([]byte(nil), v...)
+	}
 	return nil
 }
 

@@ -109,7 +109,9 @@ func (c *Context) Placement() runtime.MemberPlacement {
 	return c.env.placement.Members[c.Rank()]
 }
 
-// AllReduce sums data element-wise across every worker of the gang, in place. Every worker
+// AllReduce sums data element-wise across every worker of the gang, in place, with a ring
+// whose chunks move through the machines' object stores (shared memory on one machine, the
+// transfer plane between machines). Every worker
 // must call it with a slice of the same length. It fails with ErrStale when a gang member has
 // failed (the gang is restarting), and honours ctx.
 func (c *Context) AllReduce(ctx context.Context, data []float32) error {
@@ -135,6 +137,7 @@ func (c *Context) host() (*runtime.Local, int, string) {
 
 // gangEnv is what the workers of one gang share.
 type gangEnv struct {
+	local     *runtime.Local
 	job, gang string
 	size      int
 	placement runtime.Placement
@@ -152,7 +155,11 @@ func (e *gangEnv) ring(gen int) (*runtime.Ring, error) {
 	}
 	r, ok := e.rings[gen]
 	if !ok {
-		r = runtime.NewRing(e.size)
+		machines := make([]int, e.size)
+		for i, m := range e.placement.Members {
+			machines[i] = m.Machine
+		}
+		r = runtime.NewRingOver(e.size, e.local.RingPlane(fmt.Sprintf("%s/%s/%d", e.job, e.gang, gen), machines))
 		e.rings[gen] = r
 	}
 	return r, nil

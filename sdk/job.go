@@ -68,7 +68,7 @@ func (j *Job) SpawnGang(ctx context.Context, spec GangSpec) (*Gang, error) {
 	if err != nil {
 		return nil, err
 	}
-	env := &gangEnv{job: j.spec.Name, gang: spec.Name, size: spec.Workers, placement: p, rings: map[int]*runtime.Ring{}}
+	env := &gangEnv{local: j.c.local, job: j.spec.Name, gang: spec.Name, size: spec.Workers, placement: p, rings: map[int]*runtime.Ring{}}
 	ag, err := j.j.SpawnGang(ctx, actors.GangSpec{
 		Name: spec.Name, Kind: spec.Kind, Size: spec.Workers, MaxRestarts: spec.MaxRestarts,
 		RestartWindow: spec.RestartWindow, Backoff: spec.Backoff, Data: env,
