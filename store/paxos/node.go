@@ -47,6 +47,7 @@ type slotState struct {
 	e      Entry
 	acks   uint64 // bitmask over peer indexes (leader only)
 	chosen bool   // leader only: a majority accepted e at the leader's ballot
+	sentAt uint64 // leader only: tick of the last Accept carrying e
 }
 
 type pendingRead struct {
@@ -311,6 +312,7 @@ func (n *Node) becomeLeader() {
 func (n *Node) acceptOwn(e Entry) {
 	st := n.setEntry(e)
 	st.acks = 1 << uint(n.pidx[n.cfg.ID])
+	st.sentAt = n.now
 	if n.quorum == 1 {
 		st.chosen = true
 	}
@@ -399,9 +401,18 @@ func (n *Node) broadcastHeartbeat() {
 			}
 		}
 	}
+	// Retransmit the oldest undecided run when its Accept may have been lost.
+	var resend []Entry
+	if st := n.entry(n.commit + 1); st != nil && !st.chosen && n.now-st.sentAt >= uint64(2*n.cfg.HeartbeatTicks) {
+		for s := n.commit + 1; s < n.nextSlot && len(resend) < n.cfg.MaxBatch; s++ {
+			st := n.entry(s)
+			st.sentAt = n.now
+			resend = append(resend, st.e)
+		}
+	}
 	for _, p := range n.peers {
 		if p != n.cfg.ID {
-			n.send(Message{Type: MsgAccept, To: p, Ballot: n.promised, Commit: n.commit, Seq: n.hbSeq})
+			n.send(Message{Type: MsgAccept, To: p, Ballot: n.promised, Commit: n.commit, Seq: n.hbSeq, Entries: resend})
 		}
 	}
 }
@@ -413,7 +424,6 @@ func (n *Node) maybeCommit() {
 			break
 		}
 		n.commit++
-		n.hsDirty = true
 	}
 	n.releaseReads()
 }
@@ -552,7 +562,6 @@ func (n *Node) onAccept(m Message) {
 			break
 		}
 		n.commit++
-		n.hsDirty = true
 	}
 	n.send(Message{Type: MsgAccepted, To: m.From, Ballot: m.Ballot, Slot: first, Last: last, Commit: n.commit, Seq: m.Seq})
 }
@@ -618,7 +627,6 @@ func (n *Node) maybeCatchUp(peer, peerCommit uint64) {
 }
 
 func (n *Node) onChosen(m Message) {
-	changed := false
 	for _, e := range m.Entries {
 		if e.Slot != n.commit+1 {
 			continue
@@ -631,10 +639,7 @@ func (n *Node) onChosen(m Message) {
 		n.setEntry(e)
 		n.persist = append(n.persist, e)
 		n.commit++
-		n.hsDirty = true
-		changed = true
 	}
-	_ = changed
 	n.send(Message{Type: MsgAccepted, To: m.From, Ballot: m.Ballot, Commit: n.commit})
 }
 

@@ -128,7 +128,9 @@ type Ready struct {
 	HardState HardState
 	// Entries accepted since the last Ready; persist (overwriting by slot).
 	Entries []Entry
-	// MustPersist is true when HardState or Entries changed.
+	// MustPersist is true when the promised ballot or Entries changed. A change of the
+	// commit index alone does not require a write: it is recoverable, and is written with
+	// the next record.
 	MustPersist bool
 	// Messages to send after persisting.
 	Messages []Message
