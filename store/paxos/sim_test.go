@@ -24,14 +24,14 @@ import (
 const tickEvery = 10 // time units per tick
 
 type simOpts struct {
-	nodes     int
-	clients   int
-	duration  int64 // time units of faulty run
-	drop      float64
-	dup       float64
-	crash     float64 // per tick, per node
-	diskFail  float64 // per persist
-	partition float64 // per tick
+	nodes      int
+	clients    int
+	duration   int64 // time units of faulty run
+	drop       float64
+	dup        float64
+	crash      float64 // per tick, per node
+	diskFail   float64 // per persist
+	partition  float64 // per tick
 	leaseDrift int
 }
 
