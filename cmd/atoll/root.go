@@ -15,5 +15,7 @@ func newRootCmd() *cobra.Command {
 		Short: "Run a benchmark against its baseline, measured in the same run",
 	}
 	root.AddCommand(bench)
+	root.AddCommand(newHeadCmd())
+	bench.AddCommand(newBenchMetaCmd())
 	return root
 }
