@@ -101,6 +101,8 @@ type Node struct {
 	forceHB      bool
 
 	// output
+	persisting   []Entry // handed out by Ready, acknowledged by Advance
+	sendFirst    []Message
 	hsDirty      bool
 	persist      []Entry
 	msgs         []Message
@@ -311,13 +313,29 @@ func (n *Node) becomeLeader() {
 // before the Accept carrying it is sent).
 func (n *Node) acceptOwn(e Entry) {
 	st := n.setEntry(e)
-	st.acks = 1 << uint(n.pidx[n.cfg.ID])
 	st.sentAt = n.now
-	if n.quorum == 1 {
-		st.chosen = true
-	}
 	n.persist = append(n.persist, e)
 	n.unsent = append(n.unsent, e)
+}
+
+// Advance tells the node that the last Ready's entries are durable: the leader now
+// counts its own acceptance of them. Call it after persisting, before the next Ready.
+func (n *Node) Advance() {
+	if n.role == Leader {
+		bit := uint64(1) << uint(n.pidx[n.cfg.ID])
+		for _, e := range n.persisting {
+			st := n.entry(e.Slot)
+			if st == nil || st.chosen || st.e.Ballot != n.promised || e.Ballot != n.promised {
+				continue
+			}
+			st.acks |= bit
+			if bits.OnesCount64(st.acks) >= n.quorum {
+				st.chosen = true
+			}
+		}
+		n.maybeCommit()
+	}
+	n.persisting = nil
 }
 
 func (n *Node) stepDown(leaderHint uint64) {
@@ -563,7 +581,7 @@ func (n *Node) onAccept(m Message) {
 		}
 		n.commit++
 	}
-	n.send(Message{Type: MsgAccepted, To: m.From, Ballot: m.Ballot, Slot: first, Last: last, Commit: n.commit, Seq: m.Seq})
+	n.send(Message{Type: MsgAccepted, To: m.From, Ballot: m.Ballot, Slot: first, Last: last, Commit: n.commit, Seq: m.Seq, KnownCommit: m.Commit})
 }
 
 func (n *Node) onAccepted(m Message) {
@@ -605,7 +623,9 @@ func (n *Node) onAccepted(m Message) {
 		}
 	}
 	n.maybeCommit()
-	n.maybeCatchUp(m.From, m.Commit)
+	if m.Commit < m.KnownCommit {
+		n.maybeCatchUp(m.From, m.Commit)
+	}
 }
 
 func (n *Node) maybeCatchUp(peer, peerCommit uint64) {
@@ -640,12 +660,12 @@ func (n *Node) onChosen(m Message) {
 		n.persist = append(n.persist, e)
 		n.commit++
 	}
-	n.send(Message{Type: MsgAccepted, To: m.From, Ballot: m.Ballot, Commit: n.commit})
+	n.send(Message{Type: MsgAccepted, To: m.From, Ballot: m.Ballot, Commit: n.commit, KnownCommit: m.Commit})
 }
 
 // HasReady reports whether Ready would return a non-empty batch.
 func (n *Node) HasReady() bool {
-	return n.hsDirty || len(n.persist) > 0 || len(n.msgs) > 0 || n.commit > n.applied ||
+	return n.hsDirty || len(n.persist) > 0 || len(n.msgs) > 0 || len(n.sendFirst) > 0 || n.commit > n.applied ||
 		len(n.readsReady) > 0 || len(n.readsDropped) > 0 || (n.role == Leader && (len(n.unsent) > 0 || n.forceHB))
 }
 
@@ -660,9 +680,11 @@ func (n *Node) Ready() Ready {
 		}
 		n.forceHB = false
 	}
+	n.persisting = append(n.persisting, n.persist...)
 	rd := Ready{
 		HardState:   HardState{Promised: n.promised, Commit: n.commit},
 		Entries:     n.persist,
+		SendFirst:   n.sendFirst,
 		MustPersist: n.hsDirty || len(n.persist) > 0,
 		Messages:    n.msgs,
 		ReadsReady:  n.readsReady,
@@ -677,6 +699,7 @@ func (n *Node) Ready() Ready {
 	}
 	n.hsDirty = false
 	n.persist = nil
+	n.sendFirst = nil
 	n.msgs = nil
 	n.readsReady = nil
 	n.readsDropped = nil
@@ -703,7 +726,7 @@ func (n *Node) flushAccepts() {
 			continue
 		}
 		for _, r := range runs {
-			n.send(Message{Type: MsgAccept, To: p, Ballot: n.promised, Commit: n.commit, Entries: r, Seq: n.hbSeq})
+			n.sendFirst = append(n.sendFirst, Message{Type: MsgAccept, From: n.cfg.ID, To: p, Ballot: n.promised, Commit: n.commit, Entries: r, Seq: n.hbSeq})
 		}
 	}
 	n.unsent = nil

@@ -307,6 +307,9 @@ func (r *Replica) read(q *readReq) {
 func (r *Replica) handleReady() error {
 	for r.node.HasReady() {
 		rd := r.node.Ready()
+		for _, m := range rd.SendFirst {
+			r.tr.Send(m)
+		}
 		if rd.MustPersist {
 			if err := r.st.Save(rd.HardState, rd.Entries); err != nil {
 				return err
@@ -315,6 +318,7 @@ func (r *Replica) handleReady() error {
 		for _, m := range rd.Messages {
 			r.tr.Send(m)
 		}
+		r.node.Advance()
 		for _, e := range rd.Committed {
 			var out []byte
 			if e.Type == EntryNormal {

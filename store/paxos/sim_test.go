@@ -242,6 +242,9 @@ func (s *sim) enqueue(m Message) {
 func (s *sim) process(sn *simNode) {
 	for sn.node != nil && sn.node.HasReady() {
 		rd := sn.node.Ready()
+		for _, m := range rd.SendFirst {
+			s.enqueue(m)
+		}
 		if rd.MustPersist {
 			if s.faulty && s.rng.Float64() < s.o.diskFail {
 				s.crash(sn) // the write failed: the replica stops before sending anything
@@ -253,6 +256,7 @@ func (s *sim) process(sn *simNode) {
 		for _, m := range rd.Messages {
 			s.enqueue(m)
 		}
+		sn.node.Advance()
 		for _, e := range rd.Committed {
 			if prev, ok := s.chosen[e.Slot]; ok {
 				if prev.Type != e.Type || !bytes.Equal(prev.Data, e.Data) {

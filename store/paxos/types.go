@@ -111,6 +111,9 @@ type Message struct {
 	Reject   bool
 	Promised uint64
 	Seq      uint64
+	// KnownCommit, on an Accepted, echoes the commit index of the message it answers: an
+	// acceptor whose Commit stays below it lacks chosen values and needs catch-up.
+	KnownCommit uint64
 }
 
 // HardState is what a replica must persist besides entries.
@@ -121,8 +124,9 @@ type HardState struct {
 	Commit uint64
 }
 
-// Ready is one batch of work handed out by Node.Ready. The driver must persist HardState
-// and Entries (fsync per policy) BEFORE sending Messages, then apply Committed in order.
+// Ready is one batch of work handed out by Node.Ready. The driver may send SendFirst at
+// once; it must persist HardState and Entries (fsync per policy) BEFORE sending Messages,
+// then call Node.Advance, then apply Committed in order.
 type Ready struct {
 	// HardState to persist when MustPersist.
 	HardState HardState
@@ -132,6 +136,10 @@ type Ready struct {
 	// commit index alone does not require a write: it is recoverable, and is written with
 	// the next record.
 	MustPersist bool
+	// SendFirst are the leader's Accepts: they may be sent before persisting (the leader
+	// counts its own acceptance only at Advance, after the write), so the leader's fsync
+	// overlaps the followers'.
+	SendFirst []Message
 	// Messages to send after persisting.
 	Messages []Message
 	// Committed are newly chosen entries, contiguous, in slot order, to apply.
@@ -154,7 +162,7 @@ type ReadState struct {
 
 // Empty reports whether the Ready carries nothing.
 func (r *Ready) Empty() bool {
-	return !r.MustPersist && len(r.Messages) == 0 && len(r.Committed) == 0 && len(r.ReadsReady) == 0 && len(r.ReadsDropped) == 0
+	return !r.MustPersist && len(r.Messages) == 0 && len(r.SendFirst) == 0 && len(r.Committed) == 0 && len(r.ReadsReady) == 0 && len(r.ReadsDropped) == 0
 }
 
 // MakeBallot builds a ballot from a round and a replica id (ids below 2^16).
