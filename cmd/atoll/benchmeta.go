@@ -36,18 +36,19 @@ func newBenchMetaCmd() *cobra.Command {
 				return json.NewEncoder(os.Stdout).Encode(res)
 			}
 			floor := res.Floor.FsyncUs + res.Floor.RTTUs
-			fmt.Printf("floor: fsync %.0f us, loopback rtt %.0f us (fsync+rtt %.0f us)\n", res.Floor.FsyncUs, res.Floor.RTTUs, floor)
-			fmt.Printf("%-6s %10s %10s %10s %12s\n", "system", "p50_us", "p99_us", "p999_us", "writes/s")
+			fmt.Printf("floor: fsync %.0f us (p99 %.0f us), loopback rtt %.0f us (fsync+rtt %.0f us)\n", res.Floor.FsyncUs, res.Floor.FsyncP99Us, res.Floor.RTTUs, floor)
+			fmt.Printf("%-10s %10s %10s %10s %12s\n", "system", "p50_us", "p99_us", "p999_us", "writes/s")
 			for _, r := range []struct {
 				name string
 				s    metabench.Stats
-			}{{"atoll", res.Atoll}, {"etcd", res.Etcd}} {
-				fmt.Printf("%-6s %10.0f %10.0f %10.0f %12.0f\n", r.name, r.s.P50us, r.s.P99us, r.s.P999us, r.s.WritesPerS)
+			}{{"atoll", res.Atoll}, {"atoll_http", res.AtollHTTP}, {"etcd", res.Etcd}} {
+				fmt.Printf("%-10s %10.0f %10.0f %10.0f %12.0f\n", r.name, r.s.P50us, r.s.P99us, r.s.P999us, r.s.WritesPerS)
 			}
 			fmt.Printf("atoll p50 / (fsync+rtt) = %.2f (target <= 2)\n", res.Atoll.P50us/floor)
 			fmt.Printf("atoll p99 = %.0f us (target <= 1000)\n", res.Atoll.P99us)
 			if res.Etcd.WritesPerS > 0 {
-				fmt.Printf("atoll / etcd writes/s at %d clients = %.2f (target >= 2)\n", cfg.Clients, res.Atoll.WritesPerS/res.Etcd.WritesPerS)
+				fmt.Printf("atoll / etcd writes/s at %d clients = %.2f (target >= 2); over HTTP %.2f\n", cfg.Clients,
+					res.Atoll.WritesPerS/res.Etcd.WritesPerS, res.AtollHTTP.WritesPerS/res.Etcd.WritesPerS)
 			}
 			return nil
 		},

@@ -66,17 +66,23 @@ type Stats struct {
 	WritesPerS float64 `json:"writes_per_s"`
 }
 
-// Floor is what the hardware allows: one fsync of a small append, one loopback round trip.
+// Floor is what the hardware allows: one fsync of a small append (median, and its p99
+// for context), one loopback round trip (median).
 type Floor struct {
-	FsyncUs float64 `json:"fsync_us"`
-	RTTUs   float64 `json:"rtt_us"`
+	FsyncUs    float64 `json:"fsync_us"`
+	RTTUs      float64 `json:"rtt_us"`
+	FsyncP99Us float64 `json:"fsync_p99_us"`
 }
 
-// Result is the whole run.
+// Result is the whole run. Atoll is the path the head's own scheduler uses: the writer
+// runs in the leader's process (meta.LocalConn), while the replicas talk over loopback TCP.
+// AtollHTTP is the same cluster written through the head's HTTP client API on loopback,
+// the path of an external client (comparable to etcd's gRPC clients).
 type Result struct {
-	Atoll Stats `json:"atoll"`
-	Etcd  Stats `json:"etcd"`
-	Floor Floor `json:"floor"`
+	Atoll     Stats `json:"atoll"`
+	AtollHTTP Stats `json:"atoll_http"`
+	Etcd      Stats `json:"etcd"`
+	Floor     Floor `json:"floor"`
 }
 
 type writer func(ctx context.Context, key string, val []byte) error
@@ -99,17 +105,21 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	defer os.RemoveAll(dir)
 	log := cfg.Logger
 	var res Result
-	if res.Floor.FsyncUs, err = fsyncFloor(dir, cfg.ValueSize); err != nil {
+	if res.Floor.FsyncUs, res.Floor.FsyncP99Us, err = fsyncFloor(dir, cfg.ValueSize); err != nil {
 		return res, err
 	}
 	if res.Floor.RTTUs, err = rttFloor(cfg.ValueSize); err != nil {
 		return res, err
 	}
 	log.Info("floor", zap.Float64("fsync_us", res.Floor.FsyncUs), zap.Float64("rtt_us", res.Floor.RTTUs))
-	if res.Atoll, err = runAtoll(ctx, cfg, filepath.Join(dir, "atoll")); err != nil {
+	if res.Atoll, err = runAtoll(ctx, cfg, filepath.Join(dir, "atoll"), false); err != nil {
 		return res, err
 	}
-	log.Info("atoll", zap.Any("stats", res.Atoll))
+	log.Info("atoll (in-process writer at the leader)", zap.Any("stats", res.Atoll))
+	if res.AtollHTTP, err = runAtoll(ctx, cfg, filepath.Join(dir, "atoll-http"), true); err != nil {
+		return res, err
+	}
+	log.Info("atoll (HTTP client API on loopback)", zap.Any("stats", res.AtollHTTP))
 	if res.Etcd, err = runEtcd(ctx, cfg, filepath.Join(dir, "etcd")); err != nil {
 		return res, err
 	}
@@ -180,10 +190,10 @@ func measure(ctx context.Context, cfg Config, w writer) (Stats, error) {
 	return st, nil
 }
 
-func fsyncFloor(dir string, size int) (float64, error) {
+func fsyncFloor(dir string, size int) (float64, float64, error) {
 	f, err := os.Create(filepath.Join(dir, "fsync-probe"))
 	if err != nil {
-		return 0, fmt.Errorf("metabench: fsync probe: %w", err)
+		return 0, 0, fmt.Errorf("metabench: fsync probe: %w", err)
 	}
 	defer f.Close()
 	buf := make([]byte, size)
@@ -191,15 +201,15 @@ func fsyncFloor(dir string, size int) (float64, error) {
 	for i := 0; i < 1000; i++ {
 		t0 := time.Now()
 		if _, err := f.Write(buf); err != nil {
-			return 0, fmt.Errorf("metabench: fsync probe write: %w", err)
+			return 0, 0, fmt.Errorf("metabench: fsync probe write: %w", err)
 		}
 		if err := f.Sync(); err != nil {
-			return 0, fmt.Errorf("metabench: fsync probe sync: %w", err)
+			return 0, 0, fmt.Errorf("metabench: fsync probe sync: %w", err)
 		}
 		lat = append(lat, time.Since(t0))
 	}
 	slices.Sort(lat)
-	return pct(lat, 0.5), nil
+	return pct(lat, 0.5), pct(lat, 0.99), nil
 }
 
 func rttFloor(size int) (float64, error) {
@@ -237,10 +247,9 @@ func rttFloor(size int) (float64, error) {
 	return pct(lat, 0.5), nil
 }
 
-// runAtoll starts three replicas talking over loopback TCP with fsync'd WALs, serves the
-// head's HTTP client API on each, and writes through meta.Client over HTTP (so a client
-// request crosses loopback, as etcd's gRPC client does).
-func runAtoll(ctx context.Context, cfg Config, dir string) (Stats, error) {
+// runAtoll starts three replicas talking over loopback TCP with fsync'd WALs and writes
+// through meta.Client: in process (LocalConn), or over the head's HTTP client API.
+func runAtoll(ctx context.Context, cfg Config, dir string, overHTTP bool) (Stats, error) {
 	cc := meta.DefaultClusterConfig()
 	cc.Dir = dir
 	cc.TCP = true
@@ -262,6 +271,9 @@ func runAtoll(ctx context.Context, cfg Config, dir string) (Stats, error) {
 		go srv.Serve(ln)
 		defer srv.Close()
 		conns[id] = meta.HTTPConn{BaseURL: "http://" + ln.Addr().String(), Token: token, HTTP: hc}
+	}
+	if !overHTTP {
+		conns = cl.Conns()
 	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
