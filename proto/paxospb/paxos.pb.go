@@ -105,6 +105,7 @@ type Message struct {
 	Promised      uint64                 `protobuf:"varint,10,opt,name=promised,proto3" json:"promised,omitempty"`
 	Seq           uint64                 `protobuf:"varint,11,opt,name=seq,proto3" json:"seq,omitempty"`
 	KnownCommit   uint64                 `protobuf:"varint,12,opt,name=known_commit,json=knownCommit,proto3" json:"known_commit,omitempty"`
+	Snapshot      []byte                 `protobuf:"bytes,13,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -221,6 +222,13 @@ func (x *Message) GetKnownCommit() uint64 {
 		return x.KnownCommit
 	}
 	return 0
+}
+
+func (x *Message) GetSnapshot() []byte {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
 }
 
 // Record is one WAL record: what one Ready asked a replica to persist.
@@ -354,7 +362,7 @@ const file_proto_paxos_proto_rawDesc = "" +
 	"\x04slot\x18\x01 \x01(\x04R\x04slot\x12\x16\n" +
 	"\x06ballot\x18\x02 \x01(\x04R\x06ballot\x12\x12\n" +
 	"\x04type\x18\x03 \x01(\rR\x04type\x12\x12\n" +
-	"\x04data\x18\x04 \x01(\fR\x04data\"\xb0\x02\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\"\xcc\x02\n" +
 	"\aMessage\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\rR\x04type\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\x04R\x04from\x12\x0e\n" +
@@ -368,7 +376,8 @@ const file_proto_paxos_proto_rawDesc = "" +
 	"\bpromised\x18\n" +
 	" \x01(\x04R\bpromised\x12\x10\n" +
 	"\x03seq\x18\v \x01(\x04R\x03seq\x12!\n" +
-	"\fknown_commit\x18\f \x01(\x04R\vknownCommit\"j\n" +
+	"\fknown_commit\x18\f \x01(\x04R\vknownCommit\x12\x1a\n" +
+	"\bsnapshot\x18\r \x01(\fR\bsnapshot\"j\n" +
 	"\x06Record\x12\x1a\n" +
 	"\bpromised\x18\x01 \x01(\x04R\bpromised\x12\x16\n" +
 	"\x06commit\x18\x02 \x01(\x04R\x06commit\x12,\n" +

@@ -69,7 +69,7 @@ func TestStateMachineTxn(t *testing.T) {
 }
 
 func TestWatchOrderedFromRevision(t *testing.T) {
-	sm := NewStateMachine(50)
+	sm := NewStateMachine(1000)
 	for i := 0; i < 10; i++ {
 		sm.ApplyRequest(&Request{Ops: []Op{{Type: OpPut, Key: fmt.Sprintf("jobs/%d", i%3), Value: []byte{byte(i)}}}})
 	}
@@ -101,7 +101,11 @@ func TestWatchOrderedFromRevision(t *testing.T) {
 		t.Fatalf("watch ended at %d", want)
 	}
 	// History is bounded: an old revision is compacted.
-	if _, err := sm.Watch(ctx, "", 1); !errors.Is(err, ErrCompacted) {
+	small := NewStateMachine(5)
+	for i := 0; i < 10; i++ {
+		small.ApplyRequest(&Request{Ops: []Op{{Type: OpPut, Key: "jobs/x"}}})
+	}
+	if _, err := small.Watch(ctx, "", 1); !errors.Is(err, ErrCompacted) {
 		t.Fatalf("watch from compacted revision: %v", err)
 	}
 }

@@ -187,7 +187,9 @@ func (s *StateMachine) Revision() int64 {
 
 // Watch streams, in order, every event with Revision > fromRev whose key has the prefix,
 // until ctx ends (the channel is then closed). It fails with ErrCompacted when events
-// after fromRev are no longer retained. A slow reader only delays itself.
+// after fromRev are no longer retained. A slow reader only delays itself; if it falls so
+// far behind that its next events were dropped from the bounded history, the channel is
+// closed early, and a new Watch from the last revision seen reports ErrCompacted.
 func (s *StateMachine) Watch(ctx context.Context, prefix string, fromRev int64) (<-chan Event, error) {
 	s.mu.Lock()
 	if fromRev < s.compact {

@@ -69,7 +69,8 @@ type Node struct {
 	promised uint64
 	maxRound uint64
 	leader   uint64
-	log      []slotState // slot s at log[s-1]
+	log      []slotState // slot s at log[s-snap-1]
+	snap     uint64      // slots <= snap are compacted into a state machine snapshot
 	commit   uint64
 	applied  uint64
 
@@ -101,6 +102,7 @@ type Node struct {
 	forceHB      bool
 
 	// output
+	snapshot     *SnapshotData
 	persisting   []Entry // handed out by Ready, acknowledged by Advance
 	sendFirst    []Message
 	hsDirty      bool
@@ -127,7 +129,9 @@ func NewNode(cfg Config, hs HardState, entries []Entry) (*Node, error) {
 		rng:      rand.New(rand.NewSource(cfg.Seed)),
 		promised: hs.Promised,
 		maxRound: BallotRound(hs.Promised),
-		commit:   hs.Commit,
+		commit:   max(hs.Commit, hs.Snapshot),
+		snap:     hs.Snapshot,
+		applied:  hs.Snapshot,
 	}
 	for i, p := range peers {
 		n.pidx[p] = i
@@ -136,13 +140,15 @@ func NewNode(cfg Config, hs HardState, entries []Entry) (*Node, error) {
 		if e.Slot == 0 {
 			return nil, fmt.Errorf("paxos: restore entry with slot 0: %w", ErrCorruptWAL)
 		}
-		n.setEntry(e)
+		if e.Slot > n.snap {
+			n.setEntry(e)
+		}
 	}
-	if n.commit > uint64(len(n.log)) {
-		return nil, fmt.Errorf("paxos: restore commit %d beyond last slot %d: %w", n.commit, len(n.log), ErrCorruptWAL)
+	if n.commit > n.lastSlot() {
+		return nil, fmt.Errorf("paxos: restore commit %d beyond last slot %d: %w", n.commit, n.lastSlot(), ErrCorruptWAL)
 	}
-	for s := uint64(1); s <= n.commit; s++ {
-		if n.log[s-1].e.Ballot == 0 {
+	for s := n.snap + 1; s <= n.commit; s++ {
+		if n.entry(s).e.Ballot == 0 {
 			return nil, fmt.Errorf("paxos: restore committed slot %d is empty: %w", s, ErrCorruptWAL)
 		}
 	}
@@ -169,24 +175,27 @@ func (n *Node) resetElectionTimeout() {
 }
 
 func (n *Node) entry(s uint64) *slotState {
-	if s == 0 || s > uint64(len(n.log)) {
+	if s <= n.snap || s > n.lastSlot() {
 		return nil
 	}
-	return &n.log[s-1]
+	return &n.log[s-n.snap-1]
 }
 
 func (n *Node) setEntry(e Entry) *slotState {
-	for uint64(len(n.log)) < e.Slot {
+	if e.Slot <= n.snap {
+		return &slotState{} // compacted: chosen long ago, nothing to record
+	}
+	for n.lastSlot() < e.Slot {
 		n.log = append(n.log, slotState{})
 	}
-	st := &n.log[e.Slot-1]
+	st := &n.log[e.Slot-n.snap-1]
 	st.e = e
 	st.acks = 0
 	st.chosen = false
 	return st
 }
 
-func (n *Node) lastSlot() uint64 { return uint64(len(n.log)) }
+func (n *Node) lastSlot() uint64 { return n.snap + uint64(len(n.log)) }
 
 func (n *Node) send(m Message) {
 	m.From = n.cfg.ID
@@ -255,8 +264,8 @@ func (n *Node) campaign() {
 
 func (n *Node) acceptedFrom(from uint64) []Entry {
 	var out []Entry
-	for s := max(from, 1); s <= n.lastSlot(); s++ {
-		if e := n.log[s-1].e; e.Ballot != 0 {
+	for s := max(from, n.snap+1); s <= n.lastSlot(); s++ {
+		if e := n.entry(s).e; e.Ballot != 0 {
 			out = append(out, e)
 		}
 	}
@@ -490,6 +499,8 @@ func (n *Node) Step(m Message) {
 		n.onAccepted(m)
 	case MsgChosen:
 		n.onChosen(m)
+	case MsgSnapshot:
+		n.onSnapshot(m)
 	}
 }
 
@@ -524,7 +535,7 @@ func (n *Node) onPrepare(m Message) {
 	n.setPromised(m.Ballot)
 	n.leader = 0
 	n.resetElectionTimeout()
-	n.send(Message{Type: MsgPromise, To: m.From, Ballot: m.Ballot, Slot: m.Slot, Commit: n.commit, Entries: n.acceptedFrom(m.Slot)})
+	n.send(Message{Type: MsgPromise, To: m.From, Ballot: m.Ballot, Slot: m.Slot, Commit: n.commit, Last: n.snap, Entries: n.acceptedFrom(m.Slot)})
 }
 
 func (n *Node) onPromise(m Message) {
@@ -538,6 +549,12 @@ func (n *Node) onPromise(m Message) {
 		return
 	}
 	if n.role != Candidate || m.Ballot != n.promised {
+		return
+	}
+	if m.Last >= n.prepareFrom {
+		// The acceptor compacted slots this candidate has not seen chosen: it cannot
+		// recover them from promises, so it must not lead; it waits to be caught up.
+		n.stepDown(0)
 		return
 	}
 	n.promises[m.From] = m
@@ -632,6 +649,16 @@ func (n *Node) maybeCatchUp(peer, peerCommit uint64) {
 	if peerCommit >= n.commit {
 		return
 	}
+	if peerCommit < n.snap {
+		// The values it lacks are compacted: the driver attaches the snapshot.
+		if n.catchupTo[peer] >= n.snap && n.now-n.catchupAt[peer] < uint64(n.cfg.ElectionTicks) {
+			return
+		}
+		n.catchupTo[peer] = n.snap
+		n.catchupAt[peer] = n.now
+		n.send(Message{Type: MsgSnapshot, To: peer, Ballot: n.promised, Slot: n.snap, Commit: n.commit})
+		return
+	}
 	// One catch-up batch in flight per peer; resend after an election timeout.
 	if n.catchupTo[peer] > peerCommit && n.now-n.catchupAt[peer] < uint64(n.cfg.ElectionTicks) {
 		return
@@ -639,7 +666,7 @@ func (n *Node) maybeCatchUp(peer, peerCommit uint64) {
 	to := min(n.commit, peerCommit+uint64(n.cfg.MaxBatch))
 	ents := make([]Entry, 0, to-peerCommit)
 	for s := peerCommit + 1; s <= to; s++ {
-		ents = append(ents, n.log[s-1].e)
+		ents = append(ents, n.entry(s).e)
 	}
 	n.catchupTo[peer] = to
 	n.catchupAt[peer] = n.now
@@ -665,7 +692,7 @@ func (n *Node) onChosen(m Message) {
 
 // HasReady reports whether Ready would return a non-empty batch.
 func (n *Node) HasReady() bool {
-	return n.hsDirty || len(n.persist) > 0 || len(n.msgs) > 0 || len(n.sendFirst) > 0 || n.commit > n.applied ||
+	return n.hsDirty || n.snapshot != nil || len(n.persist) > 0 || len(n.msgs) > 0 || len(n.sendFirst) > 0 || n.commit > n.applied ||
 		len(n.readsReady) > 0 || len(n.readsDropped) > 0 || (n.role == Leader && (len(n.unsent) > 0 || n.forceHB))
 }
 
@@ -682,7 +709,7 @@ func (n *Node) Ready() Ready {
 	}
 	n.persisting = append(n.persisting, n.persist...)
 	rd := Ready{
-		HardState:   HardState{Promised: n.promised, Commit: n.commit},
+		HardState:   HardState{Promised: n.promised, Commit: n.commit, Snapshot: n.snap},
 		Entries:     n.persist,
 		SendFirst:   n.sendFirst,
 		MustPersist: n.hsDirty || len(n.persist) > 0,
@@ -690,10 +717,12 @@ func (n *Node) Ready() Ready {
 		ReadsReady:  n.readsReady,
 	}
 	rd.ReadsDropped = n.readsDropped
+	rd.Snapshot = n.snapshot
+	n.snapshot = nil
 	if n.commit > n.applied {
 		rd.Committed = make([]Entry, 0, n.commit-n.applied)
 		for s := n.applied + 1; s <= n.commit; s++ {
-			rd.Committed = append(rd.Committed, n.log[s-1].e)
+			rd.Committed = append(rd.Committed, n.entry(s).e)
 		}
 		n.applied = n.commit
 	}
@@ -730,4 +759,37 @@ func (n *Node) flushAccepts() {
 		}
 	}
 	n.unsent = nil
+}
+
+// Compact drops the log through slot, which the caller's state machine snapshot covers
+// (the snapshot must be durable first). slot must not exceed the applied index.
+func (n *Node) Compact(slot uint64) error {
+	if slot > n.applied {
+		return fmt.Errorf("paxos: compact through %d beyond applied %d", slot, n.applied)
+	}
+	if slot <= n.snap {
+		return nil
+	}
+	n.log = append([]slotState(nil), n.log[slot-n.snap:]...)
+	n.snap = slot
+	return nil
+}
+
+// Compacted returns the slot through which the log is compacted.
+func (n *Node) Compacted() uint64 { return n.snap }
+
+func (n *Node) onSnapshot(m Message) {
+	if m.Slot > n.commit && m.Snapshot != nil {
+		if m.Slot >= n.lastSlot() {
+			n.log = nil
+		} else {
+			n.log = append([]slotState(nil), n.log[m.Slot-n.snap:]...)
+		}
+		n.snap = m.Slot
+		n.commit = m.Slot
+		n.applied = m.Slot
+		n.snapshot = &SnapshotData{Slot: m.Slot, Data: m.Snapshot}
+		n.hsDirty = true
+	}
+	n.send(Message{Type: MsgAccepted, To: m.From, Ballot: m.Ballot, Commit: n.commit, KnownCommit: m.Commit})
 }

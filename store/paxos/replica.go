@@ -27,6 +27,16 @@ type StateMachine interface {
 	Apply(slot uint64, data []byte) []byte
 }
 
+// Snapshotter is implemented by state machines that can be snapshotted; the replica then
+// compacts its log every SnapshotEvery applied slots and catches up far-behind replicas
+// with the snapshot. Both are called from the replica's goroutine.
+type Snapshotter interface {
+	// Snapshot returns the whole state and the last applied slot it covers.
+	Snapshot() ([]byte, uint64, error)
+	// Restore replaces the state with a snapshot's.
+	Restore(data []byte) error
+}
+
 // ReplicaConfig configures a Replica (the driver around Node).
 type ReplicaConfig struct {
 	// Node is the pure core's config.
@@ -36,13 +46,16 @@ type ReplicaConfig struct {
 	// MaxDrain caps how many queued proposals or messages one loop turn takes in; all of
 	// them share one WAL write and fsync (group commit).
 	MaxDrain int
+	// SnapshotEvery is how many applied slots trigger a snapshot and log compaction when
+	// the state machine is a Snapshotter (0 disables).
+	SnapshotEvery uint64
 	// Logger is the replica's logger (default zap.NewNop()).
 	Logger *zap.Logger
 }
 
 // DefaultReplicaConfig returns a working config for replica id of the group peers.
 func DefaultReplicaConfig(id uint64, peers []uint64) ReplicaConfig {
-	return ReplicaConfig{Node: DefaultConfig(id, peers), TickInterval: 10 * time.Millisecond, MaxDrain: 4096, Logger: zap.NewNop()}
+	return ReplicaConfig{Node: DefaultConfig(id, peers), TickInterval: 10 * time.Millisecond, MaxDrain: 4096, SnapshotEvery: 100000, Logger: zap.NewNop()}
 }
 
 // Validate checks the config.
@@ -97,6 +110,7 @@ type Replica struct {
 	readWait   map[uint64]*readReq
 	readReady  []ReadState
 	nextReadID uint64
+	snap       SnapshotData
 }
 
 // StartReplica loads the storage, builds the Node and starts the replica's goroutine.
@@ -111,6 +125,19 @@ func StartReplica(cfg ReplicaConfig, st Storage, tr Transport, sm StateMachine) 
 	if err != nil {
 		return nil, fmt.Errorf("paxos: replica %d load: %w", cfg.Node.ID, err)
 	}
+	snap, err := st.LoadSnapshot()
+	if err != nil {
+		return nil, fmt.Errorf("paxos: replica %d load snapshot: %w", cfg.Node.ID, err)
+	}
+	if snap.Slot > 0 {
+		ss, ok := sm.(Snapshotter)
+		if !ok {
+			return nil, fmt.Errorf("paxos: replica %d has a snapshot through slot %d but its state machine cannot restore it", cfg.Node.ID, snap.Slot)
+		}
+		if err := ss.Restore(snap.Data); err != nil {
+			return nil, fmt.Errorf("paxos: replica %d restore snapshot through %d: %w", cfg.Node.ID, snap.Slot, err)
+		}
+	}
 	n, err := NewNode(cfg.Node, hs, ents)
 	if err != nil {
 		return nil, fmt.Errorf("paxos: replica %d restore: %w", cfg.Node.ID, err)
@@ -124,6 +151,7 @@ func StartReplica(cfg ReplicaConfig, st Storage, tr Transport, sm StateMachine) 
 		done:     make(chan struct{}),
 		waiting:  map[uint64]*proposal{},
 		readWait: map[uint64]*readReq{},
+		snap:     snap,
 	}
 	r.status = n.Status()
 	r.log.Info("replica started", zap.Uint64("promised", hs.Promised), zap.Uint64("commit", hs.Commit), zap.Int("entries", len(ents)))
@@ -310,12 +338,23 @@ func (r *Replica) handleReady() error {
 		for _, m := range rd.SendFirst {
 			r.tr.Send(m)
 		}
+		if rd.Snapshot != nil {
+			if err := r.installSnapshot(*rd.Snapshot); err != nil {
+				return err
+			}
+		}
 		if rd.MustPersist {
 			if err := r.st.Save(rd.HardState, rd.Entries); err != nil {
 				return err
 			}
 		}
 		for _, m := range rd.Messages {
+			if m.Type == MsgSnapshot {
+				if m.Slot != r.snap.Slot {
+					continue
+				}
+				m.Snapshot = r.snap.Data
+			}
 			r.tr.Send(m)
 		}
 		r.node.Advance()
@@ -354,6 +393,9 @@ func (r *Replica) handleReady() error {
 		}
 		r.readReady = kept
 	}
+	if err := r.maybeSnapshot(); err != nil {
+		return err
+	}
 	st := r.node.Status()
 	r.mu.Lock()
 	r.status = st
@@ -370,4 +412,48 @@ func (r *Replica) failAll(err error) {
 		q.done <- err
 		delete(r.readWait, id)
 	}
+}
+
+func (r *Replica) installSnapshot(s SnapshotData) error {
+	ss, ok := r.sm.(Snapshotter)
+	if !ok {
+		return fmt.Errorf("paxos: replica %d got a snapshot but its state machine cannot restore one", r.cfg.Node.ID)
+	}
+	if err := r.st.SaveSnapshot(s); err != nil {
+		return err
+	}
+	if err := ss.Restore(s.Data); err != nil {
+		return fmt.Errorf("paxos: restore snapshot through %d: %w", s.Slot, err)
+	}
+	r.snap = s
+	r.log.Info("installed snapshot from leader", zap.Uint64("slot", s.Slot), zap.Int("bytes", len(s.Data)))
+	return r.st.Compact(s.Slot)
+}
+
+func (r *Replica) maybeSnapshot() error {
+	ss, ok := r.sm.(Snapshotter)
+	if !ok || r.cfg.SnapshotEvery == 0 {
+		return nil
+	}
+	applied := r.node.Status().Applied
+	if applied < r.snap.Slot+r.cfg.SnapshotEvery {
+		return nil
+	}
+	data, slot, err := ss.Snapshot()
+	if err != nil {
+		return fmt.Errorf("paxos: snapshot: %w", err)
+	}
+	if slot > applied || slot <= r.snap.Slot {
+		return nil
+	}
+	s := SnapshotData{Slot: slot, Data: data}
+	if err := r.st.SaveSnapshot(s); err != nil {
+		return err
+	}
+	if err := r.node.Compact(slot); err != nil {
+		return err
+	}
+	r.snap = s
+	r.log.Debug("snapshot taken, log compacted", zap.Uint64("slot", slot), zap.Int("bytes", len(data)))
+	return r.st.Compact(slot)
 }

@@ -2,6 +2,7 @@ package paxos
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -14,9 +15,31 @@ import (
 )
 
 type testSM struct {
-	mu   sync.Mutex
-	data map[string]string
-	n    int
+	mu      sync.Mutex
+	data    map[string]string
+	n       int
+	applied uint64
+}
+
+func (s *testSM) Snapshot() ([]byte, uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, err := json.Marshal(map[string]any{"data": s.data, "n": s.n})
+	return b, s.applied, err
+}
+
+func (s *testSM) Restore(b []byte) error {
+	var v struct {
+		Data map[string]string `json:"data"`
+		N    int               `json:"n"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.data, s.n = v.Data, v.N
+	return nil
 }
 
 func (s *testSM) Apply(slot uint64, data []byte) []byte {
@@ -25,6 +48,7 @@ func (s *testSM) Apply(slot uint64, data []byte) []byte {
 	k, v, _ := strings.Cut(string(data), "=")
 	s.data[k] = v
 	s.n++
+	s.applied = slot
 	return []byte(fmt.Sprintf("applied@%d", slot))
 }
 
@@ -35,7 +59,9 @@ func (s *testSM) get(k string) (string, int) {
 }
 
 type testCluster struct {
-	t    *testing.T
+	t         *testing.T
+	snapEvery uint64
+	last      uint64 // replica that took the last write
 	dir  string
 	net  *MemNetwork
 	ids  []uint64
@@ -43,8 +69,11 @@ type testCluster struct {
 	sms  map[uint64]*testSM
 }
 
-func newTestCluster(t *testing.T, n int) *testCluster {
+func newTestCluster(t *testing.T, n int, snapEvery ...uint64) *testCluster {
 	c := &testCluster{t: t, dir: t.TempDir(), net: NewMemNetwork(1), reps: map[uint64]*Replica{}, sms: map[uint64]*testSM{}}
+	if len(snapEvery) > 0 {
+		c.snapEvery = snapEvery[0]
+	}
 	for i := 1; i <= n; i++ {
 		c.ids = append(c.ids, uint64(i))
 	}
@@ -66,6 +95,7 @@ func (c *testCluster) start(id uint64) {
 	}
 	cfg := DefaultReplicaConfig(id, c.ids)
 	cfg.TickInterval = 2 * time.Millisecond
+	cfg.SnapshotEvery = c.snapEvery
 	cfg.Logger = zaptest.NewLogger(c.t)
 	sm := &testSM{data: map[string]string{}}
 	r, err := StartReplica(cfg, w, c.net.Transport(id), sm)
@@ -95,7 +125,10 @@ func (c *testCluster) leader(ctx context.Context) uint64 {
 
 // put proposes at the leader, following redirects, until ctx ends.
 func (c *testCluster) put(ctx context.Context, k, v string) error {
-	target := c.ids[0]
+	target := c.last
+	if target == 0 {
+		target = c.ids[0]
+	}
 	for {
 		r := c.reps[target]
 		if r == nil {
@@ -106,6 +139,7 @@ func (c *testCluster) put(ctx context.Context, k, v string) error {
 		_, err := r.Propose(cctx, []byte(k+"="+v))
 		cancel()
 		if err == nil {
+			c.last = target
 			return nil
 		}
 		var nl *NotLeaderError
@@ -250,5 +284,72 @@ func TestReplicaProposeWaitsForElection(t *testing.T) {
 	}
 	if !errors.Is(err, context.DeadlineExceeded) && !IsRetryable(err) {
 		t.Fatalf("err %v is neither retryable nor a deadline", err)
+	}
+}
+
+func TestReplicaSnapshotCompactionAndCatchUp(t *testing.T) {
+	c := newTestCluster(t, 3, 25)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := 0; i < 30; i++ {
+		if err := c.put(ctx, fmt.Sprintf("a%d", i), "1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := c.leader(ctx)
+	var down uint64
+	for _, id := range c.ids {
+		if id != l {
+			down = id
+			break
+		}
+	}
+	c.stop(down)
+	for i := 0; i < 200; i++ {
+		if err := c.put(ctx, fmt.Sprintf("b%d", i), "2"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := c.reps[l].node.Compacted(); got < 100 {
+		t.Fatalf("leader compacted only through %d", got)
+	}
+	// The stopped replica is behind the leader's compaction point: it is caught up with
+	// a snapshot, then with entries.
+	c.start(down)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		v, _ := c.sms[down].get("b199")
+		w, _ := c.sms[down].get("a3")
+		if v == "2" && w == "1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica %d not caught up: b199=%q a3=%q", down, v, w)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Every replica restarts from its snapshot plus its compacted WAL with the full state.
+	for _, id := range c.ids {
+		c.stop(id)
+	}
+	for _, id := range c.ids {
+		c.start(id)
+	}
+	if err := c.put(ctx, "after", "restart"); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range c.ids {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			v, _ := c.sms[id].get("b150")
+			w, _ := c.sms[id].get("after")
+			if v == "2" && w == "restart" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("replica %d after restart: b150=%q after=%q", id, v, w)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 	}
 }

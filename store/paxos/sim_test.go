@@ -2,6 +2,7 @@ package paxos
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math/rand"
 	"os"
@@ -33,6 +34,7 @@ type simOpts struct {
 	diskFail   float64 // per persist
 	partition  float64 // per tick
 	leaseDrift int
+	compact    float64 // per tick, per node: snapshot + log compaction
 }
 
 type kvInput struct {
@@ -126,6 +128,24 @@ type simMsg struct {
 type simDisk struct {
 	hs      HardState
 	entries []Entry
+	snap    SnapshotData
+}
+
+func (kv *simKV) snapshot() []byte {
+	b, _ := json.Marshal(map[string]any{"data": kv.data, "last": kv.lastOp, "applied": kv.applied})
+	return b
+}
+
+func restoreKV(b []byte) *simKV {
+	var v struct {
+		Data    map[string]string `json:"data"`
+		Last    map[int]int       `json:"last"`
+		Applied uint64            `json:"applied"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		panic(err)
+	}
+	return &simKV{data: v.Data, lastOp: v.Last, applied: v.Applied}
 }
 
 type simNode struct {
@@ -158,24 +178,25 @@ type simOp struct {
 }
 
 type sim struct {
-	t        *testing.T
-	rng      *rand.Rand
-	o        simOpts
-	now      int64
-	seq      int64
-	nodes    map[uint64]*simNode
-	ids      []uint64
-	net      []simMsg
-	cut      map[[2]uint64]bool
-	cutUntil int64
-	chosen   map[uint64]Entry
-	clients  []*simOp
-	opsDone  []*simOp
-	opsAll   []*simOp
-	opCount  map[int]int
-	readID   uint64
-	hint     uint64
-	faulty   bool
+	t         *testing.T
+	rng       *rand.Rand
+	o         simOpts
+	now       int64
+	seq       int64
+	nodes     map[uint64]*simNode
+	ids       []uint64
+	net       []simMsg
+	cut       map[[2]uint64]bool
+	cutUntil  int64
+	chosen    map[uint64]Entry
+	clients   []*simOp
+	opsDone   []*simOp
+	opsAll    []*simOp
+	opCount   map[int]int
+	readID    uint64
+	hint      uint64
+	faulty    bool
+	snapshots int
 }
 
 func newSim(t *testing.T, seed int64, o simOpts) *sim {
@@ -202,12 +223,18 @@ func (s *sim) cfg(id uint64, seed int64) Config {
 }
 
 func (s *sim) restart(sn *simNode, seed int64) {
-	n, err := NewNode(s.cfg(sn.id, seed), sn.disk.hs, sn.disk.entries)
+	hs := sn.disk.hs
+	hs.Snapshot = sn.disk.snap.Slot
+	hs.Commit = max(hs.Commit, hs.Snapshot)
+	n, err := NewNode(s.cfg(sn.id, seed), hs, sn.disk.entries)
 	if err != nil {
 		s.t.Fatalf("restart %d: %v", sn.id, err)
 	}
 	sn.node = n
 	sn.kv = newSimKV()
+	if sn.disk.snap.Slot > 0 {
+		sn.kv = restoreKV(sn.disk.snap.Data)
+	}
 	sn.props = map[uint64]*simOp{}
 	sn.reads = map[uint64]*simOp{}
 	sn.ready = nil
@@ -245,6 +272,11 @@ func (s *sim) process(sn *simNode) {
 		for _, m := range rd.SendFirst {
 			s.enqueue(m)
 		}
+		if rd.Snapshot != nil {
+			sn.disk.snap = *rd.Snapshot
+			sn.kv = restoreKV(rd.Snapshot.Data)
+			s.snapshots++
+		}
 		if rd.MustPersist {
 			if s.faulty && s.rng.Float64() < s.o.diskFail {
 				s.crash(sn) // the write failed: the replica stops before sending anything
@@ -254,6 +286,12 @@ func (s *sim) process(sn *simNode) {
 			sn.disk.entries = append(sn.disk.entries, rd.Entries...)
 		}
 		for _, m := range rd.Messages {
+			if m.Type == MsgSnapshot {
+				if m.Slot != sn.disk.snap.Slot {
+					continue
+				}
+				m.Snapshot = sn.disk.snap.Data
+			}
 			s.enqueue(m)
 		}
 		sn.node.Advance()
@@ -443,6 +481,23 @@ func (s *sim) run() {
 					sn.node.Tick()
 					s.process(sn)
 				}
+				if sn := s.nodes[id]; sn.node != nil && s.o.compact > 0 && s.rng.Float64() < s.o.compact {
+					// snapshot the state machine, then compact the log and the "disk"
+					at := sn.kv.applied
+					if at > sn.disk.snap.Slot {
+						sn.disk.snap = SnapshotData{Slot: at, Data: sn.kv.snapshot()}
+						if err := sn.node.Compact(at); err != nil {
+							s.t.Fatal(err)
+						}
+						kept := sn.disk.entries[:0]
+						for _, e := range sn.disk.entries {
+							if e.Slot > at {
+								kept = append(kept, e)
+							}
+						}
+						sn.disk.entries = kept
+					}
+				}
 			}
 		}
 		// deliver due messages, in a seeded random order among the due ones
@@ -487,12 +542,26 @@ func (s *sim) check() {
 	}
 	for _, id := range s.ids {
 		sn := s.nodes[id]
-		for slot := uint64(1); slot <= sn.node.commit; slot++ {
-			e := sn.node.log[slot-1].e
+		for slot := sn.node.snap + 1; slot <= sn.node.commit; slot++ {
+			e := sn.node.entry(slot).e
 			c, ok := s.chosen[slot]
 			if !ok || c.Type != e.Type || !bytes.Equal(c.Data, e.Data) {
 				t.Fatalf("node %d slot %d holds %q, chosen %q", id, slot, e.Data, c.Data)
 			}
+		}
+	}
+	// Replicas that applied the same prefix hold the same state (snapshots included).
+	var ref *simNode
+	for _, id := range s.ids {
+		sn := s.nodes[id]
+		if ref == nil || sn.kv.applied > ref.kv.applied {
+			ref = sn
+		}
+	}
+	for _, id := range s.ids {
+		sn := s.nodes[id]
+		if sn.kv.applied == ref.kv.applied && fmt.Sprint(sn.kv.data) != fmt.Sprint(ref.kv.data) {
+			t.Fatalf("node %d and %d applied through %d but differ: %v vs %v", id, ref.id, ref.kv.applied, sn.kv.data, ref.kv.data)
 		}
 	}
 	// 2. Acknowledged writes are in the chosen log (never lost).
@@ -536,7 +605,7 @@ func simSeeds(short, long int) int {
 }
 
 func TestSimulation(t *testing.T) {
-	base := simOpts{clients: 3, duration: 4000, drop: 0.05, dup: 0.03, crash: 0.002, diskFail: 0.002, partition: 0.01, leaseDrift: 2}
+	base := simOpts{clients: 3, duration: 4000, drop: 0.05, dup: 0.03, crash: 0.002, diskFail: 0.002, partition: 0.01, leaseDrift: 2, compact: 0.01}
 	cases := []struct {
 		name  string
 		nodes int
@@ -550,7 +619,7 @@ func TestSimulation(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			done := 0
+			done, snaps := 0, 0
 			for seed := int64(1); seed <= int64(tc.seeds); seed++ {
 				o := base
 				o.nodes = tc.nodes
@@ -562,12 +631,13 @@ func TestSimulation(t *testing.T) {
 					s.run()
 					s.check()
 					done += len(s.opsDone)
+					snaps += s.snapshots
 				})
 				if !ok {
 					return
 				}
 			}
-			t.Logf("%d seeds, %d completed operations", tc.seeds, done)
+			t.Logf("%d seeds, %d completed operations, %d snapshots installed by catch-up", tc.seeds, done, snaps)
 		})
 	}
 }

@@ -25,6 +25,12 @@ type Storage interface {
 	Load() (HardState, []Entry, error)
 	// Save appends the hard state and entries as one record.
 	Save(hs HardState, entries []Entry) error
+	// SaveSnapshot durably and atomically replaces the state machine snapshot.
+	SaveSnapshot(s SnapshotData) error
+	// LoadSnapshot returns the latest snapshot (zero SnapshotData when none).
+	LoadSnapshot() (SnapshotData, error)
+	// Compact may drop persisted entries through slot (covered by the snapshot).
+	Compact(slot uint64) error
 	// Close releases the storage.
 	Close() error
 }
@@ -35,6 +41,7 @@ type MemStorage struct {
 	mu      sync.Mutex
 	hs      HardState
 	entries []Entry
+	snap    SnapshotData
 	// FailWrites makes Save fail (a disk that fails writes).
 	FailWrites bool
 }
@@ -45,7 +52,9 @@ var _ Storage = (*MemStorage)(nil)
 func (m *MemStorage) Load() (HardState, []Entry, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.hs, append([]Entry(nil), m.entries...), nil
+	hs := m.hs
+	hs.Snapshot = m.snap.Slot
+	return hs, append([]Entry(nil), m.entries...), nil
 }
 
 // Save implements Storage.
@@ -63,6 +72,35 @@ func (m *MemStorage) Save(hs HardState, entries []Entry) error {
 // Close implements Storage.
 func (m *MemStorage) Close() error { return nil }
 
+// SaveSnapshot implements Storage.
+func (m *MemStorage) SaveSnapshot(s SnapshotData) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.snap = SnapshotData{Slot: s.Slot, Data: append([]byte(nil), s.Data...)}
+	return nil
+}
+
+// LoadSnapshot implements Storage.
+func (m *MemStorage) LoadSnapshot() (SnapshotData, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.snap, nil
+}
+
+// Compact implements Storage.
+func (m *MemStorage) Compact(slot uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	kept := m.entries[:0]
+	for _, e := range m.entries {
+		if e.Slot > slot {
+			kept = append(kept, e)
+		}
+	}
+	m.entries = kept
+	return nil
+}
+
 // WALOptions configures a WAL.
 type WALOptions struct {
 	// NoSync turns off fsync after each record. Default false: every Save is fsync'd
@@ -79,11 +117,12 @@ type WALOptions struct {
 // On open a torn or corrupt tail is detected, logged and truncated after the last good
 // record; corruption before the tail is an error (ErrCorruptWAL), never applied.
 type WAL struct {
-	dir  string
-	opts WALOptions
-	log  *wal.Log
-	last uint64
-	buf  []byte
+	dir    string
+	opts   WALOptions
+	log    *wal.Log
+	last   uint64
+	buf    []byte
+	recMax map[uint64]uint64 // record index -> highest slot in it
 }
 
 var _ Storage = (*WAL)(nil)
@@ -101,7 +140,7 @@ func OpenWAL(dir string, opts WALOptions) (*WAL, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("paxos: wal mkdir %s: %w", dir, err)
 	}
-	w := &WAL{dir: dir, opts: opts}
+	w := &WAL{dir: dir, opts: opts, recMax: map[uint64]uint64{}}
 	l, err := w.open()
 	if errors.Is(err, wal.ErrCorrupt) {
 		if rerr := w.repairSegment(); rerr != nil {
@@ -181,6 +220,12 @@ func (w *WAL) Load() (HardState, []Entry, error) {
 	if err != nil {
 		return hs, nil, fmt.Errorf("paxos: wal first index: %w", err)
 	}
+	snap, err := w.LoadSnapshot()
+	if err != nil {
+		return hs, nil, err
+	}
+	hs.Snapshot = snap.Slot
+	hs.Commit = snap.Slot
 	if w.last == 0 {
 		return hs, nil, nil
 	}
@@ -202,9 +247,14 @@ func (w *WAL) Load() (HardState, []Entry, error) {
 		}
 		hs.Promised = max(hs.Promised, rec.Promised)
 		hs.Commit = max(hs.Commit, rec.Commit)
+		var top uint64
 		for _, e := range rec.Entries {
-			out = append(out, Entry{Slot: e.Slot, Ballot: e.Ballot, Type: EntryType(e.Type), Data: e.Data})
+			top = max(top, e.Slot)
+			if e.Slot > snap.Slot {
+				out = append(out, Entry{Slot: e.Slot, Ballot: e.Ballot, Type: EntryType(e.Type), Data: e.Data})
+			}
 		}
+		w.recMax[i] = top
 	}
 	return hs, out, nil
 }
@@ -261,6 +311,92 @@ func (w *WAL) Save(hs HardState, entries []Entry) error {
 		return fmt.Errorf("paxos: wal write record %d: %w", w.last+1, err)
 	}
 	w.last++
+	var top uint64
+	for _, e := range entries {
+		top = max(top, e.Slot)
+	}
+	w.recMax[w.last] = top
+	return nil
+}
+
+const snapshotFile = "snapshot"
+
+// SaveSnapshot implements Storage: written to a temporary file, fsync'd, renamed over the
+// previous one, and the directory fsync'd. Format: slot (8 bytes BE), CRC32-C of the data
+// (4 bytes BE), data.
+func (w *WAL) SaveSnapshot(s SnapshotData) error {
+	path := filepath.Join(w.dir, snapshotFile)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o640)
+	if err != nil {
+		return fmt.Errorf("paxos: snapshot create %s: %w", tmp, err)
+	}
+	hdr := binary.BigEndian.AppendUint64(nil, s.Slot)
+	hdr = binary.BigEndian.AppendUint32(hdr, crc32.Checksum(s.Data, crcTable))
+	_, err = f.Write(append(hdr, s.Data...))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("paxos: snapshot write %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("paxos: snapshot rename %s: %w", path, err)
+	}
+	d, err := os.Open(w.dir)
+	if err != nil {
+		return fmt.Errorf("paxos: snapshot dir sync %s: %w", w.dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("paxos: snapshot dir sync %s: %w", w.dir, err)
+	}
+	return nil
+}
+
+// LoadSnapshot implements Storage. A snapshot failing its checksum is an error.
+func (w *WAL) LoadSnapshot() (SnapshotData, error) {
+	path := filepath.Join(w.dir, snapshotFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return SnapshotData{}, nil
+	}
+	if err != nil {
+		return SnapshotData{}, fmt.Errorf("paxos: snapshot read %s: %w", path, err)
+	}
+	if len(b) < 12 {
+		return SnapshotData{}, fmt.Errorf("paxos: snapshot %s is %d bytes, shorter than its header: %w", path, len(b), ErrCorruptWAL)
+	}
+	slot := binary.BigEndian.Uint64(b)
+	if got, want := crc32.Checksum(b[12:], crcTable), binary.BigEndian.Uint32(b[8:]); got != want {
+		return SnapshotData{}, fmt.Errorf("paxos: snapshot %s checksum %08x, want %08x: %w", path, got, want, ErrCorruptWAL)
+	}
+	return SnapshotData{Slot: slot, Data: b[12:]}, nil
+}
+
+// Compact implements Storage: it drops the longest prefix of records whose entries are
+// all covered by the snapshot, keeping at least the last record (the promised ballot).
+func (w *WAL) Compact(slot uint64) error {
+	first, err := w.log.FirstIndex()
+	if err != nil || first == 0 {
+		return err
+	}
+	k := first
+	for k < w.last && w.recMax[k] <= slot {
+		k++
+	}
+	if k == first {
+		return nil
+	}
+	if err := w.log.TruncateFront(k); err != nil {
+		return fmt.Errorf("paxos: wal truncate before record %d: %w", k, err)
+	}
+	for i := first; i < k; i++ {
+		delete(w.recMax, i)
+	}
 	return nil
 }
 

@@ -437,10 +437,10 @@ func appendFrame(dst []byte, m Message) ([]byte, error) {
 
 func toPBMessage(m Message) *paxospb.Message {
 	return &paxospb.Message{Type: uint32(m.Type), From: m.From, To: m.To, Ballot: m.Ballot, Slot: m.Slot, Last: m.Last,
-		Commit: m.Commit, Entries: toPBEntries(m.Entries), Reject: m.Reject, Promised: m.Promised, Seq: m.Seq, KnownCommit: m.KnownCommit}
+		Commit: m.Commit, Entries: toPBEntries(m.Entries), Reject: m.Reject, Promised: m.Promised, Seq: m.Seq, KnownCommit: m.KnownCommit, Snapshot: m.Snapshot}
 }
 
 func fromPBMessage(p *paxospb.Message) Message {
 	return Message{Type: MsgType(p.Type), From: p.From, To: p.To, Ballot: p.Ballot, Slot: p.Slot, Last: p.Last,
-		Commit: p.Commit, Entries: fromPBEntries(p.Entries), Reject: p.Reject, Promised: p.Promised, Seq: p.Seq, KnownCommit: p.KnownCommit}
+		Commit: p.Commit, Entries: fromPBEntries(p.Entries), Reject: p.Reject, Promised: p.Promised, Seq: p.Seq, KnownCommit: p.KnownCommit, Snapshot: p.Snapshot}
 }

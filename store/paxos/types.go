@@ -81,6 +81,9 @@ const (
 	MsgAccepted
 	// MsgChosen is catch-up: Entries are chosen values for the receiver to adopt.
 	MsgChosen
+	// MsgSnapshot is catch-up past a compacted log: Snapshot is the state machine
+	// snapshot through Slot (the core emits it empty; the driver attaches the bytes).
+	MsgSnapshot
 )
 
 func (t MsgType) String() string {
@@ -95,6 +98,8 @@ func (t MsgType) String() string {
 		return "accepted"
 	case MsgChosen:
 		return "chosen"
+	case MsgSnapshot:
+		return "snapshot"
 	}
 	return fmt.Sprintf("msg(%d)", uint32(t))
 }
@@ -114,6 +119,14 @@ type Message struct {
 	// KnownCommit, on an Accepted, echoes the commit index of the message it answers: an
 	// acceptor whose Commit stays below it lacks chosen values and needs catch-up.
 	KnownCommit uint64
+	// Snapshot carries state machine snapshot bytes on a MsgSnapshot.
+	Snapshot []byte
+}
+
+// SnapshotData is a state machine snapshot covering every slot through Slot.
+type SnapshotData struct {
+	Slot uint64
+	Data []byte
 }
 
 // HardState is what a replica must persist besides entries.
@@ -122,6 +135,9 @@ type HardState struct {
 	Promised uint64
 	// Commit is the highest slot known chosen with all slots below it.
 	Commit uint64
+	// Snapshot is the slot through which the log is compacted into a snapshot (restore
+	// only: Storage.Load reports it; the node ignores it on Save).
+	Snapshot uint64
 }
 
 // Ready is one batch of work handed out by Node.Ready. The driver may send SendFirst at
@@ -147,6 +163,9 @@ type Ready struct {
 	// ReadsReady lists read-index requests (ids from Node.ReadIndex) whose index is now
 	// confirmed; each may be served once the applied index reaches ReadState.Index.
 	ReadsReady []ReadState
+	// Snapshot, when set, is a snapshot received from the leader: persist it (before
+	// Messages), restore the state machine from it, then apply Committed after it.
+	Snapshot *SnapshotData
 	// ReadsDropped lists read-index requests lost because this replica stopped leading;
 	// the caller should retry them (ErrNotLeader).
 	ReadsDropped []uint64
@@ -162,7 +181,7 @@ type ReadState struct {
 
 // Empty reports whether the Ready carries nothing.
 func (r *Ready) Empty() bool {
-	return !r.MustPersist && len(r.Messages) == 0 && len(r.SendFirst) == 0 && len(r.Committed) == 0 && len(r.ReadsReady) == 0 && len(r.ReadsDropped) == 0
+	return !r.MustPersist && len(r.Messages) == 0 && len(r.SendFirst) == 0 && len(r.Committed) == 0 && len(r.ReadsReady) == 0 && len(r.ReadsDropped) == 0 && r.Snapshot == nil
 }
 
 // MakeBallot builds a ballot from a round and a replica id (ids below 2^16).
