@@ -62,11 +62,11 @@ type testCluster struct {
 	t         *testing.T
 	snapEvery uint64
 	last      uint64 // replica that took the last write
-	dir  string
-	net  *MemNetwork
-	ids  []uint64
-	reps map[uint64]*Replica
-	sms  map[uint64]*testSM
+	dir       string
+	net       *MemNetwork
+	ids       []uint64
+	reps      map[uint64]*Replica
+	sms       map[uint64]*testSM
 }
 
 func newTestCluster(t *testing.T, n int, snapEvery ...uint64) *testCluster {
