@@ -428,9 +428,12 @@ func (n *Node) broadcastHeartbeat() {
 			}
 		}
 	}
-	// Retransmit the oldest undecided run when its Accept may have been lost.
+	// Retransmit the oldest undecided run, to the peers that have not acknowledged its
+	// first slot, when its Accept may have been lost.
 	var resend []Entry
-	if st := n.entry(n.commit + 1); st != nil && !st.chosen && n.now-st.sentAt >= uint64(2*n.cfg.HeartbeatTicks) {
+	var acked uint64
+	if st := n.entry(n.commit + 1); st != nil && !st.chosen && n.now-st.sentAt >= uint64(max(2*n.cfg.HeartbeatTicks, n.cfg.ElectionTicks/2)) {
+		acked = st.acks
 		for s := n.commit + 1; s < n.nextSlot && len(resend) < n.cfg.MaxBatch; s++ {
 			st := n.entry(s)
 			st.sentAt = n.now
@@ -439,7 +442,11 @@ func (n *Node) broadcastHeartbeat() {
 	}
 	for _, p := range n.peers {
 		if p != n.cfg.ID {
-			n.send(Message{Type: MsgAccept, To: p, Ballot: n.promised, Commit: n.commit, Seq: n.hbSeq, Entries: resend})
+			m := Message{Type: MsgAccept, To: p, Ballot: n.promised, Commit: n.commit, Seq: n.hbSeq}
+			if acked&(1<<uint(n.pidx[p])) == 0 {
+				m.Entries = resend
+			}
+			n.send(m)
 		}
 	}
 }
@@ -586,6 +593,9 @@ func (n *Node) onAccept(m Message) {
 		last = e.Slot
 		if e.Slot <= n.commit {
 			continue
+		}
+		if st := n.entry(e.Slot); st != nil && st.e.Ballot == m.Ballot {
+			continue // a retransmission: already durable at this ballot
 		}
 		e.Ballot = m.Ballot
 		n.setEntry(e)
