@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -61,7 +62,7 @@ func (s *testSM) get(k string) (string, int) {
 type testCluster struct {
 	t         *testing.T
 	snapEvery uint64
-	last      uint64 // replica that took the last write
+	last      atomic.Uint64 // replica that took the last write
 	dir       string
 	net       *MemNetwork
 	ids       []uint64
@@ -125,7 +126,7 @@ func (c *testCluster) leader(ctx context.Context) uint64 {
 
 // put proposes at the leader, following redirects, until ctx ends.
 func (c *testCluster) put(ctx context.Context, k, v string) error {
-	target := c.last
+	target := c.last.Load()
 	if target == 0 {
 		target = c.ids[0]
 	}
@@ -139,7 +140,7 @@ func (c *testCluster) put(ctx context.Context, k, v string) error {
 		_, err := r.Propose(cctx, []byte(k+"="+v))
 		cancel()
 		if err == nil {
-			c.last = target
+			c.last.Store(target)
 			return nil
 		}
 		var nl *NotLeaderError
