@@ -22,8 +22,11 @@ type Config struct {
 	// ElectionTicks-LeaseDriftTicks ticks after the heartbeat a majority acknowledged.
 	// Set it to ElectionTicks (or more) to disable lease reads (read-index only).
 	LeaseDriftTicks int
-	// MaxBatch caps the entries in one Accept, Promise or catch-up message.
+	// MaxBatch caps the entries in one Accept or catch-up message.
 	MaxBatch int
+	// MaxBatchBytes caps the data bytes in one Accept or catch-up message (a single larger
+	// entry still goes alone); keep it well under the transport's frame limit.
+	MaxBatchBytes int
 	// Seed seeds the election timeout randomization (deterministic for a given seed).
 	Seed int64
 }
@@ -39,6 +42,7 @@ func DefaultConfig(id uint64, peers []uint64) Config {
 		HeartbeatTicks:  1,
 		LeaseDriftTicks: 2,
 		MaxBatch:        4096,
+		MaxBatchBytes:   8 << 20,
 		Seed:            int64(id),
 	}
 }
@@ -72,6 +76,9 @@ func (c Config) Validate() error {
 	}
 	if c.LeaseDriftTicks < 0 {
 		return fmt.Errorf("%w: LeaseDriftTicks %d < 0", ErrInvalidConfig, c.LeaseDriftTicks)
+	}
+	if c.MaxBatchBytes < 1 {
+		return fmt.Errorf("%w: MaxBatchBytes %d < 1", ErrInvalidConfig, c.MaxBatchBytes)
 	}
 	if c.MaxBatch < 1 {
 		return fmt.Errorf("%w: MaxBatch %d < 1", ErrInvalidConfig, c.MaxBatch)

@@ -434,8 +434,12 @@ func (n *Node) broadcastHeartbeat() {
 	var acked uint64
 	if st := n.entry(n.commit + 1); st != nil && !st.chosen && n.now-st.sentAt >= uint64(max(2*n.cfg.HeartbeatTicks, n.cfg.ElectionTicks/2)) {
 		acked = st.acks
+		size := 0
 		for s := n.commit + 1; s < n.nextSlot && len(resend) < n.cfg.MaxBatch; s++ {
 			st := n.entry(s)
+			if size += len(st.e.Data); size > n.cfg.MaxBatchBytes && len(resend) > 0 {
+				break
+			}
 			st.sentAt = n.now
 			resend = append(resend, st.e)
 		}
@@ -675,8 +679,14 @@ func (n *Node) maybeCatchUp(peer, peerCommit uint64) {
 	}
 	to := min(n.commit, peerCommit+uint64(n.cfg.MaxBatch))
 	ents := make([]Entry, 0, to-peerCommit)
+	size := 0
 	for s := peerCommit + 1; s <= to; s++ {
-		ents = append(ents, n.entry(s).e)
+		e := n.entry(s).e
+		if size += len(e.Data); size > n.cfg.MaxBatchBytes && len(ents) > 0 {
+			to = s - 1
+			break
+		}
+		ents = append(ents, e)
 	}
 	n.catchupTo[peer] = to
 	n.catchupAt[peer] = n.now
@@ -753,11 +763,17 @@ func (n *Node) flushAccepts() {
 	n.seqTick[n.hbSeq] = n.now
 	n.hbElapsed = 0
 	runs := [][]Entry{}
-	start := 0
+	start, size := 0, len(n.unsent[0].Data)
 	for i := 1; i <= len(n.unsent); i++ {
-		if i == len(n.unsent) || n.unsent[i].Slot != n.unsent[i-1].Slot+1 || i-start >= n.cfg.MaxBatch {
+		if i < len(n.unsent) {
+			size += len(n.unsent[i].Data)
+		}
+		if i == len(n.unsent) || n.unsent[i].Slot != n.unsent[i-1].Slot+1 || i-start >= n.cfg.MaxBatch || size > n.cfg.MaxBatchBytes {
 			runs = append(runs, n.unsent[start:i])
 			start = i
+			if i < len(n.unsent) {
+				size = len(n.unsent[i].Data)
+			}
 		}
 	}
 	for _, p := range n.peers {

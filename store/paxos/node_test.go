@@ -242,3 +242,31 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestAcceptBatchesSplitByBytes(t *testing.T) {
+	h := newHarness(t, 3, nil)
+	for _, n := range h.nodes {
+		n.cfg.MaxBatchBytes = 100
+	}
+	h.elect(1)
+	for i := 0; i < 10; i++ {
+		if _, _, err := h.nodes[1].Propose(make([]byte, 40)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rd := h.nodes[1].Ready()
+	if len(rd.SendFirst) != 10 {
+		t.Fatalf("want 5 runs of 2 entries to each of 2 peers, got %d messages", len(rd.SendFirst))
+	}
+	for _, m := range rd.SendFirst {
+		if len(m.Entries) != 2 || m.Entries[1].Slot != m.Entries[0].Slot+1 {
+			t.Fatalf("run %+v", m.Entries)
+		}
+		h.nodes[m.To].Step(m)
+	}
+	h.nodes[1].Advance()
+	h.settle()
+	if h.nodes[1].commit != 11 {
+		t.Fatalf("commit %d, want 11", h.nodes[1].commit)
+	}
+}
