@@ -103,7 +103,6 @@ type Node struct {
 
 	// output
 	snapshot     *SnapshotData
-	persisting   []Entry // handed out by Ready, acknowledged by Advance
 	sendFirst    []Message
 	hsDirty      bool
 	persist      []Entry
@@ -327,12 +326,13 @@ func (n *Node) acceptOwn(e Entry) {
 	n.unsent = append(n.unsent, e)
 }
 
-// Advance tells the node that the last Ready's entries are durable: the leader now
-// counts its own acceptance of them. Call it after persisting, before the next Ready.
-func (n *Node) Advance() {
+// Advance tells the node that rd's entries are durable: the leader now counts its own
+// acceptance of them. Call it once per Ready, after persisting it; Readies may be handed
+// out before earlier ones are durable, as long as they are persisted and advanced in order.
+func (n *Node) Advance(rd Ready) {
 	if n.role == Leader {
 		bit := uint64(1) << uint(n.pidx[n.cfg.ID])
-		for _, e := range n.persisting {
+		for _, e := range rd.Entries {
 			st := n.entry(e.Slot)
 			if st == nil || st.chosen || st.e.Ballot != n.promised || e.Ballot != n.promised {
 				continue
@@ -344,7 +344,6 @@ func (n *Node) Advance() {
 		}
 		n.maybeCommit()
 	}
-	n.persisting = nil
 }
 
 func (n *Node) stepDown(leaderHint uint64) {
@@ -727,7 +726,6 @@ func (n *Node) Ready() Ready {
 		}
 		n.forceHB = false
 	}
-	n.persisting = append(n.persisting, n.persist...)
 	rd := Ready{
 		HardState:   HardState{Promised: n.promised, Commit: n.commit, Snapshot: n.snap},
 		Entries:     n.persist,

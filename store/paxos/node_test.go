@@ -46,7 +46,7 @@ func (h *harness) settle() {
 				rd := n.Ready()
 				msgs = append(msgs, rd.SendFirst...)
 				msgs = append(msgs, rd.Messages...)
-				n.Advance()
+				n.Advance(rd)
 				h.log[id] = append(h.log[id], rd.Committed...)
 			}
 		}
@@ -144,7 +144,7 @@ func TestElectionAndBatching(t *testing.T) {
 	for _, m := range rd.SendFirst {
 		h.nodes[m.To].Step(m)
 	}
-	h.nodes[l].Advance()
+	h.nodes[l].Advance(rd)
 	h.settle()
 	h.tick(2)
 	for _, id := range h.ids {
@@ -264,7 +264,7 @@ func TestAcceptBatchesSplitByBytes(t *testing.T) {
 		}
 		h.nodes[m.To].Step(m)
 	}
-	h.nodes[1].Advance()
+	h.nodes[1].Advance(rd)
 	h.settle()
 	if h.nodes[1].commit != 11 {
 		t.Fatalf("commit %d, want 11", h.nodes[1].commit)

@@ -101,6 +101,13 @@ type Replica struct {
 	stop  chan struct{}
 	done  chan struct{}
 
+	// The WAL writer goroutine: Readies queue in order; each turn merges everything queued
+	// into one record and one fsync, then hands the batch back to the loop.
+	saveq      chan *saveJob
+	saved      chan []*saveJob
+	writerDone chan struct{}
+	inflight   int // loop-owned: jobs queued and not yet finished
+
 	mu     sync.Mutex
 	status Status
 	err    error
@@ -145,18 +152,120 @@ func StartReplica(cfg ReplicaConfig, st Storage, tr Transport, sm StateMachine) 
 	r := &Replica{
 		cfg: cfg, log: cfg.Logger.Named("paxos").With(zap.Uint64("replica", cfg.Node.ID)),
 		node: n, st: st, tr: tr, sm: sm,
-		props:    make(chan *proposal, cfg.MaxDrain),
-		reads:    make(chan *readReq, 1024),
-		stop:     make(chan struct{}),
-		done:     make(chan struct{}),
-		waiting:  map[uint64]*proposal{},
-		readWait: map[uint64]*readReq{},
-		snap:     snap,
+		props:      make(chan *proposal, cfg.MaxDrain),
+		reads:      make(chan *readReq, 1024),
+		stop:       make(chan struct{}),
+		done:       make(chan struct{}),
+		saveq:      make(chan *saveJob, 4096),
+		saved:      make(chan []*saveJob, 64),
+		writerDone: make(chan struct{}),
+		waiting:    map[uint64]*proposal{},
+		readWait:   map[uint64]*readReq{},
+		snap:       snap,
 	}
 	r.status = n.Status()
 	r.log.Info("replica started", zap.Uint64("promised", hs.Promised), zap.Uint64("commit", hs.Commit), zap.Int("entries", len(ents)))
+	go r.writer()
 	go r.run()
 	return r, nil
+}
+
+type saveJob struct {
+	rd  Ready
+	err error
+}
+
+// writer persists queued Readies in order, merging all that are queued into one record
+// (the hard state only grows, so the last one stands for all) and one fsync.
+func (r *Replica) writer() {
+	defer close(r.writerDone)
+	for {
+		var job *saveJob
+		select {
+		case job = <-r.saveq:
+		case <-r.stop:
+			return
+		}
+		batch := []*saveJob{job}
+	more:
+		for len(batch) < 4096 {
+			select {
+			case j := <-r.saveq:
+				batch = append(batch, j)
+			default:
+				break more
+			}
+		}
+		var ents []Entry
+		must := false
+		for _, j := range batch {
+			if j.rd.MustPersist {
+				must = true
+				ents = append(ents, j.rd.Entries...)
+			}
+		}
+		var err error
+		if must {
+			err = r.st.Save(batch[len(batch)-1].rd.HardState, ents)
+		}
+		for _, j := range batch {
+			j.err = err
+		}
+		select {
+		case r.saved <- batch:
+		case <-r.stop:
+			return
+		}
+	}
+}
+
+// finishSaves sends what waited for a write and lets the node count it.
+func (r *Replica) finishSaves(batch []*saveJob) error {
+	for _, j := range batch {
+		r.inflight--
+		if j.err != nil {
+			return j.err
+		}
+		r.sendAll(j.rd.Messages)
+		r.node.Advance(j.rd)
+	}
+	return nil
+}
+
+// enqueueSave queues a write; while the queue is full it finishes completed writes, so
+// the loop and the writer never wait on each other.
+func (r *Replica) enqueueSave(j *saveJob) error {
+	for {
+		select {
+		case r.saveq <- j:
+			return nil
+		case b := <-r.saved:
+			if err := r.finishSaves(b); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (r *Replica) waitSaves() error {
+	for r.inflight > 0 {
+		if err := r.finishSaves(<-r.saved); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *Replica) sendAll(msgs []Message) {
+	for _, m := range msgs {
+		if m.Type == MsgSnapshot {
+			if m.Slot != r.snap.Slot {
+				continue
+			}
+			m.Snapshot = r.snap.Data
+		}
+		r.tr.Send(m)
+	}
 }
 
 // Status returns the replica's latest state.
@@ -181,6 +290,7 @@ func (r *Replica) Close() error {
 		close(r.stop)
 	}
 	<-r.done
+	<-r.writerDone
 	return r.st.Close()
 }
 
@@ -283,17 +393,28 @@ func (r *Replica) run() {
 			r.propose(p)
 		case q := <-r.reads:
 			r.read(q)
+		case batch := <-r.saved:
+			if err := r.finishSaves(batch); err != nil {
+				r.fatal(err)
+				return
+			}
 		}
 		r.drain(recv)
 		if err := r.handleReady(); err != nil {
-			r.log.Error("replica stopped: storage failed", zap.Error(err))
-			r.mu.Lock()
-			r.err = err
-			r.mu.Unlock()
-			r.failAll(err)
+			r.fatal(err)
 			return
 		}
 	}
+}
+
+// fatal stops the replica after a storage failure: a replica that cannot persist must
+// not answer (it would acknowledge what it may forget).
+func (r *Replica) fatal(err error) {
+	r.log.Error("replica stopped: storage failed", zap.Error(err))
+	r.mu.Lock()
+	r.err = err
+	r.mu.Unlock()
+	r.failAll(err)
 }
 
 // drain takes in everything already queued so one WAL write covers it (group commit).
@@ -339,25 +460,23 @@ func (r *Replica) handleReady() error {
 			r.tr.Send(m)
 		}
 		if rd.Snapshot != nil {
+			if err := r.waitSaves(); err != nil {
+				return err
+			}
 			if err := r.installSnapshot(*rd.Snapshot); err != nil {
 				return err
 			}
 		}
-		if rd.MustPersist {
-			if err := r.st.Save(rd.HardState, rd.Entries); err != nil {
+		if rd.MustPersist || (r.inflight > 0 && len(rd.Messages) > 0) {
+			// Messages wait for the write (and for earlier writes: order is kept).
+			r.inflight++
+			if err := r.enqueueSave(&saveJob{rd: rd}); err != nil {
 				return err
 			}
+		} else {
+			r.sendAll(rd.Messages)
+			r.node.Advance(rd)
 		}
-		for _, m := range rd.Messages {
-			if m.Type == MsgSnapshot {
-				if m.Slot != r.snap.Slot {
-					continue
-				}
-				m.Snapshot = r.snap.Data
-			}
-			r.tr.Send(m)
-		}
-		r.node.Advance()
 		for _, e := range rd.Committed {
 			var out []byte
 			if e.Type == EntryNormal {
@@ -438,6 +557,9 @@ func (r *Replica) maybeSnapshot() error {
 	applied := r.node.Status().Applied
 	if applied < r.snap.Slot+r.cfg.SnapshotEvery {
 		return nil
+	}
+	if err := r.waitSaves(); err != nil { // the storage is the writer's while it works
+		return err
 	}
 	data, slot, err := ss.Snapshot()
 	if err != nil {

@@ -294,7 +294,7 @@ func (s *sim) process(sn *simNode) {
 			}
 			s.enqueue(m)
 		}
-		sn.node.Advance()
+		sn.node.Advance(rd)
 		for _, e := range rd.Committed {
 			if prev, ok := s.chosen[e.Slot]; ok {
 				if prev.Type != e.Type || !bytes.Equal(prev.Data, e.Data) {

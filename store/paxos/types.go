@@ -141,8 +141,9 @@ type HardState struct {
 }
 
 // Ready is one batch of work handed out by Node.Ready. The driver may send SendFirst at
-// once; it must persist HardState and Entries (fsync per policy) BEFORE sending Messages,
-// then call Node.Advance, then apply Committed in order.
+// once and may apply Committed at once (those values are chosen by a durable majority);
+// it must persist HardState and Entries (fsync per policy) BEFORE sending Messages, and
+// then call Node.Advance(rd). Readies are persisted and advanced in the order handed out.
 type Ready struct {
 	// HardState to persist when MustPersist.
 	HardState HardState
