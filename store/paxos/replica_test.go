@@ -354,3 +354,46 @@ func TestReplicaSnapshotCompactionAndCatchUp(t *testing.T) {
 		}
 	}
 }
+
+func TestReplicaStopsOnDiskFailure(t *testing.T) {
+	net := NewMemNetwork(1)
+	ids := []uint64{1, 2, 3}
+	stores := map[uint64]*MemStorage{}
+	reps := map[uint64]*Replica{}
+	for _, id := range ids {
+		stores[id] = &MemStorage{}
+		cfg := DefaultReplicaConfig(id, ids)
+		cfg.TickInterval = 2 * time.Millisecond
+		cfg.Logger = zaptest.NewLogger(t)
+		r, err := StartReplica(cfg, stores[id], net.Transport(id), &testSM{data: map[string]string{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reps[id] = r
+		defer r.Close()
+	}
+	c := &testCluster{t: t, ids: ids, reps: reps}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.put(ctx, "a", "1"); err != nil {
+		t.Fatal(err)
+	}
+	l := c.leader(ctx)
+	stores[l].mu.Lock()
+	stores[l].FailWrites = true
+	stores[l].mu.Unlock()
+	// The leader's next write fails: it stops rather than answer, and the others go on.
+	if err := c.put(ctx, "b", "2"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for reps[l].Err() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("leader with a failing disk kept running")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := reps[l].Propose(ctx, []byte("c=3")); !errors.Is(err, ErrStopped) {
+		t.Fatalf("propose on stopped replica: %v", err)
+	}
+}
