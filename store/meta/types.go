@@ -36,15 +36,17 @@ const (
 	TableCheckpoints Table = "checkpoints/"
 )
 
-// Tables lists every table.
-var Tables = []Table{TableNodes, TableJobs, TableGangs, TablePlacements, TableActors, TableObjects, TableCheckpoints}
+// AllTables lists every table.
+func AllTables() []Table {
+	return []Table{TableNodes, TableJobs, TableGangs, TablePlacements, TableActors, TableObjects, TableCheckpoints}
+}
 
 // Key returns the key of id in the table.
 func (t Table) Key(id string) string { return string(t) + id }
 
 // OfKey returns the table a key belongs to and whether it is a known table.
 func OfKey(key string) (Table, bool) {
-	for _, t := range Tables {
+	for _, t := range AllTables() {
 		if strings.HasPrefix(key, string(t)) {
 			return t, true
 		}

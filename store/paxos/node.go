@@ -34,12 +34,19 @@ func (r Role) String() string {
 
 // Status is a snapshot of a Node's state for callers and tests.
 type Status struct {
-	ID       uint64
-	Role     Role
-	Leader   uint64
+	// ID is the replica id.
+	ID uint64
+	// Role is follower, candidate or leader.
+	Role Role
+	// Leader is the leader hint (0 when unknown).
+	Leader uint64
+	// Promised is the highest ballot promised.
 	Promised uint64
-	Commit   uint64
-	Applied  uint64
+	// Commit is the highest slot with every slot up to it chosen.
+	Commit uint64
+	// Applied is the highest slot handed out for applying.
+	Applied uint64
+	// NextSlot is the leader's next free slot (0 on a replica that never led).
 	NextSlot uint64
 }
 

@@ -57,10 +57,14 @@ const (
 
 // Entry is a value in one log slot, accepted at Ballot.
 type Entry struct {
-	Slot   uint64
+	// Slot is the log position (from 1).
+	Slot uint64
+	// Ballot is the ballot at which this acceptor accepted the value.
 	Ballot uint64
-	Type   EntryType
-	Data   []byte
+	// Type says whether Data is application data or a no-op.
+	Type EntryType
+	// Data is the proposed value (the state machine command).
+	Data []byte
 }
 
 // MsgType is the kind of a Message.
@@ -106,16 +110,26 @@ func (t MsgType) String() string {
 
 // Message is a Paxos message between replicas.
 type Message struct {
-	Type     MsgType
+	// Type is the message kind; the other fields' meaning is given per MsgType.
+	Type MsgType
+	// From and To are replica ids.
 	From, To uint64
-	Ballot   uint64
-	Slot     uint64
-	Last     uint64
-	Commit   uint64
-	Entries  []Entry
-	Reject   bool
+	// Ballot is the sender's ballot (or the ballot a reply answers).
+	Ballot uint64
+	// Slot is the first slot concerned (Prepare, Accepted, Snapshot).
+	Slot uint64
+	// Last is the last slot acknowledged (Accepted) or the acceptor's compaction point (Promise).
+	Last uint64
+	// Commit is the sender's commit index.
+	Commit uint64
+	// Entries are accepted (Promise), proposed (Accept) or chosen (Chosen) values.
+	Entries []Entry
+	// Reject marks a refused Prepare or Accept; Promised then names the higher ballot.
+	Reject bool
+	// Promised is the acceptor's promised ballot on a rejection.
 	Promised uint64
-	Seq      uint64
+	// Seq is the leader's heartbeat sequence (leases, read-index), echoed by Accepted.
+	Seq uint64
 	// KnownCommit, on an Accepted, echoes the commit index of the message it answers: an
 	// acceptor whose Commit stays below it lacks chosen values and needs catch-up.
 	KnownCommit uint64
