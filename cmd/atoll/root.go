@@ -16,12 +16,14 @@ func newRootCmd() *cobra.Command {
 	}
 	bench.AddCommand(
 		newBenchActorsCmd(),
+		newBenchMetaCmd(),
 		newBenchStoreCmd(),
 		newBenchTopologyCmd(),
 	)
 	root.AddCommand(
 		bench,
 		newDemoCmd(),
+		newHeadCmd(),
 		newStoreServeCmd(),
 		newTopologyCmd(),
 	)

@@ -1,3 +1,32 @@
 // Package paxos is Multi-Paxos as a pure state machine, shaped like etcd raft's RawNode:
 // messages and ticks in, a Ready batch (what to persist, send and apply) out.
+//
+// The core (Node) does no I/O and starts no goroutines. A replica that times out runs
+// phase 1 once with a ballot (round<<16 | id) for every slot above its commit index,
+// re-proposes the highest-ballot value it learns for each open slot (a no-op fills a
+// hole), appends a no-op to mark its start, and from then on runs phase 2 only: proposals
+// are batched into one Accept per peer per Ready and pipelined without waiting. A leader
+// counts its own acceptance once its write is durable (Advance), so its Accepts go out
+// before its own fsync. Followers refuse to promise a rival for ElectionTicks after hearing
+// the leader (and for ElectionTicks after a restart), which makes the leader lease safe;
+// reads are served under the lease (with a clock-drift allowance) or after a read-index
+// heartbeat round. Lagging or restarted replicas are caught up with chosen values.
+//
+// Around the core: Storage (WAL on tidwall/wal, MemStorage), Transport (TCPTransport with
+// length-prefixed protobuf frames and HMAC token authentication, MemNetwork with faults),
+// and Replica, the driver with group commit.
+//
+// Starting three in-process replicas with WALs in a temporary directory:
+//
+//	net := paxos.NewMemNetwork(1) // or paxos.NewTCPTransport per replica
+//	ids := []uint64{1, 2, 3}
+//	for _, id := range ids {
+//		w, _ := paxos.OpenWAL(filepath.Join(dir, fmt.Sprint(id)), paxos.WALOptions{})
+//		r, _ := paxos.StartReplica(paxos.DefaultReplicaConfig(id, ids), w, net.Transport(id), mySM)
+//		defer r.Close()
+//	}
+//	result, err := r.Propose(ctx, cmd) // *NotLeaderError on a follower: retry at err.Leader
+//	err = r.Read(ctx)                  // then read mySM: linearizable
+//
+// store/meta.StartCluster does exactly this with the metadata state machine.
 package paxos

@@ -1,0 +1,215 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/atoll-run/atoll/store/meta"
+)
+
+func freePorts(t *testing.T, n int) []string {
+	var lns []net.Listener
+	var out []string
+	for i := 0; i < n; i++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		out = append(out, ln.Addr().String())
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	return out
+}
+
+type headProc struct {
+	cmd *exec.Cmd
+	id  int
+}
+
+func startHead(t *testing.T, bin string, id int, peers, clientAddr, dir, token string) *headProc {
+	t.Helper()
+	cmd := exec.Command(bin, "head", "--id", fmt.Sprint(id), "--peers", peers, "--client-listen", clientAddr,
+		"--data-dir", filepath.Join(dir, fmt.Sprint(id)), "--tick", "5ms")
+	cmd.Env = append(os.Environ(), "ATOLL_TOKEN="+token)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("head-%d-%d.log", id, time.Now().UnixNano())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "client-api http://") {
+		t.Fatalf("head %d first line %q: %v", id, line, err)
+	}
+	return &headProc{cmd: cmd, id: id}
+}
+
+func headStatus(addr, token string) (map[string]any, error) {
+	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/status", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	c := &http.Client{Timeout: time.Second}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var st map[string]any
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+// TestHeadProcessesSurviveLeaderKill runs three real `atoll head` processes on loopback,
+// writes, SIGKILLs the leader, restarts it, and checks every acknowledged write survives.
+func TestHeadProcessesSurviveLeaderKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the atoll binary and runs real processes")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "atoll")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatalf("go build: %v", err)
+	}
+	const token = "real-process-test-token"
+	addrs := freePorts(t, 6)
+	peerAddrs, clientAddrs := addrs[:3], addrs[3:]
+	var ps []string
+	for i, a := range peerAddrs {
+		ps = append(ps, fmt.Sprintf("%d=%s", i+1, a))
+	}
+	peers := strings.Join(ps, ",")
+	procs := map[int]*headProc{}
+	for id := 1; id <= 3; id++ {
+		procs[id] = startHead(t, bin, id, peers, clientAddrs[id-1], dir, token)
+	}
+	defer func() {
+		for _, p := range procs {
+			p.cmd.Process.Kill()
+			p.cmd.Wait()
+		}
+	}()
+	conns := map[uint64]meta.Conn{}
+	for id := 1; id <= 3; id++ {
+		conns[uint64(id)] = meta.HTTPConn{BaseURL: "http://" + clientAddrs[id-1], Token: token}
+	}
+	cfg := meta.DefaultClientConfig()
+	cfg.AttemptTimeout = time.Second
+	client, err := meta.NewClient(cfg, conns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	var mu sync.Mutex
+	acked := map[string]string{}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			k, v := fmt.Sprintf("jobs/w%d", i), fmt.Sprintf("value-%d", i)
+			wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
+			_, err := client.Put(wctx, k, []byte(v))
+			wcancel()
+			if err == nil {
+				mu.Lock()
+				acked[k] = v
+				mu.Unlock()
+			}
+		}
+	}()
+	waitAcked := func(n int) {
+		for {
+			mu.Lock()
+			got := len(acked)
+			mu.Unlock()
+			if got >= n {
+				return
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("only %d of %d writes acknowledged", got, n)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitAcked(100)
+	leader := 0
+	for id := 1; id <= 3 && leader == 0; id++ {
+		if st, err := headStatus(clientAddrs[id-1], token); err == nil && st["role"] == "leader" {
+			leader = id
+		}
+	}
+	if leader == 0 {
+		t.Fatal("no leader found")
+	}
+	if err := procs[leader].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	procs[leader].cmd.Wait()
+	mu.Lock()
+	before := len(acked)
+	mu.Unlock()
+	waitAcked(before + 100) // the survivors elect a leader and keep committing
+	procs[leader] = startHead(t, bin, leader, peers, clientAddrs[leader-1], dir, token)
+	waitAcked(before + 200)
+	close(stop)
+	<-done
+
+	mu.Lock()
+	defer mu.Unlock()
+	for k, v := range acked {
+		kv, ok, err := client.Get(ctx, k)
+		if err != nil {
+			t.Fatalf("get %s: %v", k, err)
+		}
+		if !ok || string(kv.Value) != v {
+			t.Fatalf("acknowledged write %s=%s lost (found=%v %q)", k, v, ok, kv.Value)
+		}
+	}
+	// The restarted replica catches up to the same revision.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		revs := map[float64]bool{}
+		for id := 1; id <= 3; id++ {
+			st, err := headStatus(clientAddrs[id-1], token)
+			if err == nil {
+				revs[st["revision"].(float64)] = true
+			}
+		}
+		if len(revs) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replicas at different revisions: %v", revs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("%d acknowledged writes survived killing leader %d", len(acked), leader)
+}

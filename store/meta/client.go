@@ -1,0 +1,292 @@
+package meta
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/store/paxos"
+)
+
+// Conn is the client's view of one replica. Implementations: LocalConn (in process) and
+// HTTPConn (the head's client API). Errors wrapping paxos.ErrNotLeader (ideally a
+// *paxos.NotLeaderError with a hint) make the Client try another replica.
+type Conn interface {
+	// Propose replicates an encoded Request and returns the encoded Response.
+	Propose(ctx context.Context, req []byte) ([]byte, error)
+	// Get reads key linearizably at this replica (which must lead).
+	Get(ctx context.Context, key string) (KeyValue, bool, error)
+	// Range reads every key with the prefix linearizably at this replica.
+	Range(ctx context.Context, prefix string) ([]KeyValue, error)
+}
+
+// LocalConn is a Conn to an in-process replica.
+type LocalConn struct {
+	Replica *paxos.Replica
+	SM      *StateMachine
+}
+
+var _ Conn = LocalConn{}
+
+// Propose implements Conn.
+func (c LocalConn) Propose(ctx context.Context, req []byte) ([]byte, error) {
+	return c.Replica.Propose(ctx, req)
+}
+
+// Get implements Conn.
+func (c LocalConn) Get(ctx context.Context, key string) (KeyValue, bool, error) {
+	if err := c.Replica.Read(ctx); err != nil {
+		return KeyValue{}, false, err
+	}
+	kv, ok := c.SM.Get(key)
+	return kv, ok, nil
+}
+
+// Range implements Conn.
+func (c LocalConn) Range(ctx context.Context, prefix string) ([]KeyValue, error) {
+	if err := c.Replica.Read(ctx); err != nil {
+		return nil, err
+	}
+	return c.SM.Range(prefix), nil
+}
+
+// ClientConfig configures a Client.
+type ClientConfig struct {
+	// ID names the client for request deduplication; random when empty. Two live clients
+	// must never share an ID.
+	ID string
+	// AttemptTimeout bounds one attempt at one replica (default 2 s).
+	AttemptTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the wait between retries (default 2 ms, 100 ms).
+	MinBackoff, MaxBackoff time.Duration
+	// Logger (default zap.NewNop()).
+	Logger *zap.Logger
+}
+
+// DefaultClientConfig returns a config with a random client id.
+func DefaultClientConfig() ClientConfig {
+	return ClientConfig{AttemptTimeout: 2 * time.Second, MinBackoff: 2 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Logger: zap.NewNop()}
+}
+
+// Validate checks the config.
+func (c ClientConfig) Validate() error {
+	if c.AttemptTimeout <= 0 || c.MinBackoff <= 0 || c.MaxBackoff < c.MinBackoff {
+		return fmt.Errorf("meta: client config: AttemptTimeout %v, backoff [%v, %v] must be positive and ordered", c.AttemptTimeout, c.MinBackoff, c.MaxBackoff)
+	}
+	return nil
+}
+
+// Client talks to a replica group: it finds the leader (following redirects), retries
+// transient failures until the ctx deadline, and tags every write with (ID, Seq) so a
+// retried write takes effect at most once. Safe for concurrent use.
+type Client struct {
+	cfg   ClientConfig
+	log   *zap.Logger
+	conns map[uint64]Conn
+	ids   []uint64
+
+	mu       sync.Mutex
+	leader   uint64
+	seq      uint64
+	inflight map[uint64]bool
+}
+
+// NewClient returns a client over the replicas' conns (keyed by replica id).
+func NewClient(cfg ClientConfig, conns map[uint64]Conn) (*Client, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if len(conns) == 0 {
+		return nil, fmt.Errorf("meta: client without replicas: %w", ErrNoReplica)
+	}
+	if cfg.ID == "" {
+		b := make([]byte, 12)
+		rand.Read(b)
+		cfg.ID = hex.EncodeToString(b)
+	}
+	c := &Client{cfg: cfg, log: cfg.Logger.Named("meta-client"), conns: conns, inflight: map[uint64]bool{}}
+	for id := range conns {
+		c.ids = append(c.ids, id)
+	}
+	slices.Sort(c.ids)
+	c.leader = c.ids[0]
+	return c, nil
+}
+
+// do runs fn against the believed leader, following hints and retrying retryable
+// failures with backoff until ctx ends.
+func (c *Client) do(ctx context.Context, fn func(ctx context.Context, conn Conn) error) error {
+	backoff := c.cfg.MinBackoff
+	var last error
+	for attempt := 0; ; attempt++ {
+		c.mu.Lock()
+		target := c.leader
+		c.mu.Unlock()
+		actx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout)
+		err := fn(actx, c.conns[target])
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, ErrBadRequest) || errors.Is(err, ErrStaleRequest) {
+			return err
+		}
+		last = err
+		var nl *paxos.NotLeaderError
+		hinted := false
+		if errors.As(err, &nl) && nl.Leader != 0 && nl.Leader != target {
+			if _, ok := c.conns[nl.Leader]; ok {
+				c.setLeader(target, nl.Leader)
+				hinted = true
+			}
+		}
+		if !hinted {
+			c.setLeader(target, c.ids[(slices.Index(c.ids, target)+1)%len(c.ids)])
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("meta: gave up after %d attempts: %w (last: %v)", attempt+1, ErrNoReplica, last)
+		}
+		if hinted {
+			continue
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("meta: gave up after %d attempts: %w (last: %v)", attempt+1, ErrNoReplica, last)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, c.cfg.MaxBackoff)
+	}
+}
+
+func (c *Client) setLeader(from, to uint64) {
+	c.mu.Lock()
+	if c.leader == from {
+		c.leader = to
+	}
+	c.mu.Unlock()
+}
+
+// Txn applies ops atomically if every compare holds. Response.Succeeded reports the guard.
+func (c *Client) Txn(ctx context.Context, compares []Compare, ops []Op) (Response, error) {
+	req := Request{ClientID: c.cfg.ID, Compares: compares, Ops: ops}
+	if err := (&Request{Ops: ops, Compares: compares}).Validate(); err != nil {
+		return Response{}, err
+	}
+	c.mu.Lock()
+	c.seq++
+	req.Seq = c.seq
+	c.inflight[req.Seq] = true
+	req.AckBelow = req.Seq
+	for s := range c.inflight {
+		req.AckBelow = min(req.AckBelow, s)
+	}
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.inflight, req.Seq)
+		c.mu.Unlock()
+	}()
+	data, err := json.Marshal(&req)
+	if err != nil {
+		return Response{}, fmt.Errorf("meta: encode request: %w", err)
+	}
+	var resp Response
+	err = c.do(ctx, func(ctx context.Context, conn Conn) error {
+		out, err := conn.Propose(ctx, data)
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(out, &resp); err != nil {
+			return fmt.Errorf("meta: decode response %q: %w", out, err)
+		}
+		if resp.Error != "" {
+			return fmt.Errorf("meta: request refused: %s: %w", resp.Error, ErrBadRequest)
+		}
+		return nil
+	})
+	return resp, err
+}
+
+// Put writes key and returns the new revision.
+func (c *Client) Put(ctx context.Context, key string, value []byte) (int64, error) {
+	r, err := c.Txn(ctx, nil, []Op{{Type: OpPut, Key: key, Value: value}})
+	return r.Revision, err
+}
+
+// Delete removes key and returns the new revision.
+func (c *Client) Delete(ctx context.Context, key string) (int64, error) {
+	r, err := c.Txn(ctx, nil, []Op{{Type: OpDelete, Key: key}})
+	return r.Revision, err
+}
+
+// CAS writes key only if its version is version (0: only if absent). It reports whether
+// the write happened.
+func (c *Client) CAS(ctx context.Context, key string, version int64, value []byte) (bool, error) {
+	r, err := c.Txn(ctx, []Compare{{Key: key, Version: version}}, []Op{{Type: OpPut, Key: key, Value: value}})
+	return r.Succeeded, err
+}
+
+// Get reads key linearizably (at the leader).
+func (c *Client) Get(ctx context.Context, key string) (KeyValue, bool, error) {
+	var kv KeyValue
+	var ok bool
+	err := c.do(ctx, func(ctx context.Context, conn Conn) error {
+		var err error
+		kv, ok, err = conn.Get(ctx, key)
+		return err
+	})
+	return kv, ok, err
+}
+
+// Range reads every key with the prefix linearizably.
+func (c *Client) Range(ctx context.Context, prefix string) ([]KeyValue, error) {
+	var out []KeyValue
+	err := c.do(ctx, func(ctx context.Context, conn Conn) error {
+		var err error
+		out, err = conn.Range(ctx, prefix)
+		return err
+	})
+	return out, err
+}
+
+// PutObject records an object's metadata in the objects table.
+func (c *Client) PutObject(ctx context.Context, o Object) error {
+	if o.ID == "" {
+		return fmt.Errorf("%w: object without id", ErrBadRequest)
+	}
+	b, err := json.Marshal(o)
+	if err != nil {
+		return fmt.Errorf("meta: encode object %q: %w", o.ID, err)
+	}
+	_, err = c.Put(ctx, TableObjects.Key(o.ID), b)
+	return err
+}
+
+// GetObject reads an object's metadata (ErrNotFound when absent).
+func (c *Client) GetObject(ctx context.Context, id string) (Object, error) {
+	kv, ok, err := c.Get(ctx, TableObjects.Key(id))
+	if err != nil {
+		return Object{}, err
+	}
+	if !ok {
+		return Object{}, fmt.Errorf("meta: object %q: %w", id, ErrNotFound)
+	}
+	var o Object
+	if err := json.Unmarshal(kv.Value, &o); err != nil {
+		return Object{}, fmt.Errorf("meta: decode object %q: %w", id, err)
+	}
+	return o, nil
+}

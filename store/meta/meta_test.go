@@ -1,0 +1,197 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+)
+
+func TestStateMachineTxn(t *testing.T) {
+	sm := NewStateMachine(0)
+	steps := []struct {
+		name    string
+		req     Request
+		wantOK  bool
+		wantRev int64
+		wantErr bool
+	}{
+		{"put", Request{Ops: []Op{{Type: OpPut, Key: "nodes/a", Value: []byte("1")}}}, true, 1, false},
+		{"cas-absent-fails", Request{Compares: []Compare{{Key: "nodes/a", Version: 0}}, Ops: []Op{{Type: OpPut, Key: "nodes/a", Value: []byte("x")}}}, false, 1, false},
+		{"cas-v1", Request{Compares: []Compare{{Key: "nodes/a", Version: 1}}, Ops: []Op{{Type: OpPut, Key: "nodes/a", Value: []byte("2")}}}, true, 2, false},
+		{"multi-key", Request{Compares: []Compare{{Key: "jobs/j", Version: 0}}, Ops: []Op{{Type: OpPut, Key: "jobs/j", Value: []byte("j")}, {Type: OpPut, Key: "gangs/g", Value: []byte("g")}}}, true, 3, false},
+		{"delete", Request{Ops: []Op{{Type: OpDelete, Key: "gangs/g"}}}, true, 4, false},
+		{"dedup-first", Request{ClientID: "c", Seq: 1, Ops: []Op{{Type: OpPut, Key: "objects/o", Value: []byte("1")}}}, true, 5, false},
+		{"dedup-retry", Request{ClientID: "c", Seq: 1, Ops: []Op{{Type: OpPut, Key: "objects/o", Value: []byte("1")}}}, true, 5, false},
+		{"dedup-next-acks", Request{ClientID: "c", Seq: 2, AckBelow: 2, Ops: []Op{{Type: OpPut, Key: "objects/p", Value: []byte("1")}}}, true, 6, false},
+		{"stale", Request{ClientID: "c", Seq: 1, Ops: []Op{{Type: OpPut, Key: "objects/o", Value: []byte("1")}}}, false, 6, true},
+		{"bad-empty-key", Request{Ops: []Op{{Type: OpPut}}}, false, 6, true},
+		{"bad-op", Request{Ops: []Op{{Type: "frob", Key: "k"}}}, false, 6, true},
+	}
+	for _, s := range steps {
+		resp := sm.ApplyRequest(&s.req)
+		if resp.Succeeded != s.wantOK || resp.Revision != s.wantRev || (resp.Error != "") != s.wantErr {
+			t.Fatalf("%s: got %+v, want ok=%v rev=%d err=%v", s.name, resp, s.wantOK, s.wantRev, s.wantErr)
+		}
+	}
+	kv, ok := sm.Get("nodes/a")
+	if !ok || string(kv.Value) != "2" || kv.Version != 2 || kv.CreateRevision != 1 || kv.ModRevision != 2 {
+		t.Fatalf("nodes/a = %+v", kv)
+	}
+	if o, _ := sm.Get("objects/o"); o.Version != 1 {
+		t.Fatalf("deduplicated put applied twice: version %d", o.Version)
+	}
+	if _, ok := sm.Get("gangs/g"); ok {
+		t.Fatal("deleted key present")
+	}
+	// Snapshot and restore give the same state, dedup table included.
+	snap, _, err := sm.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm2 := NewStateMachine(0)
+	if err := sm2.Restore(snap); err != nil {
+		t.Fatal(err)
+	}
+	if sm2.Revision() != 6 || len(sm2.Range("")) != len(sm.Range("")) {
+		t.Fatalf("restored rev %d keys %d", sm2.Revision(), len(sm2.Range("")))
+	}
+	if r := sm2.ApplyRequest(&Request{ClientID: "c", Seq: 2, Ops: []Op{{Type: OpPut, Key: "objects/p"}}}); r.Revision != 6 {
+		t.Fatalf("dedup lost across snapshot: %+v", r)
+	}
+	if err := sm2.Restore([]byte("{garbage")); err == nil {
+		t.Fatal("garbage snapshot accepted")
+	}
+}
+
+func TestWatchOrderedFromRevision(t *testing.T) {
+	sm := NewStateMachine(1000)
+	for i := 0; i < 10; i++ {
+		sm.ApplyRequest(&Request{Ops: []Op{{Type: OpPut, Key: fmt.Sprintf("jobs/%d", i%3), Value: []byte{byte(i)}}}})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ch, err := sm.Watch(ctx, "jobs/", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for i := 10; i < 40; i++ {
+			sm.ApplyRequest(&Request{Ops: []Op{{Type: OpPut, Key: fmt.Sprintf("jobs/%d", i%3)}, {Type: OpPut, Key: "nodes/x"}}})
+		}
+	}()
+	want := int64(5)
+	for ev := range ch {
+		if ev.Revision != want {
+			t.Fatalf("event at revision %d, want %d", ev.Revision, want)
+		}
+		if ev.KV.Key[:5] != "jobs/" {
+			t.Fatalf("event for %q outside the prefix", ev.KV.Key)
+		}
+		want++
+		if want > 40 {
+			break
+		}
+	}
+	if want != 41 {
+		t.Fatalf("watch ended at %d", want)
+	}
+	// History is bounded: an old revision is compacted.
+	small := NewStateMachine(5)
+	for i := 0; i < 10; i++ {
+		small.ApplyRequest(&Request{Ops: []Op{{Type: OpPut, Key: "jobs/x"}}})
+	}
+	if _, err := small.Watch(ctx, "", 1); !errors.Is(err, ErrCompacted) {
+		t.Fatalf("watch from compacted revision: %v", err)
+	}
+}
+
+// flakyConn proposes but then reports a failure, the first time: the client must retry
+// and the state machine must apply the write once.
+type flakyConn struct {
+	Conn
+	mu    sync.Mutex
+	fails int
+}
+
+func (f *flakyConn) Propose(ctx context.Context, req []byte) ([]byte, error) {
+	out, err := f.Conn.Propose(ctx, req)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err == nil && f.fails > 0 {
+		f.fails--
+		return nil, context.DeadlineExceeded
+	}
+	return out, err
+}
+
+func TestClusterClientRetriesOnceEffect(t *testing.T) {
+	cfg := DefaultClusterConfig()
+	cfg.NoSync = true
+	cfg.TickInterval = 2 * time.Millisecond
+	cfg.Logger = zaptest.NewLogger(t)
+	c, err := StartCluster(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l, err := c.WaitLeader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := c.Conns()
+	conns[l] = &flakyConn{Conn: conns[l], fails: 3}
+	cl, err := NewClient(DefaultClientConfig(), conns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The client starts at replica 1: a follower redirects it.
+	for i := 0; i < 5; i++ {
+		if _, err := cl.Put(ctx, "objects/x", []byte(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kv, ok, err := cl.Get(ctx, "objects/x")
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if kv.Version != 5 || string(kv.Value) != "4" {
+		t.Fatalf("after 5 puts with 3 ambiguous failures: version %d value %q", kv.Version, kv.Value)
+	}
+	ok, err = cl.CAS(ctx, "objects/x", 4, []byte("stale"))
+	if err != nil || ok {
+		t.Fatalf("CAS with stale version: ok=%v err=%v", ok, err)
+	}
+	obj := Object{ID: "o1", Size: 128, Fingerprint: "xxh:1", Locations: []string{"n1"}, Owner: "driver", Refcount: 1}
+	if err := cl.PutObject(ctx, obj); err != nil {
+		t.Fatal(err)
+	}
+	got, err := cl.GetObject(ctx, "o1")
+	if err != nil || got.Size != 128 || got.Locations[0] != "n1" {
+		t.Fatalf("object %+v %v", got, err)
+	}
+	if _, err := cl.GetObject(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("missing object: %v", err)
+	}
+	if _, err := cl.Txn(ctx, nil, []Op{{Type: OpPut}}); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("bad txn: %v", err)
+	}
+	// All replicas converge on the same revision.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r1, r2, r3 := c.SMs[1].Revision(), c.SMs[2].Revision(), c.SMs[3].Revision()
+		if r1 == r2 && r2 == r3 && r1 == c.SMs[l].Revision() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("revisions %d %d %d", r1, r2, r3)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,288 @@
+package meta
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/atoll-run/atoll/store/paxos"
+)
+
+// DefaultHistoryLimit is how many watch events a StateMachine keeps by default.
+const DefaultHistoryLimit = 100000
+
+type clientState struct {
+	AckBelow uint64              `json:"ack"`
+	Answers  map[uint64]Response `json:"answers"`
+}
+
+// StateMachine is the metadata state machine (a paxos.StateMachine): versioned keys,
+// transactions with compare guards, per-client request deduplication, ordered watch
+// history and whole-state snapshots. Apply is called by the paxos replica; the read
+// methods are safe for concurrent use (linearizable after paxos.Replica.Read returns).
+type StateMachine struct {
+	mu       sync.Mutex
+	cond     *sync.Cond
+	kv       map[string]*KeyValue
+	revision int64
+	applied  uint64
+	clients  map[string]*clientState
+	history  []Event // events with Revision > compacted, in order
+	compact  int64   // revisions <= compact are no longer in history
+	limit    int
+}
+
+var _ paxos.StateMachine = (*StateMachine)(nil)
+
+// NewStateMachine returns an empty state machine keeping historyLimit watch events
+// (DefaultHistoryLimit when <= 0).
+func NewStateMachine(historyLimit int) *StateMachine {
+	if historyLimit <= 0 {
+		historyLimit = DefaultHistoryLimit
+	}
+	s := &StateMachine{kv: map[string]*KeyValue{}, clients: map[string]*clientState{}, limit: historyLimit}
+	s.cond = sync.NewCond(&s.mu)
+	return s
+}
+
+// Apply implements paxos.StateMachine: it decodes a Request, applies it and returns the
+// JSON Response.
+func (s *StateMachine) Apply(slot uint64, data []byte) []byte {
+	var req Request
+	var resp Response
+	if err := json.Unmarshal(data, &req); err != nil {
+		resp = Response{Error: fmt.Sprintf("%v: slot %d: %v", ErrBadRequest, slot, err)}
+	} else {
+		resp = s.ApplyRequest(&req)
+	}
+	s.mu.Lock()
+	s.applied = slot
+	s.mu.Unlock()
+	out, _ := json.Marshal(resp)
+	return out
+}
+
+// ApplyRequest applies one request (exported for tests and tools that drive the state
+// machine without a log).
+func (s *StateMachine) ApplyRequest(req *Request) Response {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := req.Validate(); err != nil {
+		return Response{Revision: s.revision, Error: err.Error()}
+	}
+	var cs *clientState
+	if req.ClientID != "" {
+		cs = s.clients[req.ClientID]
+		if cs == nil {
+			cs = &clientState{Answers: map[uint64]Response{}}
+			s.clients[req.ClientID] = cs
+		}
+		if prev, ok := cs.Answers[req.Seq]; ok {
+			return prev
+		}
+		if req.Seq < cs.AckBelow {
+			return Response{Revision: s.revision, Error: fmt.Sprintf("%v: client %q seq %d < %d", ErrStaleRequest, req.ClientID, req.Seq, cs.AckBelow)}
+		}
+	}
+	resp := s.applyTxn(req)
+	if cs != nil {
+		cs.Answers[req.Seq] = resp
+		if req.AckBelow > cs.AckBelow {
+			cs.AckBelow = req.AckBelow
+			for q := range cs.Answers {
+				if q < cs.AckBelow {
+					delete(cs.Answers, q)
+				}
+			}
+		}
+	}
+	return resp
+}
+
+func (s *StateMachine) applyTxn(req *Request) Response {
+	for _, c := range req.Compares {
+		var ver int64
+		if kv := s.kv[c.Key]; kv != nil {
+			ver = kv.Version
+		}
+		if ver != c.Version {
+			return Response{Succeeded: false, Revision: s.revision}
+		}
+	}
+	s.revision++
+	rev := s.revision
+	for _, op := range req.Ops {
+		switch op.Type {
+		case OpPut:
+			kv := s.kv[op.Key]
+			if kv == nil {
+				kv = &KeyValue{Key: op.Key, CreateRevision: rev}
+				s.kv[op.Key] = kv
+			}
+			kv.Value = append([]byte(nil), op.Value...)
+			kv.ModRevision = rev
+			kv.Version++
+			s.history = append(s.history, Event{Type: EventPut, Revision: rev, KV: *kv})
+		case OpDelete:
+			kv := s.kv[op.Key]
+			if kv == nil {
+				continue
+			}
+			delete(s.kv, op.Key)
+			s.history = append(s.history, Event{Type: EventDelete, Revision: rev, KV: KeyValue{Key: op.Key, ModRevision: rev}})
+		}
+	}
+	if over := len(s.history) - s.limit; over > 0 {
+		// Drop whole revisions only, so a watcher never sees half a transaction.
+		cut := s.history[over-1].Revision
+		i := over
+		for i < len(s.history) && s.history[i].Revision == cut {
+			i++
+		}
+		s.compact = cut
+		s.history = append([]Event(nil), s.history[i:]...)
+	}
+	s.cond.Broadcast()
+	return Response{Succeeded: true, Revision: rev}
+}
+
+// Get returns the key's current value and whether it exists.
+func (s *StateMachine) Get(key string) (KeyValue, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kv := s.kv[key]
+	if kv == nil {
+		return KeyValue{}, false
+	}
+	out := *kv
+	out.Value = append([]byte(nil), kv.Value...)
+	return out, true
+}
+
+// Range returns every key with the prefix, sorted by key.
+func (s *StateMachine) Range(prefix string) []KeyValue {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []KeyValue
+	for k, kv := range s.kv {
+		if strings.HasPrefix(k, prefix) {
+			c := *kv
+			c.Value = append([]byte(nil), kv.Value...)
+			out = append(out, c)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
+}
+
+// Revision returns the current store revision.
+func (s *StateMachine) Revision() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.revision
+}
+
+// Watch streams, in order, every event with Revision > fromRev whose key has the prefix,
+// until ctx ends (the channel is then closed). It fails with ErrCompacted when events
+// after fromRev are no longer retained. A slow reader only delays itself; if it falls so
+// far behind that its next events were dropped from the bounded history, the channel is
+// closed early, and a new Watch from the last revision seen reports ErrCompacted.
+func (s *StateMachine) Watch(ctx context.Context, prefix string, fromRev int64) (<-chan Event, error) {
+	s.mu.Lock()
+	if fromRev < s.compact {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("meta: watch from revision %d (history starts after %d): %w", fromRev, s.compact, ErrCompacted)
+	}
+	s.mu.Unlock()
+	ch := make(chan Event, 256)
+	stop := context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})
+	go func() {
+		defer close(ch)
+		defer stop()
+		next := fromRev
+		for {
+			s.mu.Lock()
+			for ctx.Err() == nil && s.revision <= next {
+				s.cond.Wait()
+			}
+			if ctx.Err() != nil {
+				s.mu.Unlock()
+				return
+			}
+			if next < s.compact {
+				s.mu.Unlock()
+				return // fell behind the retained history: the channel closes
+			}
+			i := sort.Search(len(s.history), func(i int) bool { return s.history[i].Revision > next })
+			batch := append([]Event(nil), s.history[i:]...)
+			next = s.revision
+			s.mu.Unlock()
+			for _, ev := range batch {
+				if !strings.HasPrefix(ev.KV.Key, prefix) {
+					continue
+				}
+				select {
+				case ch <- ev:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return ch, nil
+}
+
+type snapshot struct {
+	Revision int64                   `json:"rev"`
+	Applied  uint64                  `json:"applied"`
+	KV       []KeyValue              `json:"kv"`
+	Clients  map[string]*clientState `json:"clients"`
+}
+
+// Snapshot returns the whole state (keys, revision, dedup table) as bytes, and the last
+// applied log slot it covers.
+func (s *StateMachine) Snapshot() ([]byte, uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	snap := snapshot{Revision: s.revision, Applied: s.applied, Clients: s.clients}
+	for _, kv := range s.kv {
+		snap.KV = append(snap.KV, *kv)
+	}
+	sort.Slice(snap.KV, func(i, j int) bool { return snap.KV[i].Key < snap.KV[j].Key })
+	b, err := json.Marshal(snap)
+	if err != nil {
+		return nil, 0, fmt.Errorf("meta: snapshot encode: %w", err)
+	}
+	return b, s.applied, nil
+}
+
+// Restore replaces the state with a snapshot taken by Snapshot. The watch history
+// restarts at the snapshot's revision.
+func (s *StateMachine) Restore(b []byte) error {
+	var snap snapshot
+	if err := json.Unmarshal(b, &snap); err != nil {
+		return fmt.Errorf("meta: restore snapshot of %d bytes: %w", len(b), err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.kv = map[string]*KeyValue{}
+	for i := range snap.KV {
+		kv := snap.KV[i]
+		s.kv[kv.Key] = &kv
+	}
+	s.revision, s.applied, s.compact = snap.Revision, snap.Applied, snap.Revision
+	s.clients = snap.Clients
+	if s.clients == nil {
+		s.clients = map[string]*clientState{}
+	}
+	s.history = nil
+	s.cond.Broadcast()
+	return nil
+}

@@ -1,0 +1,87 @@
+package paxos
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Config configures the pure core (Node).
+type Config struct {
+	// ID is this replica's id: non-zero, below 2^16, unique in Peers.
+	ID uint64
+	// Peers lists every replica id of the group, this one included.
+	Peers []uint64
+	// ElectionTicks is the minimum number of ticks without hearing from a leader before a
+	// follower campaigns (the timeout is randomized in [ElectionTicks, 2*ElectionTicks)).
+	// It is also how long a follower refuses to promise a rival after hearing the leader,
+	// which is what makes the leader lease safe.
+	ElectionTicks int
+	// HeartbeatTicks is how often the leader sends an empty Accept carrying the commit index.
+	HeartbeatTicks int
+	// LeaseDriftTicks is the clock-drift bound: the leader trusts its lease only until
+	// ElectionTicks-LeaseDriftTicks ticks after the heartbeat a majority acknowledged.
+	// Set it to ElectionTicks (or more) to disable lease reads (read-index only).
+	LeaseDriftTicks int
+	// MaxBatch caps the entries in one Accept or catch-up message.
+	MaxBatch int
+	// MaxBatchBytes caps the data bytes in one Accept or catch-up message (a single larger
+	// entry still goes alone); keep it well under the transport's frame limit.
+	MaxBatchBytes int
+	// Seed seeds the election timeout randomization (deterministic for a given seed).
+	Seed int64
+}
+
+// DefaultConfig returns a config for a replica with the given id in the given group:
+// 10 ticks election timeout, heartbeat every tick, 2 ticks of drift allowance.
+// With the driver's default 10 ms tick that is a 100-200 ms election timeout.
+func DefaultConfig(id uint64, peers []uint64) Config {
+	return Config{
+		ID:              id,
+		Peers:           slices.Clone(peers),
+		ElectionTicks:   10,
+		HeartbeatTicks:  1,
+		LeaseDriftTicks: 2,
+		MaxBatch:        4096,
+		MaxBatchBytes:   8 << 20,
+		Seed:            int64(id),
+	}
+}
+
+// Validate checks the config for bad values and bad combinations.
+func (c Config) Validate() error {
+	if c.ID == 0 || c.ID > 0xffff {
+		return fmt.Errorf("%w: ID %d must be in [1, 65535]", ErrInvalidConfig, c.ID)
+	}
+	if len(c.Peers) == 0 {
+		return fmt.Errorf("%w: Peers is empty", ErrInvalidConfig)
+	}
+	seen := map[uint64]bool{}
+	for _, p := range c.Peers {
+		if p == 0 || p > 0xffff {
+			return fmt.Errorf("%w: peer id %d must be in [1, 65535]", ErrInvalidConfig, p)
+		}
+		if seen[p] {
+			return fmt.Errorf("%w: peer id %d listed twice", ErrInvalidConfig, p)
+		}
+		seen[p] = true
+	}
+	if !seen[c.ID] {
+		return fmt.Errorf("%w: ID %d is not in Peers %v", ErrInvalidConfig, c.ID, c.Peers)
+	}
+	if c.HeartbeatTicks < 1 {
+		return fmt.Errorf("%w: HeartbeatTicks %d < 1", ErrInvalidConfig, c.HeartbeatTicks)
+	}
+	if c.ElectionTicks <= 2*c.HeartbeatTicks {
+		return fmt.Errorf("%w: ElectionTicks %d must exceed 2*HeartbeatTicks (%d)", ErrInvalidConfig, c.ElectionTicks, 2*c.HeartbeatTicks)
+	}
+	if c.LeaseDriftTicks < 0 {
+		return fmt.Errorf("%w: LeaseDriftTicks %d < 0", ErrInvalidConfig, c.LeaseDriftTicks)
+	}
+	if c.MaxBatchBytes < 1 {
+		return fmt.Errorf("%w: MaxBatchBytes %d < 1", ErrInvalidConfig, c.MaxBatchBytes)
+	}
+	if c.MaxBatch < 1 {
+		return fmt.Errorf("%w: MaxBatch %d < 1", ErrInvalidConfig, c.MaxBatch)
+	}
+	return nil
+}

@@ -1,0 +1,272 @@
+package paxos
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+)
+
+// net is a lossless synchronous harness: deliver every message until quiet, except on
+// cut links.
+type harness struct {
+	t     *testing.T
+	nodes map[uint64]*Node
+	ids   []uint64
+	cut   map[uint64]bool // isolated nodes
+	log   map[uint64][]Entry
+	sent  []Message
+}
+
+func newHarness(t *testing.T, n int, restore map[uint64][]Entry) *harness {
+	h := &harness{t: t, nodes: map[uint64]*Node{}, cut: map[uint64]bool{}, log: map[uint64][]Entry{}}
+	for i := 1; i <= n; i++ {
+		h.ids = append(h.ids, uint64(i))
+	}
+	for _, id := range h.ids {
+		cfg := DefaultConfig(id, h.ids)
+		var hs HardState
+		for _, e := range restore[id] {
+			hs.Promised = max(hs.Promised, e.Ballot)
+		}
+		nd, err := NewNode(cfg, hs, restore[id])
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.nodes[id] = nd
+	}
+	return h
+}
+
+func (h *harness) settle() {
+	for round := 0; round < 1000; round++ {
+		var msgs []Message
+		for _, id := range h.ids {
+			n := h.nodes[id]
+			for n.HasReady() {
+				rd := n.Ready()
+				msgs = append(msgs, rd.SendFirst...)
+				msgs = append(msgs, rd.Messages...)
+				n.Advance(rd)
+				h.log[id] = append(h.log[id], rd.Committed...)
+			}
+		}
+		h.sent = append(h.sent, msgs...)
+		if len(msgs) == 0 {
+			return
+		}
+		for _, m := range msgs {
+			if h.cut[m.From] || h.cut[m.To] {
+				continue
+			}
+			h.nodes[m.To].Step(m)
+		}
+	}
+	h.t.Fatal("harness did not settle")
+}
+
+func (h *harness) tick(n int) {
+	for i := 0; i < n; i++ {
+		for _, id := range h.ids {
+			h.nodes[id].Tick()
+		}
+		h.settle()
+	}
+}
+
+func (h *harness) leader() uint64 {
+	var l uint64
+	for _, id := range h.ids {
+		if h.nodes[id].role == Leader && !h.cut[id] {
+			if l != 0 {
+				h.t.Fatalf("two connected leaders: %d and %d", l, id)
+			}
+			l = id
+		}
+	}
+	return l
+}
+
+func (h *harness) elect(id uint64) {
+	for _, n := range h.nodes {
+		n.quietUntil = 0 // as if the restart quiet period had passed
+	}
+	for try := 0; try < 3 && h.nodes[id].role != Leader; try++ {
+		h.nodes[id].Campaign() // a rejection teaches it a higher round
+		h.settle()
+	}
+	if h.nodes[id].role != Leader {
+		h.t.Fatalf("node %d did not win (role %v)", id, h.nodes[id].role)
+	}
+}
+
+func data(es []Entry) []string {
+	var out []string
+	for _, e := range es {
+		if e.Type == EntryNoop {
+			out = append(out, "noop")
+		} else {
+			out = append(out, string(e.Data))
+		}
+	}
+	return out
+}
+
+func TestElectionAndBatching(t *testing.T) {
+	h := newHarness(t, 3, nil)
+	h.tick(40)
+	l := h.leader()
+	if l == 0 {
+		t.Fatal("no leader after 40 ticks")
+	}
+	// A follower refuses proposals with the leader hint.
+	f := h.ids[0]
+	if f == l {
+		f = h.ids[1]
+	}
+	_, _, err := h.nodes[f].Propose([]byte("x"))
+	var nl *NotLeaderError
+	if !errors.As(err, &nl) || nl.Leader != l {
+		t.Fatalf("follower propose: %v", err)
+	}
+	// Ten proposals between two Readies go out as one Accept per peer.
+	for i := 0; i < 10; i++ {
+		if _, _, err := h.nodes[l].Propose([]byte(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rd := h.nodes[l].Ready()
+	if len(rd.SendFirst) != 2 || len(rd.SendFirst[0].Entries) != 10 {
+		t.Fatalf("want 2 accepts of 10 entries, got %d messages", len(rd.SendFirst))
+	}
+	if len(rd.Entries) != 10 || !rd.MustPersist {
+		t.Fatalf("leader must persist its 10 entries, got %d", len(rd.Entries))
+	}
+	for _, m := range rd.SendFirst {
+		h.nodes[m.To].Step(m)
+	}
+	h.nodes[l].Advance(rd)
+	h.settle()
+	h.tick(2)
+	for _, id := range h.ids {
+		got := data(h.log[id])
+		if len(got) != 11 || got[0] != "noop" || got[10] != "9" {
+			t.Fatalf("node %d log %v", id, got)
+		}
+	}
+}
+
+func TestNewLeaderRecoversValues(t *testing.T) {
+	b1, b2 := MakeBallot(1, 1), MakeBallot(2, 2)
+	cases := []struct {
+		name    string
+		restore map[uint64][]Entry
+		want    []string
+	}{
+		{"hole-filled-with-noop", map[uint64][]Entry{
+			2: {{Slot: 1, Ballot: b1, Data: []byte("a")}, {Slot: 3, Ballot: b1, Data: []byte("c")}},
+		}, []string{"a", "noop", "c", "noop"}},
+		{"highest-ballot-wins", map[uint64][]Entry{
+			1: {{Slot: 1, Ballot: b1, Data: []byte("x")}},
+			2: {{Slot: 1, Ballot: b2, Data: []byte("y")}},
+		}, []string{"y", "noop"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, 3, tc.restore)
+			h.cut[1] = true // quorum {2,3} must suffice
+			h.elect(3)
+			h.tick(2)
+			got := data(h.log[3])
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("chosen %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestIsolatedLeaderCannotCommitAndCatchesUp(t *testing.T) {
+	h := newHarness(t, 3, nil)
+	h.elect(1)
+	h.cut[1] = true
+	if _, _, err := h.nodes[1].Propose([]byte("lost")); err != nil {
+		t.Fatal(err)
+	}
+	h.tick(30) // node 1 steps down (check-quorum); 2 or 3 takes over
+	if h.nodes[1].role == Leader {
+		t.Fatal("isolated leader still leads")
+	}
+	l := h.leader()
+	if l == 0 || l == 1 {
+		t.Fatalf("leader %d", l)
+	}
+	for i := 0; i < 50; i++ {
+		h.nodes[l].Propose([]byte(fmt.Sprint("v", i)))
+	}
+	h.settle()
+	h.tick(2)
+	if h.nodes[1].commit != 1 {
+		t.Fatalf("isolated node committed to %d", h.nodes[1].commit)
+	}
+	delete(h.cut, 1)
+	h.tick(5)
+	if h.nodes[1].commit != h.nodes[l].commit {
+		t.Fatalf("rejoined node commit %d, leader %d", h.nodes[1].commit, h.nodes[l].commit)
+	}
+	for _, e := range h.log[1] {
+		if string(e.Data) == "lost" {
+			t.Fatal("a value proposed by the cut-off leader was chosen")
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	cases := []struct {
+		name string
+		mod  func(*Config)
+		ok   bool
+	}{
+		{"default", func(*Config) {}, true},
+		{"zero-id", func(c *Config) { c.ID = 0 }, false},
+		{"id-not-in-peers", func(c *Config) { c.ID = 9 }, false},
+		{"dup-peer", func(c *Config) { c.Peers = []uint64{1, 1, 2} }, false},
+		{"election-too-short", func(c *Config) { c.ElectionTicks = 2 }, false},
+		{"no-batch", func(c *Config) { c.MaxBatch = 0 }, false},
+	}
+	for _, tc := range cases {
+		c := DefaultConfig(1, []uint64{1, 2, 3})
+		tc.mod(&c)
+		if err := c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("%s: Validate() = %v", tc.name, err)
+		} else if err != nil && !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%s: %v is not ErrInvalidConfig", tc.name, err)
+		}
+	}
+}
+
+func TestAcceptBatchesSplitByBytes(t *testing.T) {
+	h := newHarness(t, 3, nil)
+	for _, n := range h.nodes {
+		n.cfg.MaxBatchBytes = 100
+	}
+	h.elect(1)
+	for i := 0; i < 10; i++ {
+		if _, _, err := h.nodes[1].Propose(make([]byte, 40)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rd := h.nodes[1].Ready()
+	if len(rd.SendFirst) != 10 {
+		t.Fatalf("want 5 runs of 2 entries to each of 2 peers, got %d messages", len(rd.SendFirst))
+	}
+	for _, m := range rd.SendFirst {
+		if len(m.Entries) != 2 || m.Entries[1].Slot != m.Entries[0].Slot+1 {
+			t.Fatalf("run %+v", m.Entries)
+		}
+		h.nodes[m.To].Step(m)
+	}
+	h.nodes[1].Advance(rd)
+	h.settle()
+	if h.nodes[1].commit != 11 {
+		t.Fatalf("commit %d, want 11", h.nodes[1].commit)
+	}
+}

@@ -1,0 +1,581 @@
+package paxos
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Transport carries messages between replicas. Send is best effort (a message may be
+// lost; Paxos retransmits) and must not block for long. Recv delivers inbound messages;
+// it is read by one goroutine. Implementations: MemNetwork (tests, fault injection) and
+// TCPTransport.
+type Transport interface {
+	Send(m Message)
+	Recv() <-chan Message
+	Close() error
+}
+
+// StateMachine is the replicated application. Apply is called for every committed
+// normal entry in slot order, from the replica's goroutine only; its result is returned
+// to the proposer. After a restart Apply is called again from slot 1 (replay).
+type StateMachine interface {
+	Apply(slot uint64, data []byte) []byte
+}
+
+// Snapshotter is implemented by state machines that can be snapshotted; the replica then
+// compacts its log every SnapshotEvery applied slots and catches up far-behind replicas
+// with the snapshot. Both are called from the replica's goroutine.
+type Snapshotter interface {
+	// Snapshot returns the whole state and the last applied slot it covers.
+	Snapshot() ([]byte, uint64, error)
+	// Restore replaces the state with a snapshot's.
+	Restore(data []byte) error
+}
+
+// ReplicaConfig configures a Replica (the driver around Node).
+type ReplicaConfig struct {
+	// Node is the pure core's config.
+	Node Config
+	// TickInterval is the wall-clock length of one tick (default 10 ms).
+	TickInterval time.Duration
+	// MaxDrain caps how many queued proposals or messages one loop turn takes in; all of
+	// them share one WAL write and fsync (group commit).
+	MaxDrain int
+	// SnapshotEvery is how many applied slots trigger a snapshot and log compaction when
+	// the state machine is a Snapshotter (0 disables).
+	SnapshotEvery uint64
+	// Logger is the replica's logger (default zap.NewNop()).
+	Logger *zap.Logger
+}
+
+// DefaultReplicaConfig returns a working config for replica id of the group peers.
+func DefaultReplicaConfig(id uint64, peers []uint64) ReplicaConfig {
+	return ReplicaConfig{Node: DefaultConfig(id, peers), TickInterval: 10 * time.Millisecond, MaxDrain: 4096, SnapshotEvery: 100000, Logger: zap.NewNop()}
+}
+
+// Validate checks the config.
+func (c ReplicaConfig) Validate() error {
+	if err := c.Node.Validate(); err != nil {
+		return err
+	}
+	if c.TickInterval <= 0 {
+		return fmt.Errorf("%w: TickInterval %v must be positive", ErrInvalidConfig, c.TickInterval)
+	}
+	if c.MaxDrain < 1 {
+		return fmt.Errorf("%w: MaxDrain %d < 1", ErrInvalidConfig, c.MaxDrain)
+	}
+	return nil
+}
+
+type result struct {
+	val []byte
+	err error
+}
+
+type proposal struct {
+	data []byte
+	done chan result
+}
+
+type readReq struct {
+	done chan error
+}
+
+// Replica runs one Paxos replica: it owns a Node, a Storage, a Transport and the
+// StateMachine, in one goroutine. Propose and Read are safe for concurrent use.
+type Replica struct {
+	cfg  ReplicaConfig
+	log  *zap.Logger
+	node *Node
+	st   Storage
+	tr   Transport
+	sm   StateMachine
+
+	props chan *proposal
+	reads chan *readReq
+	stop  chan struct{}
+	done  chan struct{}
+
+	// The WAL writer goroutine: Readies queue in order; each turn merges everything queued
+	// into one record and one fsync, then hands the batch back to the loop.
+	saveq      chan *saveJob
+	saved      chan []*saveJob
+	writerDone chan struct{}
+	inflight   int // loop-owned: jobs queued and not yet finished
+
+	mu     sync.Mutex
+	status Status
+	err    error
+
+	// loop-owned
+	waiting    map[uint64]*proposal
+	readWait   map[uint64]*readReq
+	readReady  []ReadState
+	nextReadID uint64
+	snap       SnapshotData
+}
+
+// StartReplica loads the storage, builds the Node and starts the replica's goroutine.
+func StartReplica(cfg ReplicaConfig, st Storage, tr Transport, sm StateMachine) (*Replica, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	hs, ents, err := st.Load()
+	if err != nil {
+		return nil, fmt.Errorf("paxos: replica %d load: %w", cfg.Node.ID, err)
+	}
+	snap, err := st.LoadSnapshot()
+	if err != nil {
+		return nil, fmt.Errorf("paxos: replica %d load snapshot: %w", cfg.Node.ID, err)
+	}
+	if snap.Slot > 0 {
+		ss, ok := sm.(Snapshotter)
+		if !ok {
+			return nil, fmt.Errorf("paxos: replica %d has a snapshot through slot %d but its state machine cannot restore it", cfg.Node.ID, snap.Slot)
+		}
+		if err := ss.Restore(snap.Data); err != nil {
+			return nil, fmt.Errorf("paxos: replica %d restore snapshot through %d: %w", cfg.Node.ID, snap.Slot, err)
+		}
+	}
+	n, err := NewNode(cfg.Node, hs, ents)
+	if err != nil {
+		return nil, fmt.Errorf("paxos: replica %d restore: %w", cfg.Node.ID, err)
+	}
+	r := &Replica{
+		cfg: cfg, log: cfg.Logger.Named("paxos").With(zap.Uint64("replica", cfg.Node.ID)),
+		node: n, st: st, tr: tr, sm: sm,
+		props:      make(chan *proposal, cfg.MaxDrain),
+		reads:      make(chan *readReq, 1024),
+		stop:       make(chan struct{}),
+		done:       make(chan struct{}),
+		saveq:      make(chan *saveJob, 4096),
+		saved:      make(chan []*saveJob, 64),
+		writerDone: make(chan struct{}),
+		waiting:    map[uint64]*proposal{},
+		readWait:   map[uint64]*readReq{},
+		snap:       snap,
+	}
+	r.status = n.Status()
+	r.log.Info("replica started", zap.Uint64("promised", hs.Promised), zap.Uint64("commit", hs.Commit), zap.Int("entries", len(ents)))
+	go r.writer()
+	go r.run()
+	return r, nil
+}
+
+type saveJob struct {
+	rd  Ready
+	err error
+}
+
+// writer persists queued Readies in order, merging all that are queued into one record
+// (the hard state only grows, so the last one stands for all) and one fsync.
+func (r *Replica) writer() {
+	defer close(r.writerDone)
+	for {
+		var job *saveJob
+		select {
+		case job = <-r.saveq:
+		case <-r.stop:
+			return
+		}
+		batch := []*saveJob{job}
+	more:
+		for len(batch) < 4096 {
+			select {
+			case j := <-r.saveq:
+				batch = append(batch, j)
+			default:
+				break more
+			}
+		}
+		var ents []Entry
+		must := false
+		for _, j := range batch {
+			if j.rd.MustPersist {
+				must = true
+				ents = append(ents, j.rd.Entries...)
+			}
+		}
+		var err error
+		if must {
+			err = r.st.Save(batch[len(batch)-1].rd.HardState, ents)
+		}
+		for _, j := range batch {
+			j.err = err
+		}
+		select {
+		case r.saved <- batch:
+		case <-r.stop:
+			return
+		}
+	}
+}
+
+// finishSaves sends what waited for a write and lets the node count it.
+func (r *Replica) finishSaves(batch []*saveJob) error {
+	for _, j := range batch {
+		r.inflight--
+		if j.err != nil {
+			return j.err
+		}
+		r.sendAll(j.rd.Messages)
+		r.node.Advance(j.rd)
+	}
+	return nil
+}
+
+// enqueueSave queues a write; while the queue is full it finishes completed writes, so
+// the loop and the writer never wait on each other.
+func (r *Replica) enqueueSave(j *saveJob) error {
+	for {
+		select {
+		case r.saveq <- j:
+			return nil
+		case b := <-r.saved:
+			if err := r.finishSaves(b); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (r *Replica) waitSaves() error {
+	for r.inflight > 0 {
+		if err := r.finishSaves(<-r.saved); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *Replica) sendAll(msgs []Message) {
+	for _, m := range msgs {
+		if m.Type == MsgSnapshot {
+			if m.Slot != r.snap.Slot {
+				continue
+			}
+			m.Snapshot = r.snap.Data
+		}
+		r.tr.Send(m)
+	}
+}
+
+// Status returns the replica's latest state.
+func (r *Replica) Status() Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status
+}
+
+// Err returns the error that stopped the replica (a failed WAL write), or nil.
+func (r *Replica) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+// Close stops the replica's goroutine and closes its storage (not the transport).
+func (r *Replica) Close() error {
+	select {
+	case <-r.stop:
+	default:
+		close(r.stop)
+	}
+	<-r.done
+	<-r.writerDone
+	return r.st.Close()
+}
+
+// Propose replicates data and returns the state machine's result for it once applied.
+// On a follower it returns a *NotLeaderError (errors.Is ErrNotLeader) naming the leader;
+// while no leader is known it waits, up to ctx's deadline. ErrProposalDropped means
+// another leader filled the slot (retry). A ctx error leaves the outcome unknown.
+func (r *Replica) Propose(ctx context.Context, data []byte) ([]byte, error) {
+	for {
+		p := &proposal{data: data, done: make(chan result, 1)}
+		select {
+		case r.props <- p:
+		case <-r.done:
+			return nil, ErrStopped
+		case <-ctx.Done():
+			return nil, fmt.Errorf("paxos: propose: %w", ctx.Err())
+		}
+		var res result
+		select {
+		case res = <-p.done:
+		case <-r.done:
+			return nil, ErrStopped
+		case <-ctx.Done():
+			return nil, fmt.Errorf("paxos: propose (outcome unknown): %w", ctx.Err())
+		}
+		if nl, ok := res.err.(*NotLeaderError); ok && (nl.Leader == 0 || nl.Leader == r.cfg.Node.ID) {
+			if err := r.waitElection(ctx); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		return res.val, res.err
+	}
+}
+
+func (r *Replica) waitElection(ctx context.Context) error {
+	t := time.NewTimer(r.cfg.TickInterval)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-r.done:
+		return ErrStopped
+	case <-ctx.Done():
+		return fmt.Errorf("paxos: no leader elected before deadline: %w: %w", ErrNotLeader, ctx.Err())
+	}
+}
+
+// Read waits until this replica may serve a linearizable read: it is the leader, its
+// lease (or a read-index heartbeat round) confirms it, and everything committed before
+// the call has been applied. Then the caller reads its state machine directly.
+// On a follower it returns a *NotLeaderError; during an election it waits up to ctx.
+func (r *Replica) Read(ctx context.Context) error {
+	for {
+		q := &readReq{done: make(chan error, 1)}
+		select {
+		case r.reads <- q:
+		case <-r.done:
+			return ErrStopped
+		case <-ctx.Done():
+			return fmt.Errorf("paxos: read: %w", ctx.Err())
+		}
+		var err error
+		select {
+		case err = <-q.done:
+		case <-r.done:
+			return ErrStopped
+		case <-ctx.Done():
+			return fmt.Errorf("paxos: read: %w", ctx.Err())
+		}
+		if nl, ok := err.(*NotLeaderError); ok && (nl.Leader == 0 || nl.Leader == r.cfg.Node.ID) {
+			if werr := r.waitElection(ctx); werr != nil {
+				return werr
+			}
+			continue
+		}
+		return err
+	}
+}
+
+func (r *Replica) run() {
+	defer close(r.done)
+	ticker := time.NewTicker(r.cfg.TickInterval)
+	defer ticker.Stop()
+	recv := r.tr.Recv()
+	for {
+		select {
+		case <-r.stop:
+			r.failAll(ErrStopped)
+			return
+		case <-ticker.C:
+			r.node.Tick()
+		case m, ok := <-recv:
+			if !ok {
+				recv = nil
+				continue
+			}
+			r.node.Step(m)
+		case p := <-r.props:
+			r.propose(p)
+		case q := <-r.reads:
+			r.read(q)
+		case batch := <-r.saved:
+			if err := r.finishSaves(batch); err != nil {
+				r.fatal(err)
+				return
+			}
+		}
+		r.drain(recv)
+		if err := r.handleReady(); err != nil {
+			r.fatal(err)
+			return
+		}
+	}
+}
+
+// fatal stops the replica after a storage failure: a replica that cannot persist must
+// not answer (it would acknowledge what it may forget).
+func (r *Replica) fatal(err error) {
+	r.log.Error("replica stopped: storage failed", zap.Error(err))
+	r.mu.Lock()
+	r.err = err
+	r.mu.Unlock()
+	r.failAll(err)
+}
+
+// drain takes in everything already queued so one WAL write covers it (group commit).
+func (r *Replica) drain(recv <-chan Message) {
+	for i := 0; i < r.cfg.MaxDrain; i++ {
+		select {
+		case p := <-r.props:
+			r.propose(p)
+		case m, ok := <-recv:
+			if ok {
+				r.node.Step(m)
+			}
+		case q := <-r.reads:
+			r.read(q)
+		default:
+			return
+		}
+	}
+}
+
+func (r *Replica) propose(p *proposal) {
+	slot, _, err := r.node.Propose(p.data)
+	if err != nil {
+		p.done <- result{err: err}
+		return
+	}
+	r.waiting[slot] = p
+}
+
+func (r *Replica) read(q *readReq) {
+	r.nextReadID++
+	if err := r.node.ReadIndex(r.nextReadID); err != nil {
+		q.done <- err
+		return
+	}
+	r.readWait[r.nextReadID] = q
+}
+
+func (r *Replica) handleReady() error {
+	for r.node.HasReady() {
+		rd := r.node.Ready()
+		for _, m := range rd.SendFirst {
+			r.tr.Send(m)
+		}
+		if rd.Snapshot != nil {
+			if err := r.waitSaves(); err != nil {
+				return err
+			}
+			if err := r.installSnapshot(*rd.Snapshot); err != nil {
+				return err
+			}
+		}
+		if rd.MustPersist || (r.inflight > 0 && len(rd.Messages) > 0) {
+			// Messages wait for the write (and for earlier writes: order is kept).
+			r.inflight++
+			if err := r.enqueueSave(&saveJob{rd: rd}); err != nil {
+				return err
+			}
+		} else {
+			r.sendAll(rd.Messages)
+			r.node.Advance(rd)
+		}
+		for _, e := range rd.Committed {
+			var out []byte
+			if e.Type == EntryNormal {
+				out = r.sm.Apply(e.Slot, e.Data)
+			}
+			if p, ok := r.waiting[e.Slot]; ok {
+				delete(r.waiting, e.Slot)
+				if e.Type == EntryNormal && bytes.Equal(e.Data, p.data) {
+					p.done <- result{val: out}
+				} else {
+					p.done <- result{err: ErrProposalDropped}
+				}
+			}
+		}
+		for _, id := range rd.ReadsDropped {
+			if q, ok := r.readWait[id]; ok {
+				delete(r.readWait, id)
+				q.done <- &NotLeaderError{Leader: r.node.Leader()}
+			}
+		}
+		r.readReady = append(r.readReady, rd.ReadsReady...)
+		st := r.node.Status()
+		kept := r.readReady[:0]
+		for _, rs := range r.readReady {
+			if st.Applied >= rs.Index {
+				if q, ok := r.readWait[rs.ID]; ok {
+					delete(r.readWait, rs.ID)
+					q.done <- nil
+				}
+			} else {
+				kept = append(kept, rs)
+			}
+		}
+		r.readReady = kept
+	}
+	if err := r.maybeSnapshot(); err != nil {
+		return err
+	}
+	st := r.node.Status()
+	r.mu.Lock()
+	r.status = st
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *Replica) failAll(err error) {
+	for s, p := range r.waiting {
+		p.done <- result{err: err}
+		delete(r.waiting, s)
+	}
+	for id, q := range r.readWait {
+		q.done <- err
+		delete(r.readWait, id)
+	}
+}
+
+func (r *Replica) installSnapshot(s SnapshotData) error {
+	ss, ok := r.sm.(Snapshotter)
+	if !ok {
+		return fmt.Errorf("paxos: replica %d got a snapshot but its state machine cannot restore one", r.cfg.Node.ID)
+	}
+	if err := r.st.SaveSnapshot(s); err != nil {
+		return err
+	}
+	if err := ss.Restore(s.Data); err != nil {
+		return fmt.Errorf("paxos: restore snapshot through %d: %w", s.Slot, err)
+	}
+	r.snap = s
+	r.log.Info("installed snapshot from leader", zap.Uint64("slot", s.Slot), zap.Int("bytes", len(s.Data)))
+	return r.st.Compact(s.Slot)
+}
+
+func (r *Replica) maybeSnapshot() error {
+	ss, ok := r.sm.(Snapshotter)
+	if !ok || r.cfg.SnapshotEvery == 0 {
+		return nil
+	}
+	applied := r.node.Status().Applied
+	if applied < r.snap.Slot+r.cfg.SnapshotEvery {
+		return nil
+	}
+	if err := r.waitSaves(); err != nil { // the storage is the writer's while it works
+		return err
+	}
+	data, slot, err := ss.Snapshot()
+	if err != nil {
+		return fmt.Errorf("paxos: snapshot: %w", err)
+	}
+	if slot > applied || slot <= r.snap.Slot {
+		return nil
+	}
+	s := SnapshotData{Slot: slot, Data: data}
+	if err := r.st.SaveSnapshot(s); err != nil {
+		return err
+	}
+	if err := r.node.Compact(slot); err != nil {
+		return err
+	}
+	r.snap = s
+	r.log.Debug("snapshot taken, log compacted", zap.Uint64("slot", slot), zap.Int("bytes", len(data)))
+	return r.st.Compact(slot)
+}

@@ -1,0 +1,420 @@
+package paxos
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+
+	"github.com/tidwall/wal"
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/atoll-run/atoll/proto/paxospb"
+)
+
+// Storage persists what a Ready asks for. Save must be durable (per the storage's fsync
+// policy) when it returns: the driver sends messages only after Save returns.
+// Implementations are used from one goroutine at a time.
+type Storage interface {
+	// Load returns the persisted hard state and entries (a slot may repeat; last wins).
+	Load() (HardState, []Entry, error)
+	// Save appends the hard state and entries as one record.
+	Save(hs HardState, entries []Entry) error
+	// SaveSnapshot durably and atomically replaces the state machine snapshot.
+	SaveSnapshot(s SnapshotData) error
+	// LoadSnapshot returns the latest snapshot (zero SnapshotData when none).
+	LoadSnapshot() (SnapshotData, error)
+	// Compact may drop persisted entries through slot (covered by the snapshot).
+	Compact(slot uint64) error
+	// Close releases the storage.
+	Close() error
+}
+
+// MemStorage is an in-memory Storage for tests (it survives a simulated crash as long as
+// the value is kept).
+type MemStorage struct {
+	mu      sync.Mutex
+	hs      HardState
+	entries []Entry
+	snap    SnapshotData
+	// FailWrites makes Save fail (a disk that fails writes).
+	FailWrites bool
+}
+
+var _ Storage = (*MemStorage)(nil)
+
+// Load implements Storage.
+func (m *MemStorage) Load() (HardState, []Entry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	hs := m.hs
+	hs.Snapshot = m.snap.Slot
+	return hs, append([]Entry(nil), m.entries...), nil
+}
+
+// Save implements Storage.
+func (m *MemStorage) Save(hs HardState, entries []Entry) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.FailWrites {
+		return errors.New("paxos: mem storage: injected write failure")
+	}
+	m.hs = hs
+	m.entries = append(m.entries, entries...)
+	return nil
+}
+
+// Close implements Storage.
+func (m *MemStorage) Close() error { return nil }
+
+// SaveSnapshot implements Storage.
+func (m *MemStorage) SaveSnapshot(s SnapshotData) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.snap = SnapshotData{Slot: s.Slot, Data: append([]byte(nil), s.Data...)}
+	return nil
+}
+
+// LoadSnapshot implements Storage.
+func (m *MemStorage) LoadSnapshot() (SnapshotData, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.snap, nil
+}
+
+// Compact implements Storage.
+func (m *MemStorage) Compact(slot uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	kept := m.entries[:0]
+	for _, e := range m.entries {
+		if e.Slot > slot {
+			kept = append(kept, e)
+		}
+	}
+	m.entries = kept
+	return nil
+}
+
+// WALOptions configures a WAL.
+type WALOptions struct {
+	// NoSync turns off fsync after each record. Default false: every Save is fsync'd
+	// before it returns, which is what makes an acknowledged write survive a power cut.
+	NoSync bool
+	// SegmentSize is the tidwall/wal segment size in bytes (default 64 MiB).
+	SegmentSize int
+	// Logger receives repair notices (default zap.NewNop()).
+	Logger *zap.Logger
+}
+
+// WAL is the durable Storage: a tidwall/wal log in a directory, one record per Save.
+// Each record is a CRC32-C (4 bytes, little endian) followed by a protobuf paxospb.Record.
+// On open a torn or corrupt tail is detected, logged and truncated after the last good
+// record; corruption before the tail is an error (ErrCorruptWAL), never applied.
+type WAL struct {
+	dir    string
+	opts   WALOptions
+	log    *wal.Log
+	last   uint64
+	buf    []byte
+	recMax map[uint64]uint64 // record index -> highest slot in it
+}
+
+var _ Storage = (*WAL)(nil)
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// OpenWAL opens (creating if needed) the WAL in dir, repairing a torn tail.
+func OpenWAL(dir string, opts WALOptions) (*WAL, error) {
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if opts.SegmentSize <= 0 {
+		opts.SegmentSize = 64 << 20
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("paxos: wal mkdir %s: %w", dir, err)
+	}
+	w := &WAL{dir: dir, opts: opts, recMax: map[uint64]uint64{}}
+	l, err := w.open()
+	if errors.Is(err, wal.ErrCorrupt) {
+		if rerr := w.repairSegment(); rerr != nil {
+			return nil, rerr
+		}
+		l, err = w.open()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("paxos: wal open %s: %w", dir, err)
+	}
+	w.log = l
+	if w.last, err = l.LastIndex(); err != nil {
+		return nil, fmt.Errorf("paxos: wal last index %s: %w", dir, err)
+	}
+	return w, nil
+}
+
+func (w *WAL) open() (*wal.Log, error) {
+	return wal.Open(w.dir, &wal.Options{
+		NoSync:           w.opts.NoSync,
+		SegmentSize:      w.opts.SegmentSize,
+		LogFormat:        wal.Binary,
+		SegmentCacheSize: 2,
+		NoCopy:           true,
+		DirPerms:         0o750,
+		FilePerms:        0o640,
+	})
+}
+
+// repairSegment truncates the last segment after its last complete frame (a torn write
+// leaves a partial length-prefixed frame that tidwall/wal refuses to load).
+func (w *WAL) repairSegment() error {
+	ents, err := os.ReadDir(w.dir)
+	if err != nil {
+		return fmt.Errorf("paxos: wal repair %s: %w", w.dir, err)
+	}
+	var segs []string
+	for _, e := range ents {
+		if !e.IsDir() && len(e.Name()) == 20 {
+			segs = append(segs, e.Name())
+		}
+	}
+	if len(segs) == 0 {
+		return fmt.Errorf("paxos: wal repair %s: no segment: %w", w.dir, ErrCorruptWAL)
+	}
+	sort.Strings(segs)
+	path := filepath.Join(w.dir, segs[len(segs)-1])
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("paxos: wal repair read %s: %w", path, err)
+	}
+	good := 0
+	for good < len(data) {
+		size, n := binary.Uvarint(data[good:])
+		if n <= 0 || uint64(len(data)-good-n) < size {
+			break
+		}
+		good += n + int(size)
+	}
+	w.opts.Logger.Warn("paxos: wal torn tail truncated", zap.String("segment", path),
+		zap.Int("good_bytes", good), zap.Int("dropped_bytes", len(data)-good))
+	if good == 0 && len(segs) > 1 {
+		return os.Remove(path)
+	}
+	if err := os.Truncate(path, int64(good)); err != nil {
+		return fmt.Errorf("paxos: wal repair truncate %s: %w", path, err)
+	}
+	return nil
+}
+
+// Load implements Storage. A record failing its checksum at the tail is truncated (and
+// logged); one failing before the tail returns ErrCorruptWAL.
+func (w *WAL) Load() (HardState, []Entry, error) {
+	var hs HardState
+	var out []Entry
+	first, err := w.log.FirstIndex()
+	if err != nil {
+		return hs, nil, fmt.Errorf("paxos: wal first index: %w", err)
+	}
+	snap, err := w.LoadSnapshot()
+	if err != nil {
+		return hs, nil, err
+	}
+	hs.Snapshot = snap.Slot
+	hs.Commit = snap.Slot
+	if w.last == 0 {
+		return hs, nil, nil
+	}
+	for i := first; i <= w.last; i++ {
+		data, err := w.log.Read(i)
+		if err != nil {
+			return hs, nil, fmt.Errorf("paxos: wal read record %d in %s: %w", i, w.dir, err)
+		}
+		rec, derr := decodeRecord(data)
+		if derr != nil {
+			if i != w.last {
+				return hs, nil, fmt.Errorf("paxos: wal record %d of %d in %s: %v: %w", i, w.last, w.dir, derr, ErrCorruptWAL)
+			}
+			w.opts.Logger.Warn("paxos: wal corrupt tail record truncated", zap.String("dir", w.dir), zap.Uint64("record", i), zap.Error(derr))
+			if err := w.truncateTail(i); err != nil {
+				return hs, nil, err
+			}
+			break
+		}
+		hs.Promised = max(hs.Promised, rec.Promised)
+		hs.Commit = max(hs.Commit, rec.Commit)
+		var top uint64
+		for _, e := range rec.Entries {
+			top = max(top, e.Slot)
+			if e.Slot > snap.Slot {
+				out = append(out, Entry{Slot: e.Slot, Ballot: e.Ballot, Type: EntryType(e.Type), Data: e.Data})
+			}
+		}
+		w.recMax[i] = top
+	}
+	return hs, out, nil
+}
+
+func (w *WAL) truncateTail(i uint64) error {
+	if i > 1 {
+		if err := w.log.TruncateBack(i - 1); err != nil {
+			return fmt.Errorf("paxos: wal truncate after record %d: %w", i-1, err)
+		}
+		w.last = i - 1
+		return nil
+	}
+	// The only record is bad: start an empty log.
+	if err := w.log.Close(); err != nil {
+		return fmt.Errorf("paxos: wal close for reset: %w", err)
+	}
+	if err := os.RemoveAll(w.dir); err != nil {
+		return fmt.Errorf("paxos: wal reset %s: %w", w.dir, err)
+	}
+	l, err := w.open()
+	if err != nil {
+		return fmt.Errorf("paxos: wal reopen %s: %w", w.dir, err)
+	}
+	w.log, w.last = l, 0
+	return nil
+}
+
+func decodeRecord(data []byte) (*paxospb.Record, error) {
+	if len(data) < 4 {
+		return nil, fmt.Errorf("record of %d bytes is shorter than its checksum", len(data))
+	}
+	want := binary.LittleEndian.Uint32(data)
+	if got := crc32.Checksum(data[4:], crcTable); got != want {
+		return nil, fmt.Errorf("checksum %08x, want %08x", got, want)
+	}
+	rec := &paxospb.Record{}
+	if err := proto.Unmarshal(data[4:], rec); err != nil {
+		return nil, fmt.Errorf("decode: %v", err)
+	}
+	return rec, nil
+}
+
+// Save implements Storage: one record, fsync'd unless NoSync.
+func (w *WAL) Save(hs HardState, entries []Entry) error {
+	rec := &paxospb.Record{Promised: hs.Promised, Commit: hs.Commit, Entries: toPBEntries(entries)}
+	w.buf = append(w.buf[:0], 0, 0, 0, 0)
+	var err error
+	w.buf, err = proto.MarshalOptions{}.MarshalAppend(w.buf, rec)
+	if err != nil {
+		return fmt.Errorf("paxos: wal encode record: %w", err)
+	}
+	binary.LittleEndian.PutUint32(w.buf, crc32.Checksum(w.buf[4:], crcTable))
+	if err := w.log.Write(w.last+1, w.buf); err != nil {
+		return fmt.Errorf("paxos: wal write record %d: %w", w.last+1, err)
+	}
+	w.last++
+	var top uint64
+	for _, e := range entries {
+		top = max(top, e.Slot)
+	}
+	w.recMax[w.last] = top
+	return nil
+}
+
+const snapshotFile = "snapshot"
+
+// SaveSnapshot implements Storage: written to a temporary file, fsync'd, renamed over the
+// previous one, and the directory fsync'd. Format: slot (8 bytes BE), CRC32-C of the data
+// (4 bytes BE), data.
+func (w *WAL) SaveSnapshot(s SnapshotData) error {
+	path := filepath.Join(w.dir, snapshotFile)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o640)
+	if err != nil {
+		return fmt.Errorf("paxos: snapshot create %s: %w", tmp, err)
+	}
+	hdr := binary.BigEndian.AppendUint64(nil, s.Slot)
+	hdr = binary.BigEndian.AppendUint32(hdr, crc32.Checksum(s.Data, crcTable))
+	_, err = f.Write(append(hdr, s.Data...))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("paxos: snapshot write %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("paxos: snapshot rename %s: %w", path, err)
+	}
+	d, err := os.Open(w.dir)
+	if err != nil {
+		return fmt.Errorf("paxos: snapshot dir sync %s: %w", w.dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("paxos: snapshot dir sync %s: %w", w.dir, err)
+	}
+	return nil
+}
+
+// LoadSnapshot implements Storage. A snapshot failing its checksum is an error.
+func (w *WAL) LoadSnapshot() (SnapshotData, error) {
+	path := filepath.Join(w.dir, snapshotFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return SnapshotData{}, nil
+	}
+	if err != nil {
+		return SnapshotData{}, fmt.Errorf("paxos: snapshot read %s: %w", path, err)
+	}
+	if len(b) < 12 {
+		return SnapshotData{}, fmt.Errorf("paxos: snapshot %s is %d bytes, shorter than its header: %w", path, len(b), ErrCorruptWAL)
+	}
+	slot := binary.BigEndian.Uint64(b)
+	if got, want := crc32.Checksum(b[12:], crcTable), binary.BigEndian.Uint32(b[8:]); got != want {
+		return SnapshotData{}, fmt.Errorf("paxos: snapshot %s checksum %08x, want %08x: %w", path, got, want, ErrCorruptWAL)
+	}
+	return SnapshotData{Slot: slot, Data: b[12:]}, nil
+}
+
+// Compact implements Storage: it drops the longest prefix of records whose entries are
+// all covered by the snapshot, keeping at least the last record (the promised ballot).
+func (w *WAL) Compact(slot uint64) error {
+	first, err := w.log.FirstIndex()
+	if err != nil || first == 0 {
+		return err
+	}
+	k := first
+	for k < w.last && w.recMax[k] <= slot {
+		k++
+	}
+	if k == first {
+		return nil
+	}
+	if err := w.log.TruncateFront(k); err != nil {
+		return fmt.Errorf("paxos: wal truncate before record %d: %w", k, err)
+	}
+	for i := first; i < k; i++ {
+		delete(w.recMax, i)
+	}
+	return nil
+}
+
+// Close implements Storage.
+func (w *WAL) Close() error { return w.log.Close() }
+
+func toPBEntries(es []Entry) []*paxospb.Entry {
+	out := make([]*paxospb.Entry, len(es))
+	for i, e := range es {
+		out[i] = &paxospb.Entry{Slot: e.Slot, Ballot: e.Ballot, Type: uint32(e.Type), Data: e.Data}
+	}
+	return out
+}
+
+func fromPBEntries(es []*paxospb.Entry) []Entry {
+	out := make([]Entry, len(es))
+	for i, e := range es {
+		out[i] = Entry{Slot: e.Slot, Ballot: e.Ballot, Type: EntryType(e.Type), Data: e.Data}
+	}
+	return out
+}

@@ -1,0 +1,209 @@
+package paxos
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors of the paxos package. Retryable ones are marked.
+var (
+	// ErrNotLeader is returned when a proposal or read reaches a replica that is not the
+	// leader. The driver wraps it in a *NotLeaderError carrying the leader hint. Retryable.
+	ErrNotLeader = errors.New("paxos: not leader")
+	// ErrProposalDropped means the proposal's slot was filled by another leader's value:
+	// it was not applied. Retryable (with a deduplicating request id above).
+	ErrProposalDropped = errors.New("paxos: proposal dropped")
+	// ErrStopped is returned by a replica that has been shut down.
+	ErrStopped = errors.New("paxos: replica stopped")
+	// ErrInvalidConfig is wrapped by Config.Validate.
+	ErrInvalidConfig = errors.New("paxos: invalid config")
+	// ErrCorruptWAL is returned when a WAL record other than the tail fails its checksum.
+	ErrCorruptWAL = errors.New("paxos: corrupt wal")
+	// ErrBadFrame is logged (never returned to a caller) for truncated, oversized or
+	// unauthenticated transport frames.
+	ErrBadFrame = errors.New("paxos: bad frame")
+)
+
+// NotLeaderError is ErrNotLeader with the ID of the replica believed to lead (0 if unknown).
+type NotLeaderError struct {
+	// Leader is the hint: the replica that last led, or 0 when none is known.
+	Leader uint64
+}
+
+// Error implements error.
+func (e *NotLeaderError) Error() string {
+	return fmt.Sprintf("paxos: not leader (leader hint %d)", e.Leader)
+}
+
+// Unwrap lets errors.Is(err, ErrNotLeader) hold.
+func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
+
+// IsRetryable reports whether err is a transient condition (no leader, lost leadership,
+// dropped proposal) after which the same request may be retried.
+func IsRetryable(err error) bool {
+	return errors.Is(err, ErrNotLeader) || errors.Is(err, ErrProposalDropped)
+}
+
+// EntryType says what an entry's data means.
+type EntryType uint32
+
+// Entry types.
+const (
+	// EntryNormal carries application data.
+	EntryNormal EntryType = 0
+	// EntryNoop fills a hole left by a previous leader or marks a leader's start.
+	EntryNoop EntryType = 1
+)
+
+// Entry is a value in one log slot, accepted at Ballot.
+type Entry struct {
+	// Slot is the log position (from 1).
+	Slot uint64
+	// Ballot is the ballot at which this acceptor accepted the value.
+	Ballot uint64
+	// Type says whether Data is application data or a no-op.
+	Type EntryType
+	// Data is the proposed value (the state machine command).
+	Data []byte
+}
+
+// MsgType is the kind of a Message.
+type MsgType uint32
+
+// Message types.
+const (
+	// MsgPrepare is phase 1a: Ballot, Slot = first slot the candidate has not seen chosen.
+	MsgPrepare MsgType = iota + 1
+	// MsgPromise is phase 1b: Entries = the acceptor's accepted entries from Slot on,
+	// Commit = its commit index; Reject with Promised when the ballot is too low.
+	MsgPromise
+	// MsgAccept is phase 2a (and the heartbeat when Entries is empty): Commit = leader's
+	// commit index, Seq = heartbeat sequence for leases and read-index.
+	MsgAccept
+	// MsgAccepted is phase 2b: Slot..Last accepted at Ballot, Commit = acceptor's commit,
+	// Seq echoes the Accept's; Reject with Promised when the ballot is too low.
+	MsgAccepted
+	// MsgChosen is catch-up: Entries are chosen values for the receiver to adopt.
+	MsgChosen
+	// MsgSnapshot is catch-up past a compacted log: Snapshot is the state machine
+	// snapshot through Slot (the core emits it empty; the driver attaches the bytes).
+	MsgSnapshot
+)
+
+func (t MsgType) String() string {
+	switch t {
+	case MsgPrepare:
+		return "prepare"
+	case MsgPromise:
+		return "promise"
+	case MsgAccept:
+		return "accept"
+	case MsgAccepted:
+		return "accepted"
+	case MsgChosen:
+		return "chosen"
+	case MsgSnapshot:
+		return "snapshot"
+	}
+	return fmt.Sprintf("msg(%d)", uint32(t))
+}
+
+// Message is a Paxos message between replicas.
+type Message struct {
+	// Type is the message kind; the other fields' meaning is given per MsgType.
+	Type MsgType
+	// From and To are replica ids.
+	From, To uint64
+	// Ballot is the sender's ballot (or the ballot a reply answers).
+	Ballot uint64
+	// Slot is the first slot concerned (Prepare, Accepted, Snapshot).
+	Slot uint64
+	// Last is the last slot acknowledged (Accepted) or the acceptor's compaction point (Promise).
+	Last uint64
+	// Commit is the sender's commit index.
+	Commit uint64
+	// Entries are accepted (Promise), proposed (Accept) or chosen (Chosen) values.
+	Entries []Entry
+	// Reject marks a refused Prepare or Accept; Promised then names the higher ballot.
+	Reject bool
+	// Promised is the acceptor's promised ballot on a rejection.
+	Promised uint64
+	// Seq is the leader's heartbeat sequence (leases, read-index), echoed by Accepted.
+	Seq uint64
+	// KnownCommit, on an Accepted, echoes the commit index of the message it answers: an
+	// acceptor whose Commit stays below it lacks chosen values and needs catch-up.
+	KnownCommit uint64
+	// Snapshot carries state machine snapshot bytes on a MsgSnapshot.
+	Snapshot []byte
+}
+
+// SnapshotData is a state machine snapshot covering every slot through Slot.
+type SnapshotData struct {
+	Slot uint64
+	Data []byte
+}
+
+// HardState is what a replica must persist besides entries.
+type HardState struct {
+	// Promised is the highest ballot this acceptor promised.
+	Promised uint64
+	// Commit is the highest slot known chosen with all slots below it.
+	Commit uint64
+	// Snapshot is the slot through which the log is compacted into a snapshot (restore
+	// only: Storage.Load reports it; the node ignores it on Save).
+	Snapshot uint64
+}
+
+// Ready is one batch of work handed out by Node.Ready. The driver may send SendFirst at
+// once and may apply Committed at once (those values are chosen by a durable majority);
+// it must persist HardState and Entries (fsync per policy) BEFORE sending Messages, and
+// then call Node.Advance(rd). Readies are persisted and advanced in the order handed out.
+type Ready struct {
+	// HardState to persist when MustPersist.
+	HardState HardState
+	// Entries accepted since the last Ready; persist (overwriting by slot).
+	Entries []Entry
+	// MustPersist is true when the promised ballot or Entries changed. A change of the
+	// commit index alone does not require a write: it is recoverable, and is written with
+	// the next record.
+	MustPersist bool
+	// SendFirst are the leader's Accepts: they may be sent before persisting (the leader
+	// counts its own acceptance only at Advance, after the write), so the leader's fsync
+	// overlaps the followers'.
+	SendFirst []Message
+	// Messages to send after persisting.
+	Messages []Message
+	// Committed are newly chosen entries, contiguous, in slot order, to apply.
+	Committed []Entry
+	// ReadsReady lists read-index requests (ids from Node.ReadIndex) whose index is now
+	// confirmed; each may be served once the applied index reaches ReadState.Index.
+	ReadsReady []ReadState
+	// Snapshot, when set, is a snapshot received from the leader: persist it (before
+	// Messages), restore the state machine from it, then apply Committed after it.
+	Snapshot *SnapshotData
+	// ReadsDropped lists read-index requests lost because this replica stopped leading;
+	// the caller should retry them (ErrNotLeader).
+	ReadsDropped []uint64
+}
+
+// ReadState is a confirmed read index for a read request.
+type ReadState struct {
+	// ID is the caller's request id given to Node.ReadIndex.
+	ID uint64
+	// Index is the commit index the read must wait to have applied.
+	Index uint64
+}
+
+// Empty reports whether the Ready carries nothing.
+func (r *Ready) Empty() bool {
+	return !r.MustPersist && len(r.Messages) == 0 && len(r.SendFirst) == 0 && len(r.Committed) == 0 && len(r.ReadsReady) == 0 && len(r.ReadsDropped) == 0 && r.Snapshot == nil
+}
+
+// MakeBallot builds a ballot from a round and a replica id (ids below 2^16).
+func MakeBallot(round, id uint64) uint64 { return round<<16 | (id & 0xffff) }
+
+// BallotRound returns the round of a ballot.
+func BallotRound(b uint64) uint64 { return b >> 16 }
+
+// BallotNode returns the replica id that owns a ballot.
+func BallotNode(b uint64) uint64 { return b & 0xffff }
