@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/actors"
+	"github.com/atoll-run/atoll/store/meta"
 )
 
 // Config configures an embedded cluster. DefaultConfig gives the embedded default.
@@ -20,8 +21,12 @@ type Config struct {
 	Cluster *Cluster
 	// Placer places gangs. Default: FirstFit.
 	Placer Placer
-	// Meta is the metadata log. Default: an in-memory store.
+	// Meta is where the head commits its decisions. Default: the Paxos metadata log, with
+	// MetaLog's replicas in this process.
 	Meta MetaStore
+	// MetaLog configures the default metadata log: replica count (3), WAL directory (a
+	// temporary one, removed at Shutdown), fsync (on). Ignored when Meta is set.
+	MetaLog meta.ClusterConfig
 	// Objects configures every machine's object store and the transfer plane.
 	Objects ObjectsConfig
 	// CallTimeout bounds actor calls whose context has no deadline. Default 30 s.
@@ -41,6 +46,7 @@ type Local struct {
 	log    *zap.Logger
 	meta   MetaStore
 	obj    *objects
+	ownLog *LogMeta // the metadata log this Local started, closed at Shutdown
 }
 
 // StartLocal starts an embedded cluster.
@@ -58,35 +64,70 @@ func StartLocal(ctx context.Context, cfg Config) (*Local, error) {
 	if cfg.Placer == nil {
 		cfg.Placer = FirstFit{}
 	}
+	var ownLog *LogMeta
 	if cfg.Meta == nil {
-		cfg.Meta = NewMemMeta()
+		mc := meta.DefaultClusterConfig()
+		set := cfg.MetaLog
+		mc.Dir, mc.NoSync, mc.TCP, mc.Token, mc.Logger = set.Dir, set.NoSync, set.TCP, set.Token, set.Logger
+		if set.Replicas != 0 {
+			mc.Replicas = set.Replicas
+		}
+		if set.TickInterval != 0 {
+			mc.TickInterval = set.TickInterval
+		}
+		if len(mc.Token) == 0 {
+			mc.Token = meta.DefaultClusterConfig().Token
+		}
+		if mc.Logger == nil {
+			mc.Logger = cfg.Logger.Named("metalog")
+		}
+		lm, err := StartLogMeta(ctx, mc)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Meta, ownLog = lm, lm
 	}
+	l := &Local{log: cfg.Logger, meta: cfg.Meta, ownLog: ownLog}
 	head, err := NewHead(cfg.Cluster, cfg.Placer, cfg.Meta, cfg.Logger)
 	if err != nil {
+		l.closeLog()
 		return nil, err
 	}
-	l := &Local{Head: head, log: cfg.Logger, meta: cfg.Meta}
+	l.Head = head
 	for _, m := range cfg.Cluster.Machines {
 		rec, _ := json.Marshal(m)
 		if err := cfg.Meta.Put(ctx, TableMachines, m.Name, rec); err != nil {
+			l.closeLog()
 			return nil, fmt.Errorf("runtime: register machine %s: %w", m.Name, err)
 		}
 	}
 	if l.obj, err = startObjects(cfg.Objects, cfg.Cluster.Machines, cfg.Meta, cfg.Logger); err != nil {
+		l.closeLog()
 		return nil, err
 	}
 	l.Agents = l.obj.agents
 	l.Actors, err = actors.NewSystem(actors.Config{Logger: cfg.Logger, DefaultCallTimeout: cfg.CallTimeout})
 	if err != nil {
 		_ = l.obj.close(ctx)
+		l.closeLog()
 		return nil, err
 	}
 	return l, nil
 }
 
+func (l *Local) closeLog() error {
+	if l.ownLog == nil {
+		return nil
+	}
+	return l.ownLog.Close()
+}
+
+// Meta is the metadata store the head commits to.
+func (l *Local) Meta() MetaStore { return l.meta }
+
 // Shutdown stops every actor, then every machine's object store and transfer server.
 func (l *Local) Shutdown(ctx context.Context) error {
-	return errors.Join(l.Actors.Shutdown(ctx), l.obj.close(ctx))
+	return errors.Join(l.Actors.Shutdown(ctx), l.obj.close(ctx), l.closeLog())
 }
 
 // Agent returns the agent of the machine with the given index.

@@ -6,16 +6,18 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/atoll-run/atoll/store/meta"
 )
 
-// Metadata tables the runtime writes.
+// Metadata tables the runtime writes: the metadata log's tables (a table is a key prefix).
 const (
-	TableMachines    = "machines"
-	TableJobs        = "jobs"
-	TableGangs       = "gangs"
-	TablePlacements  = "placements"
-	TableObjects     = "objects"
-	TableCheckpoints = "checkpoints"
+	TableMachines    = string(meta.TableNodes)
+	TableJobs        = string(meta.TableJobs)
+	TableGangs       = string(meta.TableGangs)
+	TablePlacements  = string(meta.TablePlacements)
+	TableObjects     = string(meta.TableObjects)
+	TableCheckpoints = string(meta.TableCheckpoints)
 )
 
 // KV is one metadata entry.
