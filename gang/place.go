@@ -27,6 +27,16 @@ func (s *Scheduler) workload() Workload {
 
 func (s *Scheduler) fragOn() bool { return s.cfg.Weights.Fragmentation > 0 }
 
+// nodeFrag is the memoised fragmentation of node i against the current workload.
+func (s *Scheduler) nodeFrag(i int) float64 {
+	w := s.workload()
+	if s.frag == nil || len(w) == 0 || len(s.fragW) != len(w) || &s.fragW[0] != &w[0] {
+		s.frag = NewFragCache(w, FragOptions{Memory: true})
+		s.fragW = w
+	}
+	return s.frag.Frag(&s.c.nodes[i])
+}
+
 // place finds the best placement of members members of g, or says why there is none.
 // The cluster state is unchanged on return.
 func (s *Scheduler) place(g *gangState, members int, excl map[int]bool) (*candidate, string) {
@@ -210,7 +220,7 @@ func (s *Scheduler) tryPlan(g *gangState, members int, plan []int) *candidate {
 				break
 			}
 			if first && s.fragOn() {
-				befores = append(befores, nodeBefore{n, NodeFrag(&s.c.nodes[n], s.workload(), FragOptions{Memory: true})})
+				befores = append(befores, nodeBefore{n, s.nodeFrag(n)})
 			}
 			first = false
 			st.allocate(a)
@@ -249,7 +259,7 @@ func (s *Scheduler) placeGreedy(g *gangState, members int, excl map[int]bool, bl
 		}
 		if s.fragOn() && !seen[a.node] {
 			seen[a.node] = true
-			befores = append(befores, nodeBefore{a.node, NodeFrag(&s.c.nodes[a.node], s.workload(), FragOptions{Memory: true})})
+			befores = append(befores, nodeBefore{a.node, s.nodeFrag(a.node)})
 		}
 		st.allocate(a)
 		allocs = append(allocs, a)
@@ -333,7 +343,6 @@ func (s *Scheduler) scoredPick(g *gangState, excl map[int]bool) (alloc, bool) {
 	K := s.cfg.MaxCandidates
 	var cands []*candidate
 	tries := 0
-	wl := s.workload()
 	s.candidateNodes(g.req.Member, true, func(n int) bool {
 		if excl[n] {
 			return true
@@ -343,11 +352,13 @@ func (s *Scheduler) scoredPick(g *gangState, excl map[int]bool) (alloc, bool) {
 		if why == "" {
 			var b []nodeBefore
 			if s.fragOn() {
-				b = []nodeBefore{{n, NodeFrag(&s.c.nodes[n], wl, FragOptions{Memory: true})}}
+				b = []nodeBefore{{n, s.nodeFrag(n)}}
 			}
-			s.c.apply(a, -1)
-			cands = append(cands, s.measure(g, []alloc{a}, b))
-			s.c.apply(a, +1)
+			for _, a := range s.cardChoices(a, g.req.Member, g.req.GPUModels) {
+				s.c.apply(a, -1)
+				cands = append(cands, s.measure(g, []alloc{a}, b))
+				s.c.apply(a, +1)
+			}
 		}
 		return len(cands) < K && tries < 8*K
 	})
@@ -418,10 +429,31 @@ func (s *Scheduler) measure(g *gangState, allocs []alloc, befores []nodeBefore) 
 	in.Load /= float64(len(ns))
 	in.Fill /= float64(len(ns))
 	if len(befores) > 0 {
-		wl := s.workload()
 		for _, b := range befores {
-			in.FragDelta += NodeFrag(&c.nodes[b.node], wl, FragOptions{Memory: true}) - b.frag
+			in.FragDelta += s.nodeFrag(b.node) - b.frag
 		}
 	}
 	return cand
+}
+
+// cardChoices returns the allocation fitMember chose plus, for a GPU share scored on
+// fragmentation, the same share on each other card with a different free amount: which
+// card a share lands on decides what the node can take next.
+func (s *Scheduler) cardChoices(a alloc, m Member, models []string) []alloc {
+	if !s.fragOn() || m.MIG != "" || m.GPUs != 1 || m.gpuMilli() >= Milli {
+		return []alloc{a}
+	}
+	out := []alloc{a}
+	n := &s.c.nodes[a.node]
+	seen := map[int]bool{n.GPUs[a.gpus[0]].FreeMilli: true}
+	for gi, g := range n.GPUs {
+		if g.MIG || g.FreeMilli < m.GPUMilli || seen[g.FreeMilli] || !modelOK(models, g.Model) {
+			continue
+		}
+		seen[g.FreeMilli] = true
+		b := a
+		b.gpus = []int{gi}
+		out = append(out, b)
+	}
+	return out
 }

@@ -187,6 +187,7 @@ type workloadLearner struct {
 	total  float64
 	cached Workload
 	dirty  bool
+	since  int // observations since the cached workload was built
 }
 
 type shapeKey struct {
@@ -205,14 +206,18 @@ func (l *workloadLearner) observe(m Member, n int) {
 	l.counts[k] += float64(n)
 	l.total += float64(n)
 	l.dirty = true
+	l.since++
 }
 
 // workload returns the shapes covering 95% of observed members (at most 16).
+// It is rebuilt at most every 64 observations once built, so that fragmentation values
+// stay comparable (and cacheable) between submissions.
 func (l *workloadLearner) workload() Workload {
-	if !l.dirty {
+	if !l.dirty || (l.cached != nil && l.since < 64) {
 		return l.cached
 	}
 	l.dirty = false
+	l.since = 0
 	type kv struct {
 		k shapeKey
 		v float64
@@ -251,4 +256,58 @@ func (l *workloadLearner) workload() Workload {
 	}
 	l.cached = w
 	return w
+}
+
+// FragCache memoises NodeFrag by node state (model, free CPU and memory, the multiset of
+// free card shares): nodes in the same state fragment the same way, and clusters have few
+// distinct states. It is not safe for concurrent use.
+type FragCache struct {
+	w    Workload
+	opt  FragOptions
+	memo map[fragKey]float64
+}
+
+type fragKey struct {
+	cpu, mem int64
+	model    string
+	n        int
+	free     [8]int16
+}
+
+// NewFragCache returns a cache for one workload and measure.
+func NewFragCache(w Workload, opt FragOptions) *FragCache {
+	return &FragCache{w: w, opt: opt, memo: map[fragKey]float64{}}
+}
+
+// Frag returns NodeFrag(n, w, opt), from the cache when the state was seen before.
+func (c *FragCache) Frag(n *Node) float64 {
+	if len(n.GPUs) > 8 || len(n.GPUs) == 0 {
+		return NodeFrag(n, c.w, c.opt)
+	}
+	k := fragKey{cpu: n.FreeCPU, model: n.GPUs[0].Model, n: len(n.GPUs)}
+	if c.opt.Memory {
+		k.mem = n.FreeMem
+	}
+	for i, g := range n.GPUs {
+		if g.MIG || g.Model != k.model {
+			return NodeFrag(n, c.w, c.opt)
+		}
+		// insertion sort: the measure does not depend on card order
+		v := int16(g.FreeMilli)
+		j := i
+		for j > 0 && k.free[j-1] > v {
+			k.free[j] = k.free[j-1]
+			j--
+		}
+		k.free[j] = v
+	}
+	if f, ok := c.memo[k]; ok {
+		return f
+	}
+	if len(c.memo) > 1<<20 {
+		clear(c.memo)
+	}
+	f := NodeFrag(n, c.w, c.opt)
+	c.memo[k] = f
+	return f
 }

@@ -79,6 +79,8 @@ type Scheduler struct {
 	blind         BlindPolicy
 	fixedWorkload Workload
 	learner       workloadLearner
+	frag          *FragCache
+	fragW         Workload
 	plugins       []weightedPlugin
 
 	c      *cluster

@@ -15,5 +15,6 @@ func newRootCmd() *cobra.Command {
 		Short: "Run a benchmark against its baseline, measured in the same run",
 	}
 	root.AddCommand(bench)
+	root.AddCommand(newSimCmd())
 	return root
 }
