@@ -87,7 +87,7 @@ func DefaultConfig() Config {
 		Priority:         PriorityWeights{Alpha: 0.2, Beta: 0.5, Gamma: 0.3},
 		TopologyAware:    true,
 		MaxCandidates:    16,
-		MaxGangsPerCycle: 512,
+		MaxGangsPerCycle: 256,
 		MaxPending:       100000,
 		AgingStep:        2 * time.Hour,
 		Preemption:       true,

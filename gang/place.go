@@ -41,6 +41,9 @@ func (s *Scheduler) nodeFrag(i int) float64 {
 // The cluster state is unchanged on return.
 func (s *Scheduler) place(g *gangState, members int, excl map[int]bool) (*candidate, string) {
 	m := g.req.Member
+	if s.c.totalMilli-s.c.usedMilli < int64(members)*int64(m.TotalMilli()) {
+		return nil, "not enough free GPUs" // fast path: no index walk when capacity is short
+	}
 	var cands []*candidate
 	reason := "no capacity"
 	if !s.cfg.TopologyAware {

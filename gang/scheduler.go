@@ -93,6 +93,8 @@ type Scheduler struct {
 	resv     *reservation
 
 	maxIslandGPUs, maxRackGPUs int
+	caps                       map[string]*capStats
+	maxCPU, maxMem             int64
 }
 
 // New builds a scheduler over a snapshot of the cluster.
@@ -122,6 +124,7 @@ func New(cfg Config, snap Snapshot, opts ...Option) (*Scheduler, error) {
 	for _, n := range c.rackGPUs {
 		s.maxRackGPUs = max(s.maxRackGPUs, n)
 	}
+	s.buildCapStats()
 	return s, nil
 }
 
@@ -202,54 +205,76 @@ func (s *Scheduler) removePending(g *gangState) {
 	}
 }
 
-// neverFits returns why no cluster state could admit the request, or "".
-func (s *Scheduler) neverFits(r *Request) string {
-	m := r.Member
-	var bestNodeGPUs, clusterGPUs, bestIsland int
-	var maxCPU, maxMem int64
-	mig := false
-	islandCount := map[int]int{}
+// capStats summarises, per GPU model, the static capacity that submission checks use.
+type capStats struct {
+	maxNode, total, maxIsland int
+	mig                       bool
+}
+
+func (s *Scheduler) buildCapStats() {
+	s.caps = map[string]*capStats{}
+	islands := map[string]map[int]int{}
 	for i := range s.c.nodes {
 		n := &s.c.nodes[i]
-		if n.CPUMilli >= m.CPUMilli && n.MemMiB >= m.MemMiB {
-			k := 0
-			for _, g := range n.GPUs {
-				if !modelOK(r.GPUModels, g.Model) {
-					continue
-				}
-				if g.MIG {
-					if sl, _ := MIGSlices(m.MIG); m.MIG != "" && sl <= MIGSlicesPerGPU {
-						mig = true
-					}
-					continue
-				}
-				k++
-				islandCount[g.Island]++
+		per := map[string]int{}
+		for _, g := range n.GPUs {
+			cs := s.caps[g.Model]
+			if cs == nil {
+				cs = &capStats{}
+				s.caps[g.Model] = cs
+				islands[g.Model] = map[int]int{}
 			}
-			bestNodeGPUs = max(bestNodeGPUs, k)
-			clusterGPUs += k
+			if g.MIG {
+				cs.mig = true
+				continue
+			}
+			per[g.Model]++
+			cs.total++
+			islands[g.Model][g.Island]++
 		}
-		maxCPU = max(maxCPU, n.CPUMilli)
-		maxMem = max(maxMem, n.MemMiB)
+		for m, k := range per {
+			s.caps[m].maxNode = max(s.caps[m].maxNode, k)
+		}
+		s.maxCPU = max(s.maxCPU, n.CPUMilli)
+		s.maxMem = max(s.maxMem, n.MemMiB)
 	}
-	for _, k := range islandCount {
-		bestIsland = max(bestIsland, k)
+	for m, is := range islands {
+		for _, k := range is {
+			s.caps[m].maxIsland = max(s.caps[m].maxIsland, k)
+		}
+	}
+}
+
+// neverFits returns why no cluster state could admit the request, or "". It uses capacity
+// summaries built once, so submission does not scan the nodes.
+func (s *Scheduler) neverFits(r *Request) string {
+	m := r.Member
+	var bestNode, total, bestIsland int
+	mig := false
+	for model, cs := range s.caps {
+		if !modelOK(r.GPUModels, model) {
+			continue
+		}
+		bestNode = max(bestNode, cs.maxNode)
+		bestIsland = max(bestIsland, cs.maxIsland)
+		total += cs.total
+		mig = mig || cs.mig
 	}
 	switch {
-	case m.CPUMilli > maxCPU:
-		return fmt.Sprintf("member asks %d milli-CPU, the largest node has %d", m.CPUMilli, maxCPU)
-	case m.MemMiB > maxMem:
-		return fmt.Sprintf("member asks %d MiB, the largest node has %d", m.MemMiB, maxMem)
+	case m.CPUMilli > s.maxCPU:
+		return fmt.Sprintf("member asks %d milli-CPU, the largest node has %d", m.CPUMilli, s.maxCPU)
+	case m.MemMiB > s.maxMem:
+		return fmt.Sprintf("member asks %d MiB, the largest node has %d", m.MemMiB, s.maxMem)
 	case m.MIG != "":
 		if !mig {
 			return fmt.Sprintf("no MIG-enabled GPU of models %v can host profile %s", r.GPUModels, m.MIG)
 		}
-	case m.GPUs > 0 && bestNodeGPUs == 0:
-		return fmt.Sprintf("no GPU of models %v on a node with room for the member's CPU and memory", r.GPUModels)
-	case m.GPUs > 0 && m.gpuMilli() == Milli && m.GPUs > bestNodeGPUs:
-		return fmt.Sprintf("member asks %d GPUs on one machine, the largest machine with models %v and room for its CPU/memory has %d", m.GPUs, r.GPUModels, bestNodeGPUs)
-	case m.GPUs > 0 && m.gpuMilli() == Milli && r.Min*m.GPUs > clusterGPUs:
-		return fmt.Sprintf("gang asks %d GPUs, the cluster has %d usable", r.Min*m.GPUs, clusterGPUs)
+	case m.GPUs > 0 && bestNode == 0:
+		return fmt.Sprintf("no GPU of models %v in the cluster", r.GPUModels)
+	case m.GPUs > 0 && m.gpuMilli() == Milli && m.GPUs > bestNode:
+		return fmt.Sprintf("member asks %d GPUs on one machine, the largest machine with models %v has %d", m.GPUs, r.GPUModels, bestNode)
+	case m.GPUs > 0 && m.gpuMilli() == Milli && r.Min*m.GPUs > total:
+		return fmt.Sprintf("gang asks %d GPUs, the cluster has %d of models %v", r.Min*m.GPUs, total, r.GPUModels)
 	case r.SameIsland && m.GPUs > 0 && r.Min*m.GPUs > bestIsland:
 		return fmt.Sprintf("gang asks %d GPUs in one NVLink island, the largest island has %d", r.Min*m.GPUs, bestIsland)
 	}

@@ -14,6 +14,7 @@ func newRootCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Run a benchmark against its baseline, measured in the same run",
 	}
+	bench.AddCommand(newBenchSchedCmd())
 	root.AddCommand(bench)
 	root.AddCommand(newSimCmd())
 	return root
