@@ -17,5 +17,6 @@ func newRootCmd() *cobra.Command {
 	bench.AddCommand(newBenchSchedCmd())
 	root.AddCommand(bench)
 	root.AddCommand(newSimCmd())
+	root.AddCommand(newTopologyCmd())
 	return root
 }
