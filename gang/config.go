@@ -64,6 +64,13 @@ type Config struct {
 	Preemption bool
 	// FairShareReclaim lets an under-share queue reclaim borrowed capacity by preemption.
 	FairShareReclaim bool
+	// TopologyWait lets a multi-GPU gang whose best placement now crosses more machines than
+	// it must wait up to this long (from submission) for a compact one, as delay scheduling
+	// does: a short wait buys a much faster AllReduce for the rest of the run. 0 disables it.
+	TopologyWait time.Duration
+	// MinRunBeforePreempt protects a gang that started less than this long ago from
+	// eviction, so that a gang is not thrashed (evicted, restored, evicted again).
+	MinRunBeforePreempt time.Duration
 	// CheckpointGrace is added to a victim's checkpoint save time to form its deadline.
 	CheckpointGrace time.Duration
 	// Backfill enables Slurm-style backfill around one reservation for the blocked head gang.
@@ -89,11 +96,15 @@ func DefaultConfig() Config {
 		MaxCandidates:    16,
 		MaxGangsPerCycle: 256,
 		MaxPending:       100000,
-		AgingStep:        2 * time.Hour,
+		AgingStep:        24 * time.Hour,
 		Preemption:       true,
 		FairShareReclaim: true,
 		CheckpointGrace:  30 * time.Second,
-		Backfill:         true,
+		// A restore plus CUDA context re-creation costs about a minute; a 15-minute guard
+		// keeps eviction overhead under ~10% of a victim's run.
+		MinRunBeforePreempt: 15 * time.Minute,
+		TopologyWait:        30 * time.Minute,
+		Backfill:            true,
 		// 1 GiB: a 500M-parameter model's fp16 gradients.
 		DefaultAllReduceBytes: 1 << 30,
 	}
@@ -129,7 +140,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("gang: MaxCandidates %d, MaxGangsPerCycle %d, MaxPending %d must be >= 1: %w",
 			c.MaxCandidates, c.MaxGangsPerCycle, c.MaxPending, ErrInvalidConfig)
 	}
-	if c.AgingStep < 0 || c.CheckpointGrace < 0 || c.DefaultAllReduceBytes < 0 {
+	if c.AgingStep < 0 || c.CheckpointGrace < 0 || c.MinRunBeforePreempt < 0 || c.TopologyWait < 0 || c.DefaultAllReduceBytes < 0 {
 		return fmt.Errorf("gang: negative AgingStep, CheckpointGrace or DefaultAllReduceBytes: %w", ErrInvalidConfig)
 	}
 	if c.FairShareReclaim && !c.Preemption {

@@ -468,6 +468,12 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 		}
 		excl := s.exclusion(g, now)
 		cand, members, reason := s.placeElastic(g, excl)
+		if cand != nil && s.cfg.TopologyAware && s.cfg.TopologyWait > 0 && cand.in.Machines > cand.in.MinMachines &&
+			now.Sub(g.submit) < s.cfg.TopologyWait {
+			d.Waiting = appendWaiting(d.Waiting, g.req.ID, fmt.Sprintf("waiting up to %s for a placement on %d machine(s), best now crosses %d",
+				s.cfg.TopologyWait, cand.in.MinMachines, cand.in.Machines))
+			continue
+		}
 		if cand != nil {
 			p := s.commitPlacement(g, cand, members, now)
 			p.Backfill = s.resv != nil && s.resv.gang != g.req.ID && touches(cand.allocs, s.resv.nodes)
@@ -533,6 +539,9 @@ func (s *Scheduler) exclusion(g *gangState, now time.Time) map[int]bool {
 	r := s.resv
 	if r == nil || r.gang == g.req.ID {
 		return nil
+	}
+	if rg, ok := s.gangs[r.gang]; ok && g.req.Priority > rg.req.Priority {
+		return nil // a reservation does not hold back higher-priority work
 	}
 	if !r.preemptor && g.req.Duration > 0 && !now.Add(g.req.Duration).After(r.start) {
 		return nil
@@ -607,7 +616,7 @@ func (s *Scheduler) tryPreempt(g *gangState, now time.Time) []Preemption {
 	}
 	var cands []vc
 	for _, v := range s.gangs {
-		if v.status != stRunning || v.req.NotPreemptible || v == g {
+		if v.status != stRunning || v.req.NotPreemptible || v == g || now.Sub(v.start) < s.cfg.MinRunBeforePreempt {
 			continue
 		}
 		switch {
@@ -619,6 +628,9 @@ func (s *Scheduler) tryPreempt(g *gangState, now time.Time) []Preemption {
 	}
 	if len(cands) == 0 {
 		return nil
+	}
+	if cand, _ := s.place(g, g.req.Min, nil); cand != nil {
+		return nil // only a reservation holds g back: evicting would free nothing it needs
 	}
 	sort.Slice(cands, func(i, j int) bool {
 		if cands[i].cost != cands[j].cost {
