@@ -31,7 +31,7 @@ func (s *Scheduler) fragOn() bool { return s.cfg.Weights.Fragmentation > 0 }
 func (s *Scheduler) nodeFrag(i int) float64 {
 	w := s.workload()
 	if s.frag == nil || len(w) == 0 || len(s.fragW) != len(w) || &s.fragW[0] != &w[0] {
-		s.frag = NewFragCache(w, FragOptions{Memory: true})
+		s.frag = NewFragCache(w, s.fragOpt)
 		s.fragW = w
 	}
 	return s.frag.Frag(&s.c.nodes[i])

@@ -35,6 +35,10 @@ func WithCollectiveModel(m CollectiveModel) Option { return func(s *Scheduler) {
 // they are learned from submissions).
 func WithWorkload(w Workload) Option { return func(s *Scheduler) { s.fixedWorkload = w } }
 
+// WithFragOptions selects the fragmentation measure of the fragmentation plugin (default:
+// memory-aware).
+func WithFragOptions(o FragOptions) Option { return func(s *Scheduler) { s.fragOpt = o } }
+
 // WithBlindPolicy sets the member placement used when Config.TopologyAware is false.
 func WithBlindPolicy(p BlindPolicy) Option { return func(s *Scheduler) { s.blind = p } }
 
@@ -81,6 +85,7 @@ type Scheduler struct {
 	learner       workloadLearner
 	frag          *FragCache
 	fragW         Workload
+	fragOpt       FragOptions
 	plugins       []weightedPlugin
 
 	c      *cluster
@@ -114,6 +119,7 @@ func New(cfg Config, snap Snapshot, opts ...Option) (*Scheduler, error) {
 		queues:  newQueueTree(cfg.Queues),
 		gangs:   map[string]*gangState{},
 		plugins: pluginsFor(cfg.Weights),
+		fragOpt: FragOptions{Memory: true},
 	}
 	for _, o := range opts {
 		o(s)

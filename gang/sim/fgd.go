@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/atoll-run/atoll/gang"
@@ -77,39 +79,74 @@ func RunFGD(ctx context.Context, nodes []gang.Node, pods []Pod, opt FGDOptions) 
 	}
 	typical := TypicalWorkload(pods, false)
 	typicalGPU := TypicalWorkload(pods, true)
-	var out []FGDResult
-	for _, pol := range opt.Policies {
-		per := make([][]float64, len(loads)) // alloc pct per load per seed
-		for s := 0; s < opt.Seeds; s++ {
-			if err := ctx.Err(); err != nil {
-				return nil, err
-			}
-			seed := opt.FirstSeed + uint64(s)
-			arr := SampleWorkload(pods, capMilli, loads[len(loads)-1], seed)
-			p, err := newPacker(pol, nodes, typical, typicalGPU, seed)
-			if err != nil {
-				return nil, err
-			}
-			var arrived int64
-			li := 0
-			for _, pod := range arr {
-				arrived += pod.GPUMilliTotal()
-				p.place(pod)
-				for li < len(loads) && float64(arrived) >= loads[li]*float64(capMilli) {
-					per[li] = append(per[li], 100*float64(p.allocated())/float64(capMilli))
-					li++
+	// Runs are independent: one goroutine per (policy, seed), at most GOMAXPROCS at a time,
+	// each writing its own slot, so results do not depend on scheduling.
+	type key struct{ pol, seed int }
+	per := map[key][]float64{}
+	var mu sync.Mutex
+	var firstErr error
+	sem := make(chan struct{}, max(1, runtime.GOMAXPROCS(0)))
+	var wg sync.WaitGroup
+	for pi, pol := range opt.Policies {
+		for si := 0; si < opt.Seeds; si++ {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				shares, err := fgdRun(ctx, pol, nodes, pods, typical, typicalGPU, loads, capMilli, opt.FirstSeed+uint64(si))
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil && firstErr == nil {
+					firstErr = err
 				}
-			}
-			for ; li < len(loads); li++ {
-				per[li] = append(per[li], 100*float64(p.allocated())/float64(capMilli))
-			}
+				per[key{pi, si}] = shares
+			}()
 		}
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	var out []FGDResult
+	for pi, pol := range opt.Policies {
 		for li, l := range loads {
-			m, sd := meanSD(per[li])
+			var xs []float64
+			for si := 0; si < opt.Seeds; si++ {
+				xs = append(xs, per[key{pi, si}][li])
+			}
+			m, sd := meanSD(xs)
 			out = append(out, FGDResult{Load: l, Policy: pol, AllocPctMean: round2(m), AllocPctSD: round2(sd), UnallocPctMean: round2(100 - m), Seeds: opt.Seeds})
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Load < out[j].Load })
+	return out, nil
+}
+
+// fgdRun is one seeded run of one policy; it returns the allocated share at each load.
+func fgdRun(ctx context.Context, pol string, nodes []gang.Node, pods []Pod, typical, typicalGPU gang.Workload, loads []float64, capMilli int64, seed uint64) ([]float64, error) {
+	arr := SampleWorkload(pods, capMilli, loads[len(loads)-1], seed)
+	p, err := newPacker(pol, nodes, typical, typicalGPU, seed)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float64, 0, len(loads))
+	var arrived int64
+	for i, pod := range arr {
+		if i%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+		arrived += pod.GPUMilliTotal()
+		p.place(pod)
+		for len(out) < len(loads) && float64(arrived) >= loads[len(out)]*float64(capMilli) {
+			out = append(out, 100*float64(p.allocated())/float64(capMilli))
+		}
+	}
+	for len(out) < len(loads) {
+		out = append(out, 100*float64(p.allocated())/float64(capMilli))
+	}
 	return out, nil
 }
 
