@@ -370,3 +370,42 @@ func TestTopologyBeatsBlind(t *testing.T) {
 		t.Fatalf("no scores reported: %+v", aware)
 	}
 }
+
+// TestOrdering: priority classes first, aging lifts old gangs one class per AgingStep, and
+// between queues the under-served one (DRF) goes first.
+func TestOrdering(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Queues = []QueueConfig{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}}
+	cfg.DefaultQueue = "a"
+	cfg.AgingStep = time.Hour
+	cfg.Preemption, cfg.FairShareReclaim, cfg.Backfill = false, false, false
+	s, err := New(cfg, testSnapshot(1, 8, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := func(id, q string, prio int, at time.Time) {
+		t.Helper()
+		if _, err := s.Submit(Request{ID: id, Queue: q, Priority: prio, Min: 1, Member: Member{GPUs: 1}}, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Queue a already holds a GPU.
+	sub("a-run", "a", 0, epoch)
+	s.Cycle(epoch)
+	now := epoch.Add(3 * time.Hour)
+	sub("old-low", "a", 0, epoch)                  // aged 3h: class 3
+	sub("fresh-high", "a", 2, now)                 // class 2
+	sub("a-normal", "a", 1, now)                   // class 1, queue a over-served
+	sub("b-normal", "b", 1, now.Add(-time.Second)) // class 1, queue b idle
+	var got []string
+	for i := 0; i < 4; i++ {
+		d := s.Cycle(now)
+		for _, p := range d.Placements {
+			got = append(got, p.Gang)
+		}
+	}
+	want := []string{"old-low", "fresh-high", "b-normal", "a-normal"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("order %v, want %v", got, want)
+	}
+}
