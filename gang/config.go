@@ -96,7 +96,7 @@ func DefaultConfig() Config {
 		MaxCandidates:    16,
 		MaxGangsPerCycle: 256,
 		MaxPending:       100000,
-		AgingStep:        24 * time.Hour,
+		AgingStep:        72 * time.Hour,
 		Preemption:       true,
 		FairShareReclaim: true,
 		CheckpointGrace:  30 * time.Second,

@@ -57,6 +57,15 @@ func (s *Scheduler) place(g *gangState, members int, excl map[int]bool) (*candid
 			cands = append(cands, c)
 		}
 	}
+	if s.compactOnly {
+		kept := cands[:0]
+		for _, c := range cands {
+			if c.in.Machines <= c.in.MinMachines {
+				kept = append(kept, c)
+			}
+		}
+		cands = kept
+	}
 	if len(cands) == 0 {
 		if s.c.totalMilli-s.c.usedMilli < int64(members)*int64(m.TotalMilli()) {
 			reason = "not enough free GPUs"

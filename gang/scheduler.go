@@ -98,6 +98,7 @@ type Scheduler struct {
 	resv     *reservation
 
 	maxIslandGPUs, maxRackGPUs int
+	compactOnly                bool // place: accept only placements on the fewest machines
 	caps                       map[string]*capStats
 	maxCPU, maxMem             int64
 }
@@ -478,6 +479,13 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 			now.Sub(g.submit) < s.cfg.TopologyWait {
 			d.Waiting = appendWaiting(d.Waiting, g.req.ID, fmt.Sprintf("waiting up to %s for a placement on %d machine(s), best now crosses %d",
 				s.cfg.TopologyWait, cand.in.MinMachines, cand.in.Machines))
+			if s.resv == nil && s.cfg.Backfill {
+				// Hold the machines that free up first for a compact placement, or
+				// one-GPU work would refill every card the moment it frees.
+				s.compactOnly = true
+				s.reserve(g, now)
+				s.compactOnly = false
+			}
 			continue
 		}
 		if cand != nil {

@@ -264,11 +264,15 @@ type jobRun struct {
 }
 
 func runPolicy(ctx context.Context, policy string, jobs []Job, snap gang.Snapshot, model gang.CollectiveModel) (DynamicResult, error) {
-	res := DynamicResult{Policy: policy, Jobs: len(jobs)}
 	cfg, blind, err := PolicyConfig(policy)
 	if err != nil {
-		return res, err
+		return DynamicResult{Policy: policy}, err
 	}
+	return runConfig(ctx, policy, cfg, blind, jobs, snap, model)
+}
+
+func runConfig(ctx context.Context, policy string, cfg gang.Config, blind gang.BlindPolicy, jobs []Job, snap gang.Snapshot, model gang.CollectiveModel) (DynamicResult, error) {
+	res := DynamicResult{Policy: policy, Jobs: len(jobs)}
 	total := 0
 	for _, n := range snap.Nodes {
 		total += len(n.GPUs)
