@@ -78,7 +78,7 @@ func RunFGD(ctx context.Context, nodes []gang.Node, pods []Pod, opt FGDOptions) 
 		return nil, fmt.Errorf("sim: fgd: node list has no GPUs: %w", ErrBadSpec)
 	}
 	typical := TypicalWorkload(pods, false)
-	typicalGPU := TypicalWorkload(pods, true)
+	typicalGPU := AtollWorkload(pods, nodes)
 	// Runs are independent: one goroutine per (policy, seed), at most GOMAXPROCS at a time,
 	// each writing its own slot, so results do not depend on scheduling.
 	type key struct{ pol, seed int }

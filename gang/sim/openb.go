@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/atoll-run/atoll/gang"
@@ -120,6 +121,16 @@ func (s *Skipper) add(err error) {
 // (a CPU-only shape counts as a tenth of a GPU) and no shape is cut: a rare 8-GPU pod then
 // weighs what its GPUs weigh, so whole idle machines are kept for it.
 func TypicalWorkload(pods []Pod, byGPU bool) gang.Workload {
+	if byGPU {
+		return typicalWorkload(pods, 1)
+	}
+	return typicalWorkload(pods, 0)
+}
+
+// typicalWorkload weighs each pod by (its GPUs)^exp (CPU-only pods by 0.1^exp); exp 0 is
+// FGD's count weighting with the 0.999 popularity cut.
+func typicalWorkload(pods []Pod, exp float64) gang.Workload {
+	byGPU := exp != 0
 	type key struct {
 		n, milli int
 		cpu, mem int64
@@ -134,7 +145,7 @@ func TypicalWorkload(pods []Pod, byGPU bool) gang.Workload {
 		}
 		wt := 1.0
 		if byGPU {
-			wt = max(float64(p.GPUMilliTotal())/gang.Milli, 0.1)
+			wt = math.Pow(max(float64(p.GPUMilliTotal())/gang.Milli, 0.1), exp)
 		}
 		counts[k] += wt
 	}
@@ -162,6 +173,42 @@ func TypicalWorkload(pods []Pod, byGPU bool) gang.Workload {
 	}
 	for i := range w {
 		w[i].Freq /= cum
+	}
+	return w
+}
+
+// AtollWorkload is the atoll policy's target workload: shapes weighted by the GPUs they ask
+// (TypicalWorkload with byGPU), and each shape restricted to some GPU models further
+// weighted by its scarcity, cluster GPUs / GPUs of its allowed models: a T4-only pod can
+// use only the T4 nodes, so its demand on them is that much more concentrated. Without the
+// scarcity factor the GPU weighting makes small nodes look like pure fragments (an 8-GPU
+// shape can never use them) and fills them with unconstrained pods, starving the pods that
+// can run nowhere else.
+func AtollWorkload(pods []Pod, nodes []gang.Node) gang.Workload {
+	w := typicalWorkload(pods, 1)
+	perModel := map[string]float64{}
+	total := 0.0
+	for _, n := range nodes {
+		for _, g := range n.GPUs {
+			perModel[g.Model]++
+			total++
+		}
+	}
+	sum := 0.0
+	for i := range w {
+		if len(w[i].Models) > 0 {
+			allowed := 0.0
+			for _, m := range w[i].Models {
+				allowed += perModel[m]
+			}
+			if allowed > 0 {
+				w[i].Freq *= total / allowed
+			}
+		}
+		sum += w[i].Freq
+	}
+	for i := range w {
+		w[i].Freq /= sum
 	}
 	return w
 }

@@ -245,3 +245,16 @@ func TestBenchSmall(t *testing.T) {
 		t.Fatalf("%+v", r)
 	}
 }
+
+func TestAtollWorkloadScarcity(t *testing.T) {
+	nodes := []gang.Node{{GPUs: make([]gang.GPU, 8)}, {GPUs: []gang.GPU{{Model: "T4"}, {Model: "T4"}}}}
+	for i := range nodes[0].GPUs {
+		nodes[0].GPUs[i].Model = "G2"
+	}
+	pods := []Pod{{NumGPU: 1, GPUMilli: 1000}, {NumGPU: 1, GPUMilli: 1000, Models: []string{"T4"}}}
+	w := AtollWorkload(pods, nodes)
+	// Same GPUs and count; the T4-only shape is 10/2 = 5 times as concentrated.
+	if len(w) != 2 || len(w[1].Models) != 1 || w[1].Freq < 0.83 || w[1].Freq > 0.84 {
+		t.Fatalf("%+v", w)
+	}
+}
