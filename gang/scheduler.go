@@ -459,6 +459,7 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 		}
 	}
 	preemptTries := 0
+	reserveTried := false
 	var placed []*gangState
 	for _, k := range order {
 		if d.Attempts >= s.cfg.MaxGangsPerCycle {
@@ -479,9 +480,10 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 			now.Sub(g.submit) < s.cfg.TopologyWait {
 			d.Waiting = appendWaiting(d.Waiting, g.req.ID, fmt.Sprintf("waiting up to %s for a placement on %d machine(s), best now crosses %d",
 				s.cfg.TopologyWait, cand.in.MinMachines, cand.in.Machines))
-			if s.resv == nil && s.cfg.Backfill {
+			if s.resv == nil && s.cfg.Backfill && !reserveTried {
 				// Hold the machines that free up first for a compact placement, or
 				// one-GPU work would refill every card the moment it frees.
+				reserveTried = true
 				s.compactOnly = true
 				s.reserve(g, now)
 				s.compactOnly = false
@@ -513,7 +515,8 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 				continue
 			}
 		}
-		if s.cfg.Backfill {
+		if s.cfg.Backfill && !reserveTried {
+			reserveTried = true // one reservation search per cycle bounds its latency
 			s.reserve(g, now)
 		}
 	}
@@ -753,6 +756,9 @@ func (s *Scheduler) reserve(g *gangState, now time.Time) {
 		}
 	}
 	end := func(v *gangState) time.Time { return v.start.Add(v.req.Duration - v.progress) }
+	if len(running) == 0 {
+		return
+	}
 	sort.Slice(running, func(i, j int) bool {
 		ei, ej := end(running[i]), end(running[j])
 		if !ei.Equal(ej) {
