@@ -1,6 +1,7 @@
 package gang
 
 import (
+	"container/heap"
 	"fmt"
 	"sort"
 	"time"
@@ -459,7 +460,7 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 		}
 	}
 	preemptTries := 0
-	reserveTried := false
+	reserveTried, compactTried := false, false // one search of each kind per cycle
 	var placed []*gangState
 	for _, k := range order {
 		if d.Attempts >= s.cfg.MaxGangsPerCycle {
@@ -480,10 +481,10 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 			now.Sub(g.submit) < s.cfg.TopologyWait {
 			d.Waiting = appendWaiting(d.Waiting, g.req.ID, fmt.Sprintf("waiting up to %s for a placement on %d machine(s), best now crosses %d",
 				s.cfg.TopologyWait, cand.in.MinMachines, cand.in.Machines))
-			if s.resv == nil && s.cfg.Backfill && !reserveTried {
+			if s.resv == nil && s.cfg.Backfill && !compactTried {
 				// Hold the machines that free up first for a compact placement, or
 				// one-GPU work would refill every card the moment it frees.
-				reserveTried = true
+				compactTried = true
 				s.compactOnly = true
 				s.reserve(g, now)
 				s.compactOnly = false
@@ -759,18 +760,15 @@ func (s *Scheduler) reserve(g *gangState, now time.Time) {
 	if len(running) == 0 {
 		return
 	}
-	sort.Slice(running, func(i, j int) bool {
-		ei, ej := end(running[i]), end(running[j])
-		if !ei.Equal(ej) {
-			return ei.Before(ej)
-		}
-		return running[i].seq < running[j].seq
-	})
+	// A heap, not a sort: the search usually stops after a few hundred of many thousands.
+	h := &endHeap{gs: running, end: end}
+	heap.Init(h)
 	need := int64(g.req.Min) * int64(g.req.Member.TotalMilli())
 	st := s.c.newStatement()
 	defer st.discard()
 	tries := 0
-	for _, v := range running {
+	for h.Len() > 0 {
+		v := heap.Pop(h).(*gangState)
 		for _, a := range v.allocs {
 			st.release(a)
 		}
@@ -793,4 +791,26 @@ func (s *Scheduler) reserve(g *gangState, now time.Time) {
 			return
 		}
 	}
+}
+
+// endHeap orders running gangs by expected end, then arrival.
+type endHeap struct {
+	gs  []*gangState
+	end func(*gangState) time.Time
+}
+
+func (h *endHeap) Len() int { return len(h.gs) }
+func (h *endHeap) Less(i, j int) bool {
+	ei, ej := h.end(h.gs[i]), h.end(h.gs[j])
+	if !ei.Equal(ej) {
+		return ei.Before(ej)
+	}
+	return h.gs[i].seq < h.gs[j].seq
+}
+func (h *endHeap) Swap(i, j int) { h.gs[i], h.gs[j] = h.gs[j], h.gs[i] }
+func (h *endHeap) Push(x any)    { h.gs = append(h.gs, x.(*gangState)) }
+func (h *endHeap) Pop() any {
+	x := h.gs[len(h.gs)-1]
+	h.gs = h.gs[:len(h.gs)-1]
+	return x
 }
