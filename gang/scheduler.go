@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -462,11 +463,27 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 	preemptTries := 0
 	reserveTried, compactTried := false, false // one search of each kind per cycle
 	var placed []*gangState
+	// failed remembers, per member shape, the fewest members that found no placement this
+	// cycle with no node excluded: a gang of that shape asking as many or more cannot fit
+	// either and is passed over without a search. Such skips do not count against
+	// MaxGangsPerCycle, so a backlog of blocked large gangs does not hide the small ones
+	// behind it; scanned bounds the whole loop.
+	type shapeKey struct {
+		m      Member
+		models string
+	}
+	failed := map[shapeKey]int{}
+	scanned := 0
 	for _, k := range order {
-		if d.Attempts >= s.cfg.MaxGangsPerCycle {
+		if d.Attempts >= s.cfg.MaxGangsPerCycle || scanned >= 16*s.cfg.MaxGangsPerCycle {
 			break
 		}
+		scanned++
 		g := k.g
+		sk := shapeKey{g.req.Member, strings.Join(g.req.GPUModels, "|")}
+		if n, ok := failed[sk]; ok && g.req.Min >= n && !s.cfg.StrictFIFO {
+			continue
+		}
 		d.Attempts++
 		if s.cfg.QuotaAdmission && g.q.quota > 0 {
 			need := int64(g.req.Min) * int64(g.req.Member.TotalMilli())
@@ -505,6 +522,11 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 		d.Waiting = appendWaiting(d.Waiting, g.req.ID, reason)
 		if s.cfg.StrictFIFO {
 			break
+		}
+		if excl == nil {
+			if n, ok := failed[sk]; !ok || g.req.Min < n {
+				failed[sk] = g.req.Min
+			}
 		}
 		if s.resv != nil {
 			continue

@@ -419,8 +419,7 @@ func runConfig(ctx context.Context, policy string, cfg gang.Config, blind gang.B
 	res.QueueDelay = stats(qd)
 	res.HighPrioQueueDelay = stats(hq)
 	res.JCT = stats(jct)
-	res.AllReduce = stats(arTimes)
-	res.AllReduce.Mean = math.Round(res.AllReduce.Mean*1e6) / 1e6
+	res.AllReduce = statsPrec(arTimes, 1e6) // microseconds: NVLink AllReduces take a few ms
 	res.MultiGPUPlacements = len(arTimes)
 	if len(arTimes) > 0 {
 		res.MeanMachines = round2(float64(machines) / float64(len(arTimes)))
@@ -433,7 +432,10 @@ func runConfig(ctx context.Context, policy string, cfg gang.Config, blind gang.B
 	return res, nil
 }
 
-func stats(xs []float64) Stats {
+func stats(xs []float64) Stats { return statsPrec(xs, 1000) }
+
+// statsPrec summarises xs, rounded to 1/prec.
+func statsPrec(xs []float64, prec float64) Stats {
 	if len(xs) == 0 {
 		return Stats{}
 	}
@@ -444,6 +446,6 @@ func stats(xs []float64) Stats {
 		sum += x
 	}
 	pct := func(q float64) float64 { return s[int(q*float64(len(s)-1))] }
-	r := func(x float64) float64 { return math.Round(x*1000) / 1000 }
+	r := func(x float64) float64 { return math.Round(x*prec) / prec }
 	return Stats{Mean: r(sum / float64(len(s))), P50: r(pct(0.5)), P99: r(pct(0.99))}
 }
