@@ -103,7 +103,7 @@ func DefaultConfig() Config {
 		// A restore plus CUDA context re-creation costs about a minute; a 15-minute guard
 		// keeps eviction overhead under ~10% of a victim's run.
 		MinRunBeforePreempt: 15 * time.Minute,
-		TopologyWait:        30 * time.Minute,
+		TopologyWait:        time.Hour,
 		Backfill:            true,
 		// 1 GiB: a 500M-parameter model's fp16 gradients.
 		DefaultAllReduceBytes: 1 << 30,
