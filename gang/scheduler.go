@@ -456,10 +456,7 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 	// A reservation whose gang is gone, or a backfill reservation from an earlier cycle, is
 	// recomputed; a preemptor's reservation stands until it is placed.
 	if s.resv != nil {
-		// A preemptor's reservation also lapses well after its victims' deadline, so a victim
-		// that never reports Evicted cannot hold nodes out of use forever.
-		lapsed := now.After(s.resv.start.Add(4*s.cfg.CheckpointGrace + time.Minute))
-		if g, ok := s.gangs[s.resv.gang]; !ok || g.status != stPending || !s.resv.preemptor || lapsed {
+		if g, ok := s.gangs[s.resv.gang]; !ok || g.status != stPending || !s.resv.preemptor {
 			s.resv = nil
 		}
 	}
