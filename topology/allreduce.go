@@ -103,23 +103,49 @@ func (c *Cluster) AllReduce(gpus []int, bytes int64, algo Algo) AllReduceEstimat
 		}
 		return est
 	}
-	switch algo {
-	case Best:
-		best := AllReduceEstimate{Time: Unreachable}
-		// On ties the simpler algorithm wins.
-		for _, a := range []Algo{Ring, NVLS, Tree, Hierarchical} {
-			if e := c.AllReduce(ids, bytes, a); e.Time < best.Time {
-				best = e
-			}
+	var rc ringCache
+	if algo != Best {
+		return c.estimate(est, ids, &rc)
+	}
+	best := est
+	best.Time = Unreachable
+	// On ties the simpler algorithm wins.
+	for _, a := range []Algo{Ring, NVLS, Tree, Hierarchical} {
+		e := est
+		e.Algo = a
+		if e = c.estimate(e, ids, &rc); e.Time < best.Time {
+			best = e
 		}
-		best.Requested = Best
-		return best
+	}
+	return best
+}
+
+// ringCache keeps one ring computation for the algorithms that share it.
+type ringCache struct {
+	done  bool
+	b     float64
+	alpha time.Duration
+	tier  Tier
+}
+
+func (rc *ringCache) get(c *Cluster, ids []int) (float64, time.Duration, Tier) {
+	if !rc.done {
+		rc.b, rc.alpha, rc.tier = c.ring(ids)
+		rc.done = true
+	}
+	return rc.b, rc.alpha, rc.tier
+}
+
+// estimate fills est for est.Algo over sorted, distinct, valid ids (at least two).
+func (c *Cluster) estimate(est AllReduceEstimate, ids []int, rc *ringCache) AllReduceEstimate {
+	bytes := est.Bytes
+	switch est.Algo {
 	case Ring:
-		b, alpha, tier := c.ring(ids)
+		b, alpha, tier := rc.get(c, ids)
 		est.Time = us(c.model.RingBaseLatencyUs) + ringTime(len(ids), bytes, b, alpha)
 		est.Bottleneck = tier
 	case Tree:
-		b, alpha, tier := c.ring(ids)
+		b, alpha, tier := rc.get(c, ids)
 		steps := math.Ceil(math.Log2(float64(len(ids))))
 		est.Time = us(c.model.TreeBaseLatencyUs) + time.Duration(2*steps*float64(alpha)) + secs(2*float64(bytes)/(b*1e9))
 		est.Bottleneck = tier
@@ -162,11 +188,15 @@ func ringTime(p int, bytes int64, b float64, alpha time.Duration) time.Duration 
 }
 
 func (c *Cluster) countIslands(ids []int) int {
-	seen := map[int32]struct{}{}
-	for _, id := range ids {
-		seen[c.islandOf[id]] = struct{}{}
+	if len(ids) == 0 {
+		return 0
 	}
-	return len(seen)
+	ks := make([]int32, len(ids))
+	for i, id := range ids {
+		ks[i] = c.islandOf[id]
+	}
+	slices.Sort(ks)
+	return len(slices.Compact(ks))
 }
 
 // ring returns the effective bottleneck bandwidth (GB/s), the largest per-step latency and
@@ -175,32 +205,57 @@ func (c *Cluster) countIslands(ids []int) int {
 // (NCCL runs a ring per NIC), so their bandwidth is the sum of the distinct NICs the set's
 // GPUs use on each side.
 func (c *Cluster) ring(ids []int) (float64, time.Duration, Tier) {
+	// ids are sorted, so each machine's GPUs form one run; rails[r] is the aggregate NIC
+	// bandwidth of the distinct NICs used by run r's GPUs.
+	var rails []float64
+	for i := 0; i < len(ids); {
+		machine := c.loc[ids[i]].machine
+		mt := c.mach[machine].mt
+		var seen uint64
+		var extra map[int]bool
+		rail := 0.0
+		j := i
+		for ; j < len(ids) && c.loc[ids[j]].machine == machine; j++ {
+			local := int(c.loc[ids[j]].index)
+			k := mt.nic[local] + 1 // 0 = no NIC
+			if k < 64 {
+				if seen&(1<<k) != 0 {
+					continue
+				}
+				seen |= 1 << k
+			} else {
+				if extra == nil {
+					extra = map[int]bool{}
+				}
+				if extra[k] {
+					continue
+				}
+				extra[k] = true
+			}
+			rail += c.nicGBpsOf(mt, local)
+		}
+		rails = append(rails, rail)
+		i = j
+	}
 	b := math.Inf(1)
 	var alpha time.Duration
 	tier := TierSelf
-	rail := map[int]float64{} // machine -> aggregate NIC GB/s of the set's GPUs there
-	seenNIC := map[[2]int]bool{}
-	for _, id := range ids {
-		g := c.gpus[id]
-		m := c.Machines[g.Machine]
-		k := m.mt.nic[g.Index]
-		if seenNIC[[2]int{g.Machine, k}] {
-			continue
-		}
-		seenNIC[[2]int{g.Machine, k}] = true
-		rail[g.Machine] += c.nicGBps(m, g.Index)
-	}
+	run := 0
 	for i := range ids {
 		a, z := ids[i], ids[(i+1)%len(ids)]
 		l := c.Link(a, z)
 		bw := l.GBps * c.model.efficiency(l.Tier)
+		next := run
+		if c.loc[a].machine != c.loc[z].machine {
+			next = (run + 1) % len(rails)
+		}
 		if l.Tier == TierNetLeaf || l.Tier == TierNetSpine {
-			ma, mz := c.gpus[a].Machine, c.gpus[z].Machine
-			bw = min(rail[ma], rail[mz]) * c.model.NetEfficiency
+			bw = min(rails[run], rails[next]) * c.model.NetEfficiency
 			if l.Tier == TierNetSpine {
 				bw /= c.Network.Oversubscription
 			}
 		}
+		run = next
 		if bw < b {
 			b, tier = bw, l.Tier
 		}
@@ -279,7 +334,7 @@ func (c *Cluster) hierarchical(ids []int, bytes int64) (time.Duration, Tier) {
 			gp := c.gpus[id]
 			m := c.Machines[gp.Machine]
 			n := users[[2]int{gp.Machine, m.mt.nic[gp.Index]}]
-			perGPU[i] = min(perGPU[i], c.nicGBps(m, gp.Index)/float64(n))
+			perGPU[i] = min(perGPU[i], c.nicGBpsOf(m.mt, gp.Index)/float64(n))
 		}
 	}
 	b := math.Inf(1)

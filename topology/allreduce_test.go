@@ -13,9 +13,11 @@ const gib = int64(1) << 30
 //
 // Sources:
 //   - DGX A100 (8x A100-SXM4-80GB, NVSwitch, NVLink 3 at 300 GB/s per GPU per direction):
-//     NVIDIA's published all_reduce busbw for DGX A100 is ~230 GB/s at large messages; users
-//     report ~200-210 GB/s on 8x A100 NVSwitch systems (github.com/NVIDIA/nccl-tests/issues/149,
-//     HPE Apollo 6500 8x A100 80GB: "busbw of ~200 GB/s").
+//     ~230 GB/s busbw at large messages is the figure commonly quoted as NVIDIA's for DGX A100
+//     (we could not find the primary page in our reference search, so it is checked together
+//     with a measured one); users measure ~200 GB/s on 8x A100 NVSwitch systems
+//     (github.com/NVIDIA/nccl-tests/issues/149, HPE Apollo 6500 8x A100 80GB, NCCL 2.18:
+//     "the nccl tests show a busbw of ~200 GB/s").
 //   - DGX H100 (8x H100 SXM5, NVLink 4 at 450 GB/s): "450GB/s is the line rate. With the
 //     protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s [...]
 //     when running with NCCL_ALGO=RING. [...] allreduce uses NVLink SHARP by default [...] On 8

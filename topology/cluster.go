@@ -1,6 +1,10 @@
 package topology
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
 
 // Cluster is a built, validated set of machines with global GPU ids 0..N-1 in machine
 // order. It is immutable after Build and safe for concurrent use; Link, IslandOf and
@@ -20,6 +24,21 @@ type Cluster struct {
 	gpus     []*GPU
 	islands  [][]int
 	islandOf []int32
+	loc      []gpuLoc  // per GPU, compact, for Link
+	mach     []machLoc // per machine, compact, for Link
+}
+
+// gpuLoc places a GPU: its machine and local index.
+type gpuLoc struct {
+	machine int32
+	index   int32
+}
+
+// machLoc is what Link needs of a machine.
+type machLoc struct {
+	mt         *machineType
+	rack       int32
+	rackDomain bool
 }
 
 // Rack is a group of machines under one leaf switch; for rack NVLink fabrics (GB200 NVL72)
@@ -120,6 +139,10 @@ type machineType struct {
 	nicGBps  []float64  // per NIC: GB/s (speed/8)
 }
 
+// MaxGPUs bounds the size of a built cluster (about 200 MiB of model), so that a typo in a
+// count fails with an error instead of exhausting memory.
+const MaxGPUs = 1 << 20
+
 // Build validates a cluster spec and builds the cluster. Errors wrap ErrInvalidSpec or
 // ErrUnknownMachine and name the JSON path of what was wrong.
 func Build(spec *ClusterSpec) (*Cluster, error) {
@@ -132,7 +155,8 @@ func Build(spec *ClusterSpec) (*Cluster, error) {
 	var insts []MachineInstance
 	perType := map[string]int{}
 	rack := 0
-	for _, g := range spec.Machines {
+	total := 0
+	for i, g := range spec.Machines {
 		ms, err := spec.resolve(&g)
 		if err != nil { // cannot happen after Validate; keep the check
 			return nil, fmt.Errorf("topology: %w: %v", ErrInvalidSpec, err)
@@ -151,6 +175,10 @@ func Build(spec *ClusterSpec) (*Cluster, error) {
 		}
 		if rackSize == 0 {
 			rackSize = count
+		}
+		total += count * max(1, len(ms.GPUs))
+		if total > MaxGPUs {
+			return nil, fmt.Errorf("topology: machines[%d]: the cluster would hold more than %d GPUs (a typo in a count?): %w", i, MaxGPUs, ErrInvalidSpec)
 		}
 		typeName := ms.Name
 		if typeName == "" {
@@ -244,6 +272,14 @@ func BuildMachines(machines []MachineInstance, network NetworkSpec) (*Cluster, e
 					r.Index, len(r.Machines), ms.Name, ms.NVLinkDomainSize, ErrInvalidSpec)
 			}
 		}
+	}
+	c.loc = make([]gpuLoc, len(c.gpus))
+	for i, g := range c.gpus {
+		c.loc[i] = gpuLoc{machine: int32(g.Machine), index: int32(g.Index)}
+	}
+	c.mach = make([]machLoc, len(c.Machines))
+	for i, m := range c.Machines {
+		c.mach[i] = machLoc{mt: m.mt, rack: int32(m.Rack), rackDomain: c.Racks[m.Rack].NVLinkDomain}
 	}
 	c.computeIslands()
 	return c, nil
@@ -475,6 +511,69 @@ func (c *Cluster) IslandOf(global int) int {
 		return -1
 	}
 	return int(c.islandOf[global])
+}
+
+// CheckGPUs returns an error wrapping ErrNoGPU naming the first id outside 0..NumGPUs()-1,
+// or a duplicate id; nil if every id names a distinct GPU.
+func (c *Cluster) CheckGPUs(ids []int) error {
+	seen := make(map[int]bool, len(ids))
+	for i, id := range ids {
+		if id < 0 || id >= len(c.gpus) {
+			return fmt.Errorf("topology: GPU id %d at position %d: the cluster has GPUs 0..%d: %w", id, i, len(c.gpus)-1, ErrNoGPU)
+		}
+		if seen[id] {
+			return fmt.Errorf("topology: GPU id %d listed twice (position %d): %w", id, i, ErrNoGPU)
+		}
+		seen[id] = true
+	}
+	return nil
+}
+
+// IslandsOf groups GPUs by island: one sorted list per island touched, ordered by island
+// index. Unknown ids are left out. len(IslandsOf(gang)) is the number of islands a gang spans.
+func (c *Cluster) IslandsOf(gpus []int) [][]int {
+	byIsland := map[int][]int{}
+	for _, id := range gpus {
+		if k := c.IslandOf(id); k >= 0 {
+			byIsland[k] = append(byIsland[k], id)
+		}
+	}
+	keys := make([]int, 0, len(byIsland))
+	for k := range byIsland {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out := make([][]int, 0, len(keys))
+	for _, k := range keys {
+		ids := byIsland[k]
+		slices.Sort(ids)
+		out = append(out, slices.Compact(ids))
+	}
+	return out
+}
+
+// DescribePlacement says in one line where a set of GPUs sits, e.g.
+// "16 GPU(s) on 2 island(s): island 0 = dgx-h100-0 GPUs 0-7; island 1 = dgx-h100-1 GPUs 0-7".
+// The demo prints it for the islands its gang landed on.
+func (c *Cluster) DescribePlacement(gpus []int) string {
+	groups := c.IslandsOf(gpus)
+	n := 0
+	var parts []string
+	for _, g := range groups {
+		n += len(g)
+		// Within an island, list GPUs per machine by local index.
+		var per []string
+		for i := 0; i < len(g); {
+			m := c.gpus[g[i]].Machine
+			var local []int
+			for ; i < len(g) && c.gpus[g[i]].Machine == m; i++ {
+				local = append(local, c.gpus[g[i]].Index)
+			}
+			per = append(per, fmt.Sprintf("%s GPUs %s", c.Machines[m].Name, ranges(local)))
+		}
+		parts = append(parts, fmt.Sprintf("island %d = %s", c.IslandOf(g[0]), strings.Join(per, ", ")))
+	}
+	return fmt.Sprintf("%d GPU(s) on %d island(s): %s", n, len(groups), strings.Join(parts, "; "))
 }
 
 // MachineOf returns the machine holding a GPU, or nil.

@@ -1,6 +1,7 @@
 package topology
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -362,5 +363,98 @@ func TestBuildMachinesRackOrder(t *testing.T) {
 	}
 	if c.Machines[0].Simulated || c.Machines[0].Name != "host-a" || c.GPU(0).UUID != "" {
 		t.Fatalf("discovered machine = %+v, uuid %q", c.Machines[0], c.GPU(0).UUID)
+	}
+}
+
+func TestExampleClusterFile(t *testing.T) {
+	c := mustLoad(t, "testdata/example-cluster.json")
+	if c.NumGPUs() != 16*8+4*4 || len(c.Racks) != 3 {
+		t.Fatalf("gpus %d racks %d", c.NumGPUs(), len(c.Racks))
+	}
+	// 16 DGX islands of 8; each h100-pcie-4 has pair {0,1}, GPU 2 alone (its peer 3 is in
+	// MIG mode) and GPU 3 alone.
+	if got := len(c.Islands()); got != 16+4*3 {
+		t.Fatalf("islands = %d", got)
+	}
+	if c.Network.Oversubscription != 2 {
+		t.Fatalf("network %+v", c.Network)
+	}
+}
+
+func TestBuiltinSpecsRoundTripThroughJSON(t *testing.T) {
+	// What an agent sends (a MachineSpec as JSON) must rebuild the same machine.
+	for _, name := range BuiltinNames() {
+		t.Run(name, func(t *testing.T) {
+			m, err := BuiltinMachine(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, err := json.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			spec, err := ParseSpec(raw, name+".json")
+			if err != nil {
+				t.Fatalf("%v\n%s", err, raw)
+			}
+			a, b := mustLoad(t, name), mustBuild(t, spec)
+			if !reflect.DeepEqual(a.Islands(), b.Islands()) || a.NumGPUs() != b.NumGPUs() {
+				t.Fatalf("islands %v vs %v", a.Islands(), b.Islands())
+			}
+			for i := 0; i < a.NumGPUs(); i++ {
+				for j := 0; j < a.NumGPUs(); j += 5 {
+					if a.Link(i, j) != b.Link(i, j) {
+						t.Fatalf("Link(%d,%d) %+v vs %+v", i, j, a.Link(i, j), b.Link(i, j))
+					}
+				}
+			}
+		})
+	}
+}
+
+func mustBuild(t *testing.T, s *ClusterSpec) *Cluster {
+	t.Helper()
+	c, err := Build(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestCheckGPUs(t *testing.T) {
+	c := mustLoad(t, "dgx-h100")
+	if err := c.CheckGPUs([]int{0, 7}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ids := range [][]int{{8}, {-1}, {1, 1}} {
+		if err := c.CheckGPUs(ids); !errors.Is(err, ErrNoGPU) {
+			t.Errorf("%v: err = %v", ids, err)
+		}
+	}
+	if _, err := ParseSpec([]byte(`[1,2]`), "x.json"); !errors.Is(err, ErrSyntax) || !strings.Contains(err.Error(), "want a JSON object") {
+		t.Errorf("array: %v", err)
+	}
+}
+
+func TestIslandsOfAndDescribePlacement(t *testing.T) {
+	c := mustLoad(t, "4xdgx-h100")
+	gang := []int{9, 8, 0, 1, 2, 3, 99, 10, 11, 8}
+	want := [][]int{{0, 1, 2, 3}, {8, 9, 10, 11}}
+	if got := c.IslandsOf(gang); !reflect.DeepEqual(got, want) {
+		t.Fatalf("IslandsOf = %v", got)
+	}
+	got := c.DescribePlacement([]int{0, 1, 2, 3, 8, 9, 10, 11})
+	if got != "8 GPU(s) on 2 island(s): island 0 = dgx-h100-0 GPUs 0-3; island 1 = dgx-h100-1 GPUs 0-3" {
+		t.Fatalf("DescribePlacement = %q", got)
+	}
+	g := mustLoad(t, "gb200-nvl72")
+	if got := g.DescribePlacement([]int{2, 3, 4}); got != "3 GPU(s) on 1 island(s): island 0 = gb200-nvl72-0 GPUs 2-3, gb200-nvl72-1 GPUs 0" {
+		t.Fatalf("DescribePlacement = %q", got)
+	}
+}
+
+func TestBuildRefusesHugeClusters(t *testing.T) {
+	if _, err := Load("1000000xdgx-h100"); !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), "more than") {
+		t.Fatalf("err = %v", err)
 	}
 }

@@ -134,22 +134,26 @@ func DefaultModelParams() ModelParams {
 
 // Validate rejects efficiencies outside (0,1] and negative latencies.
 func (p ModelParams) Validate() error {
-	for name, v := range map[string]float64{
-		"NVLinkEfficiency": p.NVLinkEfficiency, "NVLSEfficiency": p.NVLSEfficiency, "PCIeEfficiency": p.PCIeEfficiency,
-		"NetEfficiency": p.NetEfficiency, "HostBridgeFactor": p.HostBridgeFactor, "CrossSocketFactor": p.CrossSocketFactor,
+	type field struct {
+		name string
+		v    float64
+	}
+	for _, f := range []field{
+		{"NVLinkEfficiency", p.NVLinkEfficiency}, {"NVLSEfficiency", p.NVLSEfficiency}, {"PCIeEfficiency", p.PCIeEfficiency},
+		{"NetEfficiency", p.NetEfficiency}, {"HostBridgeFactor", p.HostBridgeFactor}, {"CrossSocketFactor", p.CrossSocketFactor},
 	} {
-		if !(v > 0 && v <= 1) {
-			return fmt.Errorf("topology: model %s = %v, want 0 < x <= 1: %w", name, v, ErrInvalidSpec)
+		if !(f.v > 0 && f.v <= 1) {
+			return fmt.Errorf("topology: model %s = %v, want 0 < x <= 1: %w", f.name, f.v, ErrInvalidSpec)
 		}
 	}
-	for name, v := range map[string]float64{
-		"NVLinkLatencyUs": p.NVLinkLatencyUs, "NVSwitchLatencyUs": p.NVSwitchLatencyUs, "PCIeSwitchLatencyUs": p.PCIeSwitchLatencyUs,
-		"HostBridgeLatencyUs": p.HostBridgeLatencyUs, "CrossSocketLatencyUs": p.CrossSocketLatencyUs,
-		"LeafLatencyUs": p.LeafLatencyUs, "SpineLatencyUs": p.SpineLatencyUs,
-		"RingBaseLatencyUs": p.RingBaseLatencyUs, "TreeBaseLatencyUs": p.TreeBaseLatencyUs, "NVLSBaseLatencyUs": p.NVLSBaseLatencyUs,
+	for _, f := range []field{
+		{"RingBaseLatencyUs", p.RingBaseLatencyUs}, {"TreeBaseLatencyUs", p.TreeBaseLatencyUs}, {"NVLSBaseLatencyUs", p.NVLSBaseLatencyUs},
+		{"NVLinkLatencyUs", p.NVLinkLatencyUs}, {"NVSwitchLatencyUs", p.NVSwitchLatencyUs}, {"PCIeSwitchLatencyUs", p.PCIeSwitchLatencyUs},
+		{"HostBridgeLatencyUs", p.HostBridgeLatencyUs}, {"CrossSocketLatencyUs", p.CrossSocketLatencyUs},
+		{"LeafLatencyUs", p.LeafLatencyUs}, {"SpineLatencyUs", p.SpineLatencyUs},
 	} {
-		if v < 0 {
-			return fmt.Errorf("topology: model %s = %v must not be negative: %w", name, v, ErrInvalidSpec)
+		if f.v < 0 {
+			return fmt.Errorf("topology: model %s = %v must not be negative: %w", f.name, f.v, ErrInvalidSpec)
 		}
 	}
 	if !(p.NoNICGbps > 0) {
@@ -177,17 +181,19 @@ func (p ModelParams) efficiency(t Tier) float64 {
 // reads the machine type's precomputed table; across machines it derives the path from the
 // rack layout and the GPUs' nearest NICs. Unknown ids give a zero LinkInfo (TierUnknown).
 func (c *Cluster) Link(a, b int) LinkInfo {
-	ga, gb := c.GPU(a), c.GPU(b)
-	if ga == nil || gb == nil {
+	if a < 0 || b < 0 || a >= len(c.loc) || b >= len(c.loc) {
 		return LinkInfo{}
 	}
 	if a == b {
 		return LinkInfo{Tier: TierSelf}
 	}
-	ma, mb := c.Machines[ga.Machine], c.Machines[gb.Machine]
+	// Only the compact per-GPU and per-machine arrays are read, so a call touches a few
+	// cache lines whatever the cluster's size.
+	la, lb := c.loc[a], c.loc[b]
+	ma, mb := &c.mach[la.machine], &c.mach[lb.machine]
 	p := &c.model
-	if ma == mb {
-		l := ma.mt.local[ga.Index*ma.mt.n+gb.Index]
+	if la.machine == lb.machine {
+		l := ma.mt.local[int(la.index)*ma.mt.n+int(lb.index)]
 		switch l.Tier {
 		case TierNVLink:
 			l.Latency = us(p.NVLinkLatencyUs)
@@ -204,22 +210,22 @@ func (c *Cluster) Link(a, b int) LinkInfo {
 		}
 		return l
 	}
-	if ma.Rack == mb.Rack && c.Racks[ma.Rack].NVLinkDomain && ma.mt.rackPort[ga.Index] && mb.mt.rackPort[gb.Index] {
-		links := min(ga.NVSwitchLinks, gb.NVSwitchLinks)
-		bw := float64(links) * min(ma.NVLink.LinkGBps, mb.NVLink.LinkGBps)
+	if ma.rack == mb.rack && ma.rackDomain && ma.mt.rackPort[la.index] && mb.mt.rackPort[lb.index] {
+		links := min(ma.mt.spec.GPUs[la.index].NVSwitchLinks, mb.mt.spec.GPUs[lb.index].NVSwitchLinks)
+		bw := float64(links) * min(ma.mt.spec.NVLink.LinkGBps, mb.mt.spec.NVLink.LinkGBps)
 		return LinkInfo{Tier: TierNVSwitch, GBps: bw, Latency: us(p.NVSwitchLatencyUs), Links: links, CrossMachine: true}
 	}
-	bw := min(c.nicGBps(ma, ga.Index), c.nicGBps(mb, gb.Index))
-	if ma.Rack == mb.Rack {
+	bw := min(c.nicGBpsOf(ma.mt, int(la.index)), c.nicGBpsOf(mb.mt, int(lb.index)))
+	if ma.rack == mb.rack {
 		return LinkInfo{Tier: TierNetLeaf, GBps: bw, Latency: us(c.Network.LeafLatencyUs), CrossMachine: true}
 	}
 	return LinkInfo{Tier: TierNetSpine, GBps: bw / c.Network.Oversubscription, Latency: us(c.Network.SpineLatencyUs), CrossMachine: true}
 }
 
-// nicGBps is the bandwidth of a GPU's nearest NIC.
-func (c *Cluster) nicGBps(m *Machine, local int) float64 {
-	if k := m.mt.nic[local]; k >= 0 {
-		return m.mt.nicGBps[k]
+// nicGBpsOf is the bandwidth of a GPU's nearest NIC.
+func (c *Cluster) nicGBpsOf(mt *machineType, local int) float64 {
+	if k := mt.nic[local]; k >= 0 {
+		return mt.nicGBps[k]
 	}
 	return c.model.NoNICGbps / 8
 }

@@ -25,11 +25,15 @@ type NVML interface {
 
 // NVMLDevice is one GPU as NVML sees it.
 type NVMLDevice interface {
+	// Name is the marketing name ("NVIDIA H200").
 	Name() (string, error)
+	// UUID is "GPU-...".
 	UUID() (string, error)
+	// MemoryMiB is the total framebuffer memory.
 	MemoryMiB() (int64, error)
 	// PCIBusID returns the bus id in NVML's form ("00000000:18:00.0").
 	PCIBusID() (string, error)
+	// ComputeCapability is CUDA's (major, minor), e.g. (9, 0).
 	ComputeCapability() (major, minor int, err error)
 	// NVLinks returns the active NVLinks, one entry per link.
 	NVLinks() ([]NVLinkRemote, error)
@@ -101,6 +105,8 @@ func (f *FakeNVML) Device(i int) (NVMLDevice, error) {
 	}
 	return fakeDevice{f.Spec, i}, nil
 }
+
+var _ NVMLDevice = fakeDevice{}
 
 type fakeDevice struct {
 	spec *MachineSpec

@@ -17,6 +17,11 @@ type realNVML struct {
 	lib nvml.Interface
 }
 
+var (
+	_ NVML       = (*realNVML)(nil)
+	_ NVMLDevice = realDevice{}
+)
+
 func nvmlErr(what string, ret nvml.Return) error {
 	return fmt.Errorf("nvml: %s: %s", what, ret.Error())
 }

@@ -10,6 +10,8 @@ func SystemNVML() NVML { return noNVML{} }
 
 type noNVML struct{}
 
+var _ NVML = noNVML{}
+
 func (noNVML) Init() error {
 	return fmt.Errorf("topology: built without NVML (CGO_ENABLED=0): %w", ErrNoNVML)
 }

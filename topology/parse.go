@@ -30,6 +30,10 @@ func ParseSpec(data []byte, name string) (*ClusterSpec, error) {
 	if len(trimmed) == 0 {
 		return nil, fmt.Errorf("topology: %s: empty file, want a JSON object with \"gpus\" (a machine) or \"machines\" (a cluster): %w", name, ErrSyntax)
 	}
+	if trimmed[0] != '{' {
+		return nil, fmt.Errorf("topology: %s: want a JSON object with \"gpus\" (a machine) or \"machines\" (a cluster), found %q...: %w",
+			name, trimmed[:min(len(trimmed), 16)], ErrSyntax)
+	}
 	var keys map[string]json.RawMessage
 	if err := json.Unmarshal(trimmed, &keys); err != nil {
 		return nil, jsonError(name, data, err)

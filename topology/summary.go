@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// SummarySizes are the message sizes of the AllReduce estimates in a Summary.
+// summarySizes are the message sizes of the AllReduce estimates in a Summary.
 var summarySizes = []int64{1 << 20, 64 << 20, 1 << 30}
 
 // Summary is the JSON view of a cluster printed by `atoll topology --format json`.

@@ -15,6 +15,7 @@ func newRootCmd() *cobra.Command {
 		Short: "Run a benchmark against its baseline, measured in the same run",
 	}
 	bench.AddCommand(newBenchSchedCmd())
+	bench.AddCommand(newBenchTopologyCmd())
 	root.AddCommand(bench)
 	root.AddCommand(newSimCmd())
 	root.AddCommand(newTopologyCmd())

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +34,8 @@ func newTopologyCmd() *cobra.Command {
 		limit    int
 		list     bool
 		verbose  bool
+		gangIDs  string
+		size     string
 	)
 	cmd := &cobra.Command{
 		Use:   "topology (--spec NAME|FILE|SHORTHAND | --discover) [--format text|json|dot]",
@@ -40,7 +43,9 @@ func newTopologyCmd() *cobra.Command {
 		Long: `Print the topology of a declared cluster (--spec) or of this machine (--discover).
 
 --spec takes a built-in machine type (` + strings.Join(topology.BuiltinNames(), ", ") + `),
-a shorthand ("64xdgx-h100/8" = 64 DGX H100 in racks of 8; "16xdgx-h100/8+8xpcie-l40s-8"),
+a shorthand ("64xdgx-h100/8" = 64 DGX H100 in racks of 8; "16xdgx-h100/8+8xpcie-l40s-8";
+counts are machines, so for gb200-nvl72 they are trays: "gb200-nvl72" alone is one 18-tray
+NVL72 rack, "36xgb200-nvl72" two),
 or a JSON spec file (one machine or a cluster; see docs/topology.md).
 
 --discover reads this machine through NVML, sysfs and rdmamap. Without an NVIDIA driver (or
@@ -102,6 +107,9 @@ in a CGO_ENABLED=0 build) it says so in one line and prints the CPU/NUMA/NIC par
 					return err
 				}
 			}
+			if gangIDs != "" {
+				return printPlacement(out, c, gangIDs, size, format)
+			}
 			return printTopology(out, c, rep, format, limit)
 		},
 	}
@@ -115,6 +123,8 @@ in a CGO_ENABLED=0 build) it says so in one line and prints the CPU/NUMA/NIC par
 	f.IntVar(&limit, "limit", 0, "list at most this many islands (text) or machines (dot); 0 = default")
 	f.BoolVar(&list, "list", false, "list the built-in machine types and exit")
 	f.BoolVar(&verbose, "verbose", false, "log discovery steps to stderr")
+	f.StringVar(&gangIDs, "allreduce", "", "estimate an AllReduce over these global GPU ids instead (\"0-7,16-23\")")
+	f.StringVar(&size, "bytes", "1GiB", "message size for --allreduce (e.g. 64MiB, 1GiB, 4096)")
 	return cmd
 }
 
@@ -136,4 +146,95 @@ func printTopology(w io.Writer, c *topology.Cluster, rep *topology.DiscoveryRepo
 		fmt.Fprintln(w)
 	}
 	return c.WriteText(w, limit)
+}
+
+// placementJSON is what `atoll topology --allreduce ... --json` prints.
+type placementJSON struct {
+	GPUs      []int                        `json:"gpus"`
+	Islands   [][]int                      `json:"islands"`
+	Placement string                       `json:"placement"`
+	Estimates []topology.AllReduceEstimate `json:"allreduce"`
+}
+
+func printPlacement(w io.Writer, c *topology.Cluster, idList, size, format string) error {
+	ids, err := parseIDList(idList)
+	if err != nil {
+		return err
+	}
+	if err := c.CheckGPUs(ids); err != nil {
+		return err
+	}
+	bytes, err := parseBytes(size)
+	if err != nil {
+		return err
+	}
+	var ests []topology.AllReduceEstimate
+	for _, a := range append(topology.Algos(), topology.Best) {
+		ests = append(ests, c.AllReduce(ids, bytes, a))
+	}
+	if format == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(placementJSON{GPUs: ids, Islands: c.IslandsOf(ids), Placement: c.DescribePlacement(ids), Estimates: ests})
+	}
+	fmt.Fprintln(w, c.DescribePlacement(ids))
+	fmt.Fprintf(w, "AllReduce of %s:\n", size)
+	for _, e := range ests {
+		name := e.Algo.String()
+		if e.Requested == topology.Best {
+			name = "best=" + name
+		}
+		if e.Time == topology.Unreachable {
+			fmt.Fprintf(w, "  %-18s not applicable\n", e.Requested)
+			continue
+		}
+		fmt.Fprintf(w, "  %-18s %12s  busbw %7.1f GB/s  bottleneck %s\n", name, e.Time.Round(100*time.Nanosecond), e.BusBWGBps, e.Bottleneck)
+	}
+	return nil
+}
+
+// parseIDList reads "0-7,16,18-19".
+func parseIDList(s string) ([]int, error) {
+	var ids []int
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil {
+			return nil, fmt.Errorf("topology: --allreduce %q: %q is not a GPU id or range", s, part)
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(hi); err != nil || b < a {
+				return nil, fmt.Errorf("topology: --allreduce %q: %q is not a range low-high", s, part)
+			}
+		}
+		if b-a > topology.MaxGPUs {
+			return nil, fmt.Errorf("topology: --allreduce %q: range %q too large", s, part)
+		}
+		for i := a; i <= b; i++ {
+			ids = append(ids, i)
+		}
+	}
+	return ids, nil
+}
+
+// parseBytes reads "4096", "64KiB", "64MiB", "1GiB".
+func parseBytes(s string) (int64, error) {
+	mult := int64(1)
+	num := s
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}} {
+		if strings.HasSuffix(s, u.suffix) {
+			num, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("topology: --bytes %q: want a positive size like 4096, 64MiB or 1GiB", s)
+	}
+	return n * mult, nil
 }

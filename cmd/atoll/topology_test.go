@@ -108,3 +108,33 @@ func TestTopologyDiscoverFixture(t *testing.T) {
 		t.Fatalf("got %+v", got)
 	}
 }
+
+func TestTopologyAllReduceFlag(t *testing.T) {
+	out, err := runTopology(t, "--spec", "4xdgx-h100", "--allreduce", "0-3,8-11", "--bytes", "64MiB")
+	if err != nil || !strings.Contains(out, "8 GPU(s) on 2 island(s)") || !strings.Contains(out, "best=") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	out, err = runTopology(t, "--spec", "dgx-a100", "--allreduce", "0-7", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		GPUs      []int `json:"gpus"`
+		AllReduce []struct {
+			Requested string `json:"requested"`
+		} `json:"allreduce"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil || len(got.GPUs) != 8 || len(got.AllReduce) != 5 {
+		t.Fatalf("%v %+v", err, got)
+	}
+	for _, args := range [][]string{
+		{"--spec", "dgx-h100", "--allreduce", "0-8"},
+		{"--spec", "dgx-h100", "--allreduce", "a"},
+		{"--spec", "dgx-h100", "--allreduce", "3-1"},
+		{"--spec", "dgx-h100", "--allreduce", "0-1", "--bytes", "lots"},
+	} {
+		if _, err := runTopology(t, args...); err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+}
