@@ -17,6 +17,7 @@ func newRootCmd() *cobra.Command {
 	bench.AddCommand(
 		newBenchActorsCmd(),
 		newBenchMetaCmd(),
+		newBenchSchedCmd(),
 		newBenchStoreCmd(),
 		newBenchTopologyCmd(),
 	)
@@ -24,6 +25,7 @@ func newRootCmd() *cobra.Command {
 		bench,
 		newDemoCmd(),
 		newHeadCmd(),
+		newSimCmd(),
 		newStoreServeCmd(),
 		newTopologyCmd(),
 	)

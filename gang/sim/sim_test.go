@@ -1,0 +1,260 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/atoll-run/atoll/gang"
+)
+
+// tracesDir finds <repo>/../shared/traces by walking up from the package directory.
+func tracesDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			p := filepath.Join(dir, "..", "shared", "traces")
+			if _, err := os.Stat(p); err != nil {
+				t.Skipf("traces not found at %s (expected <repo>/../shared/traces): %v", p, err)
+			}
+			return p
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Skip("repository root not found")
+		}
+		dir = parent
+	}
+}
+
+func writeFile(t *testing.T, name, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestCSVTolerance(t *testing.T) {
+	// No final newline, CRLF, blank lines, empty gpu_spec, spaces.
+	body := "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\r\n" +
+		"p0,1000,2048,1,500,\r\n\r\n" +
+		"p1, 2000 ,4096,2,1000,V100M16|V100M32\n" +
+		"p2,500,100,0,0,nan"
+	pods, err := LoadOpenbPods(writeFile(t, "pods.csv", body), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods) != 3 {
+		t.Fatalf("got %d pods, want 3", len(pods))
+	}
+	if pods[1].CPUMilli != 2000 || len(pods[1].Models) != 2 || pods[0].Models != nil || pods[2].Models != nil || pods[2].GPUMilli != 0 {
+		t.Fatalf("parsed %+v", pods)
+	}
+	if pods[2].Line != 5 {
+		t.Fatalf("line of p2 = %d, want 5", pods[2].Line)
+	}
+}
+
+func TestBadRows(t *testing.T) {
+	tests := []struct {
+		name, body, want string
+	}{
+		{"field count", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,2,1,500\np1,1,2\n", "pods.csv:3: 3 fields"},
+		{"not a number", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,abc,2,1,500\n", `pods.csv:2: column cpu_milli value "abc"`},
+		{"share of many cards", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,2,2,500\n", "pods.csv:2: column gpu_milli"},
+		{"negative", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,-2,1,500\n", "negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := writeFile(t, "pods.csv", tt.body)
+			_, err := LoadOpenbPods(p, false, nil)
+			if !errors.Is(err, ErrBadRow) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err %v, want ErrBadRow containing %q", err, tt.want)
+			}
+			sk := &Skipper{}
+			pods, err := LoadOpenbPods(p, true, sk)
+			if err != nil || len(sk.Errors) != 1 {
+				t.Fatalf("skip: pods %v err %v skipped %v", pods, err, sk.Errors)
+			}
+		})
+	}
+}
+
+func TestJobFormats(t *testing.T) {
+	itp := writeFile(t, "itp.csv", "job_id,submission_time,duration,num_gpu\na,10,100,1\nb,5,50,8")
+	philly := writeFile(t, "philly.csv", "#job id,arrival time (sec),topology,shape,size,duration (sec)\n0,0.0,CLOS,1,1,3600.0\n1,2.5,CLOS,8+8,16,60.0\n")
+	bad := writeFile(t, "bad.csv", "a,b,c\n1,2,3\n")
+	jobs, f, err := LoadJobs(itp, false, nil)
+	if err != nil || f != "itp" || len(jobs) != 2 || jobs[0].ID != "b" || jobs[0].GPUs != 8 {
+		t.Fatalf("itp: %v %v %+v", f, err, jobs)
+	}
+	jobs, f, err = LoadJobs(philly, false, nil)
+	if err != nil || f != "philly" || len(jobs) != 2 || jobs[1].GPUs != 16 || jobs[1].Submit != 2500*time.Millisecond {
+		t.Fatalf("philly: %v %v %+v", f, err, jobs)
+	}
+	if _, _, err := LoadJobs(bad, false, nil); !errors.Is(err, ErrBadHeader) {
+		t.Fatalf("bad header: %v", err)
+	}
+	zero := writeFile(t, "zero.csv", "job_id,submission_time,duration,num_gpu\na,10,100,0\n")
+	if _, _, err := LoadJobs(zero, false, nil); !errors.Is(err, ErrBadRow) || !strings.Contains(err.Error(), "zero.csv:2") {
+		t.Fatalf("zero gpus: %v", err)
+	}
+}
+
+func TestPriorityAssignmentSeeded(t *testing.T) {
+	mk := func() []Job { return make([]Job, 1000) }
+	a, b := mk(), mk()
+	AssignPriorities(a, 7)
+	AssignPriorities(b, 7)
+	counts := map[int]int{}
+	for i := range a {
+		if a[i].Priority != b[i].Priority {
+			t.Fatal("same seed, different classes")
+		}
+		counts[a[i].Priority]++
+	}
+	if counts[PrioHigh] < 150 || counts[PrioHigh] > 250 || counts[PrioLow] < 250 || counts[PrioLow] > 350 {
+		t.Fatalf("class shares off: %v", counts)
+	}
+}
+
+func TestTypicalWorkload(t *testing.T) {
+	pods := []Pod{{NumGPU: 1, GPUMilli: 500}, {NumGPU: 1, GPUMilli: 500}, {NumGPU: 1, GPUMilli: 500}, {NumGPU: 8, GPUMilli: 1000}}
+	w := TypicalWorkload(pods, false)
+	if len(w) != 2 || w[0].Freq != 0.75 {
+		t.Fatalf("count-weighted %+v", w)
+	}
+	w = TypicalWorkload(pods, true)
+	// GPU-weighted: 3 x 0.5 = 1.5 against 8.
+	if len(w) != 2 || w[0].GPUs != 8 || w[0].Freq < 0.84 || w[0].Freq > 0.85 {
+		t.Fatalf("gpu-weighted %+v", w)
+	}
+}
+
+// TestFGDSmall runs the static protocol on a slice of the openb trace: every policy runs,
+// the shares are sane, and Atoll leaves no more GPUs unallocated than Random.
+func TestFGDSmall(t *testing.T) {
+	dir := filepath.Join(tracesDir(t), "alibaba-openb-v2023")
+	nodes, err := LoadOpenbNodes(filepath.Join(dir, "openb_node_list_gpu_node.csv"), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := LoadOpenbPods(filepath.Join(dir, "openb_pod_list_default.csv"), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes = nodes[:150]
+	res, err := RunFGD(context.Background(), nodes, pods, FGDOptions{Loads: []float64{0.8, 1.0}, Seeds: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 2*len(FGDPolicies) {
+		t.Fatalf("%d results", len(res))
+	}
+	un := map[string]float64{}
+	for _, r := range res {
+		if r.AllocPctMean <= 0 || r.AllocPctMean > 100 || r.UnallocPctMean != 100-r.AllocPctMean && r.UnallocPctMean-(100-r.AllocPctMean) > 0.011 {
+			t.Fatalf("bad result %+v", r)
+		}
+		if r.Load == 1.0 {
+			un[r.Policy] = r.UnallocPctMean
+		}
+	}
+	if un["atoll"] > un["random"] {
+		t.Fatalf("atoll %v unallocated, random %v", un["atoll"], un["random"])
+	}
+}
+
+func TestDynamicSmall(t *testing.T) {
+	dir := tracesDir(t)
+	jobs, _, err := LoadJobs(filepath.Join(dir, "microsoft-itp-elasticflow", "cluster04.csv"), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, model, _, err := LoadCluster("16xdgx-h100/4", false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := RunDynamic(context.Background(), jobs, snap, model, DynamicOptions{MaxJobs: 300, PrioritySeed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	by := map[string]DynamicResult{}
+	for _, r := range res {
+		by[r.Policy] = r
+		if r.Jobs != 300 || r.UtilPct <= 0 || r.UtilPct > 100 || r.JCT.Mean <= 0 {
+			t.Fatalf("bad result %+v", r)
+		}
+	}
+	if len(by) != 4 {
+		t.Fatalf("policies %v", by)
+	}
+	if a, v, k := by["atoll"].AllReduce.Mean, by["volcano"].AllReduce.Mean, by["kueue"].AllReduce.Mean; a > v || a >= k {
+		t.Fatalf("atoll allreduce %v, volcano %v, kueue %v", a, v, k)
+	}
+	if a, f := by["atoll"].HighPrioQueueDelay.Mean, by["fifo"].HighPrioQueueDelay.Mean; a > f {
+		t.Fatalf("atoll high-priority delay %v above fifo %v", a, f)
+	}
+}
+
+func TestPhillyMachineList(t *testing.T) {
+	p := writeFile(t, "machines.csv", "machineId, number of GPUs, single GPU mem\nm0,2, 12GB\nm1,8, 24GB\nm2,0, 24GB")
+	snap, model, _, err := LoadCluster(p, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Nodes) != 2 || len(snap.Nodes[1].GPUs) != 8 || model == nil {
+		t.Fatalf("snapshot %+v", snap.Nodes)
+	}
+}
+
+func TestTopologyAdapter(t *testing.T) {
+	snap, model, _, err := LoadCluster("4xdgx-h100/2", false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Nodes) != 4 || snap.Nodes[2].Rack != 1 || snap.Nodes[0].CPUMilli == 0 {
+		t.Fatalf("nodes %+v", snap.Nodes[:2])
+	}
+	in := model.AllReduceTime([]gang.GPURef{{Node: 0, GPU: 0}, {Node: 0, GPU: 1}}, 1<<30)
+	across := model.AllReduceTime([]gang.GPURef{{Node: 0, GPU: 0}, {Node: 2, GPU: 0}}, 1<<30)
+	if in <= 0 || across <= in {
+		t.Fatalf("NVLink %v, across racks %v", in, across)
+	}
+	if _, _, _, err := LoadCluster("12xno-such-machine/4", false, nil); err == nil {
+		t.Fatal("unknown machine accepted")
+	}
+}
+
+func TestBenchSmall(t *testing.T) {
+	r, err := RunSchedBench(context.Background(), BenchOptions{Nodes: 200, Gangs: 200, ChurnCycles: 3, Seed: 1, BaselineGangs: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.GangsPlaced < 200 || r.MembersPerS <= 0 || r.CycleP99ms < r.CycleP50ms || r.BaselineMPS <= 0 {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestAtollWorkloadScarcity(t *testing.T) {
+	nodes := []gang.Node{{GPUs: make([]gang.GPU, 8)}, {GPUs: []gang.GPU{{Model: "T4"}, {Model: "T4"}}}}
+	for i := range nodes[0].GPUs {
+		nodes[0].GPUs[i].Model = "G2"
+	}
+	pods := []Pod{{NumGPU: 1, GPUMilli: 1000}, {NumGPU: 1, GPUMilli: 1000, Models: []string{"T4"}}}
+	w := AtollWorkload(pods, nodes)
+	// Same GPUs and count; the T4-only shape is 10/2 = 5 times as concentrated.
+	if len(w) != 2 || len(w[1].Models) != 1 || w[1].Freq < 0.83 || w[1].Freq > 0.84 {
+		t.Fatalf("%+v", w)
+	}
+}

@@ -1,0 +1,135 @@
+package sim
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/atoll-run/atoll/gang"
+	"github.com/atoll-run/atoll/topology"
+)
+
+// SnapshotFromTopology turns a topology cluster into the scheduler's snapshot: node i is
+// machine i, each GPU carries its NVLink island (topology.Cluster.IslandOf) and rack, CPU
+// is the machine's logical CPUs, memory its host memory. MIG-enabled GPUs are offered as
+// 7 free compute slices (the operator's fixed layout is not modeled).
+func SnapshotFromTopology(c *topology.Cluster) gang.Snapshot {
+	var s gang.Snapshot
+	for _, m := range c.Machines {
+		cpus := 0
+		for _, n := range m.NUMANodes {
+			cpus += n.CPUs
+		}
+		if cpus == 0 {
+			cpus = 16 * len(m.GPUs)
+		}
+		mem := int64(0)
+		if m.Spec != nil {
+			mem = m.Spec.HostMemoryMiB
+		}
+		if mem == 0 {
+			mem = int64(len(m.GPUs)) * 128 << 10
+		}
+		n := gang.Node{Name: m.Name, Rack: m.Rack, CPUMilli: int64(cpus) * 1000, MemMiB: mem, FreeCPU: int64(cpus) * 1000, FreeMem: mem}
+		for _, g := range m.GPUs {
+			gp := gang.GPU{Model: g.Model, Island: c.IslandOf(g.ID), FreeMilli: gang.Milli}
+			if g.MIGEnabled {
+				gp.MIG, gp.FreeSlices = true, gang.MIGSlicesPerGPU
+			}
+			n.GPUs = append(n.GPUs, gp)
+		}
+		s.Nodes = append(s.Nodes, n)
+	}
+	return s
+}
+
+// TopologyModel adapts topology.Cluster's bandwidth model to gang.CollectiveModel.
+type TopologyModel struct {
+	c     *topology.Cluster
+	first []int
+	algo  topology.Algo
+}
+
+// NewTopologyModel returns the adapter; algo is usually topology.Best.
+func NewTopologyModel(c *topology.Cluster, algo topology.Algo) *TopologyModel {
+	m := &TopologyModel{c: c, algo: algo}
+	for _, mc := range c.Machines {
+		m.first = append(m.first, mc.FirstGPU)
+	}
+	return m
+}
+
+// AllReduceTime implements gang.CollectiveModel.
+func (m *TopologyModel) AllReduceTime(gpus []gang.GPURef, bytes int64) time.Duration {
+	if len(gpus) <= 1 {
+		return 0
+	}
+	ids := make([]int, len(gpus))
+	for i, g := range gpus {
+		ids[i] = m.first[g.Node] + g.GPU
+	}
+	return m.c.AllReduceTime(ids, bytes, m.algo)
+}
+
+// LoadCluster builds the simulated cluster for --cluster: a topology spec file or
+// shorthand ("64xdgx-h100/8"), or a Philly machine list CSV (machineId, number of GPUs,
+// ...). Philly machines are declared as PCIe machines without NVLink (each GPU its own
+// island), 8 machines per rack, modeled with the tiered collective model at PCIe speeds.
+func LoadCluster(spec string, skipBad bool, sk *Skipper) (gang.Snapshot, gang.CollectiveModel, string, error) {
+	if st, err := os.Stat(spec); err == nil && !st.IsDir() && strings.HasSuffix(strings.ToLower(spec), ".csv") {
+		return loadPhillyMachines(spec, skipBad, sk)
+	}
+	c, err := topology.Load(spec)
+	if err != nil {
+		return gang.Snapshot{}, nil, "", fmt.Errorf("sim: cluster %q: %w", spec, err)
+	}
+	desc := fmt.Sprintf("%s: %d machines, %d GPUs, %d NVLink islands (simulated from declared specs)", spec, len(c.Machines), c.NumGPUs(), len(c.Islands()))
+	return SnapshotFromTopology(c), NewTopologyModel(c, topology.Best), desc, nil
+}
+
+func loadPhillyMachines(path string, skipBad bool, sk *Skipper) (gang.Snapshot, gang.CollectiveModel, string, error) {
+	t, err := readTable(path, skipBad, sk.add)
+	if err != nil {
+		return gang.Snapshot{}, nil, "", err
+	}
+	col := ""
+	for h := range t.col {
+		if strings.Contains(h, "number of gpus") {
+			col = h
+		}
+	}
+	if col == "" {
+		return gang.Snapshot{}, nil, "", fmt.Errorf("sim: %s: machine list lacks a \"number of GPUs\" column: %w", path, ErrBadHeader)
+	}
+	var s gang.Snapshot
+	gpus, island := 0, 0
+	for i := range t.rows {
+		n, err := t.num(i, col, 0)
+		if err != nil {
+			if skipBad {
+				sk.add(err)
+				continue
+			}
+			return gang.Snapshot{}, nil, "", err
+		}
+		if n == 0 {
+			continue
+		}
+		name := t.str(i, "machineid")
+		idx := len(s.Nodes)
+		node := gang.Node{Name: name, Rack: idx / 8, CPUMilli: int64(n) * 8000, MemMiB: int64(n) * 64 << 10}
+		node.FreeCPU, node.FreeMem = node.CPUMilli, node.MemMiB
+		for g := 0; g < int(n); g++ {
+			node.GPUs = append(node.GPUs, gang.GPU{Model: "philly-gpu", Island: island, FreeMilli: gang.Milli})
+			island++
+		}
+		gpus += int(n)
+		s.Nodes = append(s.Nodes, node)
+	}
+	if len(s.Nodes) == 0 {
+		return gang.Snapshot{}, nil, "", fmt.Errorf("sim: %s: no machines with GPUs: %w", path, ErrBadSpec)
+	}
+	m := gang.TieredModel{IslandGBps: 16, MachineGBps: 16, RackGBps: 5, SpineGBps: 2.5, HopLatency: 10 * time.Microsecond}
+	return s, m, fmt.Sprintf("%s: %d machines, %d GPUs (Philly list; PCIe, no NVLink, 8 per rack)", path, len(s.Nodes), gpus), nil
+}
