@@ -72,20 +72,26 @@ func (h *Head) Admit(ctx context.Context, req GangRequest) (Placement, error) {
 	if err != nil {
 		return Placement{}, err
 	}
+	undo := func(err error) (Placement, error) {
+		if r, ok := h.placer.(Releaser); ok {
+			_ = r.Release(req.Job, req.Gang)
+		}
+		return Placement{}, err
+	}
 	if len(p.Members) != req.Members {
-		return Placement{}, fmt.Errorf("runtime: placer %s returned %d members for a gang of %d", p.Placer, len(p.Members), req.Members)
+		return undo(fmt.Errorf("runtime: placer %s returned %d members for a gang of %d", p.Placer, len(p.Members), req.Members))
 	}
 	for _, g := range p.GPUs() {
 		if g < 0 || g >= len(h.free) || !h.free[g] {
-			return Placement{}, fmt.Errorf("runtime: placer %s chose GPU %d, which is not free", p.Placer, g)
+			return undo(fmt.Errorf("runtime: placer %s chose GPU %d, which is not free", p.Placer, g))
 		}
 	}
 	rec, err := json.Marshal(p)
 	if err != nil {
-		return Placement{}, err
+		return undo(err)
 	}
 	if err := h.meta.Put(ctx, TablePlacements, key, rec); err != nil {
-		return Placement{}, fmt.Errorf("runtime: commit placement of %s: %w", key, err)
+		return undo(fmt.Errorf("runtime: commit placement of %s: %w", key, err))
 	}
 	for _, g := range p.GPUs() {
 		h.free[g] = false
@@ -106,6 +112,11 @@ func (h *Head) Release(ctx context.Context, job, gang string) error {
 	}
 	if err := h.meta.Delete(ctx, TablePlacements, key); err != nil {
 		return fmt.Errorf("runtime: release %s: %w", key, err)
+	}
+	if r, ok := h.placer.(Releaser); ok {
+		if err := r.Release(job, gang); err != nil {
+			h.log.Warn("placer release", zap.String("gang", key), zap.Error(err))
+		}
 	}
 	for _, g := range p.GPUs() {
 		h.free[g] = true

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/actors"
+	"github.com/atoll-run/atoll/gang"
 	"github.com/atoll-run/atoll/store/meta"
 )
 
@@ -19,7 +20,8 @@ type Config struct {
 	Logger *zap.Logger
 	// Cluster describes the machines. Default: DefaultCluster().
 	Cluster *Cluster
-	// Placer places gangs. Default: FirstFit.
+	// Placer places gangs. Default: the gang scheduler core (GangPlacer with
+	// gang.DefaultConfig()).
 	Placer Placer
 	// Meta is where the head commits its decisions. Default: the Paxos metadata log, with
 	// MetaLog's replicas in this process.
@@ -61,8 +63,15 @@ func StartLocal(ctx context.Context, cfg Config) (*Local, error) {
 		}
 		cfg.Cluster = c
 	}
+	if cfg.Placer == nil && cfg.Cluster.Topology == nil {
+		cfg.Placer = FirstFit{} // a cluster declared without a topology has no bandwidth model
+	}
 	if cfg.Placer == nil {
-		cfg.Placer = FirstFit{}
+		gp, err := NewGangPlacer(cfg.Cluster, gang.DefaultConfig(), cfg.Logger)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Placer = gp
 	}
 	var ownLog *LogMeta
 	if cfg.Meta == nil {

@@ -19,6 +19,9 @@ type GangRequest struct {
 	SameIsland bool
 	// Priority orders gangs (higher first) where a placer cares.
 	Priority int
+	// AllReduceBytes is the size of the gang's typical AllReduce (its gradients), for the
+	// topology score's modeled AllReduce time. Zero: a default size.
+	AllReduceBytes int64
 }
 
 // GPUs is the number of GPUs the whole gang needs.

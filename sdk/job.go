@@ -34,6 +34,9 @@ type GangSpec struct {
 	SameIsland bool
 	// Priority orders gangs for the scheduler (higher first).
 	Priority int
+	// AllReduceBytes is the size of the gang's gradients, for the scheduler's modeled
+	// AllReduce time of each candidate placement. Zero: the scheduler's default.
+	AllReduceBytes int64
 	// MaxRestarts bounds gang restarts within RestartWindow (default window 1 minute); past it
 	// the gang fails.
 	MaxRestarts int
@@ -62,7 +65,7 @@ func (j *Job) SpawnGang(ctx context.Context, spec GangSpec) (*Gang, error) {
 		return nil, fmt.Errorf("%w: gang %q KeepCheckpoints %d is negative", runtime.ErrInvalidRequest, spec.Name, spec.KeepCheckpoints)
 	}
 	req := runtime.GangRequest{Job: j.spec.Name, Gang: spec.Name, Members: spec.Workers, GPUsPerMember: spec.GPUsPerWorker,
-		SameIsland: spec.SameIsland, Priority: spec.Priority}
+		SameIsland: spec.SameIsland, Priority: spec.Priority, AllReduceBytes: spec.AllReduceBytes}
 	head := j.c.local.Head
 	p, err := head.Admit(ctx, req)
 	if err != nil {

@@ -135,7 +135,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		return Result{}, err
 	}
 	gang, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "dp", Kind: "digits-worker", Workers: o.Workers, GPUsPerWorker: 1,
-		SameIsland: true, MaxRestarts: 3, Backoff: 20 * time.Millisecond})
+		SameIsland: true, MaxRestarts: 3, Backoff: 20 * time.Millisecond, AllReduceBytes: int64(4 * NumParams(o.Hidden))})
 	if err != nil {
 		return Result{}, err
 	}
@@ -315,8 +315,19 @@ func printPlacement(w io.Writer, c *sdk.Cluster, r Result) {
 		where = topo.Topology.DescribePlacement(gpus)
 	}
 	fmt.Fprintf(w, "gang dp: %d workers x 1 GPU, placed by %s: %s\n", r.GangSize, r.Placer, where)
+	scores := map[string]float64{}
 	for _, s := range r.Scores {
-		fmt.Fprintf(w, "  score %-24s %.4g\n", s.Name, s.Value)
+		scores[s.Name] = s.Value
+	}
+	var parts []string
+	for _, s := range r.Scores {
+		if wt, ok := scores[s.Name+"_weight"]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.2f×%.1f", s.Name, s.Value, wt))
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "  scores: %s = %.2f; modeled AllReduce of the gradients %.0f µs; spans %.0f island(s), %.0f machine(s), %.0f rack(s)\n",
+			strings.Join(parts, " + "), scores["total"], scores["allreduce_us"], scores["islands_crossed"], scores["machines_crossed"], scores["racks_crossed"])
 	}
 	for _, p := range r.Placement {
 		fmt.Fprintf(w, "  rank %d -> %s GPU %v (island %v)\n", p.Rank, p.Machine, p.GPUs, p.Island)
