@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -55,6 +56,31 @@ func (h *Head) FreeGPUs() int {
 
 func gangKey(job, gang string) string { return job + "/" + gang }
 
+// gangRecord is a gang as the metadata log records it.
+type gangRecord struct {
+	Request GangRequest `json:"request"`
+	State   string      `json:"state"`
+}
+
+// JobRecord is a job as the metadata log records it.
+type JobRecord struct {
+	Name      string    `json:"name"`
+	Submitted time.Time `json:"submitted"`
+	State     string    `json:"state"`
+}
+
+// CommitJob records a submitted job (state "running") or its end ("stopped").
+func (h *Head) CommitJob(ctx context.Context, rec JobRecord) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if err := h.meta.Put(ctx, TableJobs, rec.Name, b); err != nil {
+		return fmt.Errorf("runtime: commit job %s: %w", rec.Name, err)
+	}
+	return nil
+}
+
 // Admit places a gang all-or-nothing, commits the placement to the metadata log, and only
 // then marks its GPUs taken. A request that can never fit fails with ErrNeverFits; one that
 // does not fit now with ErrNoCapacity.
@@ -90,6 +116,10 @@ func (h *Head) Admit(ctx context.Context, req GangRequest) (Placement, error) {
 	if err != nil {
 		return undo(err)
 	}
+	greq, _ := json.Marshal(gangRecord{Request: req, State: "placed"})
+	if err := h.meta.Put(ctx, TableGangs, key, greq); err != nil {
+		return undo(fmt.Errorf("runtime: commit gang %s: %w", key, err))
+	}
 	if err := h.meta.Put(ctx, TablePlacements, key, rec); err != nil {
 		return undo(fmt.Errorf("runtime: commit placement of %s: %w", key, err))
 	}
@@ -111,6 +141,9 @@ func (h *Head) Release(ctx context.Context, job, gang string) error {
 		return fmt.Errorf("%w: gang %s is not placed", ErrInvalidRequest, key)
 	}
 	if err := h.meta.Delete(ctx, TablePlacements, key); err != nil {
+		return fmt.Errorf("runtime: release %s: %w", key, err)
+	}
+	if err := h.meta.Delete(ctx, TableGangs, key); err != nil {
 		return fmt.Errorf("runtime: release %s: %w", key, err)
 	}
 	if r, ok := h.placer.(Releaser); ok {

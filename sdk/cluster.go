@@ -143,5 +143,9 @@ func (c *Cluster) Submit(ctx context.Context, spec JobSpec) (*Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Job{c: c, j: j, spec: spec}, nil
+	if err := c.local.Head.CommitJob(ctx, runtime.JobRecord{Name: spec.Name, Submitted: time.Now(), State: "running"}); err != nil {
+		_ = j.Stop(ctx)
+		return nil, err
+	}
+	return &Job{c: c, j: j, spec: spec, submitted: time.Now()}, nil
 }

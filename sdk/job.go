@@ -12,9 +12,10 @@ import (
 
 // Job is a submitted job: the root of an actor tree.
 type Job struct {
-	c    *Cluster
-	j    *actors.Job
-	spec JobSpec
+	c         *Cluster
+	j         *actors.Job
+	spec      JobSpec
+	submitted time.Time
 }
 
 // Name is the job's name.
@@ -87,6 +88,9 @@ func (j *Job) SpawnGang(ctx context.Context, spec GangSpec) (*Gang, error) {
 // Stop stops the job's actors and releases its gangs' GPUs.
 func (j *Job) Stop(ctx context.Context) error {
 	err := j.j.Stop(ctx)
+	if cerr := j.c.local.Head.CommitJob(ctx, runtime.JobRecord{Name: j.spec.Name, Submitted: j.submitted, State: "stopped"}); cerr != nil {
+		err = errors.Join(err, cerr)
+	}
 	for _, kv := range mustList(ctx, j.c.local.Head.Meta(), runtime.TablePlacements, j.spec.Name+"/") {
 		name := kv.Key[len(j.spec.Name)+1:]
 		if rerr := j.c.local.Head.Release(ctx, j.spec.Name, name); rerr != nil {

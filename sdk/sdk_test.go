@@ -233,3 +233,55 @@ func TestObjectsTypedAcrossMachines(t *testing.T) {
 		t.Fatalf("Get after Free: %v", err)
 	}
 }
+
+// keeper checkpoints a counter.
+type keeper struct{ n int }
+
+func (k *keeper) Receive(*sdk.Context, any) (any, error) { k.n++; return k.n, nil }
+func (k *keeper) Checkpoint() ([]byte, error)           { return []byte{byte(k.n)}, nil }
+func (k *keeper) Restore(b []byte) error                { k.n = int(b[0]); return nil }
+
+func TestDecisionsAreCommittedToThePaxosLog(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	if _, ok := c.Runtime().Meta().(*runtime.LogMeta); !ok {
+		t.Fatalf("the embedded head's metadata store is %T, want the Paxos log", c.Runtime().Meta())
+	}
+	_ = c.Register("keeper", func() sdk.Actor { return &keeper{} })
+	job, err := c.Submit(ctx, sdk.JobSpec{Name: "logged"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "k", Kind: "keeper", Workers: 2, GPUsPerWorker: 1, SameIsland: true, MaxRestarts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := 0; r < 2; r++ {
+		if _, err := sdk.Call[int](ctx, c, g.Worker(r), "tick"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := g.Checkpoint(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	m := c.Runtime().Meta()
+	for _, want := range []struct{ table, prefix string }{
+		{runtime.TableMachines, "dgx-h100-"}, {runtime.TableJobs, "logged"}, {runtime.TableGangs, "logged/k"},
+		{runtime.TablePlacements, "logged/k"}, {runtime.TableCheckpoints, "logged/k/"}, {runtime.TableObjects, ""},
+	} {
+		kvs, err := m.List(ctx, want.table, want.prefix)
+		if err != nil || len(kvs) == 0 {
+			t.Errorf("metadata log has no %s%s* (%v)", want.table, want.prefix, err)
+		}
+	}
+	// A gang restart restores every worker from the committed checkpoint.
+	if err := g.Kill(0, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.AwaitRunning(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := sdk.Call[int](ctx, c, g.Worker(1), "tick"); err != nil || n != 2 {
+		t.Fatalf("after restore from the checkpoint (n=1), a tick gives %d, %v; want 2", n, err)
+	}
+}
