@@ -238,8 +238,8 @@ func TestObjectsTypedAcrossMachines(t *testing.T) {
 type keeper struct{ n int }
 
 func (k *keeper) Receive(*sdk.Context, any) (any, error) { k.n++; return k.n, nil }
-func (k *keeper) Checkpoint() ([]byte, error)           { return []byte{byte(k.n)}, nil }
-func (k *keeper) Restore(b []byte) error                { k.n = int(b[0]); return nil }
+func (k *keeper) Checkpoint() ([]byte, error)            { return []byte{byte(k.n)}, nil }
+func (k *keeper) Restore(b []byte) error                 { k.n = int(b[0]); return nil }
 
 func TestDecisionsAreCommittedToThePaxosLog(t *testing.T) {
 	c := newCluster(t)
