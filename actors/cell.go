@@ -65,6 +65,7 @@ type cell struct {
 	rank    int
 	ctx     Context
 	started bool
+	counted bool // counted in the gang's live workers
 }
 
 func newCell(s *System, p Producer, g *Gang, rank int) *cell {
@@ -74,6 +75,10 @@ func newCell(s *System, p Producer, g *Gang, rank int) *cell {
 func (c *cell) Receive(pc actor.Context) {
 	switch m := pc.Message().(type) {
 	case *actor.Started:
+		if c.gang != nil && !c.counted {
+			c.counted = true
+			c.gang.workerAlive(+1)
+		}
 		c.ctx = Context{sys: c.sys, self: Ref{pid: pc.Self()}, gang: c.gang, rank: c.rank,
 			log: c.sys.log.With(zap.String("actor", pc.Self().Id))}
 		if s, ok := c.h.(Starter); ok {
@@ -89,6 +94,15 @@ func (c *cell) Receive(pc actor.Context) {
 		if st, ok := c.h.(Stopper); ok && c.started {
 			c.started = false
 			st.Stopped(&c.ctx)
+		}
+		if _, restarting := m.(*actor.Restarting); restarting && c.gang != nil && c.counted {
+			c.counted = false // this incarnation ends; the next one counts itself at Started
+			c.gang.workerAlive(-1)
+		}
+	case *actor.Stopped:
+		if c.gang != nil && c.counted {
+			c.counted = false
+			c.gang.workerAlive(-1)
 		}
 	case *request:
 		c.handleRequest(pc, m)

@@ -103,6 +103,8 @@ type Gang struct {
 	failures   []time.Time
 	err        error
 	supervisor *actor.PID
+	failing    bool // out of restarts: stopping its workers, then GangFailed
+	alive      int  // workers whose actor has started and not yet stopped
 }
 
 // Spec is the gang's spec (with defaults filled in).
@@ -215,6 +217,22 @@ func (g *Gang) Stop(ctx context.Context) error {
 	return err
 }
 
+// workerAlive counts worker actors that are up (+1 at start, -1 at stop, failed ones
+// included: a failed actor is not stopped until the supervisor says so).
+func (g *Gang) workerAlive(delta int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.alive += delta
+	g.checkFailedLocked()
+}
+
+func (g *Gang) checkFailedLocked() {
+	if g.failing && g.alive <= 0 && g.state != GangFailed {
+		g.state = GangFailed
+		g.notifyLocked()
+	}
+}
+
 func (g *Gang) workerStarted(rank int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -256,7 +274,7 @@ func (st gangStrategy) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor,
 			rank = i
 		}
 	}
-	if g.state == GangRestarting || g.state == GangFailed || g.state == GangStopped {
+	if g.state == GangRestarting || g.state == GangFailed || g.state == GangStopped || g.failing {
 		// One restart (or the stop) already covers every worker.
 		g.mu.Unlock()
 		return
@@ -272,11 +290,13 @@ func (st gangStrategy) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor,
 	n := len(g.failures)
 	children := sup.Children()
 	if n > g.spec.MaxRestarts {
-		g.state = GangFailed
+		// The gang fails once every worker has stopped, so that a caller who sees
+		// GangFailed gets ErrActorDead from the workers rather than a lost message.
+		g.failing = true
 		g.err = fmt.Errorf("%w: %q: worker %d failed (%v) after %d restarts within %v", ErrGangFailed, g.spec.Name, rank, reason, g.spec.MaxRestarts, g.spec.RestartWindow)
 		g.log.Error("gang failed", zap.Int("rank", rank), zap.Any("reason", reason))
 		gen := g.generation
-		g.notifyLocked()
+		g.checkFailedLocked()
 		g.mu.Unlock()
 		if g.spec.OnFailure != nil {
 			g.spec.OnFailure(Failure{Rank: rank, Reason: reason, Generation: gen, Final: true})
