@@ -23,7 +23,10 @@ type Metrics struct {
 	BytesPulled  prometheus.Counter
 	ChunkRefetch prometheus.Counter
 	Pulls        prometheus.Counter
-	Errors       *prometheus.CounterVec
+	// PullWaits counts pulls that waited for a pull of the same object into the
+	// same store already in progress, instead of copying it a second time.
+	PullWaits prometheus.Counter
+	Errors    *prometheus.CounterVec
 }
 
 // NewMetrics creates the counters and registers them on reg (nil: unregistered).
@@ -38,11 +41,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		BytesPulled:  c("pulled_bytes_total", "Bytes received and verified."),
 		ChunkRefetch: c("chunk_refetch_total", "Chunks fetched again after a fingerprint mismatch."),
 		Pulls:        c("pulls_total", "Completed pulls."),
+		PullWaits:    c("pull_waits_total", "Pulls that waited for the same object's pull into the same store in progress."),
 		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "atoll", Subsystem: "transfer",
 			Name: "errors_total", Help: "Errors by reason."}, []string{"reason"}),
 	}
 	if reg != nil {
-		for _, col := range []prometheus.Collector{m.ChunksServed, m.BytesServed, m.ChunksPulled, m.BytesPulled, m.ChunkRefetch, m.Pulls, m.Errors} {
+		for _, col := range []prometheus.Collector{m.ChunksServed, m.BytesServed, m.ChunksPulled, m.BytesPulled, m.ChunkRefetch, m.Pulls, m.PullWaits, m.Errors} {
 			if err := reg.Register(col); err != nil {
 				return nil, err
 			}
