@@ -217,3 +217,27 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// BenchmarkGetRelease is the fixed cost a same-machine get adds to reading the
+// bytes: Get, then Release of the view.
+func BenchmarkGetRelease(b *testing.B) {
+	cfg := DefaultLocalConfig()
+	s, err := Open(cfg, b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	id, err := s.Put(ctx, "o", make([]byte, 1<<20))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		v, err := s.Get(ctx, id)
+		if err != nil {
+			b.Fatal(err)
+		}
+		v.Release()
+	}
+}

@@ -98,7 +98,7 @@ type Store struct {
 	objs     map[ID]*entry
 	used     int64
 	lru      *list.List // of *entry, front = most recently used; hot sealed entries only
-	changed  chan struct{}
+	changed  chan struct{} // nil unless someone waits; see notifyLocked
 	spilling int
 	leases   map[string]time.Time
 	lost     []ID
@@ -172,7 +172,6 @@ func Open(cfg Config, dir string) (*Store, error) {
 		directory: cfg.Directory,
 		objs:      make(map[ID]*entry),
 		lru:       list.New(),
-		changed:   make(chan struct{}),
 		closing:   make(chan struct{}),
 		leases:    make(map[string]time.Time),
 		level:     level,
@@ -284,9 +283,22 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
+// notifyLocked wakes everyone waiting for a change (room freed, a pin dropped,
+// the store closing). The channel exists only while someone waits, so the hot
+// paths (a view's release) pay nothing when nobody does.
 func (s *Store) notifyLocked() {
-	close(s.changed)
-	s.changed = make(chan struct{})
+	if s.changed != nil {
+		close(s.changed)
+		s.changed = nil
+	}
+}
+
+// changedLocked returns a channel closed at the next notifyLocked.
+func (s *Store) changedLocked() <-chan struct{} {
+	if s.changed == nil {
+		s.changed = make(chan struct{})
+	}
+	return s.changed
 }
 
 func (s *Store) fail(reason string, err error) error {
@@ -401,7 +413,7 @@ func (s *Store) reserveLocked(ctx context.Context, size int64, pred func() bool)
 		if !hasDeadline && s.spilling == 0 {
 			return false, s.fail(reasonStoreFull, fmt.Errorf("need %d bytes, %d of %d in use and pinned: %w", size, s.used, s.capacity, ErrStoreFull))
 		}
-		ch := s.changed
+		ch := s.changedLocked()
 		s.mu.Unlock()
 		select {
 		case <-ctx.Done():
@@ -698,7 +710,7 @@ func (s *Store) Await(ctx context.Context, id ID, holder string) error {
 			s.mu.Unlock()
 			return s.directory.SetRefs(ctx, id, int64(n))
 		}
-		closed := s.changed
+		closed := s.changedLocked()
 		s.mu.Unlock()
 		select {
 		case <-ctx.Done():

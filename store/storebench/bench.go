@@ -8,10 +8,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -36,6 +38,10 @@ type Config struct {
 	Rounds int
 	// PullRuns: the pull and the bare TCP copy each run this many times; the best counts. Default 3.
 	PullRuns int
+	// ReadPairs is how many back-to-back pairs (plain read, get+read, in
+	// alternating order) each size's read comparison times; the median pair ratio
+	// counts. Default 15.
+	ReadPairs int
 	// SmallCount is the number of 1 KiB objects. Default 50000.
 	SmallCount int
 	// ServeCmd starts the serving process (it gets --size and --token appended).
@@ -51,7 +57,7 @@ type Config struct {
 
 // DefaultConfig returns the sizes the issue names.
 func DefaultConfig() Config {
-	return Config{MinSize: 1 << 20, MaxSize: 1 << 30, BytesPerSize: 512 << 20, Rounds: 3, PullRuns: 3, SmallCount: 50000}
+	return Config{MinSize: 1 << 20, MaxSize: 1 << 30, BytesPerSize: 512 << 20, Rounds: 3, PullRuns: 3, ReadPairs: 15, SmallCount: 50000}
 }
 
 // Validate reports the first bad field.
@@ -59,8 +65,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.MinSize < 4096 || c.MaxSize < c.MinSize:
 		return fmt.Errorf("storebench: sizes %d..%d: want 4096 <= min <= max", c.MinSize, c.MaxSize)
-	case c.BytesPerSize <= 0 || c.Rounds < 1 || c.PullRuns < 1 || c.SmallCount < 1:
-		return fmt.Errorf("storebench: BytesPerSize, Rounds, PullRuns and SmallCount must be positive")
+	case c.BytesPerSize <= 0 || c.Rounds < 1 || c.PullRuns < 1 || c.SmallCount < 1 || c.ReadPairs < 1:
+		return fmt.Errorf("storebench: BytesPerSize, Rounds, PullRuns, ReadPairs and SmallCount must be positive")
 	case len(c.ServeCmd) == 0:
 		return fmt.Errorf("storebench: ServeCmd is empty")
 	}
@@ -74,8 +80,16 @@ type SizeResult struct {
 	PutGBps        float64 `json:"put_gbps"`
 	MemcpyColdGBps float64 `json:"memcpy_cold_gbps"`
 	PutColdGBps    float64 `json:"put_cold_gbps"`
-	PlainReadS     float64 `json:"plain_read_s"`
-	GetReadS       float64 `json:"get_read_s"`
+	// PlainReadS and GetReadS are the median times of one sample (ReadsPerSample
+	// reads of every byte) of the plain buffer and of get+read+release.
+	PlainReadS float64 `json:"plain_read_s"`
+	GetReadS   float64 `json:"get_read_s"`
+	// GetReadRatio is the median over pairs of plain time / get time, each pair
+	// timed back to back; Lo and Hi are the pairs' quartiles.
+	GetReadRatio   float64 `json:"get_read_ratio"`
+	GetReadRatioLo float64 `json:"get_read_ratio_q1"`
+	GetReadRatioHi float64 `json:"get_read_ratio_q3"`
+	ReadsPerSample int     `json:"reads_per_sample"`
 }
 
 // Result is what `atoll bench store --json` prints.
@@ -87,6 +101,7 @@ type Result struct {
 	PutColdGBps    float64             `json:"put_cold_gbps"`
 	PutColdRatio   float64             `json:"put_cold_ratio"`
 	GetReadRatio   float64             `json:"get_read_ratio"`
+	GetReadPairs   int                 `json:"get_read_pairs"`
 	PullGBps       float64             `json:"pull_gbps"`
 	TCPGBps        float64             `json:"tcp_gbps"`
 	PullRatio      float64             `json:"pull_ratio"`
@@ -135,7 +150,8 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
 	}
 	defer st.Close()
 
-	var memB, putB, coldB, plainNs, getNs int64
+	var memB, putB, coldB int64
+	var logRatio float64
 	var memT, putT, memColdT, putColdT time.Duration
 	for size := cfg.MinSize; size <= cfg.MaxSize; size *= 4 {
 		log.Info("sizes", zap.Int64("size", size))
@@ -149,20 +165,22 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
 		if err != nil {
 			return res, err
 		}
+		// The object (c) reads, put first so that it does not take the memory the
+		// warm-up put below leaves in the recycle pool.
+		readID, err := st.Put(ctx, "bench", src)
+		if err != nil {
+			return res, err
+		}
 		// (b) put, steady state: each object is freed after its put, so the next
 		// put reuses its recycled shared memory, as a training loop putting
 		// same-sized gradients does. One unmeasured put first warms the pool.
 		if id, err := st.Put(ctx, "bench", src); err == nil {
 			_ = st.Release(ctx, id, "bench")
 		}
-		readID, err := st.Put(ctx, "bench", src)
-		if err != nil {
-			return res, err
-		}
 		// Each round times every method once, in turn; the best round of each
 		// counts, so a burst of load from other processes hits one round, not
 		// one method.
-		var mt, pt, plain, got time.Duration
+		var mt, pt time.Duration
 		best := func(cur *time.Duration, d time.Duration) {
 			if *cur == 0 || d < *cur {
 				*cur = d
@@ -186,22 +204,11 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
 				}
 			}
 			best(&pt, time.Since(t0))
-			// (c) get and read every byte vs reading the plain buffer.
-			t0 = time.Now()
-			for range reps {
-				sink += sum(dst)
-			}
-			best(&plain, time.Since(t0))
-			t0 = time.Now()
-			for range reps {
-				v, err := st.Get(ctx, readID)
-				if err != nil {
-					return res, err
-				}
-				sink += sum(v.Bytes())
-				v.Release()
-			}
-			best(&got, time.Since(t0))
+		}
+		// (c) get and read every byte vs reading the plain buffer, in pairs.
+		rr := measureRead(ctx, st, readID, dst, cfg.ReadPairs, &sink)
+		if rr.err != nil {
+			return res, rr.err
 		}
 		_ = st.Release(ctx, readID, "bench")
 		if sink == 1 {
@@ -215,11 +222,11 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
 		coldB += size
 		memColdT += mc
 		putColdT += pc
-		plainNs += plain.Nanoseconds()
-		getNs += got.Nanoseconds()
+		logRatio += math.Log(rr.ratio)
 		res.Sizes = append(res.Sizes, SizeResult{Size: size, MemcpyGBps: gbps(tot, mt), PutGBps: gbps(tot, pt),
 			MemcpyColdGBps: gbps(size, mc), PutColdGBps: gbps(size, pc),
-			PlainReadS: plain.Seconds(), GetReadS: got.Seconds()})
+			PlainReadS: rr.plain.Seconds(), GetReadS: rr.get.Seconds(), GetReadRatio: rr.ratio,
+			GetReadRatioLo: rr.lo, GetReadRatioHi: rr.hi, ReadsPerSample: rr.reps})
 	}
 	res.MemcpyGBps = gbps(memB, memT)
 	res.PutGBps = gbps(putB, putT)
@@ -227,7 +234,8 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
 	res.MemcpyColdGBps = gbps(coldB, memColdT)
 	res.PutColdGBps = gbps(coldB, putColdT)
 	res.PutColdRatio = res.PutColdGBps / res.MemcpyColdGBps
-	res.GetReadRatio = float64(plainNs) / float64(getNs)
+	res.GetReadRatio = math.Exp(logRatio / float64(len(res.Sizes)))
+	res.GetReadPairs = cfg.ReadPairs
 
 	if err := runPull(ctx, cfg, st, &res, log); err != nil {
 		return res, err
@@ -242,6 +250,73 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
 		"small_puts_per_s": res.SmallPutsPerS >= 50000,
 	}
 	return res, nil
+}
+
+type readResult struct {
+	plain, get    time.Duration // median sample times
+	ratio, lo, hi float64       // median and quartiles of plain/get over pairs
+	reps          int
+	err           error
+}
+
+// readSample is how many bytes one timed sample reads at least: long enough that
+// timer and scheduling granularity do not matter, short enough that a burst of
+// load from other processes hits both halves of a pair alike.
+const readSample = 64 << 20
+
+// measureRead compares reading every byte of the plain buffer with getting the
+// object (a view over the store's mapping), reading every byte, and releasing the
+// view. Both sides are read once first, so both sets of pages and page-table
+// entries are warm; then pairs of samples are timed back to back, in alternating
+// order, and the median of the pairs' ratios counts: a pair's halves run under
+// the same load, so the ratio is robust where best-of-N absolute times are not.
+func measureRead(ctx context.Context, st *object.Store, id object.ID, plain []byte, pairs int, sink *uint64) readResult {
+	size := len(plain)
+	reps := max(1, readSample/size)
+	getRead := func() error {
+		for range reps {
+			v, err := st.Get(ctx, id)
+			if err != nil {
+				return err
+			}
+			*sink += sum(v.Bytes())
+			v.Release()
+		}
+		return nil
+	}
+	plainRead := func() {
+		for range reps {
+			*sink += sum(plain)
+		}
+	}
+	plainRead()
+	if err := getRead(); err != nil {
+		return readResult{err: err}
+	}
+	var ps, gs []time.Duration
+	var ratios []float64
+	for i := range pairs {
+		var p, g time.Duration
+		for j := range 2 {
+			t0 := time.Now()
+			if (i+j)%2 == 0 {
+				plainRead()
+				p = time.Since(t0)
+			} else {
+				if err := getRead(); err != nil {
+					return readResult{err: err}
+				}
+				g = time.Since(t0)
+			}
+		}
+		ps, gs = append(ps, p), append(gs, g)
+		ratios = append(ratios, float64(p)/float64(g))
+	}
+	slices.Sort(ps)
+	slices.Sort(gs)
+	slices.Sort(ratios)
+	q := func(f float64) float64 { return ratios[int(f*float64(len(ratios)-1)+0.5)] }
+	return readResult{plain: ps[len(ps)/2], get: gs[len(gs)/2], ratio: q(0.5), lo: q(0.25), hi: q(0.75), reps: reps}
 }
 
 // coldPair times one memcpy into fresh anonymous memory and one put into a fresh
