@@ -97,7 +97,7 @@ type Store struct {
 	mu       sync.Mutex
 	objs     map[ID]*entry
 	used     int64
-	lru      *list.List // of *entry, front = most recently used; hot sealed entries only
+	lru      *list.List    // of *entry, front = most recently used; hot sealed entries only
 	changed  chan struct{} // nil unless someone waits; see notifyLocked
 	spilling int
 	leases   map[string]time.Time
