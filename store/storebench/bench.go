@@ -36,7 +36,9 @@ type Config struct {
 	// Rounds: each size is measured this many times, methods interleaved; the best
 	// round of each method counts. Default 3.
 	Rounds int
-	// PullRuns: the pull and the bare TCP copy each run this many times; the best counts. Default 3.
+	// PullRuns: this many pairs of a bare TCP copy and a pull run back to back
+	// (after one unmeasured warm-up of each); pull_gbps and tcp_gbps are the
+	// medians and pull_ratio the median pair ratio. Default 7.
 	PullRuns int
 	// ReadPairs is how many back-to-back pairs (plain read, get+read, in
 	// alternating order) each size's read comparison times; the median pair ratio
@@ -51,13 +53,15 @@ type Config struct {
 	// Streams and Depth set the puller's connections and reads in flight per
 	// connection (0: the transfer defaults).
 	Streams, Depth int
+	// Sendfile makes the serving process send chunks with sendfile(2).
+	Sendfile bool
 	// Dir holds the local store; default a temporary directory.
 	Dir string
 }
 
 // DefaultConfig returns the sizes the issue names.
 func DefaultConfig() Config {
-	return Config{MinSize: 1 << 20, MaxSize: 1 << 30, BytesPerSize: 512 << 20, Rounds: 3, PullRuns: 3, ReadPairs: 15, SmallCount: 50000}
+	return Config{MinSize: 1 << 20, MaxSize: 1 << 30, BytesPerSize: 512 << 20, Rounds: 3, PullRuns: 7, ReadPairs: 15, SmallCount: 50000}
 }
 
 // Validate reports the first bad field.
@@ -105,6 +109,10 @@ type Result struct {
 	PullGBps       float64             `json:"pull_gbps"`
 	TCPGBps        float64             `json:"tcp_gbps"`
 	PullRatio      float64             `json:"pull_ratio"`
+	PullRatioLo    float64             `json:"pull_ratio_q1"`
+	PullRatioHi    float64             `json:"pull_ratio_q3"`
+	PullBestGBps   float64             `json:"pull_best_gbps"`
+	TCPBestGBps    float64             `json:"tcp_best_gbps"`
 	PullFirstGBps  float64             `json:"pull_first_gbps"`
 	PullRuns       int                 `json:"pull_runs"`
 	PullBytes      int64               `json:"pull_bytes"`
@@ -373,6 +381,9 @@ func runPull(ctx context.Context, cfg Config, st *object.Store, res *Result, log
 	tok := make([]byte, 32)
 	_, _ = rand.Read(tok)
 	args := append(append([]string{}, cfg.ServeCmd[1:]...), "--size", fmt.Sprint(cfg.PullSize), "--token", hex.EncodeToString(tok))
+	if cfg.Sendfile {
+		args = append(args, "--sendfile")
+	}
 	cmd := exec.CommandContext(ctx, cfg.ServeCmd[0], args...)
 	cmd.Env = append(os.Environ(), cfg.ServeEnv...)
 	cmd.Stderr = os.Stderr
@@ -414,49 +425,82 @@ func runPull(ctx context.Context, cfg Config, st *object.Store, res *Result, log
 	}
 	buf := make([]byte, info.Size)
 	copy(buf, pattern(int(info.Size))) // touched, as the store's pages are
-	var bestTCP, bestPull, firstPull time.Duration
-	for range cfg.PullRuns {
+	// Warm-up: one unmeasured bare copy and one pull, so that both sides'
+	// memory is touched (the pull then lands in recycled shared memory) and the
+	// server has remembered its chunk fingerprints. The first pull is reported
+	// on its own as pull_first_gbps.
+	tcpCopy := func() (time.Duration, error) {
 		t0 := time.Now()
 		c, err := net.Dial("tcp", info.TCPAddr)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		_, err = io.ReadFull(c, buf)
 		c.Close()
 		if err != nil {
-			return fmt.Errorf("storebench: bare tcp copy: %w", err)
+			return 0, fmt.Errorf("storebench: bare tcp copy: %w", err)
 		}
-		if d := time.Since(t0); bestTCP == 0 || d < bestTCP {
-			bestTCP = d
-		}
-		t0 = time.Now()
+		return time.Since(t0), nil
+	}
+	pull := func() (time.Duration, error) {
+		t0 := time.Now()
 		if err := cl.Pull(ctx, st, id, []string{info.Addr}, transfer.PullOptions{Owner: "bench"}); err != nil {
-			return err
+			return 0, err
 		}
 		d := time.Since(t0)
-		if firstPull == 0 {
-			firstPull = d
-		}
-		if bestPull == 0 || d < bestPull {
-			bestPull = d
-		}
 		v, err := st.Get(ctx, id)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		same := v.Size() == info.Size && v.Fingerprint() != 0
 		v.Release()
 		if !same {
-			return fmt.Errorf("storebench: pulled object has size %d, want %d", v.Size(), info.Size)
+			return 0, fmt.Errorf("storebench: pulled object has size %d, want %d", v.Size(), info.Size)
 		}
-		if err := st.Release(ctx, id, "bench"); err != nil {
-			return err
-		}
+		return d, st.Release(ctx, id, "bench")
 	}
+	if _, err := tcpCopy(); err != nil {
+		return err
+	}
+	firstPull, err := pull()
+	if err != nil {
+		return err
+	}
+	// Pairs of one bare copy and one pull, back to back in alternating order:
+	// the median of the pairs' ratios counts, since a pair's halves run under
+	// the same load from other processes.
+	var tcps, pulls []time.Duration
+	var ratios []float64
+	for i := range cfg.PullRuns {
+		var tt, pt time.Duration
+		for j := range 2 {
+			var d time.Duration
+			var err error
+			if (i+j)%2 == 0 {
+				d, err = tcpCopy()
+				tt = d
+			} else {
+				d, err = pull()
+				pt = d
+			}
+			if err != nil {
+				return err
+			}
+		}
+		tcps, pulls = append(tcps, tt), append(pulls, pt)
+		ratios = append(ratios, float64(tt)/float64(pt))
+	}
+	slices.Sort(tcps)
+	slices.Sort(pulls)
+	slices.Sort(ratios)
+	q := func(f float64) float64 { return ratios[int(f*float64(len(ratios)-1)+0.5)] }
 	res.PullBytes = info.Size
-	res.TCPGBps = gbps(info.Size, bestTCP)
-	res.PullGBps = gbps(info.Size, bestPull)
-	res.PullRatio = res.PullGBps / res.TCPGBps
+	res.TCPGBps = gbps(info.Size, tcps[len(tcps)/2])
+	res.PullGBps = gbps(info.Size, pulls[len(pulls)/2])
+	res.PullRatio = q(0.5)
+	res.PullRatioLo, res.PullRatioHi = q(0.25), q(0.75)
+	res.TCPBestGBps = gbps(info.Size, tcps[0])
+	res.PullBestGBps = gbps(info.Size, pulls[0])
 	res.PullFirstGBps = gbps(info.Size, firstPull)
 	res.PullRuns = cfg.PullRuns
 	return nil

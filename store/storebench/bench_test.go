@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 				tok = os.Args[i+1]
 			}
 		}
-		if err := Serve(context.Background(), size, tok, os.Stdin, os.Stdout, nil); err != nil {
+		if err := Serve(context.Background(), size, tok, false, os.Stdin, os.Stdout, nil); err != nil {
 			os.Stderr.WriteString(err.Error() + "\n")
 			os.Exit(1)
 		}
