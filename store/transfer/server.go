@@ -110,6 +110,26 @@ type registration struct {
 	conn   uint64   // connection that registered it (0: RegisterRegion); freed with it
 	file   *os.File // the region's backing file (FileRegion), for sendfile; may be nil
 	off    int64    // the region's offset in file
+
+	// Reads in progress hold the registration (under Server.mu), so that
+	// deregistering it (CloseRegion from another connection, the registering
+	// connection ending) never closes the region or its file under a send.
+	users int
+	dead  bool
+}
+
+// unuseLocked ends one read's hold; it returns true when the caller must close
+// the registration (it was deregistered and this was the last read).
+func (r *registration) unuseLocked() bool {
+	r.users--
+	return r.dead && r.users == 0
+}
+
+// retireLocked marks the registration deregistered; it returns true when the
+// caller must close it now (no read holds it).
+func (r *registration) retireLocked() bool {
+	r.dead = true
+	return r.users == 0
 }
 
 func (r *registration) close() {
@@ -181,11 +201,13 @@ func (s *Server) register(r Region, conn uint64) Key {
 func (s *Server) DeregisterRegion(k Key) bool {
 	s.mu.Lock()
 	reg, ok := s.lookupLocked(k)
+	closeNow := false
 	if ok {
 		delete(s.regs, binary.BigEndian.Uint64(k[:8]))
+		closeNow = reg.retireLocked()
 	}
 	s.mu.Unlock()
-	if ok {
+	if closeNow {
 		reg.close()
 	}
 	return ok
@@ -290,8 +312,10 @@ func (s *Server) serveConn(c net.Conn, connID uint64) {
 		var mine []*registration
 		for h, r := range s.regs {
 			if r.conn == connID {
-				mine = append(mine, r)
 				delete(s.regs, h)
+				if r.retireLocked() {
+					mine = append(mine, r)
+				} // else the last read in progress closes it
 			}
 		}
 		s.mu.Unlock()
@@ -372,7 +396,20 @@ func (s *Server) sendErr(c net.Conn, req uint64, code ErrCode, err error) error 
 func (s *Server) serveRead(ctx context.Context, c net.Conn, raw syscall.RawConn, f *Frame, hdr *[]byte) error {
 	s.mu.Lock()
 	reg, ok := s.lookupLocked(f.Key)
+	if ok {
+		reg.users++
+	}
 	s.mu.Unlock()
+	if ok {
+		defer func() {
+			s.mu.Lock()
+			closeNow := reg.unuseLocked()
+			s.mu.Unlock()
+			if closeNow {
+				reg.close()
+			}
+		}()
+	}
 	if !ok {
 		s.m.err(reasonBadKey)
 		return s.sendErr(c, f.ReqID, CodeBadKey, fmt.Errorf("read of unregistered key: %w", ErrBadKey))
