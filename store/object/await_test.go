@@ -241,3 +241,24 @@ func BenchmarkGetRelease(b *testing.B) {
 		v.Release()
 	}
 }
+
+// BenchmarkSmallPut is a 1 KiB put and its release (a slab slot taken and given back).
+func BenchmarkSmallPut(b *testing.B) {
+	s, err := Open(DefaultLocalConfig(), b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	data := make([]byte, 1024)
+	b.ReportAllocs()
+	for b.Loop() {
+		id, err := s.Put(ctx, "o", data)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Release(ctx, id, "o"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
