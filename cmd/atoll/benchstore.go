@@ -42,6 +42,7 @@ func newBenchStoreCmd() *cobra.Command {
 			fmt.Fprintf(out, "first pull        %8.2f GB/s  (the serving side hashes every chunk; later pulls reuse its fingerprints)\n", res.PullFirstGBps)
 			fmt.Fprintf(out, "bare tcp          %8.2f GB/s  (median; best %.2f)\n", res.TCPGBps, res.TCPBestGBps)
 			fmt.Fprintf(out, "pull ratio        %8.2f       (median of pairs [q1 %.2f, q3 %.2f], target >= 0.8)\n", res.PullRatio, res.PullRatioLo, res.PullRatioHi)
+			fmt.Fprintf(out, "receiver cpu      %8.3f s/GB pull, %.3f s/GB bare tcp\n", res.PullCPUPerGB, res.TCPCPUPerGB)
 			fmt.Fprintf(out, "1 KiB puts        %8.0f /s    (target >= 50000)\n", res.SmallPutsPerS)
 			fmt.Fprintf(out, "1 KiB gets        %8.0f /s\n", res.SmallGetsPerS)
 			for _, s := range res.Sizes {

@@ -98,31 +98,36 @@ type SizeResult struct {
 
 // Result is what `atoll bench store --json` prints.
 type Result struct {
-	MemcpyGBps     float64             `json:"memcpy_gbps"`
-	PutGBps        float64             `json:"put_gbps"`
-	PutMemcpyRatio float64             `json:"put_memcpy_ratio"`
-	MemcpyColdGBps float64             `json:"memcpy_cold_gbps"`
-	PutColdGBps    float64             `json:"put_cold_gbps"`
-	PutColdRatio   float64             `json:"put_cold_ratio"`
-	GetReadRatio   float64             `json:"get_read_ratio"`
-	GetReadPairs   int                 `json:"get_read_pairs"`
-	PullGBps       float64             `json:"pull_gbps"`
-	TCPGBps        float64             `json:"tcp_gbps"`
-	PullRatio      float64             `json:"pull_ratio"`
-	PullRatioLo    float64             `json:"pull_ratio_q1"`
-	PullRatioHi    float64             `json:"pull_ratio_q3"`
-	PullBestGBps   float64             `json:"pull_best_gbps"`
-	TCPBestGBps    float64             `json:"tcp_best_gbps"`
-	PullFirstGBps  float64             `json:"pull_first_gbps"`
-	PullRuns       int                 `json:"pull_runs"`
-	PullBytes      int64               `json:"pull_bytes"`
-	SmallPutsPerS  float64             `json:"small_puts_per_s"`
-	SmallGetsPerS  float64             `json:"small_gets_per_s"`
-	Sizes          []SizeResult        `json:"sizes"`
-	Targets        map[string]float64  `json:"targets"`
-	Met            map[string]bool     `json:"met"`
-	RDMA           transfer.RDMAReport `json:"rdma"`
-	CPUs           int                 `json:"cpus"`
+	MemcpyGBps     float64 `json:"memcpy_gbps"`
+	PutGBps        float64 `json:"put_gbps"`
+	PutMemcpyRatio float64 `json:"put_memcpy_ratio"`
+	MemcpyColdGBps float64 `json:"memcpy_cold_gbps"`
+	PutColdGBps    float64 `json:"put_cold_gbps"`
+	PutColdRatio   float64 `json:"put_cold_ratio"`
+	GetReadRatio   float64 `json:"get_read_ratio"`
+	GetReadPairs   int     `json:"get_read_pairs"`
+	PullGBps       float64 `json:"pull_gbps"`
+	TCPGBps        float64 `json:"tcp_gbps"`
+	PullRatio      float64 `json:"pull_ratio"`
+	PullRatioLo    float64 `json:"pull_ratio_q1"`
+	PullRatioHi    float64 `json:"pull_ratio_q3"`
+	PullBestGBps   float64 `json:"pull_best_gbps"`
+	TCPBestGBps    float64 `json:"tcp_best_gbps"`
+	PullFirstGBps  float64 `json:"pull_first_gbps"`
+	// TCPCPUPerGB and PullCPUPerGB are the receiving process's CPU seconds per GB
+	// (user + system, all threads): what each costs, independent of how much CPU
+	// other processes leave it.
+	TCPCPUPerGB   float64             `json:"tcp_cpu_s_per_gb"`
+	PullCPUPerGB  float64             `json:"pull_cpu_s_per_gb"`
+	PullRuns      int                 `json:"pull_runs"`
+	PullBytes     int64               `json:"pull_bytes"`
+	SmallPutsPerS float64             `json:"small_puts_per_s"`
+	SmallGetsPerS float64             `json:"small_gets_per_s"`
+	Sizes         []SizeResult        `json:"sizes"`
+	Targets       map[string]float64  `json:"targets"`
+	Met           map[string]bool     `json:"met"`
+	RDMA          transfer.RDMAReport `json:"rdma"`
+	CPUs          int                 `json:"cpus"`
 }
 
 func gbps(bytes int64, d time.Duration) float64 { return float64(bytes) / d.Seconds() / 1e9 }
@@ -429,6 +434,7 @@ func runPull(ctx context.Context, cfg Config, st *object.Store, res *Result, log
 	// memory is touched (the pull then lands in recycled shared memory) and the
 	// server has remembered its chunk fingerprints. The first pull is reported
 	// on its own as pull_first_gbps.
+	var tcpCPU, pullCPU time.Duration // this (receiving) process's CPU time, summed over the pairs
 	tcpCopy := func() (time.Duration, error) {
 		t0 := time.Now()
 		c, err := net.Dial("tcp", info.TCPAddr)
@@ -476,12 +482,15 @@ func runPull(ctx context.Context, cfg Config, st *object.Store, res *Result, log
 		for j := range 2 {
 			var d time.Duration
 			var err error
+			c0 := cpuTime()
 			if (i+j)%2 == 0 {
 				d, err = tcpCopy()
 				tt = d
+				tcpCPU += cpuTime() - c0
 			} else {
 				d, err = pull()
 				pt = d
+				pullCPU += cpuTime() - c0
 			}
 			if err != nil {
 				return err
@@ -503,7 +512,19 @@ func runPull(ctx context.Context, cfg Config, st *object.Store, res *Result, log
 	res.PullBestGBps = gbps(info.Size, pulls[0])
 	res.PullFirstGBps = gbps(info.Size, firstPull)
 	res.PullRuns = cfg.PullRuns
+	gb := float64(info.Size) * float64(cfg.PullRuns) / 1e9
+	res.TCPCPUPerGB = tcpCPU.Seconds() / gb
+	res.PullCPUPerGB = pullCPU.Seconds() / gb
 	return nil
+}
+
+// cpuTime is the CPU time (user and system) this process has used.
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func runSmall(ctx context.Context, cfg Config, st *object.Store, res *Result) error {
