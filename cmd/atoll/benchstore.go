@@ -37,16 +37,17 @@ func newBenchStoreCmd() *cobra.Command {
 			fmt.Fprintf(out, "put               %8.2f GB/s  (%.2f x memcpy, target >= 0.7)\n", res.PutGBps, res.PutMemcpyRatio)
 			fmt.Fprintf(out, "cold memcpy       %8.2f GB/s  (into never-touched memory)\n", res.MemcpyColdGBps)
 			fmt.Fprintf(out, "cold put          %8.2f GB/s  (%.2f x cold memcpy; first put into a fresh store)\n", res.PutColdGBps, res.PutColdRatio)
-			fmt.Fprintf(out, "get+read ratio    %8.2f       (plain read time / store get-and-read time, target >= 0.9)\n", res.GetReadRatio)
-			fmt.Fprintf(out, "pull              %8.2f GB/s  (%d bytes, two processes, loopback, best of %d)\n", res.PullGBps, res.PullBytes, res.PullRuns)
+			fmt.Fprintf(out, "get+read ratio    %8.2f       (plain read time / store get-and-read time, median of %d pairs per size, target >= 0.9)\n", res.GetReadRatio, res.GetReadPairs)
+			fmt.Fprintf(out, "pull              %8.2f GB/s  (%d bytes, two processes, loopback, median of %d; best %.2f)\n", res.PullGBps, res.PullBytes, res.PullRuns, res.PullBestGBps)
 			fmt.Fprintf(out, "first pull        %8.2f GB/s  (the serving side hashes every chunk; later pulls reuse its fingerprints)\n", res.PullFirstGBps)
-			fmt.Fprintf(out, "bare tcp          %8.2f GB/s\n", res.TCPGBps)
-			fmt.Fprintf(out, "pull ratio        %8.2f       (target >= 0.8)\n", res.PullRatio)
+			fmt.Fprintf(out, "bare tcp          %8.2f GB/s  (median; best %.2f)\n", res.TCPGBps, res.TCPBestGBps)
+			fmt.Fprintf(out, "pull ratio        %8.2f       (median of pairs [q1 %.2f, q3 %.2f], target >= 0.8)\n", res.PullRatio, res.PullRatioLo, res.PullRatioHi)
+			fmt.Fprintf(out, "receiver cpu      %8.3f s/GB pull, %.3f s/GB bare tcp\n", res.PullCPUPerGB, res.TCPCPUPerGB)
 			fmt.Fprintf(out, "1 KiB puts        %8.0f /s    (target >= 50000)\n", res.SmallPutsPerS)
 			fmt.Fprintf(out, "1 KiB gets        %8.0f /s\n", res.SmallGetsPerS)
 			for _, s := range res.Sizes {
-				fmt.Fprintf(out, "  %10d B  memcpy %6.2f GB/s  put %6.2f GB/s  cold memcpy %6.2f  cold put %6.2f  read plain %.4fs  get+read %.4fs\n",
-					s.Size, s.MemcpyGBps, s.PutGBps, s.MemcpyColdGBps, s.PutColdGBps, s.PlainReadS, s.GetReadS)
+				fmt.Fprintf(out, "  %10d B  memcpy %6.2f GB/s  put %6.2f GB/s  cold memcpy %6.2f  cold put %6.2f  read plain %.4fs  get+read %.4fs (x%d)  ratio %.3f [%.3f, %.3f]\n",
+					s.Size, s.MemcpyGBps, s.PutGBps, s.MemcpyColdGBps, s.PutColdGBps, s.PlainReadS, s.GetReadS, s.ReadsPerSample, s.GetReadRatio, s.GetReadRatioLo, s.GetReadRatioHi)
 			}
 			fmt.Fprintf(out, "rdma: %d devices, backend %s (%s)\n", len(res.RDMA.Devices), res.RDMA.Backend, res.RDMA.Note)
 			return nil
@@ -59,9 +60,11 @@ func newBenchStoreCmd() *cobra.Command {
 	f.Int64Var(&cfg.BytesPerSize, "bytes-per-size", cfg.BytesPerSize, "bytes moved per size and measurement")
 	f.Int64Var(&cfg.PullSize, "pull-size", 0, "bytes pulled between processes (default max-size)")
 	f.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "rounds per size, methods interleaved; the best of each counts")
-	f.IntVar(&cfg.PullRuns, "pull-runs", cfg.PullRuns, "pull and tcp runs; the best of each counts")
+	f.IntVar(&cfg.ReadPairs, "read-pairs", cfg.ReadPairs, "back-to-back plain/get read pairs per size; the median pair ratio counts")
+	f.IntVar(&cfg.PullRuns, "pull-runs", cfg.PullRuns, "back-to-back tcp/pull pairs; the median pair ratio counts")
 	f.IntVar(&cfg.Streams, "streams", 0, "puller connections (default: the transfer default)")
 	f.IntVar(&cfg.Depth, "depth", 0, "chunk reads in flight per connection (default: the transfer default)")
+	f.BoolVar(&cfg.Sendfile, "sendfile", false, "the serving process sends chunks with sendfile(2) instead of writev")
 	f.IntVar(&cfg.SmallCount, "small-count", cfg.SmallCount, "number of 1 KiB objects")
 	return cmd
 }
@@ -70,15 +73,17 @@ func newBenchStoreCmd() *cobra.Command {
 func newStoreServeCmd() *cobra.Command {
 	var size int64
 	var token string
+	var sendfile bool
 	cmd := &cobra.Command{
 		Use:    "store-serve",
 		Short:  "Serve one object from a fresh store until stdin closes (used by bench store)",
 		Hidden: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return storebench.Serve(cmd.Context(), size, token, os.Stdin, cmd.OutOrStdout(), zap.NewNop())
+			return storebench.Serve(cmd.Context(), size, token, sendfile, os.Stdin, cmd.OutOrStdout(), zap.NewNop())
 		},
 	}
 	cmd.Flags().Int64Var(&size, "size", 1<<20, "object size in bytes")
 	cmd.Flags().StringVar(&token, "token", "", "cluster token, hex")
+	cmd.Flags().BoolVar(&sendfile, "sendfile", false, "send chunks with sendfile(2)")
 	return cmd
 }

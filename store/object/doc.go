@@ -17,9 +17,16 @@
 //	err = st.Release(ctx, id, "driver")            // last reference: freed everywhere
 //
 // A worker process on the same machine asks the agent for st.Map(ctx, id, worker)
-// and maps the bytes itself with MapFile; the agent calls st.Renew(worker) while
-// the worker lives and st.ExpireLeases(now) periodically, so a dead worker's
-// references and mappings are released.
+// and maps the bytes itself with MapFile. A holder (a worker process, or an
+// in-process actor) that calls st.Renew(holder) while it lives has a lease; the
+// reaper started by st.StartLeaseReaper(ctx, interval) (transfer.StartNode starts
+// one) expires leases by the store's Clock, so a dead holder's references and
+// mappings are released without anyone remembering to do it.
+//
+// Writers that fill an object in place (the transfer plane) use Create, then
+// Writer.Seal or Abort. A second Create of an id still being written fails with
+// ErrPending; st.Await(ctx, id, holder) waits for the writer and then takes a
+// reference for holder, so concurrent fetches of one object make one copy.
 //
 // Metadata goes through the Directory interface (MemDirectory here; the metadata
 // log implements it). Counters are registered on Config.Registerer.

@@ -17,6 +17,9 @@ var (
 	ErrDiskFull = errors.New("object: spill disk full")
 	// ErrExists: an object with this id is already present.
 	ErrExists = errors.New("object: already exists")
+	// ErrPending: Create named an id that is being written (another pull of the same
+	// object into this store). The error matches ErrExists too; Await waits for it.
+	ErrPending = errors.New("object: being written")
 	// ErrFingerprint: the bytes do not match the object's fingerprint.
 	ErrFingerprint = errors.New("object: fingerprint mismatch")
 	// ErrLost: the object's bytes are gone (a spill file vanished or is corrupt).

@@ -43,6 +43,11 @@ func (r *Region) Bytes() []byte { return r.e.mem.ro }
 // Size returns the object size.
 func (r *Region) Size() int64 { return r.e.size }
 
+// File returns the shared-memory file that holds the bytes and their offset in
+// it, so that a server can send them with sendfile(2) from the page cache
+// instead of copying them through user space. The file must be opened read-only.
+func (r *Region) File() (path string, off int64) { return r.e.mem.path, r.e.mem.off }
+
 // Fingerprint returns the object's xxhash64 (the expected one while being written).
 func (r *Region) Fingerprint() uint64 { return r.s.fingerprint(r.e) }
 

@@ -54,6 +54,19 @@ type entry struct {
 	ready    int64
 	done     map[int64]int64 // out-of-order completed ranges: start -> end
 	progress chan struct{}   // closed and replaced when ready advances or state changes
+	settled  chan struct{}   // closed once a pending object is sealed or aborted
+}
+
+// settleLocked closes e.settled (once): the object left the pending state.
+func (e *entry) settleLocked() {
+	if e.settled == nil {
+		return
+	}
+	select {
+	case <-e.settled:
+	default:
+		close(e.settled)
+	}
 }
 
 func (e *entry) refTotal() int {
@@ -84,12 +97,13 @@ type Store struct {
 	mu       sync.Mutex
 	objs     map[ID]*entry
 	used     int64
-	lru      *list.List // of *entry, front = most recently used; hot sealed entries only
-	changed  chan struct{}
+	lru      *list.List    // of *entry, front = most recently used; hot sealed entries only
+	changed  chan struct{} // nil unless someone waits; see notifyLocked
 	spilling int
 	leases   map[string]time.Time
 	lost     []ID
 	closed   bool
+	closing  chan struct{} // closed by Close: stops lease reapers
 
 	pool      map[int64][]*segment // recycled large segments by class
 	poolBytes int64
@@ -158,7 +172,7 @@ func Open(cfg Config, dir string) (*Store, error) {
 		directory: cfg.Directory,
 		objs:      make(map[ID]*entry),
 		lru:       list.New(),
-		changed:   make(chan struct{}),
+		closing:   make(chan struct{}),
 		leases:    make(map[string]time.Time),
 		level:     level,
 		pool:      make(map[int64][]*segment),
@@ -269,9 +283,22 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
+// notifyLocked wakes everyone waiting for a change (room freed, a pin dropped,
+// the store closing). The channel exists only while someone waits, so the hot
+// paths (a view's release) pay nothing when nobody does.
 func (s *Store) notifyLocked() {
-	close(s.changed)
-	s.changed = make(chan struct{})
+	if s.changed != nil {
+		close(s.changed)
+		s.changed = nil
+	}
+}
+
+// changedLocked returns a channel closed at the next notifyLocked.
+func (s *Store) changedLocked() <-chan struct{} {
+	if s.changed == nil {
+		s.changed = make(chan struct{})
+	}
+	return s.changed
 }
 
 func (s *Store) fail(reason string, err error) error {
@@ -333,14 +360,20 @@ func (s *Store) create(ctx context.Context, owner string, id ID, size int64, fp 
 	if s.closed {
 		return nil, ErrClosed
 	}
-	if _, ok := s.objs[id]; ok {
+	if old, ok := s.objs[id]; ok {
+		if old.state == statePending {
+			return nil, fmt.Errorf("object: create %s: %w (%w)", id.Short(), ErrPending, ErrExists)
+		}
 		return nil, fmt.Errorf("object: create %s: %w", id.Short(), ErrExists)
 	}
-	e := &entry{id: id, size: size, fp: fp, fpOK: fpOK, owner: owner, state: statePending, progress: make(chan struct{})}
+	e := &entry{id: id, size: size, fp: fp, fpOK: fpOK, owner: owner, state: statePending,
+		progress: make(chan struct{}), settled: make(chan struct{})}
 	s.objs[id] = e // reserve the id while admitting
 	m, err := s.allocLocked(ctx, id, size)
 	if err != nil {
 		delete(s.objs, id)
+		e.state = stateAborted
+		e.settleLocked()
 		return nil, fmt.Errorf("object: create %s: %w", id.Short(), err)
 	}
 	e.mem = m
@@ -380,7 +413,7 @@ func (s *Store) reserveLocked(ctx context.Context, size int64, pred func() bool)
 		if !hasDeadline && s.spilling == 0 {
 			return false, s.fail(reasonStoreFull, fmt.Errorf("need %d bytes, %d of %d in use and pinned: %w", size, s.used, s.capacity, ErrStoreFull))
 		}
-		ch := s.changed
+		ch := s.changedLocked()
 		s.mu.Unlock()
 		select {
 		case <-ctx.Done():
@@ -633,6 +666,61 @@ func (s *Store) Get(ctx context.Context, id ID) (*View, error) {
 	return &View{s: s, e: e}, nil
 }
 
+// Await waits while id is being written into this store (Create was called and
+// the writer has neither sealed nor aborted it), so that concurrent fetches of the
+// same object make one copy: a caller whose Create failed with ErrPending, or that
+// sees the id pending, waits here instead of failing.
+//
+// It returns nil once id is sealed here, and then, if holder is not empty, holder
+// holds one new reference to it, taken atomically with the check (so the object
+// cannot be freed in between). It returns ErrNotFound when id is not in this store
+// or its writer aborted it (the caller may then fetch it itself), ErrClosed when
+// the store closes, and ctx's error, wrapped, when ctx ends first.
+func (s *Store) Await(ctx context.Context, id ID, holder string) error {
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return fmt.Errorf("object: await %s: %w", id.Short(), ErrClosed)
+		}
+		e, ok := s.objs[id]
+		if !ok || e.state == stateAborted || e.freePending {
+			s.mu.Unlock()
+			return fmt.Errorf("object: await %s: %w", id.Short(), ErrNotFound)
+		}
+		ch := e.settled
+		settled := ch == nil
+		if !settled {
+			select {
+			case <-ch:
+				settled = true
+			default:
+			}
+		}
+		if settled && (e.state == stateHot || e.state == stateCold) {
+			if holder == "" {
+				s.mu.Unlock()
+				return nil
+			}
+			if e.refs == nil {
+				e.refs = map[string]int{}
+			}
+			e.refs[holder]++
+			n := e.refTotal()
+			s.mu.Unlock()
+			return s.directory.SetRefs(ctx, id, int64(n))
+		}
+		closed := s.changedLocked()
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("object: await %s: %w", id.Short(), ctx.Err())
+		case <-ch:
+		case <-closed: // store closing, or another change; look again
+		}
+	}
+}
+
 // AddRef adds a logical reference held by holder.
 func (s *Store) AddRef(ctx context.Context, id ID, holder string) error {
 	s.mu.Lock()
@@ -768,6 +856,40 @@ func (s *Store) ExpireLeases(now time.Time) []string {
 	return expired
 }
 
+// StartLeaseReaper calls ExpireLeases(Clock()) every interval in a goroutine, so
+// that holders which Renew and then die (a worker process, an actor) lose their
+// references and mappings without anyone having to remember to expire them. It
+// runs until ctx ends, the returned stop is called, or the store closes; stop
+// waits for the goroutine to finish and may be called more than once. The time
+// compared against leases is the store's Clock, so tests drive expiry with an
+// injected clock; interval only sets how often it looks (at most LeaseTTL/2 is
+// sensible). A non-positive interval uses LeaseTTL/4.
+func (s *Store) StartLeaseReaper(ctx context.Context, interval time.Duration) (stop func()) {
+	if interval <= 0 {
+		interval = max(s.cfg.LeaseTTL/4, time.Millisecond)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.closing:
+				return
+			case <-t.C:
+				if exp := s.ExpireLeases(s.cfg.Clock()); len(exp) > 0 {
+					s.log.Info("leases expired, references released", zap.Strings("holders", exp))
+				}
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
 // maybeFreeLocked frees e if nothing references it; it returns the freed ids.
 func (s *Store) maybeFreeLocked(e *entry) []ID {
 	if e.state == stateAborted {
@@ -842,6 +964,7 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
+	close(s.closing)
 	busy := map[*slab]bool{}
 	for _, e := range s.objs {
 		if e.views > 0 && e.mem.slab != nil {

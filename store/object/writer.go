@@ -78,8 +78,14 @@ func (w *Writer) seal(ctx context.Context, verify bool) error {
 	if !e.fpOK {
 		fp = 0 // computed on first need (a transfer, a spill, View.Fingerprint)
 	}
-	return s.directory.Register(ctx, Meta{ID: e.id, Size: e.size, Fingerprint: fp, Owner: e.owner,
+	err := s.directory.Register(ctx, Meta{ID: e.id, Size: e.size, Fingerprint: fp, Owner: e.owner,
 		Locations: []string{s.cfg.Location}, Refs: 1})
+	// Callers waiting in Await take their references only now, after the metadata
+	// naming this copy is recorded.
+	s.mu.Lock()
+	e.settleLocked()
+	s.mu.Unlock()
+	return err
 }
 
 // Abort discards the object and gives its room back.
@@ -91,6 +97,7 @@ func (w *Writer) Abort() {
 		return
 	}
 	e.state = stateAborted
+	e.settleLocked()
 	s.maybeFreeLocked(e)
 	close(e.progress)
 	e.progress = make(chan struct{})

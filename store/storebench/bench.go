@@ -8,10 +8,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -34,8 +36,14 @@ type Config struct {
 	// Rounds: each size is measured this many times, methods interleaved; the best
 	// round of each method counts. Default 3.
 	Rounds int
-	// PullRuns: the pull and the bare TCP copy each run this many times; the best counts. Default 3.
+	// PullRuns: this many pairs of a bare TCP copy and a pull run back to back
+	// (after one unmeasured warm-up of each); pull_gbps and tcp_gbps are the
+	// medians and pull_ratio the median pair ratio. Default 7.
 	PullRuns int
+	// ReadPairs is how many back-to-back pairs (plain read, get+read, in
+	// alternating order) each size's read comparison times; the median pair ratio
+	// counts. Default 15.
+	ReadPairs int
 	// SmallCount is the number of 1 KiB objects. Default 50000.
 	SmallCount int
 	// ServeCmd starts the serving process (it gets --size and --token appended).
@@ -45,13 +53,15 @@ type Config struct {
 	// Streams and Depth set the puller's connections and reads in flight per
 	// connection (0: the transfer defaults).
 	Streams, Depth int
+	// Sendfile makes the serving process send chunks with sendfile(2).
+	Sendfile bool
 	// Dir holds the local store; default a temporary directory.
 	Dir string
 }
 
 // DefaultConfig returns the sizes the issue names.
 func DefaultConfig() Config {
-	return Config{MinSize: 1 << 20, MaxSize: 1 << 30, BytesPerSize: 512 << 20, Rounds: 3, PullRuns: 3, SmallCount: 50000}
+	return Config{MinSize: 1 << 20, MaxSize: 1 << 30, BytesPerSize: 512 << 20, Rounds: 3, PullRuns: 7, ReadPairs: 15, SmallCount: 50000}
 }
 
 // Validate reports the first bad field.
@@ -59,8 +69,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.MinSize < 4096 || c.MaxSize < c.MinSize:
 		return fmt.Errorf("storebench: sizes %d..%d: want 4096 <= min <= max", c.MinSize, c.MaxSize)
-	case c.BytesPerSize <= 0 || c.Rounds < 1 || c.PullRuns < 1 || c.SmallCount < 1:
-		return fmt.Errorf("storebench: BytesPerSize, Rounds, PullRuns and SmallCount must be positive")
+	case c.BytesPerSize <= 0 || c.Rounds < 1 || c.PullRuns < 1 || c.SmallCount < 1 || c.ReadPairs < 1:
+		return fmt.Errorf("storebench: BytesPerSize, Rounds, PullRuns, ReadPairs and SmallCount must be positive")
 	case len(c.ServeCmd) == 0:
 		return fmt.Errorf("storebench: ServeCmd is empty")
 	}
@@ -74,32 +84,50 @@ type SizeResult struct {
 	PutGBps        float64 `json:"put_gbps"`
 	MemcpyColdGBps float64 `json:"memcpy_cold_gbps"`
 	PutColdGBps    float64 `json:"put_cold_gbps"`
-	PlainReadS     float64 `json:"plain_read_s"`
-	GetReadS       float64 `json:"get_read_s"`
+	// PlainReadS and GetReadS are the median times of one sample (ReadsPerSample
+	// reads of every byte) of the plain buffer and of get+read+release.
+	PlainReadS float64 `json:"plain_read_s"`
+	GetReadS   float64 `json:"get_read_s"`
+	// GetReadRatio is the median over pairs of plain time / get time, each pair
+	// timed back to back; Lo and Hi are the pairs' quartiles.
+	GetReadRatio   float64 `json:"get_read_ratio"`
+	GetReadRatioLo float64 `json:"get_read_ratio_q1"`
+	GetReadRatioHi float64 `json:"get_read_ratio_q3"`
+	ReadsPerSample int     `json:"reads_per_sample"`
 }
 
 // Result is what `atoll bench store --json` prints.
 type Result struct {
-	MemcpyGBps     float64             `json:"memcpy_gbps"`
-	PutGBps        float64             `json:"put_gbps"`
-	PutMemcpyRatio float64             `json:"put_memcpy_ratio"`
-	MemcpyColdGBps float64             `json:"memcpy_cold_gbps"`
-	PutColdGBps    float64             `json:"put_cold_gbps"`
-	PutColdRatio   float64             `json:"put_cold_ratio"`
-	GetReadRatio   float64             `json:"get_read_ratio"`
-	PullGBps       float64             `json:"pull_gbps"`
-	TCPGBps        float64             `json:"tcp_gbps"`
-	PullRatio      float64             `json:"pull_ratio"`
-	PullFirstGBps  float64             `json:"pull_first_gbps"`
-	PullRuns       int                 `json:"pull_runs"`
-	PullBytes      int64               `json:"pull_bytes"`
-	SmallPutsPerS  float64             `json:"small_puts_per_s"`
-	SmallGetsPerS  float64             `json:"small_gets_per_s"`
-	Sizes          []SizeResult        `json:"sizes"`
-	Targets        map[string]float64  `json:"targets"`
-	Met            map[string]bool     `json:"met"`
-	RDMA           transfer.RDMAReport `json:"rdma"`
-	CPUs           int                 `json:"cpus"`
+	MemcpyGBps     float64 `json:"memcpy_gbps"`
+	PutGBps        float64 `json:"put_gbps"`
+	PutMemcpyRatio float64 `json:"put_memcpy_ratio"`
+	MemcpyColdGBps float64 `json:"memcpy_cold_gbps"`
+	PutColdGBps    float64 `json:"put_cold_gbps"`
+	PutColdRatio   float64 `json:"put_cold_ratio"`
+	GetReadRatio   float64 `json:"get_read_ratio"`
+	GetReadPairs   int     `json:"get_read_pairs"`
+	PullGBps       float64 `json:"pull_gbps"`
+	TCPGBps        float64 `json:"tcp_gbps"`
+	PullRatio      float64 `json:"pull_ratio"`
+	PullRatioLo    float64 `json:"pull_ratio_q1"`
+	PullRatioHi    float64 `json:"pull_ratio_q3"`
+	PullBestGBps   float64 `json:"pull_best_gbps"`
+	TCPBestGBps    float64 `json:"tcp_best_gbps"`
+	PullFirstGBps  float64 `json:"pull_first_gbps"`
+	// TCPCPUPerGB and PullCPUPerGB are the receiving process's CPU seconds per GB
+	// (user + system, all threads): what each costs, independent of how much CPU
+	// other processes leave it.
+	TCPCPUPerGB   float64             `json:"tcp_cpu_s_per_gb"`
+	PullCPUPerGB  float64             `json:"pull_cpu_s_per_gb"`
+	PullRuns      int                 `json:"pull_runs"`
+	PullBytes     int64               `json:"pull_bytes"`
+	SmallPutsPerS float64             `json:"small_puts_per_s"`
+	SmallGetsPerS float64             `json:"small_gets_per_s"`
+	Sizes         []SizeResult        `json:"sizes"`
+	Targets       map[string]float64  `json:"targets"`
+	Met           map[string]bool     `json:"met"`
+	RDMA          transfer.RDMAReport `json:"rdma"`
+	CPUs          int                 `json:"cpus"`
 }
 
 func gbps(bytes int64, d time.Duration) float64 { return float64(bytes) / d.Seconds() / 1e9 }
@@ -135,7 +163,8 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
 	}
 	defer st.Close()
 
-	var memB, putB, coldB, plainNs, getNs int64
+	var memB, putB, coldB int64
+	var logRatio float64
 	var memT, putT, memColdT, putColdT time.Duration
 	for size := cfg.MinSize; size <= cfg.MaxSize; size *= 4 {
 		log.Info("sizes", zap.Int64("size", size))
@@ -149,20 +178,22 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
 		if err != nil {
 			return res, err
 		}
+		// The object (c) reads, put first so that it does not take the memory the
+		// warm-up put below leaves in the recycle pool.
+		readID, err := st.Put(ctx, "bench", src)
+		if err != nil {
+			return res, err
+		}
 		// (b) put, steady state: each object is freed after its put, so the next
 		// put reuses its recycled shared memory, as a training loop putting
 		// same-sized gradients does. One unmeasured put first warms the pool.
 		if id, err := st.Put(ctx, "bench", src); err == nil {
 			_ = st.Release(ctx, id, "bench")
 		}
-		readID, err := st.Put(ctx, "bench", src)
-		if err != nil {
-			return res, err
-		}
 		// Each round times every method once, in turn; the best round of each
 		// counts, so a burst of load from other processes hits one round, not
 		// one method.
-		var mt, pt, plain, got time.Duration
+		var mt, pt time.Duration
 		best := func(cur *time.Duration, d time.Duration) {
 			if *cur == 0 || d < *cur {
 				*cur = d
@@ -186,22 +217,11 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
 				}
 			}
 			best(&pt, time.Since(t0))
-			// (c) get and read every byte vs reading the plain buffer.
-			t0 = time.Now()
-			for range reps {
-				sink += sum(dst)
-			}
-			best(&plain, time.Since(t0))
-			t0 = time.Now()
-			for range reps {
-				v, err := st.Get(ctx, readID)
-				if err != nil {
-					return res, err
-				}
-				sink += sum(v.Bytes())
-				v.Release()
-			}
-			best(&got, time.Since(t0))
+		}
+		// (c) get and read every byte vs reading the plain buffer, in pairs.
+		rr := measureRead(ctx, st, readID, dst, cfg.ReadPairs, &sink)
+		if rr.err != nil {
+			return res, rr.err
 		}
 		_ = st.Release(ctx, readID, "bench")
 		if sink == 1 {
@@ -215,11 +235,11 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
 		coldB += size
 		memColdT += mc
 		putColdT += pc
-		plainNs += plain.Nanoseconds()
-		getNs += got.Nanoseconds()
+		logRatio += math.Log(rr.ratio)
 		res.Sizes = append(res.Sizes, SizeResult{Size: size, MemcpyGBps: gbps(tot, mt), PutGBps: gbps(tot, pt),
 			MemcpyColdGBps: gbps(size, mc), PutColdGBps: gbps(size, pc),
-			PlainReadS: plain.Seconds(), GetReadS: got.Seconds()})
+			PlainReadS: rr.plain.Seconds(), GetReadS: rr.get.Seconds(), GetReadRatio: rr.ratio,
+			GetReadRatioLo: rr.lo, GetReadRatioHi: rr.hi, ReadsPerSample: rr.reps})
 	}
 	res.MemcpyGBps = gbps(memB, memT)
 	res.PutGBps = gbps(putB, putT)
@@ -227,7 +247,8 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
 	res.MemcpyColdGBps = gbps(coldB, memColdT)
 	res.PutColdGBps = gbps(coldB, putColdT)
 	res.PutColdRatio = res.PutColdGBps / res.MemcpyColdGBps
-	res.GetReadRatio = float64(plainNs) / float64(getNs)
+	res.GetReadRatio = math.Exp(logRatio / float64(len(res.Sizes)))
+	res.GetReadPairs = cfg.ReadPairs
 
 	if err := runPull(ctx, cfg, st, &res, log); err != nil {
 		return res, err
@@ -242,6 +263,73 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
 		"small_puts_per_s": res.SmallPutsPerS >= 50000,
 	}
 	return res, nil
+}
+
+type readResult struct {
+	plain, get    time.Duration // median sample times
+	ratio, lo, hi float64       // median and quartiles of plain/get over pairs
+	reps          int
+	err           error
+}
+
+// readSample is how many bytes one timed sample reads at least: long enough that
+// timer and scheduling granularity do not matter, short enough that a burst of
+// load from other processes hits both halves of a pair alike.
+const readSample = 64 << 20
+
+// measureRead compares reading every byte of the plain buffer with getting the
+// object (a view over the store's mapping), reading every byte, and releasing the
+// view. Both sides are read once first, so both sets of pages and page-table
+// entries are warm; then pairs of samples are timed back to back, in alternating
+// order, and the median of the pairs' ratios counts: a pair's halves run under
+// the same load, so the ratio is robust where best-of-N absolute times are not.
+func measureRead(ctx context.Context, st *object.Store, id object.ID, plain []byte, pairs int, sink *uint64) readResult {
+	size := len(plain)
+	reps := max(1, readSample/size)
+	getRead := func() error {
+		for range reps {
+			v, err := st.Get(ctx, id)
+			if err != nil {
+				return err
+			}
+			*sink += sum(v.Bytes())
+			v.Release()
+		}
+		return nil
+	}
+	plainRead := func() {
+		for range reps {
+			*sink += sum(plain)
+		}
+	}
+	plainRead()
+	if err := getRead(); err != nil {
+		return readResult{err: err}
+	}
+	var ps, gs []time.Duration
+	var ratios []float64
+	for i := range pairs {
+		var p, g time.Duration
+		for j := range 2 {
+			t0 := time.Now()
+			if (i+j)%2 == 0 {
+				plainRead()
+				p = time.Since(t0)
+			} else {
+				if err := getRead(); err != nil {
+					return readResult{err: err}
+				}
+				g = time.Since(t0)
+			}
+		}
+		ps, gs = append(ps, p), append(gs, g)
+		ratios = append(ratios, float64(p)/float64(g))
+	}
+	slices.Sort(ps)
+	slices.Sort(gs)
+	slices.Sort(ratios)
+	q := func(f float64) float64 { return ratios[int(f*float64(len(ratios)-1)+0.5)] }
+	return readResult{plain: ps[len(ps)/2], get: gs[len(gs)/2], ratio: q(0.5), lo: q(0.25), hi: q(0.75), reps: reps}
 }
 
 // coldPair times one memcpy into fresh anonymous memory and one put into a fresh
@@ -298,6 +386,9 @@ func runPull(ctx context.Context, cfg Config, st *object.Store, res *Result, log
 	tok := make([]byte, 32)
 	_, _ = rand.Read(tok)
 	args := append(append([]string{}, cfg.ServeCmd[1:]...), "--size", fmt.Sprint(cfg.PullSize), "--token", hex.EncodeToString(tok))
+	if cfg.Sendfile {
+		args = append(args, "--sendfile")
+	}
 	cmd := exec.CommandContext(ctx, cfg.ServeCmd[0], args...)
 	cmd.Env = append(os.Environ(), cfg.ServeEnv...)
 	cmd.Stderr = os.Stderr
@@ -339,52 +430,101 @@ func runPull(ctx context.Context, cfg Config, st *object.Store, res *Result, log
 	}
 	buf := make([]byte, info.Size)
 	copy(buf, pattern(int(info.Size))) // touched, as the store's pages are
-	var bestTCP, bestPull, firstPull time.Duration
-	for range cfg.PullRuns {
+	// Warm-up: one unmeasured bare copy and one pull, so that both sides'
+	// memory is touched (the pull then lands in recycled shared memory) and the
+	// server has remembered its chunk fingerprints. The first pull is reported
+	// on its own as pull_first_gbps.
+	var tcpCPU, pullCPU time.Duration // this (receiving) process's CPU time, summed over the pairs
+	tcpCopy := func() (time.Duration, error) {
 		t0 := time.Now()
 		c, err := net.Dial("tcp", info.TCPAddr)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		_, err = io.ReadFull(c, buf)
 		c.Close()
 		if err != nil {
-			return fmt.Errorf("storebench: bare tcp copy: %w", err)
+			return 0, fmt.Errorf("storebench: bare tcp copy: %w", err)
 		}
-		if d := time.Since(t0); bestTCP == 0 || d < bestTCP {
-			bestTCP = d
-		}
-		t0 = time.Now()
+		return time.Since(t0), nil
+	}
+	pull := func() (time.Duration, error) {
+		t0 := time.Now()
 		if err := cl.Pull(ctx, st, id, []string{info.Addr}, transfer.PullOptions{Owner: "bench"}); err != nil {
-			return err
+			return 0, err
 		}
 		d := time.Since(t0)
-		if firstPull == 0 {
-			firstPull = d
-		}
-		if bestPull == 0 || d < bestPull {
-			bestPull = d
-		}
 		v, err := st.Get(ctx, id)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		same := v.Size() == info.Size && v.Fingerprint() != 0
 		v.Release()
 		if !same {
-			return fmt.Errorf("storebench: pulled object has size %d, want %d", v.Size(), info.Size)
+			return 0, fmt.Errorf("storebench: pulled object has size %d, want %d", v.Size(), info.Size)
 		}
-		if err := st.Release(ctx, id, "bench"); err != nil {
-			return err
-		}
+		return d, st.Release(ctx, id, "bench")
 	}
+	if _, err := tcpCopy(); err != nil {
+		return err
+	}
+	firstPull, err := pull()
+	if err != nil {
+		return err
+	}
+	// Pairs of one bare copy and one pull, back to back in alternating order:
+	// the median of the pairs' ratios counts, since a pair's halves run under
+	// the same load from other processes.
+	var tcps, pulls []time.Duration
+	var ratios []float64
+	for i := range cfg.PullRuns {
+		var tt, pt time.Duration
+		for j := range 2 {
+			var d time.Duration
+			var err error
+			c0 := cpuTime()
+			if (i+j)%2 == 0 {
+				d, err = tcpCopy()
+				tt = d
+				tcpCPU += cpuTime() - c0
+			} else {
+				d, err = pull()
+				pt = d
+				pullCPU += cpuTime() - c0
+			}
+			if err != nil {
+				return err
+			}
+		}
+		tcps, pulls = append(tcps, tt), append(pulls, pt)
+		ratios = append(ratios, float64(tt)/float64(pt))
+	}
+	slices.Sort(tcps)
+	slices.Sort(pulls)
+	slices.Sort(ratios)
+	q := func(f float64) float64 { return ratios[int(f*float64(len(ratios)-1)+0.5)] }
 	res.PullBytes = info.Size
-	res.TCPGBps = gbps(info.Size, bestTCP)
-	res.PullGBps = gbps(info.Size, bestPull)
-	res.PullRatio = res.PullGBps / res.TCPGBps
+	res.TCPGBps = gbps(info.Size, tcps[len(tcps)/2])
+	res.PullGBps = gbps(info.Size, pulls[len(pulls)/2])
+	res.PullRatio = q(0.5)
+	res.PullRatioLo, res.PullRatioHi = q(0.25), q(0.75)
+	res.TCPBestGBps = gbps(info.Size, tcps[0])
+	res.PullBestGBps = gbps(info.Size, pulls[0])
 	res.PullFirstGBps = gbps(info.Size, firstPull)
 	res.PullRuns = cfg.PullRuns
+	gb := float64(info.Size) * float64(cfg.PullRuns) / 1e9
+	res.TCPCPUPerGB = tcpCPU.Seconds() / gb
+	res.PullCPUPerGB = pullCPU.Seconds() / gb
 	return nil
+}
+
+// cpuTime is the CPU time (user and system) this process has used.
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func runSmall(ctx context.Context, cfg Config, st *object.Store, res *Result) error {

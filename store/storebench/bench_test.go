@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 				tok = os.Args[i+1]
 			}
 		}
-		if err := Serve(context.Background(), size, tok, os.Stdin, os.Stdout, nil); err != nil {
+		if err := Serve(context.Background(), size, tok, false, os.Stdin, os.Stdout, nil); err != nil {
 			os.Stderr.WriteString(err.Error() + "\n")
 			os.Exit(1)
 		}
@@ -34,7 +34,8 @@ func TestMain(m *testing.M) {
 
 func TestRunSmall(t *testing.T) {
 	cfg := DefaultConfig()
-	cfg.MinSize, cfg.MaxSize, cfg.BytesPerSize, cfg.SmallCount, cfg.PullRuns = 64<<10, 1<<20, 4<<20, 2000, 1
+	cfg.MinSize, cfg.MaxSize, cfg.BytesPerSize, cfg.SmallCount, cfg.PullRuns = 64<<10, 1<<20, 4<<20, 2000, 3
+	cfg.ReadPairs = 3
 	cfg.ServeCmd = []string{os.Args[0], "-test.run=^$"}
 	cfg.ServeEnv = []string{"ATOLL_STOREBENCH_SERVE=1"}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -46,8 +47,16 @@ func TestRunSmall(t *testing.T) {
 	if len(res.Sizes) != 3 || res.PullBytes != 1<<20 {
 		t.Fatalf("sizes %d, pull bytes %d", len(res.Sizes), res.PullBytes)
 	}
+	for _, sz := range res.Sizes {
+		if !(sz.GetReadRatioLo <= sz.GetReadRatio && sz.GetReadRatio <= sz.GetReadRatioHi) || sz.ReadsPerSample < 1 {
+			t.Errorf("size %d: ratio %v outside its quartiles [%v, %v] or %d reads per sample", sz.Size, sz.GetReadRatio, sz.GetReadRatioLo, sz.GetReadRatioHi, sz.ReadsPerSample)
+		}
+	}
+	if !(res.PullRatioLo <= res.PullRatio && res.PullRatio <= res.PullRatioHi) {
+		t.Errorf("pull ratio %v outside its quartiles [%v, %v]", res.PullRatio, res.PullRatioLo, res.PullRatioHi)
+	}
 	for name, v := range map[string]float64{"memcpy": res.MemcpyGBps, "put": res.PutGBps, "get ratio": res.GetReadRatio,
-		"pull": res.PullGBps, "tcp": res.TCPGBps, "small puts": res.SmallPutsPerS, "small gets": res.SmallGetsPerS} {
+		"pull": res.PullGBps, "tcp": res.TCPGBps, "pull ratio": res.PullRatio, "pull cpu": res.PullCPUPerGB, "small puts": res.SmallPutsPerS, "small gets": res.SmallGetsPerS} {
 		if !(v > 0) {
 			t.Errorf("%s = %v, want a positive measurement", name, v)
 		}

@@ -26,8 +26,9 @@ type ServeInfo struct {
 
 // Serve puts one object of size pseudo-random bytes into a fresh store, serves it
 // through a transfer server and through a bare TCP listener, prints a ServeInfo
-// line to out, and runs until stdin reaches EOF or ctx ends.
-func Serve(ctx context.Context, size int64, tokenHex string, stdin io.Reader, out io.Writer, log *zap.Logger) error {
+// line to out, and runs until stdin reaches EOF or ctx ends. With sendfile the
+// transfer server sends chunks with sendfile(2) (ServerConfig.Sendfile).
+func Serve(ctx context.Context, size int64, tokenHex string, sendfile bool, stdin io.Reader, out io.Writer, log *zap.Logger) error {
 	token, err := hex.DecodeString(tokenHex)
 	if err != nil {
 		return fmt.Errorf("storebench: serve: token %q is not hex: %w", tokenHex, err)
@@ -64,7 +65,7 @@ func Serve(ctx context.Context, size int64, tokenHex string, stdin io.Reader, ou
 	}
 	defer v.Release()
 	scfg := transfer.DefaultServerConfig()
-	scfg.Token, scfg.Logger = token, log
+	scfg.Token, scfg.Logger, scfg.Sendfile = token, log, sendfile
 	srv, err := transfer.NewServer(scfg, transfer.StoreSource{Store: st})
 	if err != nil {
 		return err

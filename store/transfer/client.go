@@ -69,6 +69,9 @@ type Client struct {
 	cfg ClientConfig
 	log *zap.Logger
 	m   *Metrics
+
+	fmu     sync.Mutex
+	flights map[flightKey]*flight // pulls in progress, for single-flight
 }
 
 // NewClient returns a client.
@@ -86,7 +89,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		d := &net.Dialer{}
 		cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
 	}
-	return &Client{cfg: cfg, log: cfg.Logger.Named("transfer"), m: cfg.Metrics}, nil
+	return &Client{cfg: cfg, log: cfg.Logger.Named("transfer"), m: cfg.Metrics, flights: map[flightKey]*flight{}}, nil
 }
 
 // Conn is one authenticated connection to a server. Calls may be made from many

@@ -8,8 +8,9 @@
 //
 // Serving: a Server authenticates peers (HMAC challenge/response over the shared
 // cluster token), registers a region per Open and serves reads by key only; chunk
-// bytes go from the mapped object straight to the socket (writev), preceded by
-// their xxhash64.
+// bytes go from the mapped object straight to the socket (writev, or sendfile
+// from the shared-memory file with ServerConfig.Sendfile), preceded by their
+// xxhash64.
 //
 //	srv, _ := transfer.NewServer(transfer.ServerConfig{Token: tok, ...}, transfer.StoreSource{Store: st})
 //	addr, _ := srv.Listen("0.0.0.0:7070") // or srv.Serve(ln); use addr as the store's Config.Location
@@ -19,9 +20,15 @@
 // several in flight over several connections, re-fetches a chunk whose fingerprint
 // does not match, adapts the chunk size to the measured RTT and bandwidth, and
 // moves on to the next location if a source dies (ErrObjectLost when none is left).
+// Pulls of the same object into the same store are single-flight: later callers
+// wait for the pull in progress (or take over if it fails) and get a reference of
+// their own, instead of copying the object again or failing with "already exists".
 //
 //	cl, _ := transfer.NewClient(cfg)
 //	err := cl.Pull(ctx, st, id, meta.Locations, transfer.PullOptions{Owner: "worker-3"})
+//
+// A Node (StartNode) bundles a store, its server and its client; Node.Get is the
+// SDK's get, and the node expires dead holders' leases (Store.StartLeaseReaper).
 //
 // Broadcast sends one object to many stores through a pipeline or tree in which
 // every receiver serves what it has received so far to its children.

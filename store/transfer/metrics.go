@@ -18,12 +18,18 @@ const (
 // registry; share one between a node's Server and Client.
 type Metrics struct {
 	ChunksServed prometheus.Counter
-	BytesServed  prometheus.Counter
-	ChunksPulled prometheus.Counter
-	BytesPulled  prometheus.Counter
-	ChunkRefetch prometheus.Counter
-	Pulls        prometheus.Counter
-	Errors       *prometheus.CounterVec
+	// ChunksSendfile counts served chunks sent with sendfile from the object's
+	// shared-memory file (the rest went from the mapping with writev).
+	ChunksSendfile prometheus.Counter
+	BytesServed    prometheus.Counter
+	ChunksPulled   prometheus.Counter
+	BytesPulled    prometheus.Counter
+	ChunkRefetch   prometheus.Counter
+	Pulls          prometheus.Counter
+	// PullWaits counts pulls that waited for a pull of the same object into the
+	// same store already in progress, instead of copying it a second time.
+	PullWaits prometheus.Counter
+	Errors    *prometheus.CounterVec
 }
 
 // NewMetrics creates the counters and registers them on reg (nil: unregistered).
@@ -32,17 +38,19 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "atoll", Subsystem: "transfer", Name: name, Help: help})
 	}
 	m := &Metrics{
-		ChunksServed: c("chunks_served_total", "Chunks sent to pullers."),
-		BytesServed:  c("served_bytes_total", "Bytes sent to pullers."),
-		ChunksPulled: c("chunks_pulled_total", "Chunks received and verified."),
-		BytesPulled:  c("pulled_bytes_total", "Bytes received and verified."),
-		ChunkRefetch: c("chunk_refetch_total", "Chunks fetched again after a fingerprint mismatch."),
-		Pulls:        c("pulls_total", "Completed pulls."),
+		ChunksServed:   c("chunks_served_total", "Chunks sent to pullers."),
+		ChunksSendfile: c("chunks_sendfile_total", "Chunks sent with sendfile from the shared-memory file."),
+		BytesServed:    c("served_bytes_total", "Bytes sent to pullers."),
+		ChunksPulled:   c("chunks_pulled_total", "Chunks received and verified."),
+		BytesPulled:    c("pulled_bytes_total", "Bytes received and verified."),
+		ChunkRefetch:   c("chunk_refetch_total", "Chunks fetched again after a fingerprint mismatch."),
+		Pulls:          c("pulls_total", "Completed pulls."),
+		PullWaits:      c("pull_waits_total", "Pulls that waited for the same object's pull into the same store in progress."),
 		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "atoll", Subsystem: "transfer",
 			Name: "errors_total", Help: "Errors by reason."}, []string{"reason"}),
 	}
 	if reg != nil {
-		for _, col := range []prometheus.Collector{m.ChunksServed, m.BytesServed, m.ChunksPulled, m.BytesPulled, m.ChunkRefetch, m.Pulls, m.Errors} {
+		for _, col := range []prometheus.Collector{m.ChunksServed, m.ChunksSendfile, m.BytesServed, m.ChunksPulled, m.BytesPulled, m.ChunkRefetch, m.Pulls, m.PullWaits, m.Errors} {
 			if err := reg.Register(col); err != nil {
 				return nil, err
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -29,6 +30,10 @@ type NodeConfig struct {
 	Store  object.Config
 	Server ServerConfig
 	Client ClientConfig
+	// LeaseReapInterval is how often the node expires the leases of holders that
+	// stopped renewing (Store.StartLeaseReaper), releasing a dead reader's
+	// references and mappings. Default 1s; negative turns the reaper off.
+	LeaseReapInterval time.Duration
 	// Registerer receives all counters; nil registers nothing.
 	Registerer prometheus.Registerer
 	Logger     *zap.Logger
@@ -36,7 +41,8 @@ type NodeConfig struct {
 
 // DefaultNodeConfig returns defaults for everything but Token and Dir.
 func DefaultNodeConfig() NodeConfig {
-	return NodeConfig{ListenAddr: "127.0.0.1:0", Store: object.DefaultConfig(), Server: DefaultServerConfig(), Client: DefaultClientConfig()}
+	return NodeConfig{ListenAddr: "127.0.0.1:0", Store: object.DefaultConfig(), Server: DefaultServerConfig(), Client: DefaultClientConfig(),
+		LeaseReapInterval: time.Second}
 }
 
 // Node is a machine's object store served on the transfer plane.
@@ -47,6 +53,8 @@ type Node struct {
 	Metrics *Metrics
 	// Addr is the transfer address, also the store's Location in the directory.
 	Addr string
+
+	stopReaper func()
 }
 
 // StartNode listens, opens the store with its location set to the bound address,
@@ -97,12 +105,23 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		return nil, err
 	}
 	go func() { _ = srv.Serve(ln) }()
-	return &Node{Store: st, Server: srv, Client: cl, Metrics: m, Addr: ln.Addr().String()}, nil
+	n := &Node{Store: st, Server: srv, Client: cl, Metrics: m, Addr: ln.Addr().String(), stopReaper: func() {}}
+	if cfg.LeaseReapInterval >= 0 {
+		iv := cfg.LeaseReapInterval
+		if iv == 0 {
+			iv = time.Second
+		}
+		n.stopReaper = st.StartLeaseReaper(context.Background(), iv)
+	}
+	return n, nil
 }
 
 // Get returns a view of id, pulling it first from the locations the store's
-// directory lists if this node does not hold it. The caller releases the view;
-// the pulled copy is owned by owner (one reference) and stays until released.
+// directory lists if this node does not hold it. The caller releases the view.
+// When the object was not here (Get pulled it, or waited for a concurrent pull of
+// it into this store, which Get joins rather than repeats), owner gets one
+// reference to the local copy, which stays until owner releases it; when it was
+// here already, no reference is added.
 func (n *Node) Get(ctx context.Context, id object.ID, owner string) (*object.View, error) {
 	v, err := n.Store.Get(ctx, id)
 	if err == nil || !errors.Is(err, object.ErrNotFound) {
@@ -112,14 +131,17 @@ func (n *Node) Get(ctx context.Context, id object.ID, owner string) (*object.Vie
 	if err != nil {
 		return nil, fmt.Errorf("transfer: get %s: %w", id.Short(), err)
 	}
-	if err := n.Client.Pull(ctx, n.Store, id, meta.Locations, PullOptions{Owner: owner}); err != nil {
+	if _, err := n.Client.pull(ctx, n.Store, id, meta.Locations, PullOptions{Owner: owner}, true); err != nil {
 		return nil, err
 	}
+	// owner's reference keeps the copy from being freed; Get restores it if it was
+	// spilled meanwhile.
 	return n.Store.Get(ctx, id)
 }
 
 // Shutdown stops serving and closes the store.
 func (n *Node) Shutdown(ctx context.Context) error {
+	n.stopReaper()
 	err := n.Server.Shutdown(ctx)
 	return errors.Join(err, n.Store.Close())
 }

@@ -42,14 +42,41 @@ func (s *source) close() {
 // chunk straight into the new object's shared memory and checking its fingerprint
 // on arrival (a bad chunk is fetched again). If a source dies mid-pull the
 // remaining chunks come from the next location; when none is left it returns
-// ErrObjectLost. Locations equal to st.Location() are skipped. A pull of an id st
-// already holds returns nil at once.
+// ErrObjectLost. Locations equal to st.Location() are skipped.
+//
+// A pull of an id st already holds returns nil at once (no reference is added).
+// Pulls of the same id into the same store are single-flight: while one is in
+// progress (from this client, another client, or a broadcast relay), later callers
+// wait for it instead of copying the object again; when it seals they return nil
+// with one reference of their own for opt.Owner, and when it fails one of them
+// pulls in its place. Every wait ends with ctx. On success opt.Owner holds one
+// reference to the new copy (unless st already held it on entry).
 func (cl *Client) Pull(ctx context.Context, st *object.Store, id object.ID, locations []string, opt PullOptions) error {
-	if st.Contains(id) {
-		return nil
-	}
+	_, err := cl.pull(ctx, st, id, locations, opt, false)
+	return err
+}
+
+// flightKey names one pull in progress: an object into a store.
+type flightKey struct {
+	st *object.Store
+	id object.ID
+}
+
+// flight is a pull in progress; done closes when it has finished, with err set.
+type flight struct {
+	done chan struct{}
+	err  error
+}
+
+// pull is Pull. With refIfHeld, an object st already holds gets a reference for
+// opt.Owner too, so that on success the owner always holds one; ref reports
+// whether a reference was added.
+func (cl *Client) pull(ctx context.Context, st *object.Store, id object.ID, locations []string, opt PullOptions, refIfHeld bool) (ref bool, err error) {
 	if opt.Owner == "" {
 		opt.Owner = "transfer"
+	}
+	if !refIfHeld && st.Contains(id) {
+		return false, nil
 	}
 	var locs []string
 	for _, l := range locations {
@@ -57,6 +84,64 @@ func (cl *Client) Pull(ctx context.Context, st *object.Store, id object.ID, loca
 			locs = append(locs, l)
 		}
 	}
+	k := flightKey{st, id}
+	for {
+		if err := ctx.Err(); err != nil {
+			return false, fmt.Errorf("transfer: pull %s: %w", id.Short(), err)
+		}
+		cl.fmu.Lock()
+		if f, ok := cl.flights[k]; ok {
+			cl.fmu.Unlock()
+			cl.m.PullWaits.Inc()
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				return false, fmt.Errorf("transfer: pull %s: waiting for a pull in progress: %w", id.Short(), ctx.Err())
+			}
+			continue // sealed: Await below takes the reference; failed: try ourselves
+		}
+		f := &flight{done: make(chan struct{})}
+		cl.flights[k] = f
+		cl.fmu.Unlock()
+		ref, err := cl.awaitOrPull(ctx, st, id, locs, opt)
+		cl.fmu.Lock()
+		f.err = err
+		delete(cl.flights, k)
+		close(f.done)
+		cl.fmu.Unlock()
+		switch {
+		case errors.Is(err, object.ErrPending):
+			cl.m.PullWaits.Inc()
+			continue // another client is writing it into st: wait for that one
+		case errors.Is(err, object.ErrExists):
+			// Sealed by another client since we looked (Await now takes a
+			// reference), or an aborted copy still pinned by a reader for a moment.
+			select {
+			case <-time.After(time.Millisecond):
+			case <-ctx.Done():
+			}
+			continue
+		}
+		return ref, err
+	}
+}
+
+// awaitOrPull takes a reference to id if st holds it sealed, waits for it if
+// someone else is writing it into st, and else pulls it.
+func (cl *Client) awaitOrPull(ctx context.Context, st *object.Store, id object.ID, locs []string, opt PullOptions) (ref bool, err error) {
+	if err := st.Await(ctx, id, opt.Owner); err == nil {
+		return true, nil
+	} else if !errors.Is(err, object.ErrNotFound) {
+		return false, fmt.Errorf("transfer: pull %s: %w", id.Short(), err)
+	}
+	if err := cl.pullOnce(ctx, st, id, locs, opt); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// pullOnce copies the object from the first usable location.
+func (cl *Client) pullOnce(ctx context.Context, st *object.Store, id object.ID, locs []string, opt PullOptions) error {
 	p := &puller{cl: cl, id: id, locs: locs, sizer: NewChunkSizer(cl.cfg.Chunk), changed: make(chan struct{})}
 	src, err := p.openNext(ctx)
 	if err != nil {
