@@ -210,7 +210,8 @@ func cloneNodes(nodes []gang.Node) []gang.Node {
 }
 
 // baseline implements the FGD paper's comparison policies the way its simulator scores
-// them: kube-scheduler scores in 0..100 (integers), the highest wins, ties broken at random.
+// them: kube-scheduler scores in 0..100 (integers), the highest wins, ties go to the
+// smallest node name as in the artifact's scheduler fork (random only for Random).
 type baseline struct {
 	policy         string
 	nodes          []gang.Node
@@ -260,15 +261,6 @@ func (b *baseline) cards(n *gang.Node, p Pod) []int {
 				}
 			}
 			return []int{best}
-		case "dotprod":
-			best, bestD := -1, 0.0
-			for _, i := range ok {
-				d := b.dot(n, p, float64(n.GPUs[i].FreeMilli)/gang.Milli)
-				if best < 0 || d < bestD {
-					best, bestD = i, d
-				}
-			}
-			return []int{best}
 		default: // best fit card
 			sort.SliceStable(ok, func(x, y int) bool { return n.GPUs[ok[x]].FreeMilli < n.GPUs[ok[y]].FreeMilli })
 			return ok[:1]
@@ -290,14 +282,29 @@ func modelOK(models []string, m string) bool {
 	return false
 }
 
-func (b *baseline) dot(n *gang.Node, p Pod, gpuLeft float64) float64 {
-	cpuCap := float64(max(n.CPUMilli, 1))
-	ng := float64(max(len(n.GPUs), 1))
-	podGPU := float64(p.GPUMilli) / gang.Milli
-	if p.NumGPU > 1 || p.GPUMilli == gang.Milli {
-		podGPU = float64(p.NumGPU) / ng
+// The paper simulator's fixed normalisation (utils.MaxSpecCpu, MaxSpecGpu): DotProd's
+// "max" norm and GpuClustering's load term divide by these, not by the node's capacity.
+const (
+	maxSpecCPU  = 128000 // milli-CPU
+	maxSpecGPU  = 8000   // milli-GPU
+	shareGPUTag = -1     // GpuClustering's affinity tag of a GPU-share pod ("share-gpu")
+)
+
+// dot is DotProd's "merge" dimension with "max" normalisation: the node's free CPU and
+// total free GPU against the pod's CPU and total GPU, each divided by the largest node
+// spec, averaged over the two dimensions.
+func (b *baseline) dot(n *gang.Node, p Pod) float64 {
+	return (float64(n.FreeCPU)/maxSpecCPU*float64(p.CPUMilli)/maxSpecCPU +
+		float64(freeMilli(n))/maxSpecGPU*float64(p.GPUMilliTotal())/maxSpecGPU) / 2
+}
+
+// affinityTag is GpuClustering's pod class: every GPU-share pod is one class
+// ("share-gpu"), whole-card pods are classed by their card count ("N-gpu").
+func affinityTag(p Pod) int {
+	if p.NumGPU == 1 && p.GPUMilli < gang.Milli {
+		return shareGPUTag
 	}
-	return (float64(n.FreeCPU)/cpuCap*float64(p.CPUMilli)/cpuCap + gpuLeft*podGPU) / 2
+	return p.NumGPU
 }
 
 func freeMilli(n *gang.Node) int64 {
@@ -321,11 +328,7 @@ func (b *baseline) score(i int, n *gang.Node, p Pod, cards []int) int64 {
 	case "random":
 		return 0
 	case "dotprod":
-		gl := float64(freeMilli(n)) / float64(max(int64(len(n.GPUs))*gang.Milli, 1))
-		if p.GPUMilli < gang.Milli && len(cards) == 1 {
-			gl = float64(n.GPUs[cards[0]].FreeMilli) / gang.Milli
-		}
-		return int64(100 * (1 - b.dot(n, p, gl)))
+		return int64(100 * (1 - b.dot(n, p)))
 	case "bestfit":
 		if p.NumGPU == 0 && len(n.GPUs) == 0 {
 			return 100
@@ -338,13 +341,13 @@ func (b *baseline) score(i int, n *gang.Node, p Pod, cards []int) int64 {
 		if p.NumGPU == 0 {
 			return 0
 		}
-		left := freeMilli(n)
-		base := 25 * (b.maxGPU - left) / b.maxGPU
+		base := 25 * (maxSpecGPU - freeMilli(n)) / maxSpecGPU
 		aff := b.affinity[i]
+		tag := affinityTag(p)
 		switch {
-		case aff[p.GPUMilli] > 0 && len(aff) == 1:
+		case aff[tag] > 0 && len(aff) == 1:
 			return base + 75
-		case aff[p.GPUMilli] > 0:
+		case aff[tag] > 0:
 			return base + 50
 		case len(aff) == 0:
 			return base + 25
@@ -423,11 +426,15 @@ func (b *baseline) place(p Pod) bool {
 		switch {
 		case best < 0 || s > bestScore:
 			best, bestScore, bestCards, ties = i, s, cards, 1
-		case s == bestScore:
+		case s == bestScore && b.policy == "random":
 			ties++
 			if b.rng.IntN(ties) == 0 {
 				best, bestCards = i, cards
 			}
+		case s == bestScore && n.Name < b.nodes[best].Name:
+			// The FGD artifact's kube-scheduler fork (selectHost) breaks ties by the
+			// smallest node name "for reproducibility", not at random.
+			best, bestCards = i, cards
 		}
 	}
 	if best < 0 {
@@ -439,7 +446,7 @@ func (b *baseline) place(p Pod) bool {
 		if b.affinity[best] == nil {
 			b.affinity[best] = map[int]int{}
 		}
-		b.affinity[best][p.GPUMilli]++
+		b.affinity[best][affinityTag(p)]++
 	}
 	return true
 }
