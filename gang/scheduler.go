@@ -37,6 +37,11 @@ func WithCollectiveModel(m CollectiveModel) Option { return func(s *Scheduler) {
 // they are learned from submissions).
 func WithWorkload(w Workload) Option { return func(s *Scheduler) { s.fixedWorkload = w } }
 
+// SetWorkload replaces the typical requests fragmentation is measured against, e.g. with
+// a distribution re-learnt by the caller from the requests seen so far. A nil workload
+// returns to the one learned from submissions.
+func (s *Scheduler) SetWorkload(w Workload) { s.fixedWorkload = w }
+
 // WithFragOptions selects the fragmentation measure of the fragmentation plugin (default:
 // memory-aware).
 func WithFragOptions(o FragOptions) Option { return func(s *Scheduler) { s.fragOpt = o } }

@@ -22,7 +22,35 @@ type FGDOptions struct {
 	Seeds     int       // runs per policy; seeds FirstSeed, FirstSeed+1, ...
 	FirstSeed uint64    // 42 as in the FGD artifact
 	Policies  []string  // default FGDPolicies
+	// CPUStrandFactor scales the atoll policy's CPU-stranding term (see AtollFragOptions);
+	// 0 means the default, negative turns it off.
+	CPUStrandFactor float64
 }
+
+// AtollFragOptions is the atoll policy's fragmentation measure on these nodes: memory-aware,
+// and counting GPU share stranded by CPU exhaustion at the cluster's own CPU-per-GPU ratio
+// scaled by factor (0 = DefaultCPUStrandFactor, negative = off). Only the hardware is
+// consulted, never the pods.
+func AtollFragOptions(nodes []gang.Node, factor float64) gang.FragOptions {
+	if factor == 0 {
+		factor = DefaultCPUStrandFactor
+	}
+	opt := gang.FragOptions{Memory: true}
+	var cpu, gpu float64
+	for _, n := range nodes {
+		if len(n.GPUs) > 0 {
+			cpu += float64(n.CPUMilli)
+			gpu += float64(len(n.GPUs)) * gang.Milli
+		}
+	}
+	if factor > 0 && gpu > 0 {
+		opt.CPUPerMilli = factor * cpu / gpu
+	}
+	return opt
+}
+
+// DefaultCPUStrandFactor is the default scale of the CPU-stranding term.
+const DefaultCPUStrandFactor = 0.5
 
 // FGDResult is one (load, policy) line: GPU allocation over the seeds.
 type FGDResult struct {
@@ -78,7 +106,7 @@ func RunFGD(ctx context.Context, nodes []gang.Node, pods []Pod, opt FGDOptions) 
 		return nil, fmt.Errorf("sim: fgd: node list has no GPUs: %w", ErrBadSpec)
 	}
 	typical := TypicalWorkload(pods, false)
-	typicalGPU := AtollWorkload(pods, nodes)
+	fragOpt := AtollFragOptions(nodes, opt.CPUStrandFactor)
 	// Runs are independent: one goroutine per (policy, seed), at most GOMAXPROCS at a time,
 	// each writing its own slot, so results do not depend on scheduling.
 	type key struct{ pol, seed int }
@@ -94,7 +122,7 @@ func RunFGD(ctx context.Context, nodes []gang.Node, pods []Pod, opt FGDOptions) 
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				shares, err := fgdRun(ctx, pol, nodes, pods, typical, typicalGPU, loads, capMilli, opt.FirstSeed+uint64(si))
+				shares, err := fgdRun(ctx, pol, nodes, pods, typical, fragOpt, loads, capMilli, opt.FirstSeed+uint64(si))
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil && firstErr == nil {
@@ -124,9 +152,9 @@ func RunFGD(ctx context.Context, nodes []gang.Node, pods []Pod, opt FGDOptions) 
 }
 
 // fgdRun is one seeded run of one policy; it returns the allocated share at each load.
-func fgdRun(ctx context.Context, pol string, nodes []gang.Node, pods []Pod, typical, typicalGPU gang.Workload, loads []float64, capMilli int64, seed uint64) ([]float64, error) {
+func fgdRun(ctx context.Context, pol string, nodes []gang.Node, pods []Pod, typical gang.Workload, fragOpt gang.FragOptions, loads []float64, capMilli int64, seed uint64) ([]float64, error) {
 	arr := SampleWorkload(pods, capMilli, loads[len(loads)-1], seed)
-	p, err := newPacker(pol, nodes, typical, typicalGPU, seed)
+	p, err := newPacker(pol, nodes, typical, fragOpt, seed)
 	if err != nil {
 		return nil, err
 	}
@@ -177,9 +205,9 @@ type packer interface {
 	allocated() int64 // milli-GPU
 }
 
-func newPacker(policy string, nodes []gang.Node, typical, typicalGPU gang.Workload, seed uint64) (packer, error) {
+func newPacker(policy string, nodes []gang.Node, typical gang.Workload, fragOpt gang.FragOptions, seed uint64) (packer, error) {
 	if policy == "atoll" {
-		return newAtollPacker(nodes, typicalGPU)
+		return newAtollPacker(nodes, fragOpt)
 	}
 	b := &baseline{
 		policy: policy,
@@ -453,9 +481,12 @@ func (b *baseline) place(p Pod) bool {
 
 // atollPacker runs each pod through the gang scheduler core as a one-member gang.
 type atollPacker struct {
-	s   *gang.Scheduler
-	seq int
-	now time.Time
+	s         *gang.Scheduler
+	seq       int
+	now       time.Time
+	nodes     []gang.Node
+	seen      []Pod // arrivals so far, the only workload knowledge the policy has
+	relearnAt int
 }
 
 // AtollFGDConfig is the core configuration of the atoll policy in the static mode: the
@@ -470,12 +501,27 @@ func AtollFGDConfig() gang.Config {
 	return cfg
 }
 
-func newAtollPacker(nodes []gang.Node, typical gang.Workload) (*atollPacker, error) {
-	s, err := gang.New(AtollFGDConfig(), gang.Snapshot{Nodes: nodes}, gang.WithWorkload(typical))
+func newAtollPacker(nodes []gang.Node, opt gang.FragOptions) (*atollPacker, error) {
+	s, err := gang.New(AtollFGDConfig(), gang.Snapshot{Nodes: nodes}, gang.WithFragOptions(opt))
 	if err != nil {
 		return nil, err
 	}
-	return &atollPacker{s: s, now: time.Unix(0, 0)}, nil
+	a := &atollPacker{s: s, now: time.Unix(0, 0), nodes: nodes, relearnAt: 1}
+	return a, nil
+}
+
+// relearn rebuilds the target workload from the pods seen so far (never from pods yet to
+// arrive): at 1, 2, 4, ... 256 pods, then every 256.
+func (a *atollPacker) relearn() {
+	if len(a.seen) < a.relearnAt {
+		return
+	}
+	a.s.SetWorkload(AtollWorkload(a.seen, a.nodes))
+	if a.relearnAt < 256 {
+		a.relearnAt *= 2
+	} else {
+		a.relearnAt += 256
+	}
 }
 
 func (a *atollPacker) allocated() int64 {
@@ -491,6 +537,8 @@ func (a *atollPacker) totalMilli() int64 {
 }
 
 func (a *atollPacker) place(p Pod) bool {
+	a.seen = append(a.seen, p)
+	a.relearn()
 	a.seq++
 	id := fmt.Sprintf("p%d", a.seq)
 	r := gang.Request{ID: id, Min: 1, Member: gang.Member{GPUs: p.NumGPU, GPUMilli: p.GPUMilli, CPUMilli: p.CPUMilli, MemMiB: p.MemMiB}, GPUModels: p.Models}

@@ -258,3 +258,22 @@ func TestAtollWorkloadScarcity(t *testing.T) {
 		t.Fatalf("%+v", w)
 	}
 }
+
+func TestAtollFragOptions(t *testing.T) {
+	nodes := []gang.Node{
+		{CPUMilli: 96000, GPUs: make([]gang.GPU, 8)},
+		{CPUMilli: 64000}, // CPU-only nodes do not count
+	}
+	tests := []struct {
+		factor, want float64
+	}{
+		{0, DefaultCPUStrandFactor * 12},
+		{1, 12},
+		{-1, 0},
+	}
+	for _, tt := range tests {
+		if got := AtollFragOptions(nodes, tt.factor); got.CPUPerMilli != tt.want || !got.Memory {
+			t.Fatalf("AtollFragOptions(factor %v) = %+v, want CPUPerMilli %v and Memory", tt.factor, got, tt.want)
+		}
+	}
+}
