@@ -42,6 +42,13 @@ func WithWorkload(w Workload) Option { return func(s *Scheduler) { s.fixedWorklo
 // returns to the one learned from submissions.
 func (s *Scheduler) SetWorkload(w Workload) { s.fixedWorkload = w }
 
+// SetFragOptions replaces the fragmentation measure of the fragmentation plugin, e.g. with
+// a CPU-per-GPU ratio re-learnt from the requests seen so far.
+func (s *Scheduler) SetFragOptions(o FragOptions) {
+	s.fragOpt = o
+	s.frag = nil // memoised values belong to the old measure
+}
+
 // WithFragOptions selects the fragmentation measure of the fragmentation plugin (default:
 // memory-aware).
 func WithFragOptions(o FragOptions) Option { return func(s *Scheduler) { s.fragOpt = o } }

@@ -27,20 +27,20 @@ type FGDOptions struct {
 	CPUStrandFactor float64
 }
 
-// AtollFragOptions is the atoll policy's fragmentation measure on these nodes: memory-aware,
-// and counting GPU share stranded by CPU exhaustion at the cluster's own CPU-per-GPU ratio
-// scaled by factor (0 = DefaultCPUStrandFactor, negative = off). Only the hardware is
-// consulted, never the pods.
-func AtollFragOptions(nodes []gang.Node, factor float64) gang.FragOptions {
+// AtollFragOptions is the atoll policy's fragmentation measure learnt from the pods given
+// (in the simulator: the arrivals so far): memory-aware, and counting GPU share stranded by
+// CPU exhaustion at factor times the CPU per GPU that the GPU pods among them ask (0 =
+// DefaultCPUStrandFactor, negative = off).
+func AtollFragOptions(pods []Pod, factor float64) gang.FragOptions {
 	if factor == 0 {
 		factor = DefaultCPUStrandFactor
 	}
 	opt := gang.FragOptions{Memory: true}
 	var cpu, gpu float64
-	for _, n := range nodes {
-		if len(n.GPUs) > 0 {
-			cpu += float64(n.CPUMilli)
-			gpu += float64(len(n.GPUs)) * gang.Milli
+	for _, p := range pods {
+		if p.NumGPU > 0 {
+			cpu += float64(p.CPUMilli)
+			gpu += float64(p.GPUMilliTotal())
 		}
 	}
 	if factor > 0 && gpu > 0 {
@@ -50,7 +50,7 @@ func AtollFragOptions(nodes []gang.Node, factor float64) gang.FragOptions {
 }
 
 // DefaultCPUStrandFactor is the default scale of the CPU-stranding term.
-const DefaultCPUStrandFactor = 0.5
+const DefaultCPUStrandFactor = 1
 
 // FGDResult is one (load, policy) line: GPU allocation over the seeds.
 type FGDResult struct {
@@ -106,7 +106,7 @@ func RunFGD(ctx context.Context, nodes []gang.Node, pods []Pod, opt FGDOptions) 
 		return nil, fmt.Errorf("sim: fgd: node list has no GPUs: %w", ErrBadSpec)
 	}
 	typical := TypicalWorkload(pods, false)
-	fragOpt := AtollFragOptions(nodes, opt.CPUStrandFactor)
+	strand := opt.CPUStrandFactor
 	// Runs are independent: one goroutine per (policy, seed), at most GOMAXPROCS at a time,
 	// each writing its own slot, so results do not depend on scheduling.
 	type key struct{ pol, seed int }
@@ -122,7 +122,7 @@ func RunFGD(ctx context.Context, nodes []gang.Node, pods []Pod, opt FGDOptions) 
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				shares, err := fgdRun(ctx, pol, nodes, pods, typical, fragOpt, loads, capMilli, opt.FirstSeed+uint64(si))
+				shares, err := fgdRun(ctx, pol, nodes, pods, typical, strand, loads, capMilli, opt.FirstSeed+uint64(si))
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil && firstErr == nil {
@@ -152,9 +152,9 @@ func RunFGD(ctx context.Context, nodes []gang.Node, pods []Pod, opt FGDOptions) 
 }
 
 // fgdRun is one seeded run of one policy; it returns the allocated share at each load.
-func fgdRun(ctx context.Context, pol string, nodes []gang.Node, pods []Pod, typical gang.Workload, fragOpt gang.FragOptions, loads []float64, capMilli int64, seed uint64) ([]float64, error) {
+func fgdRun(ctx context.Context, pol string, nodes []gang.Node, pods []Pod, typical gang.Workload, strand float64, loads []float64, capMilli int64, seed uint64) ([]float64, error) {
 	arr := SampleWorkload(pods, capMilli, loads[len(loads)-1], seed)
-	p, err := newPacker(pol, nodes, typical, fragOpt, seed)
+	p, err := newPacker(pol, nodes, typical, strand, seed)
 	if err != nil {
 		return nil, err
 	}
@@ -205,9 +205,9 @@ type packer interface {
 	allocated() int64 // milli-GPU
 }
 
-func newPacker(policy string, nodes []gang.Node, typical gang.Workload, fragOpt gang.FragOptions, seed uint64) (packer, error) {
+func newPacker(policy string, nodes []gang.Node, typical gang.Workload, strand float64, seed uint64) (packer, error) {
 	if policy == "atoll" {
-		return newAtollPacker(nodes, fragOpt)
+		return newAtollPacker(nodes, strand)
 	}
 	b := &baseline{
 		policy: policy,
@@ -487,6 +487,7 @@ type atollPacker struct {
 	nodes     []gang.Node
 	seen      []Pod // arrivals so far, the only workload knowledge the policy has
 	relearnAt int
+	strand    float64 // CPUStrandFactor
 }
 
 // AtollFGDConfig is the core configuration of the atoll policy in the static mode: the
@@ -501,22 +502,23 @@ func AtollFGDConfig() gang.Config {
 	return cfg
 }
 
-func newAtollPacker(nodes []gang.Node, opt gang.FragOptions) (*atollPacker, error) {
-	s, err := gang.New(AtollFGDConfig(), gang.Snapshot{Nodes: nodes}, gang.WithFragOptions(opt))
+func newAtollPacker(nodes []gang.Node, strand float64) (*atollPacker, error) {
+	s, err := gang.New(AtollFGDConfig(), gang.Snapshot{Nodes: nodes}, gang.WithFragOptions(AtollFragOptions(nil, strand)))
 	if err != nil {
 		return nil, err
 	}
-	a := &atollPacker{s: s, now: time.Unix(0, 0), nodes: nodes, relearnAt: 1}
+	a := &atollPacker{s: s, now: time.Unix(0, 0), nodes: nodes, relearnAt: 1, strand: strand}
 	return a, nil
 }
 
-// relearn rebuilds the target workload from the pods seen so far (never from pods yet to
+// relearn rebuilds the target workload and the CPU-per-GPU ratio from the pods seen so far (never from pods yet to
 // arrive): at 1, 2, 4, ... 256 pods, then every 256.
 func (a *atollPacker) relearn() {
 	if len(a.seen) < a.relearnAt {
 		return
 	}
 	a.s.SetWorkload(AtollWorkload(a.seen, a.nodes))
+	a.s.SetFragOptions(AtollFragOptions(a.seen, a.strand))
 	if a.relearnAt < 256 {
 		a.relearnAt *= 2
 	} else {
