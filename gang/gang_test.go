@@ -76,6 +76,10 @@ func TestNodeFrag(t *testing.T) {
 		{"memory counted by Atoll", node(1000), Workload{memHog}, FragOptions{Memory: true}, 1000},
 		{"mixed popularity", node(300, 1000), Workload{{GPUs: 1, Milli: 500, Freq: 0.5}, {GPUs: 2, Milli: 1000, Freq: 0.5}}, FragOptions{}, 0.5*300 + 0.5*1300},
 		{"full node", node(0, 0), Workload{half}, FragOptions{}, 0},
+		// 8000 free CPU at 8 CPU-milli per GPU-milli feeds 1000 of the 2000 free.
+		{"cpu stranding: half the free share unfed", node(1000, 1000), Workload{half}, FragOptions{CPUPerMilli: 8}, 1000},
+		{"cpu stranding: enough cpu", node(1000, 1000), Workload{half}, FragOptions{CPUPerMilli: 4}, 0},
+		{"cpu stranding adds to FGD's measure", node(300, 1000), Workload{half}, FragOptions{CPUPerMilli: 8}, 300 + 300},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

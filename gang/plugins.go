@@ -136,6 +136,11 @@ type FragOptions struct {
 	// Memory counts a node whose memory cannot host a shape as fragmented for that shape
 	// (FGD only looks at CPU and GPU).
 	Memory bool
+	// CPUPerMilli, when positive, is the workload's CPU (milli-CPU) per milli-GPU: free
+	// GPU share that the node's free CPU could not feed at that ratio is counted as
+	// fragmented too (GPUs stranded by CPU exhaustion; FGD only sees a node as CPU-starved
+	// once a single typical request no longer fits).
+	CPUPerMilli float64
 }
 
 // NodeFrag returns the node's fragmented milli-GPU against the workload: for each typical
@@ -156,6 +161,9 @@ func NodeFrag(n *Node, w Workload, opt FragOptions) float64 {
 	var f float64
 	for _, s := range w {
 		f += s.Freq * float64(shapeFrag(n, &s, total, opt))
+	}
+	if opt.CPUPerMilli > 0 {
+		f += max(0, float64(total)-float64(n.FreeCPU)/opt.CPUPerMilli)
 	}
 	return f
 }

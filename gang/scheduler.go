@@ -37,6 +37,18 @@ func WithCollectiveModel(m CollectiveModel) Option { return func(s *Scheduler) {
 // they are learned from submissions).
 func WithWorkload(w Workload) Option { return func(s *Scheduler) { s.fixedWorkload = w } }
 
+// SetWorkload replaces the typical requests fragmentation is measured against, e.g. with
+// a distribution re-learnt by the caller from the requests seen so far. A nil workload
+// returns to the one learned from submissions.
+func (s *Scheduler) SetWorkload(w Workload) { s.fixedWorkload = w }
+
+// SetFragOptions replaces the fragmentation measure of the fragmentation plugin, e.g. with
+// a CPU-per-GPU ratio re-learnt from the requests seen so far.
+func (s *Scheduler) SetFragOptions(o FragOptions) {
+	s.fragOpt = o
+	s.frag = nil // memoised values belong to the old measure
+}
+
 // WithFragOptions selects the fragmentation measure of the fragmentation plugin (default:
 // memory-aware).
 func WithFragOptions(o FragOptions) Option { return func(s *Scheduler) { s.fragOpt = o } }

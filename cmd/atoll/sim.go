@@ -21,6 +21,7 @@ func newSimCmd() *cobra.Command {
 		jsonOut, skipBad                                                     bool
 		window                                                               time.Duration
 		prioSeed                                                             uint64
+		cpuStrand                                                            float64
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -55,7 +56,7 @@ func newSimCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				opt := sim.FGDOptions{Loads: loads, Seeds: seeds}
+				opt := sim.FGDOptions{Loads: loads, Seeds: seeds, CPUStrandFactor: cpuStrand}
 				if policies != "" {
 					opt.Policies = strings.Split(policies, ",")
 				}
@@ -113,6 +114,7 @@ func newSimCmd() *cobra.Command {
 	f.IntVar(&maxJobs, "max-jobs", 0, "replay at most this many jobs from the start of the trace (0 = all)")
 	f.DurationVar(&window, "window", 0, "replay only jobs submitted within this time from the first (0 = all)")
 	f.Uint64Var(&prioSeed, "priority-seed", 1, "seed of the priority-class assignment for traces without priorities")
+	f.Float64Var(&cpuStrand, "cpu-strand", 0, "scale of the atoll policy's CPU-stranding ratio, times the CPU per GPU of the GPU pods seen so far (fgd mode; 0 = default 1, negative = off)")
 	f.StringVar(&policies, "policies", "", "comma-separated policies (default: all of the mode)")
 	f.BoolVar(&jsonOut, "json", false, "print one JSON object on stdout")
 	f.BoolVar(&skipBad, "skip-bad-rows", false, "skip unparsable trace rows (reported on stderr) instead of failing")

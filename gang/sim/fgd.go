@@ -22,7 +22,35 @@ type FGDOptions struct {
 	Seeds     int       // runs per policy; seeds FirstSeed, FirstSeed+1, ...
 	FirstSeed uint64    // 42 as in the FGD artifact
 	Policies  []string  // default FGDPolicies
+	// CPUStrandFactor scales the atoll policy's CPU-stranding term (see AtollFragOptions);
+	// 0 means the default, negative turns it off.
+	CPUStrandFactor float64
 }
+
+// AtollFragOptions is the atoll policy's fragmentation measure learnt from the pods given
+// (in the simulator: the arrivals so far): memory-aware, and counting GPU share stranded by
+// CPU exhaustion at factor times the CPU per GPU that the GPU pods among them ask (0 =
+// DefaultCPUStrandFactor, negative = off).
+func AtollFragOptions(pods []Pod, factor float64) gang.FragOptions {
+	if factor == 0 {
+		factor = DefaultCPUStrandFactor
+	}
+	opt := gang.FragOptions{Memory: true}
+	var cpu, gpu float64
+	for _, p := range pods {
+		if p.NumGPU > 0 {
+			cpu += float64(p.CPUMilli)
+			gpu += float64(p.GPUMilliTotal())
+		}
+	}
+	if factor > 0 && gpu > 0 {
+		opt.CPUPerMilli = factor * cpu / gpu
+	}
+	return opt
+}
+
+// DefaultCPUStrandFactor is the default scale of the CPU-stranding term.
+const DefaultCPUStrandFactor = 1
 
 // FGDResult is one (load, policy) line: GPU allocation over the seeds.
 type FGDResult struct {
@@ -78,7 +106,7 @@ func RunFGD(ctx context.Context, nodes []gang.Node, pods []Pod, opt FGDOptions) 
 		return nil, fmt.Errorf("sim: fgd: node list has no GPUs: %w", ErrBadSpec)
 	}
 	typical := TypicalWorkload(pods, false)
-	typicalGPU := AtollWorkload(pods, nodes)
+	strand := opt.CPUStrandFactor
 	// Runs are independent: one goroutine per (policy, seed), at most GOMAXPROCS at a time,
 	// each writing its own slot, so results do not depend on scheduling.
 	type key struct{ pol, seed int }
@@ -94,7 +122,7 @@ func RunFGD(ctx context.Context, nodes []gang.Node, pods []Pod, opt FGDOptions) 
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				shares, err := fgdRun(ctx, pol, nodes, pods, typical, typicalGPU, loads, capMilli, opt.FirstSeed+uint64(si))
+				shares, err := fgdRun(ctx, pol, nodes, pods, typical, strand, loads, capMilli, opt.FirstSeed+uint64(si))
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil && firstErr == nil {
@@ -124,9 +152,9 @@ func RunFGD(ctx context.Context, nodes []gang.Node, pods []Pod, opt FGDOptions) 
 }
 
 // fgdRun is one seeded run of one policy; it returns the allocated share at each load.
-func fgdRun(ctx context.Context, pol string, nodes []gang.Node, pods []Pod, typical, typicalGPU gang.Workload, loads []float64, capMilli int64, seed uint64) ([]float64, error) {
+func fgdRun(ctx context.Context, pol string, nodes []gang.Node, pods []Pod, typical gang.Workload, strand float64, loads []float64, capMilli int64, seed uint64) ([]float64, error) {
 	arr := SampleWorkload(pods, capMilli, loads[len(loads)-1], seed)
-	p, err := newPacker(pol, nodes, typical, typicalGPU, seed)
+	p, err := newPacker(pol, nodes, typical, strand, seed)
 	if err != nil {
 		return nil, err
 	}
@@ -177,9 +205,9 @@ type packer interface {
 	allocated() int64 // milli-GPU
 }
 
-func newPacker(policy string, nodes []gang.Node, typical, typicalGPU gang.Workload, seed uint64) (packer, error) {
+func newPacker(policy string, nodes []gang.Node, typical gang.Workload, strand float64, seed uint64) (packer, error) {
 	if policy == "atoll" {
-		return newAtollPacker(nodes, typicalGPU)
+		return newAtollPacker(nodes, strand)
 	}
 	b := &baseline{
 		policy: policy,
@@ -210,7 +238,8 @@ func cloneNodes(nodes []gang.Node) []gang.Node {
 }
 
 // baseline implements the FGD paper's comparison policies the way its simulator scores
-// them: kube-scheduler scores in 0..100 (integers), the highest wins, ties broken at random.
+// them: kube-scheduler scores in 0..100 (integers), the highest wins, ties go to the
+// smallest node name as in the artifact's scheduler fork (random only for Random).
 type baseline struct {
 	policy         string
 	nodes          []gang.Node
@@ -260,15 +289,6 @@ func (b *baseline) cards(n *gang.Node, p Pod) []int {
 				}
 			}
 			return []int{best}
-		case "dotprod":
-			best, bestD := -1, 0.0
-			for _, i := range ok {
-				d := b.dot(n, p, float64(n.GPUs[i].FreeMilli)/gang.Milli)
-				if best < 0 || d < bestD {
-					best, bestD = i, d
-				}
-			}
-			return []int{best}
 		default: // best fit card
 			sort.SliceStable(ok, func(x, y int) bool { return n.GPUs[ok[x]].FreeMilli < n.GPUs[ok[y]].FreeMilli })
 			return ok[:1]
@@ -290,14 +310,29 @@ func modelOK(models []string, m string) bool {
 	return false
 }
 
-func (b *baseline) dot(n *gang.Node, p Pod, gpuLeft float64) float64 {
-	cpuCap := float64(max(n.CPUMilli, 1))
-	ng := float64(max(len(n.GPUs), 1))
-	podGPU := float64(p.GPUMilli) / gang.Milli
-	if p.NumGPU > 1 || p.GPUMilli == gang.Milli {
-		podGPU = float64(p.NumGPU) / ng
+// The paper simulator's fixed normalisation (utils.MaxSpecCpu, MaxSpecGpu): DotProd's
+// "max" norm and GpuClustering's load term divide by these, not by the node's capacity.
+const (
+	maxSpecCPU  = 128000 // milli-CPU
+	maxSpecGPU  = 8000   // milli-GPU
+	shareGPUTag = -1     // GpuClustering's affinity tag of a GPU-share pod ("share-gpu")
+)
+
+// dot is DotProd's "merge" dimension with "max" normalisation: the node's free CPU and
+// total free GPU against the pod's CPU and total GPU, each divided by the largest node
+// spec, averaged over the two dimensions.
+func (b *baseline) dot(n *gang.Node, p Pod) float64 {
+	return (float64(n.FreeCPU)/maxSpecCPU*float64(p.CPUMilli)/maxSpecCPU +
+		float64(freeMilli(n))/maxSpecGPU*float64(p.GPUMilliTotal())/maxSpecGPU) / 2
+}
+
+// affinityTag is GpuClustering's pod class: every GPU-share pod is one class
+// ("share-gpu"), whole-card pods are classed by their card count ("N-gpu").
+func affinityTag(p Pod) int {
+	if p.NumGPU == 1 && p.GPUMilli < gang.Milli {
+		return shareGPUTag
 	}
-	return (float64(n.FreeCPU)/cpuCap*float64(p.CPUMilli)/cpuCap + gpuLeft*podGPU) / 2
+	return p.NumGPU
 }
 
 func freeMilli(n *gang.Node) int64 {
@@ -321,11 +356,7 @@ func (b *baseline) score(i int, n *gang.Node, p Pod, cards []int) int64 {
 	case "random":
 		return 0
 	case "dotprod":
-		gl := float64(freeMilli(n)) / float64(max(int64(len(n.GPUs))*gang.Milli, 1))
-		if p.GPUMilli < gang.Milli && len(cards) == 1 {
-			gl = float64(n.GPUs[cards[0]].FreeMilli) / gang.Milli
-		}
-		return int64(100 * (1 - b.dot(n, p, gl)))
+		return int64(100 * (1 - b.dot(n, p)))
 	case "bestfit":
 		if p.NumGPU == 0 && len(n.GPUs) == 0 {
 			return 100
@@ -338,13 +369,13 @@ func (b *baseline) score(i int, n *gang.Node, p Pod, cards []int) int64 {
 		if p.NumGPU == 0 {
 			return 0
 		}
-		left := freeMilli(n)
-		base := 25 * (b.maxGPU - left) / b.maxGPU
+		base := 25 * (maxSpecGPU - freeMilli(n)) / maxSpecGPU
 		aff := b.affinity[i]
+		tag := affinityTag(p)
 		switch {
-		case aff[p.GPUMilli] > 0 && len(aff) == 1:
+		case aff[tag] > 0 && len(aff) == 1:
 			return base + 75
-		case aff[p.GPUMilli] > 0:
+		case aff[tag] > 0:
 			return base + 50
 		case len(aff) == 0:
 			return base + 25
@@ -423,11 +454,15 @@ func (b *baseline) place(p Pod) bool {
 		switch {
 		case best < 0 || s > bestScore:
 			best, bestScore, bestCards, ties = i, s, cards, 1
-		case s == bestScore:
+		case s == bestScore && b.policy == "random":
 			ties++
 			if b.rng.IntN(ties) == 0 {
 				best, bestCards = i, cards
 			}
+		case s == bestScore && n.Name < b.nodes[best].Name:
+			// The FGD artifact's kube-scheduler fork (selectHost) breaks ties by the
+			// smallest node name "for reproducibility", not at random.
+			best, bestCards = i, cards
 		}
 	}
 	if best < 0 {
@@ -439,16 +474,20 @@ func (b *baseline) place(p Pod) bool {
 		if b.affinity[best] == nil {
 			b.affinity[best] = map[int]int{}
 		}
-		b.affinity[best][p.GPUMilli]++
+		b.affinity[best][affinityTag(p)]++
 	}
 	return true
 }
 
 // atollPacker runs each pod through the gang scheduler core as a one-member gang.
 type atollPacker struct {
-	s   *gang.Scheduler
-	seq int
-	now time.Time
+	s         *gang.Scheduler
+	seq       int
+	now       time.Time
+	nodes     []gang.Node
+	seen      []Pod // arrivals so far, the only workload knowledge the policy has
+	relearnAt int
+	strand    float64 // CPUStrandFactor
 }
 
 // AtollFGDConfig is the core configuration of the atoll policy in the static mode: the
@@ -463,12 +502,28 @@ func AtollFGDConfig() gang.Config {
 	return cfg
 }
 
-func newAtollPacker(nodes []gang.Node, typical gang.Workload) (*atollPacker, error) {
-	s, err := gang.New(AtollFGDConfig(), gang.Snapshot{Nodes: nodes}, gang.WithWorkload(typical))
+func newAtollPacker(nodes []gang.Node, strand float64) (*atollPacker, error) {
+	s, err := gang.New(AtollFGDConfig(), gang.Snapshot{Nodes: nodes}, gang.WithFragOptions(AtollFragOptions(nil, strand)))
 	if err != nil {
 		return nil, err
 	}
-	return &atollPacker{s: s, now: time.Unix(0, 0)}, nil
+	a := &atollPacker{s: s, now: time.Unix(0, 0), nodes: nodes, relearnAt: 1, strand: strand}
+	return a, nil
+}
+
+// relearn rebuilds the target workload and the CPU-per-GPU ratio from the pods seen so far (never from pods yet to
+// arrive): at 1, 2, 4, ... 256 pods, then every 256.
+func (a *atollPacker) relearn() {
+	if len(a.seen) < a.relearnAt {
+		return
+	}
+	a.s.SetWorkload(AtollWorkload(a.seen, a.nodes))
+	a.s.SetFragOptions(AtollFragOptions(a.seen, a.strand))
+	if a.relearnAt < 256 {
+		a.relearnAt *= 2
+	} else {
+		a.relearnAt += 256
+	}
 }
 
 func (a *atollPacker) allocated() int64 {
@@ -484,6 +539,8 @@ func (a *atollPacker) totalMilli() int64 {
 }
 
 func (a *atollPacker) place(p Pod) bool {
+	a.seen = append(a.seen, p)
+	a.relearn()
 	a.seq++
 	id := fmt.Sprintf("p%d", a.seq)
 	r := gang.Request{ID: id, Min: 1, Member: gang.Member{GPUs: p.NumGPU, GPUMilli: p.GPUMilli, CPUMilli: p.CPUMilli, MemMiB: p.MemMiB}, GPUModels: p.Models}

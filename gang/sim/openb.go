@@ -122,14 +122,14 @@ func (s *Skipper) add(err error) {
 // weighs what its GPUs weigh, so whole idle machines are kept for it.
 func TypicalWorkload(pods []Pod, byGPU bool) gang.Workload {
 	if byGPU {
-		return typicalWorkload(pods, 1)
+		return typicalWorkload(pods, 1, false)
 	}
-	return typicalWorkload(pods, 0)
+	return typicalWorkload(pods, 0, true)
 }
 
 // typicalWorkload weighs each pod by (its GPUs)^exp (CPU-only pods by 0.1^exp); exp 0 is
-// FGD's count weighting with the 0.999 popularity cut.
-func typicalWorkload(pods []Pod, exp float64) gang.Workload {
+// FGD's count weighting; cut drops the rarest shapes beyond 99.9% of the weight.
+func typicalWorkload(pods []Pod, exp float64, cut bool) gang.Workload {
 	byGPU := exp != 0
 	type key struct {
 		n, milli int
@@ -161,7 +161,7 @@ func typicalWorkload(pods []Pod, exp float64) gang.Workload {
 		total += counts[k]
 	}
 	for _, k := range order {
-		if !byGPU && cum >= 0.999*total {
+		if cut && cum >= 0.999*total {
 			break
 		}
 		var models []string
@@ -177,15 +177,15 @@ func typicalWorkload(pods []Pod, exp float64) gang.Workload {
 	return w
 }
 
-// AtollWorkload is the atoll policy's target workload: shapes weighted by the GPUs they ask
-// (TypicalWorkload with byGPU), and each shape restricted to some GPU models further
-// weighted by its scarcity, cluster GPUs / GPUs of its allowed models: a T4-only pod can
-// use only the T4 nodes, so its demand on them is that much more concentrated. Without the
-// scarcity factor the GPU weighting makes small nodes look like pure fragments (an 8-GPU
-// shape can never use them) and fills them with unconstrained pods, starving the pods that
-// can run nowhere else.
+// AtollWorkload is the atoll policy's target workload, learnt from the pods given (in the
+// simulator: the arrivals so far): every shape seen, weighted by its count, and each shape
+// restricted to some GPU models further weighted by its scarcity, cluster GPUs / GPUs of its
+// allowed models: a T4-only pod can use only the T4 nodes, so its demand on them is that
+// much more concentrated. Without the scarcity factor small nodes look like pure fragments
+// to the shapes that cannot use them and fill with unconstrained pods, starving the pods
+// that can run nowhere else.
 func AtollWorkload(pods []Pod, nodes []gang.Node) gang.Workload {
-	w := typicalWorkload(pods, 1)
+	w := typicalWorkload(pods, 0, false)
 	perModel := map[string]float64{}
 	total := 0.0
 	for _, n := range nodes {

@@ -258,3 +258,26 @@ func TestAtollWorkloadScarcity(t *testing.T) {
 		t.Fatalf("%+v", w)
 	}
 }
+
+func TestAtollFragOptions(t *testing.T) {
+	pods := []Pod{
+		{NumGPU: 1, GPUMilli: 1000, CPUMilli: 12000},
+		{NumGPU: 1, GPUMilli: 500, CPUMilli: 6000},
+		{CPUMilli: 64000}, // CPU-only pods do not set the ratio
+	}
+	tests := []struct {
+		factor, want float64
+	}{
+		{0, DefaultCPUStrandFactor * 12},
+		{0.5, 6},
+		{-1, 0},
+	}
+	for _, tt := range tests {
+		if got := AtollFragOptions(pods, tt.factor); got.CPUPerMilli != tt.want || !got.Memory {
+			t.Fatalf("AtollFragOptions(factor %v) = %+v, want CPUPerMilli %v and Memory", tt.factor, got, tt.want)
+		}
+	}
+	if got := AtollFragOptions(nil, 0); got.CPUPerMilli != 0 {
+		t.Fatalf("no pods seen: CPUPerMilli %v, want 0", got.CPUPerMilli)
+	}
+}
