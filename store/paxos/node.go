@@ -727,10 +727,8 @@ func (n *Node) Step(m Message) {
 			// and, knowing a newer group is alive, does not campaign meanwhile.
 			n.electionElapsed = 0
 			n.send(Message{Type: MsgLearn, To: m.From, Commit: n.commit})
-		} else {
-			n.maybeCatchUp(m.From, m.Commit)
+			return
 		}
-		return
 	}
 	_, fromMember := n.pidx[m.From]
 	if !n.isMember() {
