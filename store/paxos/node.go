@@ -727,8 +727,10 @@ func (n *Node) Step(m Message) {
 			// and, knowing a newer group is alive, does not campaign meanwhile.
 			n.electionElapsed = 0
 			n.send(Message{Type: MsgLearn, To: m.From, Commit: n.commit})
-			return
+		} else {
+			n.maybeCatchUp(m.From, m.Commit)
 		}
+		return
 	}
 	_, fromMember := n.pidx[m.From]
 	if !n.isMember() {
