@@ -709,6 +709,9 @@ func (n *Node) Step(m Message) {
 	if m.To != n.cfg.ID || m.From == n.cfg.ID || m.From == 0 || m.From > 0xffff {
 		return
 	}
+	if n.role == Leader && n.learners[m.From] && (m.Type == MsgLearn || (m.Type == MsgAccepted && !m.Reject)) {
+		n.learnerAt[m.From] = max(n.learnerAt[m.From], m.Commit) // a learner's progress
+	}
 	// Learning chosen values is epoch-free: whoever knows them may teach them.
 	switch m.Type {
 	case MsgChosen:
@@ -743,7 +746,6 @@ func (n *Node) Step(m Message) {
 	}
 	if !fromMember {
 		if m.Type == MsgAccepted && n.role == Leader && n.learners[m.From] && !m.Reject {
-			n.learnerAt[m.From] = max(n.learnerAt[m.From], m.Commit)
 			if m.Commit < m.KnownCommit {
 				n.maybeCatchUp(m.From, m.Commit)
 			}
