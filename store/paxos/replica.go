@@ -175,6 +175,7 @@ func StartReplica(cfg ReplicaConfig, st Storage, tr Transport, sm StateMachine) 
 		snap:       snap,
 	}
 	r.status = n.Status()
+	r.setPeers(snap.Conf)
 	r.log.Info("replica started", zap.Uint64("promised", hs.Promised), zap.Uint64("commit", hs.Commit), zap.Int("entries", len(ents)))
 	go r.writer()
 	go r.run()
@@ -562,6 +563,7 @@ func (r *Replica) installSnapshot(s SnapshotData) error {
 		return fmt.Errorf("paxos: restore snapshot through %d: %w", s.Slot, err)
 	}
 	r.snap = s
+	r.setPeers(s.Conf)
 	r.log.Info("installed snapshot from leader", zap.Uint64("slot", s.Slot), zap.Int("bytes", len(s.Data)))
 	return r.st.Compact(s.Slot)
 }
@@ -604,13 +606,18 @@ func (r *Replica) applyConf(e Entry) {
 		r.log.Error("undecodable configuration entry", zap.Uint64("slot", e.Slot), zap.Error(err))
 		return
 	}
+	r.setPeers(c)
+	r.log.Info("configuration changed", zap.Uint64("slot", e.Slot), zap.Uint64("epoch", c.Epoch),
+		zap.Uint64s("members", c.Members), zap.Bool("member", c.Has(r.cfg.Node.ID)))
+}
+
+// setPeers hands a configuration's addresses to the transport.
+func (r *Replica) setPeers(c ConfState) {
 	if ps, ok := r.tr.(PeerSetter); ok {
 		for id, addr := range c.Addrs {
 			ps.SetPeer(id, addr)
 		}
 	}
-	r.log.Info("configuration changed", zap.Uint64("slot", e.Slot), zap.Uint64("epoch", c.Epoch),
-		zap.Uint64s("members", c.Members), zap.Bool("member", c.Has(r.cfg.Node.ID)))
 }
 
 // do runs f on the replica's goroutine (it owns the node) and waits for it.
