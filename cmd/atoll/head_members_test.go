@@ -126,6 +126,7 @@ func TestHeadMembershipChange(t *testing.T) {
 	// change retries a membership change at the current leader until it is chosen.
 	change := func(ids []int, add bool, id int) meta.MembershipResult {
 		t.Helper()
+		tried := false
 		for ctx.Err() == nil {
 			c := conn(leaderOf(ids))
 			cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
@@ -140,6 +141,19 @@ func TestHeadMembershipChange(t *testing.T) {
 			if err == nil {
 				return res
 			}
+			if errors.Is(err, meta.ErrBadRequest) && tried {
+				// An earlier attempt whose answer was lost took effect: check the members.
+				if st, serr := headStatus(clientAddrs[leaderOf(ids)-1], token); serr == nil {
+					var ms []uint64
+					for _, m := range st["members"].([]any) {
+						ms = append(ms, uint64(m.(float64)))
+					}
+					if slices.Contains(ms, uint64(id)) == add {
+						return meta.MembershipResult{Epoch: uint64(st["epoch"].(float64)), Members: ms}
+					}
+				}
+			}
+			tried = true
 			if !paxos.IsRetryable(err) && !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("membership change (add %v) %d: %v", add, id, err)
 			}

@@ -452,6 +452,8 @@ func (n *Node) Advance(rd Ready) {
 }
 
 func (n *Node) stepDown(leaderHint uint64) {
+	clear(n.learners)
+	clear(n.learnerAt)
 	n.role = Follower
 	n.leader = leaderHint
 	n.promises = nil
