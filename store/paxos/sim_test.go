@@ -715,10 +715,10 @@ func TestSimulation(t *testing.T) {
 		seeds int
 		mod   func(*simOpts)
 	}{
-		{"3-replicas", 3, simSeeds(300, 5000), nil},
-		{"5-replicas", 5, simSeeds(150, 3000), nil},
+		{"3-replicas", 3, simSeeds(220, 5000), nil},
+		{"5-replicas", 5, simSeeds(110, 3000), nil},
 		{"3-replicas-heavy-faults", 3, simSeeds(150, 2000), func(o *simOpts) { o.drop, o.dup, o.crash, o.partition = 0.2, 0.1, 0.01, 0.03 }},
-		{"3-replicas-read-index-only", 3, simSeeds(100, 1500), func(o *simOpts) { o.leaseDrift = 100 }},
+		{"3-replicas-read-index-only", 3, simSeeds(80, 1500), func(o *simOpts) { o.leaseDrift = 100 }},
 		{"reconfig-3-4-5-4-3", 5, simSeeds(150, 3000), func(o *simOpts) { o.reconfig, o.reconfigRate = true, 0.05 }},
 		{"reconfig-heavy-faults", 5, simSeeds(60, 1000), func(o *simOpts) {
 			o.reconfig, o.reconfigRate = true, 0.05
