@@ -42,6 +42,23 @@ func parsePeers(s string) (map[uint64]string, error) {
 	return out, nil
 }
 
+// parseIDs parses "1,2,3".
+func parseIDs(s string) ([]uint64, error) {
+	var out []uint64
+	for i, part := range strings.Split(s, ",") {
+		id, err := strconv.ParseUint(strings.TrimSpace(part), 10, 16)
+		if err != nil || id == 0 {
+			return nil, fmt.Errorf("entry %d %q: want a replica id in 1..65535", i+1, part)
+		}
+		if slices.Contains(out, id) {
+			return nil, fmt.Errorf("entry %d %q: id listed twice", i+1, part)
+		}
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
 // newHeadCmd is `atoll head`: run one metadata replica (Paxos + meta state machine).
 func newHeadCmd() *cobra.Command {
 	var (
@@ -53,6 +70,8 @@ func newHeadCmd() *cobra.Command {
 		token        string
 		noFsync      bool
 		tick         time.Duration
+		join         bool
+		initialFlag  string
 	)
 	cmd := &cobra.Command{
 		Use:   "head",
@@ -82,6 +101,15 @@ func newHeadCmd() *cobra.Command {
 				ids = append(ids, p)
 			}
 			slices.Sort(ids)
+			if initialFlag != "" {
+				ids, err = parseIDs(initialFlag)
+				if err != nil {
+					return fmt.Errorf("head: --initial-members: %w", err)
+				}
+				if !join && !slices.Contains(ids, id) {
+					return fmt.Errorf("head: --initial-members %s does not include --id %d (a replica added later runs with --join)", initialFlag, id)
+				}
+			}
 			logger, err := zap.NewProduction()
 			if err != nil {
 				return err
@@ -97,6 +125,7 @@ func newHeadCmd() *cobra.Command {
 				return fmt.Errorf("head: %w", err)
 			}
 			rc := paxos.DefaultReplicaConfig(id, ids)
+			rc.Node.Join = join
 			rc.TickInterval = tick
 			rc.Logger = logger
 			sm := meta.NewStateMachine(0)
@@ -132,5 +161,7 @@ func newHeadCmd() *cobra.Command {
 	f.StringVar(&token, "token", "", "cluster token (default $ATOLL_TOKEN)")
 	f.BoolVar(&noFsync, "no-fsync", false, "do not fsync the WAL (unsafe: acknowledged writes may be lost on power loss)")
 	f.DurationVar(&tick, "tick", 10*time.Millisecond, "Paxos tick (election timeout is 10-20 ticks)")
+	f.BoolVar(&join, "join", false, "this replica is being added to a running group (POST /v1/members/add at the leader): it learns the log and votes once a configuration including it is chosen; always restart it with --join")
+	f.StringVar(&initialFlag, "initial-members", "", "ids of the group's first configuration, comma-separated (default: every id in --peers); keep it the same across restarts")
 	return cmd
 }

@@ -41,10 +41,11 @@ type headProc struct {
 	id  int
 }
 
-func startHead(t *testing.T, bin string, id int, peers, clientAddr, dir, token string) *headProc {
+func startHead(t *testing.T, bin string, id int, peers, clientAddr, dir, token string, extra ...string) *headProc {
 	t.Helper()
-	cmd := exec.Command(bin, "head", "--id", fmt.Sprint(id), "--peers", peers, "--client-listen", clientAddr,
-		"--data-dir", filepath.Join(dir, fmt.Sprint(id)), "--tick", "5ms")
+	args := []string{"head", "--id", fmt.Sprint(id), "--peers", peers, "--client-listen", clientAddr,
+		"--data-dir", filepath.Join(dir, fmt.Sprint(id)), "--tick", "5ms"}
+	cmd := exec.Command(bin, append(args, extra...)...)
 	cmd.Env = append(os.Environ(), "ATOLL_TOKEN="+token)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -23,11 +23,13 @@ const (
 
 // Entry is one slot of the replicated log as accepted by an acceptor.
 type Entry struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Slot          uint64                 `protobuf:"varint,1,opt,name=slot,proto3" json:"slot,omitempty"`
-	Ballot        uint64                 `protobuf:"varint,2,opt,name=ballot,proto3" json:"ballot,omitempty"`
-	Type          uint32                 `protobuf:"varint,3,opt,name=type,proto3" json:"type,omitempty"`
-	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Slot   uint64                 `protobuf:"varint,1,opt,name=slot,proto3" json:"slot,omitempty"`
+	Ballot uint64                 `protobuf:"varint,2,opt,name=ballot,proto3" json:"ballot,omitempty"`
+	Type   uint32                 `protobuf:"varint,3,opt,name=type,proto3" json:"type,omitempty"`
+	Data   []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	// epoch is the configuration epoch in which the value was accepted (0 in old records: 1).
+	Epoch         uint64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -90,29 +92,111 @@ func (x *Entry) GetData() []byte {
 	return nil
 }
 
+func (x *Entry) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+// ConfState is a group configuration: the voting members from slot start on, in epoch
+// epoch, with their transport addresses when known. It is the data of a configuration
+// entry and travels with snapshots.
+type ConfState struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Start         uint64                 `protobuf:"varint,2,opt,name=start,proto3" json:"start,omitempty"`
+	Members       []uint64               `protobuf:"varint,3,rep,packed,name=members,proto3" json:"members,omitempty"`
+	Addrs         map[uint64]string      `protobuf:"bytes,4,rep,name=addrs,proto3" json:"addrs,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfState) Reset() {
+	*x = ConfState{}
+	mi := &file_proto_paxos_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfState) ProtoMessage() {}
+
+func (x *ConfState) ProtoReflect() protoreflect.Message {
+	mi := &file_proto_paxos_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfState.ProtoReflect.Descriptor instead.
+func (*ConfState) Descriptor() ([]byte, []int) {
+	return file_proto_paxos_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ConfState) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ConfState) GetStart() uint64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *ConfState) GetMembers() []uint64 {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *ConfState) GetAddrs() map[uint64]string {
+	if x != nil {
+		return x.Addrs
+	}
+	return nil
+}
+
 // Message is one Paxos message between replicas (also the TCP frame body).
 type Message struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Type          uint32                 `protobuf:"varint,1,opt,name=type,proto3" json:"type,omitempty"`
-	From          uint64                 `protobuf:"varint,2,opt,name=from,proto3" json:"from,omitempty"`
-	To            uint64                 `protobuf:"varint,3,opt,name=to,proto3" json:"to,omitempty"`
-	Ballot        uint64                 `protobuf:"varint,4,opt,name=ballot,proto3" json:"ballot,omitempty"`
-	Slot          uint64                 `protobuf:"varint,5,opt,name=slot,proto3" json:"slot,omitempty"`
-	Last          uint64                 `protobuf:"varint,6,opt,name=last,proto3" json:"last,omitempty"`
-	Commit        uint64                 `protobuf:"varint,7,opt,name=commit,proto3" json:"commit,omitempty"`
-	Entries       []*Entry               `protobuf:"bytes,8,rep,name=entries,proto3" json:"entries,omitempty"`
-	Reject        bool                   `protobuf:"varint,9,opt,name=reject,proto3" json:"reject,omitempty"`
-	Promised      uint64                 `protobuf:"varint,10,opt,name=promised,proto3" json:"promised,omitempty"`
-	Seq           uint64                 `protobuf:"varint,11,opt,name=seq,proto3" json:"seq,omitempty"`
-	KnownCommit   uint64                 `protobuf:"varint,12,opt,name=known_commit,json=knownCommit,proto3" json:"known_commit,omitempty"`
-	Snapshot      []byte                 `protobuf:"bytes,13,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Type        uint32                 `protobuf:"varint,1,opt,name=type,proto3" json:"type,omitempty"`
+	From        uint64                 `protobuf:"varint,2,opt,name=from,proto3" json:"from,omitempty"`
+	To          uint64                 `protobuf:"varint,3,opt,name=to,proto3" json:"to,omitempty"`
+	Ballot      uint64                 `protobuf:"varint,4,opt,name=ballot,proto3" json:"ballot,omitempty"`
+	Slot        uint64                 `protobuf:"varint,5,opt,name=slot,proto3" json:"slot,omitempty"`
+	Last        uint64                 `protobuf:"varint,6,opt,name=last,proto3" json:"last,omitempty"`
+	Commit      uint64                 `protobuf:"varint,7,opt,name=commit,proto3" json:"commit,omitempty"`
+	Entries     []*Entry               `protobuf:"bytes,8,rep,name=entries,proto3" json:"entries,omitempty"`
+	Reject      bool                   `protobuf:"varint,9,opt,name=reject,proto3" json:"reject,omitempty"`
+	Promised    uint64                 `protobuf:"varint,10,opt,name=promised,proto3" json:"promised,omitempty"`
+	Seq         uint64                 `protobuf:"varint,11,opt,name=seq,proto3" json:"seq,omitempty"`
+	KnownCommit uint64                 `protobuf:"varint,12,opt,name=known_commit,json=knownCommit,proto3" json:"known_commit,omitempty"`
+	Snapshot    []byte                 `protobuf:"bytes,13,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// epoch is the sender's configuration epoch.
+	Epoch uint64 `protobuf:"varint,14,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// conf is the configuration at a MsgSnapshot's slot.
+	Conf          *ConfState `protobuf:"bytes,15,opt,name=conf,proto3" json:"conf,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Message) Reset() {
 	*x = Message{}
-	mi := &file_proto_paxos_proto_msgTypes[1]
+	mi := &file_proto_paxos_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -124,7 +208,7 @@ func (x *Message) String() string {
 func (*Message) ProtoMessage() {}
 
 func (x *Message) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_paxos_proto_msgTypes[1]
+	mi := &file_proto_paxos_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -137,7 +221,7 @@ func (x *Message) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Message.ProtoReflect.Descriptor instead.
 func (*Message) Descriptor() ([]byte, []int) {
-	return file_proto_paxos_proto_rawDescGZIP(), []int{1}
+	return file_proto_paxos_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Message) GetType() uint32 {
@@ -231,6 +315,20 @@ func (x *Message) GetSnapshot() []byte {
 	return nil
 }
 
+func (x *Message) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Message) GetConf() *ConfState {
+	if x != nil {
+		return x.Conf
+	}
+	return nil
+}
+
 // Record is one WAL record: what one Ready asked a replica to persist.
 type Record struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -243,7 +341,7 @@ type Record struct {
 
 func (x *Record) Reset() {
 	*x = Record{}
-	mi := &file_proto_paxos_proto_msgTypes[2]
+	mi := &file_proto_paxos_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -255,7 +353,7 @@ func (x *Record) String() string {
 func (*Record) ProtoMessage() {}
 
 func (x *Record) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_paxos_proto_msgTypes[2]
+	mi := &file_proto_paxos_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -268,7 +366,7 @@ func (x *Record) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Record.ProtoReflect.Descriptor instead.
 func (*Record) Descriptor() ([]byte, []int) {
-	return file_proto_paxos_proto_rawDescGZIP(), []int{2}
+	return file_proto_paxos_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Record) GetPromised() uint64 {
@@ -304,7 +402,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_proto_paxos_proto_msgTypes[3]
+	mi := &file_proto_paxos_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -316,7 +414,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_proto_paxos_proto_msgTypes[3]
+	mi := &file_proto_paxos_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -329,7 +427,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_proto_paxos_proto_rawDescGZIP(), []int{3}
+	return file_proto_paxos_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Hello) GetFrom() uint64 {
@@ -357,12 +455,22 @@ var File_proto_paxos_proto protoreflect.FileDescriptor
 
 const file_proto_paxos_proto_rawDesc = "" +
 	"\n" +
-	"\x11proto/paxos.proto\x12\vatoll.paxos\"[\n" +
+	"\x11proto/paxos.proto\x12\vatoll.paxos\"q\n" +
 	"\x05Entry\x12\x12\n" +
 	"\x04slot\x18\x01 \x01(\x04R\x04slot\x12\x16\n" +
 	"\x06ballot\x18\x02 \x01(\x04R\x06ballot\x12\x12\n" +
 	"\x04type\x18\x03 \x01(\rR\x04type\x12\x12\n" +
-	"\x04data\x18\x04 \x01(\fR\x04data\"\xcc\x02\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\"\xc4\x01\n" +
+	"\tConfState\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05start\x18\x02 \x01(\x04R\x05start\x12\x18\n" +
+	"\amembers\x18\x03 \x03(\x04R\amembers\x127\n" +
+	"\x05addrs\x18\x04 \x03(\v2!.atoll.paxos.ConfState.AddrsEntryR\x05addrs\x1a8\n" +
+	"\n" +
+	"AddrsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8e\x03\n" +
 	"\aMessage\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\rR\x04type\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\x04R\x04from\x12\x0e\n" +
@@ -377,7 +485,9 @@ const file_proto_paxos_proto_rawDesc = "" +
 	" \x01(\x04R\bpromised\x12\x10\n" +
 	"\x03seq\x18\v \x01(\x04R\x03seq\x12!\n" +
 	"\fknown_commit\x18\f \x01(\x04R\vknownCommit\x12\x1a\n" +
-	"\bsnapshot\x18\r \x01(\fR\bsnapshot\"j\n" +
+	"\bsnapshot\x18\r \x01(\fR\bsnapshot\x12\x14\n" +
+	"\x05epoch\x18\x0e \x01(\x04R\x05epoch\x12*\n" +
+	"\x04conf\x18\x0f \x01(\v2\x16.atoll.paxos.ConfStateR\x04conf\"j\n" +
 	"\x06Record\x12\x1a\n" +
 	"\bpromised\x18\x01 \x01(\x04R\bpromised\x12\x16\n" +
 	"\x06commit\x18\x02 \x01(\x04R\x06commit\x12,\n" +
@@ -399,21 +509,25 @@ func file_proto_paxos_proto_rawDescGZIP() []byte {
 	return file_proto_paxos_proto_rawDescData
 }
 
-var file_proto_paxos_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_proto_paxos_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_proto_paxos_proto_goTypes = []any{
-	(*Entry)(nil),   // 0: atoll.paxos.Entry
-	(*Message)(nil), // 1: atoll.paxos.Message
-	(*Record)(nil),  // 2: atoll.paxos.Record
-	(*Hello)(nil),   // 3: atoll.paxos.Hello
+	(*Entry)(nil),     // 0: atoll.paxos.Entry
+	(*ConfState)(nil), // 1: atoll.paxos.ConfState
+	(*Message)(nil),   // 2: atoll.paxos.Message
+	(*Record)(nil),    // 3: atoll.paxos.Record
+	(*Hello)(nil),     // 4: atoll.paxos.Hello
+	nil,               // 5: atoll.paxos.ConfState.AddrsEntry
 }
 var file_proto_paxos_proto_depIdxs = []int32{
-	0, // 0: atoll.paxos.Message.entries:type_name -> atoll.paxos.Entry
-	0, // 1: atoll.paxos.Record.entries:type_name -> atoll.paxos.Entry
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	5, // 0: atoll.paxos.ConfState.addrs:type_name -> atoll.paxos.ConfState.AddrsEntry
+	0, // 1: atoll.paxos.Message.entries:type_name -> atoll.paxos.Entry
+	1, // 2: atoll.paxos.Message.conf:type_name -> atoll.paxos.ConfState
+	0, // 3: atoll.paxos.Record.entries:type_name -> atoll.paxos.Entry
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_proto_paxos_proto_init() }
@@ -427,7 +541,7 @@ func file_proto_paxos_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proto_paxos_proto_rawDesc), len(file_proto_paxos_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -21,8 +23,16 @@ import (
 // MaxRequestBytes bounds a client API request body.
 const MaxRequestBytes = 4 << 20
 
+// DefaultMembershipTimeout bounds a membership change request without timeout_ms
+// (adding a replica waits for it to catch up with the log first).
+const DefaultMembershipTimeout = 30 * time.Second
+
 // Handler is the head's client API over HTTP: POST /v1/propose (body: JSON Request),
-// GET /v1/get?key=K, GET /v1/range?prefix=P, GET /v1/status. Every call needs
+// GET /v1/get?key=K, GET /v1/range?prefix=P, GET /v1/status, and membership changes
+// through the log, at the leader: POST /v1/members/add?id=N&addr=HOST:PORT (the new
+// replica runs with `atoll head --join`) and POST /v1/members/remove?id=N, each answering
+// {"epoch","members"} once the change is chosen (default deadline
+// DefaultMembershipTimeout, or timeout_ms). Every call needs
 // "Authorization: Bearer <token>". A follower answers 421 with {"leader": id}; no leader
 // yet answers 503 (retryable).
 type Handler struct {
@@ -46,7 +56,7 @@ func (h *Handler) fail(w http.ResponseWriter, err error) {
 		code, body.Leader = http.StatusMisdirectedRequest, nl.Leader
 	case paxos.IsRetryable(err), errors.Is(err, context.DeadlineExceeded):
 		code = http.StatusServiceUnavailable
-	case errors.Is(err, ErrBadRequest):
+	case errors.Is(err, ErrBadRequest), errors.Is(err, paxos.ErrBadConfChange):
 		code = http.StatusBadRequest
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -71,6 +81,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if d, err := strconv.Atoi(r.URL.Query().Get("timeout_ms")); err == nil && d > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(d)*time.Millisecond)
+		defer cancel()
+	} else if strings.HasPrefix(r.URL.Path, "/v1/members/") {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultMembershipTimeout)
 		defer cancel()
 	}
 	switch r.URL.Path {
@@ -115,7 +129,37 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		st := h.Replica.Status()
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(map[string]any{"id": st.ID, "role": st.Role.String(), "leader": st.Leader,
-			"commit": st.Commit, "applied": st.Applied, "revision": h.SM.Revision()})
+			"commit": st.Commit, "applied": st.Applied, "revision": h.SM.Revision(), "epoch": st.Epoch, "members": st.Members})
+	case "/v1/members/add", "/v1/members/remove":
+		if r.Method != http.MethodPost {
+			h.fail(w, fmt.Errorf("%w: %s needs POST, got %s", ErrBadRequest, r.URL.Path, r.Method))
+			return
+		}
+		q := r.URL.Query()
+		id, err := strconv.ParseUint(q.Get("id"), 10, 16)
+		if err != nil || id == 0 {
+			h.fail(w, fmt.Errorf("%w: id %q must be a replica id in 1..65535", ErrBadRequest, q.Get("id")))
+			return
+		}
+		if r.URL.Path == "/v1/members/add" {
+			addr := q.Get("addr")
+			if _, _, err := net.SplitHostPort(addr); err != nil {
+				h.fail(w, fmt.Errorf("%w: addr %q must be host:port: %v", ErrBadRequest, addr, err))
+				return
+			}
+			err = h.Replica.AddReplica(ctx, id, addr)
+		} else {
+			err = h.Replica.RemoveReplica(ctx, id)
+		}
+		if err != nil {
+			log.Warn("membership change failed", zap.String("path", r.URL.Path), zap.Uint64("replica", id), zap.Error(err))
+			h.fail(w, err)
+			return
+		}
+		st := h.Replica.Status()
+		log.Info("membership changed", zap.String("path", r.URL.Path), zap.Uint64("replica", id), zap.Uint64("epoch", st.Epoch), zap.Uint64s("members", st.Members))
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(MembershipResult{Epoch: st.Epoch, Members: st.Members})
 	default:
 		http.NotFound(w, r)
 	}
@@ -205,4 +249,35 @@ func (c HTTPConn) Range(ctx context.Context, prefix string) ([]KeyValue, error) 
 		return nil, fmt.Errorf("meta: decode range %q: %w", prefix, err)
 	}
 	return kvs, nil
+}
+
+// MembershipResult answers a membership change: the configuration now in effect.
+type MembershipResult struct {
+	// Epoch is the configuration epoch.
+	Epoch uint64 `json:"epoch"`
+	// Members are the voting replica ids.
+	Members []uint64 `json:"members"`
+}
+
+// AddReplica asks this head (it must be the leader: otherwise a *paxos.NotLeaderError
+// names it) to add replica id, reachable by the other replicas at addr, through the log.
+func (c HTTPConn) AddReplica(ctx context.Context, id uint64, addr string) (MembershipResult, error) {
+	return c.member(ctx, fmt.Sprintf("/v1/members/add?id=%d&addr=%s", id, url.QueryEscape(addr)))
+}
+
+// RemoveReplica asks this head (the leader) to remove replica id through the log.
+func (c HTTPConn) RemoveReplica(ctx context.Context, id uint64) (MembershipResult, error) {
+	return c.member(ctx, fmt.Sprintf("/v1/members/remove?id=%d", id))
+}
+
+func (c HTTPConn) member(ctx context.Context, path string) (MembershipResult, error) {
+	out, _, err := c.call(ctx, http.MethodPost, path, nil)
+	if err != nil {
+		return MembershipResult{}, err
+	}
+	var res MembershipResult
+	if err := json.Unmarshal(out, &res); err != nil {
+		return MembershipResult{}, fmt.Errorf("meta: decode %s: %w", path, err)
+	}
+	return res, nil
 }

@@ -9,8 +9,14 @@ import (
 type Config struct {
 	// ID is this replica's id: non-zero, below 2^16, unique in Peers.
 	ID uint64
-	// Peers lists every replica id of the group, this one included.
+	// Peers lists every replica id of the group's first configuration (epoch 1), this one
+	// included. Later configurations come from the log (configuration entries) or from a
+	// snapshot; restart a replica with the same Peers it was first started with.
 	Peers []uint64
+	// Join starts a replica that is not in the first configuration: it votes for nothing
+	// and never campaigns until it has learned, from the log or a snapshot, a
+	// configuration that includes it (Peers is then ignored and may be empty).
+	Join bool
 	// ElectionTicks is the minimum number of ticks without hearing from a leader before a
 	// follower campaigns (the timeout is randomized in [ElectionTicks, 2*ElectionTicks)).
 	// It is also how long a follower refuses to promise a rival after hearing the leader,
@@ -52,7 +58,7 @@ func (c Config) Validate() error {
 	if c.ID == 0 || c.ID > 0xffff {
 		return fmt.Errorf("%w: ID %d must be in [1, 65535]", ErrInvalidConfig, c.ID)
 	}
-	if len(c.Peers) == 0 {
+	if len(c.Peers) == 0 && !c.Join {
 		return fmt.Errorf("%w: Peers is empty", ErrInvalidConfig)
 	}
 	seen := map[uint64]bool{}
@@ -65,7 +71,7 @@ func (c Config) Validate() error {
 		}
 		seen[p] = true
 	}
-	if !seen[c.ID] {
+	if !seen[c.ID] && !c.Join {
 		return fmt.Errorf("%w: ID %d is not in Peers %v", ErrInvalidConfig, c.ID, c.Peers)
 	}
 	if c.HeartbeatTicks < 1 {

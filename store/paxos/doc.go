@@ -12,6 +12,13 @@
 // reads are served under the lease (with a clock-drift allowance) or after a read-index
 // heartbeat round. Lagging or restarted replicas are caught up with chosen values.
 //
+// Membership changes one replica at a time through the log: a configuration entry
+// (ProposeConfChange) chosen at slot i ends the current configuration epoch at i, and the
+// next epoch, with its members and quorums, starts at slot i+1 (stop-the-world: nothing
+// is proposed past the entry while it is in flight, values accepted past it in the old
+// epoch are void, and messages are only acted on within one epoch). Snapshots carry the
+// configuration. A replica being added (Config.Join) first learns the log as a learner.
+//
 // Around the core: Storage (WAL on tidwall/wal, MemStorage), Transport (TCPTransport with
 // length-prefixed protobuf frames and HMAC token authentication, MemNetwork with faults),
 // and Replica, the driver with group commit.
@@ -27,6 +34,8 @@
 //	}
 //	result, err := r.Propose(ctx, cmd) // *NotLeaderError on a follower: retry at err.Leader
 //	err = r.Read(ctx)                  // then read mySM: linearizable
+//	err = leader.AddReplica(ctx, 4, "10.0.0.4:7000") // replica 4 started with Config.Join
+//	err = leader.RemoveReplica(ctx, 2)
 //
 // store/meta.StartCluster does exactly this with the metadata state machine.
 package paxos

@@ -48,6 +48,10 @@ type Status struct {
 	Applied uint64
 	// NextSlot is the leader's next free slot (0 on a replica that never led).
 	NextSlot uint64
+	// Epoch is the configuration epoch (0 on a joining replica that has not learned one).
+	Epoch uint64
+	// Members are the voting members of the current configuration.
+	Members []uint64
 }
 
 type slotState struct {
@@ -67,6 +71,8 @@ type pendingRead struct {
 // Ready. It does no I/O, starts no goroutines and is not safe for concurrent use.
 type Node struct {
 	cfg    Config
+	conf   ConfState   // the current configuration
+	confs  []ConfState // configurations from the snapshot's on, oldest first
 	peers  []uint64
 	pidx   map[uint64]int
 	quorum int
@@ -92,6 +98,9 @@ type Node struct {
 	prepareFrom uint64
 
 	// leader
+	stopAt       uint64 // slot of the configuration entry in flight: nothing is proposed past it
+	learners     map[uint64]bool
+	learnerAt    map[uint64]uint64
 	nextSlot     uint64
 	startSlot    uint64
 	unsent       []Entry
@@ -125,13 +134,16 @@ func NewNode(cfg Config, hs HardState, entries []Entry) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	peers := slices.Clone(cfg.Peers)
-	slices.Sort(peers)
+	conf := ConfState{Epoch: 1, Start: 1, Members: slices.Clone(cfg.Peers)}
+	slices.Sort(conf.Members)
+	if cfg.Join {
+		conf = ConfState{Start: 1}
+	}
+	if hs.Snapshot > 0 && hs.Conf.Epoch > 0 {
+		conf = hs.Conf.Clone()
+	}
 	n := &Node{
 		cfg:      cfg,
-		peers:    peers,
-		pidx:     map[uint64]int{},
-		quorum:   len(peers)/2 + 1,
 		rng:      rand.New(rand.NewSource(cfg.Seed)),
 		promised: hs.Promised,
 		maxRound: BallotRound(hs.Promised),
@@ -139,12 +151,18 @@ func NewNode(cfg Config, hs HardState, entries []Entry) (*Node, error) {
 		snap:     hs.Snapshot,
 		applied:  hs.Snapshot,
 	}
-	for i, p := range peers {
-		n.pidx[p] = i
-	}
+	n.catchupAt = map[uint64]uint64{}
+	n.catchupTo = map[uint64]uint64{}
+	n.learners = map[uint64]bool{}
+	n.learnerAt = map[uint64]uint64{}
+	n.confs = []ConfState{conf}
+	n.setConf(conf)
 	for _, e := range entries {
 		if e.Slot == 0 {
 			return nil, fmt.Errorf("paxos: restore entry with slot 0: %w", ErrCorruptWAL)
+		}
+		if e.Epoch == 0 {
+			e.Epoch = 1 // records written before configurations existed
 		}
 		if e.Slot > n.snap {
 			n.setEntry(e)
@@ -154,22 +172,82 @@ func NewNode(cfg Config, hs HardState, entries []Entry) (*Node, error) {
 		return nil, fmt.Errorf("paxos: restore commit %d beyond last slot %d: %w", n.commit, n.lastSlot(), ErrCorruptWAL)
 	}
 	for s := n.snap + 1; s <= n.commit; s++ {
-		if n.entry(s).e.Ballot == 0 {
+		e := n.entry(s).e
+		if e.Ballot == 0 {
 			return nil, fmt.Errorf("paxos: restore committed slot %d is empty: %w", s, ErrCorruptWAL)
 		}
+		if e.Type == EntryConfig {
+			c, err := DecodeConfState(e.Data)
+			if err != nil {
+				return nil, fmt.Errorf("paxos: restore configuration at slot %d: %v: %w", s, err, ErrCorruptWAL)
+			}
+			c.Start = s + 1
+			n.confs = append(n.confs, c)
+			n.setConf(c)
+		}
 	}
+	// Values accepted past the commit index in an epoch that has since ended are void.
+	n.dropStale(n.commit)
 	n.quietUntil = uint64(cfg.ElectionTicks)
 	n.resetElectionTimeout()
 	return n, nil
 }
 
+// setConf makes c the configuration used for quorums and membership from now on.
+func (n *Node) setConf(c ConfState) {
+	n.conf = c
+	n.peers = slices.Clone(c.Members)
+	slices.Sort(n.peers)
+	n.pidx = map[uint64]int{}
+	for i, p := range n.peers {
+		n.pidx[p] = i
+		delete(n.learners, p)
+		delete(n.learnerAt, p)
+	}
+	n.quorum = len(n.peers)/2 + 1
+}
+
+// dropStale voids accepted values after slot that belong to an epoch before the current
+// one (the epoch they were accepted in ended at or before slot).
+func (n *Node) dropStale(after uint64) {
+	for s := max(after, n.snap) + 1; s <= n.lastSlot(); s++ {
+		if st := n.entry(s); st.e.Ballot != 0 && st.e.Epoch < n.conf.Epoch {
+			*st = slotState{}
+		}
+	}
+	for len(n.log) > 0 && n.log[len(n.log)-1].e.Ballot == 0 && n.lastSlot() > n.commit {
+		n.log = n.log[:len(n.log)-1]
+	}
+}
+
+func (n *Node) isMember() bool {
+	_, ok := n.pidx[n.cfg.ID]
+	return ok
+}
+
 // ID returns the replica id.
 func (n *Node) ID() uint64 { return n.cfg.ID }
+
+// Conf returns the current configuration.
+func (n *Node) Conf() ConfState { return n.conf.Clone() }
+
+// ConfAt returns the configuration in effect for the slots after slot (what a snapshot
+// through slot must carry). slot must not be below the compaction point.
+func (n *Node) ConfAt(slot uint64) ConfState {
+	c := n.confs[0]
+	for _, x := range n.confs[1:] {
+		if x.Start <= slot+1 {
+			c = x
+		}
+	}
+	return c.Clone()
+}
 
 // Status returns the current state.
 func (n *Node) Status() Status {
 	return Status{ID: n.cfg.ID, Role: n.role, Leader: n.leader, Promised: n.promised,
-		Commit: n.commit, Applied: n.applied, NextSlot: n.nextSlot}
+		Commit: n.commit, Applied: n.applied, NextSlot: n.nextSlot,
+		Epoch: n.conf.Epoch, Members: slices.Clone(n.conf.Members)}
 }
 
 // Leader returns the leader hint (0 when unknown).
@@ -205,6 +283,7 @@ func (n *Node) lastSlot() uint64 { return n.snap + uint64(len(n.log)) }
 
 func (n *Node) send(m Message) {
 	m.From = n.cfg.ID
+	m.Epoch = n.conf.Epoch
 	n.msgs = append(n.msgs, m)
 }
 
@@ -223,6 +302,10 @@ func (n *Node) Tick() {
 	n.now++
 	switch n.role {
 	case Follower, Candidate:
+		if !n.isMember() {
+			n.electionElapsed = 0 // not a voter: never campaigns
+			return
+		}
 		n.electionElapsed++
 		if n.electionElapsed >= n.electionTimeout {
 			n.campaign()
@@ -248,6 +331,9 @@ func (n *Node) Tick() {
 func (n *Node) Campaign() { n.campaign() }
 
 func (n *Node) campaign() {
+	if !n.isMember() {
+		return
+	}
 	round := max(n.maxRound, BallotRound(n.promised)) + 1
 	b := MakeBallot(round, n.cfg.ID)
 	n.role = Candidate
@@ -298,20 +384,32 @@ func (n *Node) becomeLeader() {
 	}
 	n.promises = nil
 	n.unsent = nil
+	// A configuration entry ends this epoch at its slot: nothing past it is proposed, and
+	// the next configuration starts after it once it is chosen.
+	n.stopAt = 0
+	for s := n.commit + 1; s <= maxSlot; s++ {
+		if e, ok := best[s]; ok && e.Type == EntryConfig {
+			n.stopAt = s
+			maxSlot = s
+			break
+		}
+	}
 	for s := n.commit + 1; s <= maxSlot; s++ {
 		e, ok := best[s]
 		if !ok {
 			e = Entry{Type: EntryNoop}
 		}
-		n.acceptOwn(Entry{Slot: s, Ballot: b, Type: e.Type, Data: e.Data})
+		n.acceptOwn(Entry{Slot: s, Ballot: b, Type: e.Type, Data: e.Data, Epoch: n.conf.Epoch})
 	}
 	n.nextSlot = maxSlot + 1
-	n.startSlot = n.nextSlot
-	n.acceptOwn(Entry{Slot: n.nextSlot, Ballot: b, Type: EntryNoop})
-	n.nextSlot++
+	if n.stopAt != 0 {
+		n.startSlot = n.stopAt
+	} else {
+		n.startSlot = n.nextSlot
+		n.acceptOwn(Entry{Slot: n.nextSlot, Ballot: b, Type: EntryNoop, Epoch: n.conf.Epoch})
+		n.nextSlot++
+	}
 	n.peerCommit = map[uint64]uint64{}
-	n.catchupAt = map[uint64]uint64{}
-	n.catchupTo = map[uint64]uint64{}
 	n.active = map[uint64]bool{}
 	n.ackTick = map[uint64]uint64{}
 	n.ackSeq = map[uint64]uint64{}
@@ -354,6 +452,8 @@ func (n *Node) Advance(rd Ready) {
 }
 
 func (n *Node) stepDown(leaderHint uint64) {
+	clear(n.learners)
+	clear(n.learnerAt)
 	n.role = Follower
 	n.leader = leaderHint
 	n.promises = nil
@@ -377,11 +477,113 @@ func (n *Node) propose(t EntryType, data []byte) (uint64, uint64, error) {
 	if n.role != Leader {
 		return 0, 0, &NotLeaderError{Leader: n.leader}
 	}
+	if n.stopAt != 0 {
+		return 0, 0, ErrReconfiguring
+	}
 	s := n.nextSlot
 	n.nextSlot++
-	n.acceptOwn(Entry{Slot: s, Ballot: n.promised, Type: t, Data: data})
+	if t == EntryConfig {
+		n.stopAt = s
+	}
+	n.acceptOwn(Entry{Slot: s, Ballot: n.promised, Type: t, Data: data, Epoch: n.conf.Epoch})
 	n.maybeCommit()
 	return s, n.promised, nil
+}
+
+// ProposeConfChange asks the leader to add (add true) or remove replica id, through the
+// log: the configuration entry goes in the next free slot s, nothing is proposed after it
+// until it is chosen, and the new configuration (epoch+1) governs every slot from s+1.
+// addr, for an added replica, is recorded in the configuration for the transports. Only
+// one replica changes at a time; while a change is in flight it returns ErrReconfiguring.
+// Like Propose, it succeeded if the entry committed at slot is the configuration entry.
+func (n *Node) ProposeConfChange(add bool, id uint64, addr string) (slot, ballot uint64, err error) {
+	if n.role != Leader {
+		return 0, 0, &NotLeaderError{Leader: n.leader}
+	}
+	if n.stopAt != 0 {
+		return 0, 0, ErrReconfiguring
+	}
+	c := n.conf.Clone()
+	c.Epoch++
+	c.Start = n.nextSlot + 1
+	switch {
+	case id == 0 || id > 0xffff:
+		return 0, 0, fmt.Errorf("%w: replica id %d must be in [1, 65535]", ErrBadConfChange, id)
+	case add && c.Has(id):
+		return 0, 0, fmt.Errorf("%w: replica %d is already a member of %v", ErrBadConfChange, id, c.Members)
+	case !add && !c.Has(id):
+		return 0, 0, fmt.Errorf("%w: replica %d is not a member of %v", ErrBadConfChange, id, c.Members)
+	case !add && len(c.Members) == 1:
+		return 0, 0, fmt.Errorf("%w: cannot remove the last member %d", ErrBadConfChange, id)
+	}
+	if add {
+		c.Members = append(c.Members, id)
+		slices.Sort(c.Members)
+		if addr != "" {
+			if c.Addrs == nil {
+				c.Addrs = map[uint64]string{}
+			}
+			c.Addrs[id] = addr
+		}
+	} else {
+		c.Members = slices.DeleteFunc(c.Members, func(x uint64) bool { return x == id })
+		delete(c.Addrs, id)
+	}
+	return n.propose(EntryConfig, EncodeConfState(c))
+}
+
+// AddLearner makes this leader send heartbeats and catch-up to replica id, which is not a
+// member: the way a replica about to be added learns the log before it counts. Learners
+// are forgotten when leadership changes and when they become members.
+func (n *Node) AddLearner(id uint64) error {
+	if n.role != Leader {
+		return &NotLeaderError{Leader: n.leader}
+	}
+	if id == 0 || id > 0xffff || id == n.cfg.ID {
+		return fmt.Errorf("%w: learner id %d", ErrBadConfChange, id)
+	}
+	if _, ok := n.pidx[id]; !ok {
+		n.learners[id] = true
+	}
+	return nil
+}
+
+// LearnerCommit returns the commit index a learner last reported to this leader.
+func (n *Node) LearnerCommit(id uint64) (uint64, bool) {
+	c, ok := n.learnerAt[id]
+	return c, ok && n.learners[id]
+}
+
+// switchConf ends the current epoch at slot, where the configuration entry e was just
+// committed, and starts the next one.
+func (n *Node) switchConf(slot uint64, e Entry) {
+	c, err := DecodeConfState(e.Data)
+	if err != nil || len(c.Members) == 0 {
+		// Only this package encodes configurations; a bad one means a corrupt log. Keep
+		// the current configuration rather than adopt an empty one.
+		return
+	}
+	c.Start = slot + 1
+	wasLeader := n.role == Leader
+	n.confs = append(n.confs, c)
+	n.setConf(c)
+	n.stopAt = 0
+	n.dropStale(slot)
+	if n.lastSlot() > slot {
+		n.log = n.log[:slot-n.snap] // values accepted past the entry belonged to the old epoch
+	}
+	if n.role != Follower {
+		hint := n.leader
+		if wasLeader {
+			hint = 0
+		}
+		n.stepDown(hint)
+	}
+	if wasLeader && n.isMember() {
+		// Still a member: lead the new configuration at once (phase 1 among its members;
+		// they promise the leader they last heard without waiting out its lease).
+		n.campaign()
+	}
 }
 
 // ReadIndex asks for a linearizable read point for request id. When the leader's lease
@@ -459,6 +661,9 @@ func (n *Node) broadcastHeartbeat() {
 			n.send(m)
 		}
 	}
+	for p := range n.learners {
+		n.send(Message{Type: MsgAccept, To: p, Ballot: n.promised, Commit: n.commit})
+	}
 }
 
 func (n *Node) maybeCommit() {
@@ -468,6 +673,10 @@ func (n *Node) maybeCommit() {
 			break
 		}
 		n.commit++
+		if st.e.Type == EntryConfig {
+			n.switchConf(n.commit, st.e)
+			return
+		}
 	}
 	n.releaseReads()
 }
@@ -499,10 +708,50 @@ func (n *Node) releaseReads() {
 // Step feeds one received message. Messages not addressed to this replica, from unknown
 // replicas, or malformed are ignored (never panic).
 func (n *Node) Step(m Message) {
-	if m.To != n.cfg.ID || m.From == n.cfg.ID {
+	if m.To != n.cfg.ID || m.From == n.cfg.ID || m.From == 0 || m.From > 0xffff {
 		return
 	}
-	if _, ok := n.pidx[m.From]; !ok {
+	if n.role == Leader && n.learners[m.From] && (m.Type == MsgLearn || (m.Type == MsgAccepted && !m.Reject)) {
+		n.learnerAt[m.From] = max(n.learnerAt[m.From], m.Commit) // a learner's progress
+	}
+	// Learning chosen values is epoch-free: whoever knows them may teach them.
+	switch m.Type {
+	case MsgChosen:
+		n.onChosen(m)
+		return
+	case MsgSnapshot:
+		n.onSnapshot(m)
+		return
+	case MsgLearn:
+		n.maybeCatchUp(m.From, m.Commit)
+		return
+	}
+	if m.Epoch != n.conf.Epoch {
+		if m.Epoch > n.conf.Epoch {
+			// This replica missed a configuration change: it asks to be taught the log
+			// and, knowing a newer group is alive, does not campaign meanwhile.
+			n.electionElapsed = 0
+			n.send(Message{Type: MsgLearn, To: m.From, Commit: n.commit})
+		} else {
+			n.maybeCatchUp(m.From, m.Commit)
+		}
+		return
+	}
+	_, fromMember := n.pidx[m.From]
+	if !n.isMember() {
+		// Not a voter (a learner, or removed): answer a leader's Accept with our commit
+		// index only, so it can catch us up; never promise or accept.
+		if m.Type == MsgAccept && fromMember {
+			n.send(Message{Type: MsgAccepted, To: m.From, Ballot: m.Ballot, Commit: n.commit, KnownCommit: m.Commit})
+		}
+		return
+	}
+	if !fromMember {
+		if m.Type == MsgAccepted && n.role == Leader && n.learners[m.From] && !m.Reject {
+			if m.Commit < m.KnownCommit {
+				n.maybeCatchUp(m.From, m.Commit)
+			}
+		}
 		return
 	}
 	switch m.Type {
@@ -533,7 +782,9 @@ func (n *Node) sticky() bool {
 
 func (n *Node) onPrepare(m Message) {
 	ok := m.Ballot > n.promised || (m.Ballot == n.promised && BallotNode(m.Ballot) == m.From)
-	if ok && m.Ballot > n.promised && n.sticky() {
+	// A follower refuses rivals of the leader it heard recently (the lease); the leader
+	// itself may renew its ballot (after a configuration change it leads again).
+	if ok && m.Ballot > n.promised && n.sticky() && !(n.role == Follower && m.From == n.leader) {
 		ok = false
 	}
 	if BallotNode(m.Ballot) != m.From {
@@ -608,6 +859,7 @@ func (n *Node) onAccept(m Message) {
 			continue // a retransmission: already durable at this ballot
 		}
 		e.Ballot = m.Ballot
+		e.Epoch = m.Epoch
 		n.setEntry(e)
 		n.persist = append(n.persist, e)
 	}
@@ -617,6 +869,10 @@ func (n *Node) onAccept(m Message) {
 			break
 		}
 		n.commit++
+		if st.e.Type == EntryConfig {
+			n.switchConf(n.commit, st.e)
+			break
+		}
 	}
 	n.send(Message{Type: MsgAccepted, To: m.From, Ballot: m.Ballot, Slot: first, Last: last, Commit: n.commit, Seq: m.Seq, KnownCommit: m.Commit})
 }
@@ -704,14 +960,20 @@ func (n *Node) onChosen(m Message) {
 		if e.Slot != n.commit+1 {
 			continue
 		}
-		b := m.Ballot
+		b := max(m.Ballot, e.Ballot)
 		if st := n.entry(e.Slot); st != nil && st.e.Ballot > b {
 			b = st.e.Ballot
 		}
 		e.Ballot = b
+		if e.Epoch == 0 {
+			e.Epoch = max(n.conf.Epoch, 1)
+		}
 		n.setEntry(e)
 		n.persist = append(n.persist, e)
 		n.commit++
+		if e.Type == EntryConfig {
+			n.switchConf(n.commit, e)
+		}
 	}
 	n.send(Message{Type: MsgAccepted, To: m.From, Ballot: m.Ballot, Commit: n.commit, KnownCommit: m.Commit})
 }
@@ -786,7 +1048,7 @@ func (n *Node) flushAccepts() {
 			continue
 		}
 		for _, r := range runs {
-			n.sendFirst = append(n.sendFirst, Message{Type: MsgAccept, From: n.cfg.ID, To: p, Ballot: n.promised, Commit: n.commit, Entries: r, Seq: n.hbSeq})
+			n.sendFirst = append(n.sendFirst, Message{Type: MsgAccept, From: n.cfg.ID, To: p, Ballot: n.promised, Commit: n.commit, Entries: r, Seq: n.hbSeq, Epoch: n.conf.Epoch})
 		}
 	}
 	n.unsent = nil
@@ -819,8 +1081,20 @@ func (n *Node) onSnapshot(m Message) {
 		n.snap = m.Slot
 		n.commit = m.Slot
 		n.applied = m.Slot
-		n.snapshot = &SnapshotData{Slot: m.Slot, Data: m.Snapshot}
+		n.snapshot = &SnapshotData{Slot: m.Slot, Data: m.Snapshot, Conf: m.Conf.Clone()}
 		n.hsDirty = true
+		if m.Conf.Epoch > 0 && m.Conf.Epoch != n.conf.Epoch {
+			// The snapshot crosses configuration changes: adopt its configuration.
+			n.confs = []ConfState{m.Conf.Clone()}
+			n.setConf(m.Conf.Clone())
+			n.stopAt = 0
+			n.dropStale(m.Slot)
+			if n.role != Follower {
+				n.stepDown(0)
+			}
+		} else {
+			n.confs = []ConfState{n.ConfAt(m.Slot)}
+		}
 	}
 	n.send(Message{Type: MsgAccepted, To: m.From, Ballot: m.Ballot, Commit: n.commit, KnownCommit: m.Commit})
 }

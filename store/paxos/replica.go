@@ -3,6 +3,7 @@ package paxos
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -18,6 +19,13 @@ type Transport interface {
 	Send(m Message)
 	Recv() <-chan Message
 	Close() error
+}
+
+// PeerSetter is implemented by transports that learn a replica's address at run time
+// (TCPTransport). The replica calls it when AddReplica starts teaching a new replica and
+// when a committed configuration names an address.
+type PeerSetter interface {
+	SetPeer(id uint64, addr string)
 }
 
 // StateMachine is the replicated application. Apply is called for every committed
@@ -78,6 +86,7 @@ type result struct {
 }
 
 type proposal struct {
+	typ  EntryType
 	data []byte
 	done chan result
 }
@@ -98,6 +107,7 @@ type Replica struct {
 
 	props chan *proposal
 	reads chan *readReq
+	ctrl  chan func()
 	stop  chan struct{}
 	done  chan struct{}
 
@@ -154,6 +164,7 @@ func StartReplica(cfg ReplicaConfig, st Storage, tr Transport, sm StateMachine) 
 		node: n, st: st, tr: tr, sm: sm,
 		props:      make(chan *proposal, cfg.MaxDrain),
 		reads:      make(chan *readReq, 1024),
+		ctrl:       make(chan func()),
 		stop:       make(chan struct{}),
 		done:       make(chan struct{}),
 		saveq:      make(chan *saveJob, 4096),
@@ -164,6 +175,7 @@ func StartReplica(cfg ReplicaConfig, st Storage, tr Transport, sm StateMachine) 
 		snap:       snap,
 	}
 	r.status = n.Status()
+	r.setPeers(snap.Conf)
 	r.log.Info("replica started", zap.Uint64("promised", hs.Promised), zap.Uint64("commit", hs.Commit), zap.Int("entries", len(ents)))
 	go r.writer()
 	go r.run()
@@ -263,6 +275,7 @@ func (r *Replica) sendAll(msgs []Message) {
 				continue
 			}
 			m.Snapshot = r.snap.Data
+			m.Conf = r.snap.Conf
 		}
 		r.tr.Send(m)
 	}
@@ -316,7 +329,7 @@ func (r *Replica) Propose(ctx context.Context, data []byte) ([]byte, error) {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("paxos: propose (outcome unknown): %w", ctx.Err())
 		}
-		if nl, ok := res.err.(*NotLeaderError); ok && (nl.Leader == 0 || nl.Leader == r.cfg.Node.ID) {
+		if nl, ok := res.err.(*NotLeaderError); (ok && (nl.Leader == 0 || nl.Leader == r.cfg.Node.ID)) || errors.Is(res.err, ErrReconfiguring) {
 			if err := r.waitElection(ctx); err != nil {
 				return nil, err
 			}
@@ -393,6 +406,8 @@ func (r *Replica) run() {
 			r.propose(p)
 		case q := <-r.reads:
 			r.read(q)
+		case f := <-r.ctrl:
+			f()
 		case batch := <-r.saved:
 			if err := r.finishSaves(batch); err != nil {
 				r.fatal(err)
@@ -479,12 +494,15 @@ func (r *Replica) handleReady() error {
 		}
 		for _, e := range rd.Committed {
 			var out []byte
-			if e.Type == EntryNormal {
+			switch e.Type {
+			case EntryNormal:
 				out = r.sm.Apply(e.Slot, e.Data)
+			case EntryConfig:
+				r.applyConf(e)
 			}
 			if p, ok := r.waiting[e.Slot]; ok {
 				delete(r.waiting, e.Slot)
-				if e.Type == EntryNormal && bytes.Equal(e.Data, p.data) {
+				if e.Type == p.typ && bytes.Equal(e.Data, p.data) {
 					p.done <- result{val: out}
 				} else {
 					p.done <- result{err: ErrProposalDropped}
@@ -545,6 +563,7 @@ func (r *Replica) installSnapshot(s SnapshotData) error {
 		return fmt.Errorf("paxos: restore snapshot through %d: %w", s.Slot, err)
 	}
 	r.snap = s
+	r.setPeers(s.Conf)
 	r.log.Info("installed snapshot from leader", zap.Uint64("slot", s.Slot), zap.Int("bytes", len(s.Data)))
 	return r.st.Compact(s.Slot)
 }
@@ -568,7 +587,7 @@ func (r *Replica) maybeSnapshot() error {
 	if slot > applied || slot <= r.snap.Slot {
 		return nil
 	}
-	s := SnapshotData{Slot: slot, Data: data}
+	s := SnapshotData{Slot: slot, Data: data, Conf: r.node.ConfAt(slot)}
 	if err := r.st.SaveSnapshot(s); err != nil {
 		return err
 	}
@@ -578,4 +597,140 @@ func (r *Replica) maybeSnapshot() error {
 	r.snap = s
 	r.log.Debug("snapshot taken, log compacted", zap.Uint64("slot", slot), zap.Int("bytes", len(data)))
 	return r.st.Compact(slot)
+}
+
+// applyConf tells the transport the addresses a committed configuration names.
+func (r *Replica) applyConf(e Entry) {
+	c, err := DecodeConfState(e.Data)
+	if err != nil {
+		r.log.Error("undecodable configuration entry", zap.Uint64("slot", e.Slot), zap.Error(err))
+		return
+	}
+	r.setPeers(c)
+	r.log.Info("configuration changed", zap.Uint64("slot", e.Slot), zap.Uint64("epoch", c.Epoch),
+		zap.Uint64s("members", c.Members), zap.Bool("member", c.Has(r.cfg.Node.ID)))
+}
+
+// setPeers hands a configuration's addresses to the transport.
+func (r *Replica) setPeers(c ConfState) {
+	if ps, ok := r.tr.(PeerSetter); ok {
+		for id, addr := range c.Addrs {
+			ps.SetPeer(id, addr)
+		}
+	}
+}
+
+// do runs f on the replica's goroutine (it owns the node) and waits for it.
+func (r *Replica) do(ctx context.Context, f func()) error {
+	done := make(chan struct{})
+	select {
+	case r.ctrl <- func() { f(); close(done) }:
+	case <-r.done:
+		return ErrStopped
+	case <-ctx.Done():
+		return fmt.Errorf("paxos: %w", ctx.Err())
+	}
+	select {
+	case <-done:
+		return nil
+	case <-r.done:
+		return ErrStopped
+	}
+}
+
+// AddReplica adds replica id (reachable at addr) to the group, through the log. It must be
+// called on the leader (otherwise a *NotLeaderError names it). The new replica, started
+// with Config.Join, first learns the log as a non-voting learner (catch-up by chosen
+// values or snapshot) until it holds everything committed when the call began; then the
+// configuration entry is proposed, and the call returns once it is chosen and the new
+// configuration, which counts the replica in every quorum, governs the following slots.
+// One change at a time: a change already in flight is waited for, within ctx.
+func (r *Replica) AddReplica(ctx context.Context, id uint64, addr string) error {
+	var target uint64
+	var err error
+	if e := r.do(ctx, func() {
+		if ps, ok := r.tr.(PeerSetter); ok && addr != "" {
+			ps.SetPeer(id, addr)
+		}
+		if r.node.Conf().Has(id) {
+			err = fmt.Errorf("%w: replica %d is already a member", ErrBadConfChange, id)
+			return
+		}
+		err = r.node.AddLearner(id)
+		target = r.node.Status().Commit
+	}); e != nil {
+		return e
+	}
+	if err != nil {
+		return fmt.Errorf("paxos: add replica %d: %w", id, err)
+	}
+	for {
+		var caught bool
+		if e := r.do(ctx, func() {
+			var lc uint64
+			var ok bool
+			if lc, ok = r.node.LearnerCommit(id); !ok && r.node.Status().Role != Leader {
+				err = &NotLeaderError{Leader: r.node.Leader()}
+				return
+			}
+			caught = ok && lc >= target
+		}); e != nil {
+			return e
+		}
+		if err != nil {
+			return fmt.Errorf("paxos: add replica %d: %w", id, err)
+		}
+		if caught {
+			break
+		}
+		if e := r.waitElection(ctx); e != nil {
+			return fmt.Errorf("paxos: add replica %d: learner did not catch up to slot %d: %w", id, target, e)
+		}
+	}
+	return r.changeConf(ctx, true, id, addr)
+}
+
+// RemoveReplica removes replica id from the group, through the log (see AddReplica). A
+// removed leader steps down once the change is chosen; the remaining members elect a new
+// one. The removed replica stops voting; it may then be shut down.
+func (r *Replica) RemoveReplica(ctx context.Context, id uint64) error {
+	return r.changeConf(ctx, false, id, "")
+}
+
+func (r *Replica) changeConf(ctx context.Context, add bool, id uint64, addr string) error {
+	for {
+		p := &proposal{typ: EntryConfig, done: make(chan result, 1)}
+		var err error
+		if e := r.do(ctx, func() {
+			slot, _, perr := r.node.ProposeConfChange(add, id, addr)
+			if perr != nil {
+				err = perr
+				return
+			}
+			p.data = r.node.entry(slot).e.Data
+			r.waiting[slot] = p
+		}); e != nil {
+			return e
+		}
+		if errors.Is(err, ErrReconfiguring) {
+			if e := r.waitElection(ctx); e != nil {
+				return fmt.Errorf("paxos: change configuration (replica %d): %w", id, e)
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("paxos: change configuration (replica %d): %w", id, err)
+		}
+		select {
+		case res := <-p.done:
+			if res.err != nil {
+				return fmt.Errorf("paxos: change configuration (replica %d): %w", id, res.err)
+			}
+			return nil
+		case <-r.done:
+			return ErrStopped
+		case <-ctx.Done():
+			return fmt.Errorf("paxos: change configuration (replica %d), outcome unknown: %w", id, ctx.Err())
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,6 +67,7 @@ type testCluster struct {
 	dir       string
 	net       *MemNetwork
 	ids       []uint64
+	genesis   []uint64 // the first configuration; other ids start with Config.Join
 	reps      map[uint64]*Replica
 	sms       map[uint64]*testSM
 }
@@ -78,6 +80,7 @@ func newTestCluster(t *testing.T, n int, snapEvery ...uint64) *testCluster {
 	for i := 1; i <= n; i++ {
 		c.ids = append(c.ids, uint64(i))
 	}
+	c.genesis = slices.Clone(c.ids)
 	for _, id := range c.ids {
 		c.start(id)
 	}
@@ -94,7 +97,8 @@ func (c *testCluster) start(id uint64) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	cfg := DefaultReplicaConfig(id, c.ids)
+	cfg := DefaultReplicaConfig(id, c.genesis)
+	cfg.Node.Join = !slices.Contains(c.genesis, id)
 	cfg.TickInterval = 2 * time.Millisecond
 	cfg.SnapshotEvery = c.snapEvery
 	cfg.Logger = zaptest.NewLogger(c.t)

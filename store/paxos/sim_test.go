@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -35,6 +36,10 @@ type simOpts struct {
 	partition  float64 // per tick
 	leaseDrift int
 	compact    float64 // per tick, per node: snapshot + log compaction
+	// reconfig runs membership changes 3→4→5→4→3 through the log (nodes must be 5: 4
+	// and 5 start as joiners); reconfigRate is the chance per tick of an attempt.
+	reconfig     bool
+	reconfigRate float64
 }
 
 type kvInput struct {
@@ -197,6 +202,13 @@ type sim struct {
 	hint      uint64
 	faulty    bool
 	snapshots int
+	// membership: the first configuration, and the newest committed one
+	initial   []uint64
+	conf      ConfState
+	confSlots []uint64
+	attempts  int
+	// configuration changes committed while faults were being injected
+	confUnderFaults int
 }
 
 func newSim(t *testing.T, seed int64, o simOpts) *sim {
@@ -205,6 +217,11 @@ func newSim(t *testing.T, seed int64, o simOpts) *sim {
 	for i := 1; i <= o.nodes; i++ {
 		s.ids = append(s.ids, uint64(i))
 	}
+	s.initial = s.ids
+	if o.reconfig {
+		s.initial = s.ids[:3]
+	}
+	s.conf = ConfState{Epoch: 1, Start: 1, Members: s.initial}
 	for _, id := range s.ids {
 		sn := &simNode{id: id}
 		s.nodes[id] = sn
@@ -215,7 +232,8 @@ func newSim(t *testing.T, seed int64, o simOpts) *sim {
 }
 
 func (s *sim) cfg(id uint64, seed int64) Config {
-	c := DefaultConfig(id, s.ids)
+	c := DefaultConfig(id, s.initial)
+	c.Join = !slices.Contains(s.initial, id)
 	c.Seed = seed*31 + int64(id) + s.now
 	c.MaxBatch = 8
 	c.LeaseDriftTicks = s.o.leaseDrift
@@ -225,6 +243,7 @@ func (s *sim) cfg(id uint64, seed int64) Config {
 func (s *sim) restart(sn *simNode, seed int64) {
 	hs := sn.disk.hs
 	hs.Snapshot = sn.disk.snap.Slot
+	hs.Conf = sn.disk.snap.Conf
 	hs.Commit = max(hs.Commit, hs.Snapshot)
 	n, err := NewNode(s.cfg(sn.id, seed), hs, sn.disk.entries)
 	if err != nil {
@@ -291,6 +310,7 @@ func (s *sim) process(sn *simNode) {
 					continue
 				}
 				m.Snapshot = sn.disk.snap.Data
+				m.Conf = sn.disk.snap.Conf
 			}
 			s.enqueue(m)
 		}
@@ -302,6 +322,24 @@ func (s *sim) process(sn *simNode) {
 				}
 			} else {
 				s.chosen[e.Slot] = e
+				if e.Type == EntryConfig {
+					c, err := DecodeConfState(e.Data)
+					if err != nil {
+						s.t.Fatalf("slot %d: %v", e.Slot, err)
+					}
+					if c.Epoch != s.conf.Epoch+1 {
+						s.t.Fatalf("slot %d: configuration epoch %d committed after epoch %d", e.Slot, c.Epoch, s.conf.Epoch)
+					}
+					if d := len(c.Members) - len(s.conf.Members); d != 1 && d != -1 {
+						s.t.Fatalf("slot %d: configuration %v after %v changes more than one replica", e.Slot, c.Members, s.conf.Members)
+					}
+					c.Start = e.Slot + 1
+					s.conf = c
+					s.confSlots = append(s.confSlots, e.Slot)
+					if s.faulty {
+						s.confUnderFaults++
+					}
+				}
 			}
 			if e.Slot != sn.kv.applied+1 {
 				s.t.Fatalf("node %d applied slot %d after %d", sn.id, e.Slot, sn.kv.applied)
@@ -395,7 +433,7 @@ func (s *sim) clientStep(allowNew bool) {
 		if op.viaRead {
 			s.readID++
 			if err := sn.node.ReadIndex(s.readID); err != nil {
-				s.hint = err.(*NotLeaderError).Leader
+				s.hint = leaderHint(err)
 				op.nextTry = s.now + 5
 				continue
 			}
@@ -403,7 +441,7 @@ func (s *sim) clientStep(allowNew bool) {
 		} else {
 			slot, _, err := sn.node.Propose(op.data)
 			if err != nil {
-				s.hint = err.(*NotLeaderError).Leader
+				s.hint = leaderHint(err)
 				op.nextTry = s.now + 5
 				continue
 			}
@@ -411,6 +449,51 @@ func (s *sim) clientStep(allowNew bool) {
 		}
 		s.process(sn)
 	}
+}
+
+func leaderHint(err error) uint64 {
+	if nl, ok := err.(*NotLeaderError); ok {
+		return nl.Leader
+	}
+	return 0
+}
+
+// reconfigTarget is the plan 3→4→5→4→3: add 4, add 5, then remove two members (random
+// ones, the leader among the candidates).
+func (s *sim) reconfigStep() {
+	stage := int(s.conf.Epoch) - 1
+	rate := s.o.reconfigRate
+	if !s.faulty {
+		rate = 0.3 // finish the plan while settling
+	}
+	if !s.o.reconfig || stage >= 4 || s.rng.Float64() >= rate {
+		return
+	}
+	l := s.leaderID()
+	if l == 0 {
+		return
+	}
+	sn := s.nodes[l]
+	n := sn.node
+	s.attempts++
+	switch stage {
+	case 0, 1:
+		id := uint64(4 + stage)
+		if err := n.AddLearner(id); err != nil {
+			return
+		}
+		// Usually wait for the learner to catch up first; sometimes add it at once
+		// (safety must not depend on it).
+		if lc, ok := n.LearnerCommit(id); !(ok && lc+5 >= n.commit) && s.rng.Intn(4) != 0 {
+			s.process(sn)
+			return
+		}
+		_, _, _ = n.ProposeConfChange(true, id, "")
+	default:
+		m := n.conf.Members
+		_, _, _ = n.ProposeConfChange(false, m[s.rng.Intn(len(m))], "")
+	}
+	s.process(sn)
 }
 
 func (s *sim) faultStep() {
@@ -476,6 +559,7 @@ func (s *sim) run() {
 			if s.faulty {
 				s.faultStep()
 			}
+			s.reconfigStep()
 			for _, id := range s.ids {
 				if sn := s.nodes[id]; sn.node != nil {
 					sn.node.Tick()
@@ -485,7 +569,7 @@ func (s *sim) run() {
 					// snapshot the state machine, then compact the log and the "disk"
 					at := sn.kv.applied
 					if at > sn.disk.snap.Slot {
-						sn.disk.snap = SnapshotData{Slot: at, Data: sn.kv.snapshot()}
+						sn.disk.snap = SnapshotData{Slot: at, Data: sn.kv.snapshot(), Conf: sn.node.ConfAt(at)}
 						if err := sn.node.Compact(at); err != nil {
 							s.t.Fatal(err)
 						}
@@ -564,6 +648,25 @@ func (s *sim) check() {
 			t.Fatalf("node %d and %d applied through %d but differ: %v vs %v", id, ref.id, ref.kv.applied, sn.kv.data, ref.kv.data)
 		}
 	}
+	// Membership: the plan completed, every replica's configuration agrees with the
+	// committed one once it applied the change, and only a member leads.
+	if s.o.reconfig {
+		if len(s.conf.Members) != 3 || s.conf.Epoch != 5 {
+			t.Fatalf("reconfiguration plan incomplete after settle: epoch %d members %v (%d attempts)", s.conf.Epoch, s.conf.Members, s.attempts)
+		}
+	}
+	for _, id := range s.ids {
+		sn := s.nodes[id]
+		if sn.node.role == Leader && !s.conf.Has(id) {
+			t.Fatalf("node %d leads but is not in the final configuration %v", id, s.conf.Members)
+		}
+		if s.o.reconfig && s.conf.Has(id) && sn.node.commit < s.conf.Start-1 {
+			t.Fatalf("member %d did not learn the last configuration (commit %d < %d)", id, sn.node.commit, s.conf.Start-1)
+		}
+		if sn.node.commit >= s.conf.Start-1 && (sn.node.conf.Epoch != s.conf.Epoch || !slices.Equal(sn.node.conf.Members, s.conf.Members)) {
+			t.Fatalf("node %d at commit %d has configuration %d %v, want %d %v", id, sn.node.commit, sn.node.conf.Epoch, sn.node.conf.Members, s.conf.Epoch, s.conf.Members)
+		}
+	}
 	// 2. Acknowledged writes are in the chosen log (never lost).
 	present := map[string]bool{}
 	for _, e := range s.chosen {
@@ -612,14 +715,19 @@ func TestSimulation(t *testing.T) {
 		seeds int
 		mod   func(*simOpts)
 	}{
-		{"3-replicas", 3, simSeeds(400, 5000), nil},
-		{"5-replicas", 5, simSeeds(200, 3000), nil},
+		{"3-replicas", 3, simSeeds(220, 5000), nil},
+		{"5-replicas", 5, simSeeds(110, 3000), nil},
 		{"3-replicas-heavy-faults", 3, simSeeds(150, 2000), func(o *simOpts) { o.drop, o.dup, o.crash, o.partition = 0.2, 0.1, 0.01, 0.03 }},
-		{"3-replicas-read-index-only", 3, simSeeds(100, 1500), func(o *simOpts) { o.leaseDrift = 100 }},
+		{"3-replicas-read-index-only", 3, simSeeds(80, 1500), func(o *simOpts) { o.leaseDrift = 100 }},
+		{"reconfig-3-4-5-4-3", 5, simSeeds(150, 3000), func(o *simOpts) { o.reconfig, o.reconfigRate = true, 0.05 }},
+		{"reconfig-heavy-faults", 5, simSeeds(60, 1000), func(o *simOpts) {
+			o.reconfig, o.reconfigRate = true, 0.05
+			o.drop, o.dup, o.crash, o.partition = 0.2, 0.1, 0.01, 0.03
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			done, snaps := 0, 0
+			done, snaps, confs := 0, 0, 0
 			for seed := int64(1); seed <= int64(tc.seeds); seed++ {
 				o := base
 				o.nodes = tc.nodes
@@ -632,12 +740,13 @@ func TestSimulation(t *testing.T) {
 					s.check()
 					done += len(s.opsDone)
 					snaps += s.snapshots
+					confs += s.confUnderFaults
 				})
 				if !ok {
 					return
 				}
 			}
-			t.Logf("%d seeds, %d completed operations, %d snapshots installed by catch-up", tc.seeds, done, snaps)
+			t.Logf("%d seeds, %d completed operations, %d snapshots installed by catch-up, %d configuration changes committed under faults", tc.seeds, done, snaps, confs)
 		})
 	}
 }

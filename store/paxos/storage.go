@@ -54,6 +54,7 @@ func (m *MemStorage) Load() (HardState, []Entry, error) {
 	defer m.mu.Unlock()
 	hs := m.hs
 	hs.Snapshot = m.snap.Slot
+	hs.Conf = m.snap.Conf.Clone()
 	return hs, append([]Entry(nil), m.entries...), nil
 }
 
@@ -76,7 +77,7 @@ func (m *MemStorage) Close() error { return nil }
 func (m *MemStorage) SaveSnapshot(s SnapshotData) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.snap = SnapshotData{Slot: s.Slot, Data: append([]byte(nil), s.Data...)}
+	m.snap = SnapshotData{Slot: s.Slot, Data: append([]byte(nil), s.Data...), Conf: s.Conf.Clone()}
 	return nil
 }
 
@@ -226,6 +227,7 @@ func (w *WAL) Load() (HardState, []Entry, error) {
 	}
 	hs.Snapshot = snap.Slot
 	hs.Commit = snap.Slot
+	hs.Conf = snap.Conf
 	if w.last == 0 {
 		return hs, nil, nil
 	}
@@ -251,7 +253,7 @@ func (w *WAL) Load() (HardState, []Entry, error) {
 		for _, e := range rec.Entries {
 			top = max(top, e.Slot)
 			if e.Slot > snap.Slot {
-				out = append(out, Entry{Slot: e.Slot, Ballot: e.Ballot, Type: EntryType(e.Type), Data: e.Data})
+				out = append(out, Entry{Slot: e.Slot, Ballot: e.Ballot, Type: EntryType(e.Type), Data: e.Data, Epoch: e.Epoch})
 			}
 		}
 		w.recMax[i] = top
@@ -319,11 +321,15 @@ func (w *WAL) Save(hs HardState, entries []Entry) error {
 	return nil
 }
 
-const snapshotFile = "snapshot"
+const (
+	snapshotFile   = "snapshot.v2"
+	snapshotFileV1 = "snapshot"
+)
 
 // SaveSnapshot implements Storage: written to a temporary file, fsync'd, renamed over the
-// previous one, and the directory fsync'd. Format: slot (8 bytes BE), CRC32-C of the data
-// (4 bytes BE), data.
+// previous one, and the directory fsync'd. Format: slot (8 bytes BE), CRC32-C of the rest
+// (4 bytes BE), length of the encoded configuration (4 bytes BE), the configuration
+// (paxospb.ConfState), the state machine data.
 func (w *WAL) SaveSnapshot(s SnapshotData) error {
 	path := filepath.Join(w.dir, snapshotFile)
 	tmp := path + ".tmp"
@@ -331,9 +337,13 @@ func (w *WAL) SaveSnapshot(s SnapshotData) error {
 	if err != nil {
 		return fmt.Errorf("paxos: snapshot create %s: %w", tmp, err)
 	}
+	conf := EncodeConfState(s.Conf)
+	body := binary.BigEndian.AppendUint32(nil, uint32(len(conf)))
+	body = append(body, conf...)
+	body = append(body, s.Data...)
 	hdr := binary.BigEndian.AppendUint64(nil, s.Slot)
-	hdr = binary.BigEndian.AppendUint32(hdr, crc32.Checksum(s.Data, crcTable))
-	_, err = f.Write(append(hdr, s.Data...))
+	hdr = binary.BigEndian.AppendUint32(hdr, crc32.Checksum(body, crcTable))
+	_, err = f.Write(append(hdr, body...))
 	if err == nil {
 		err = f.Sync()
 	}
@@ -354,13 +364,21 @@ func (w *WAL) SaveSnapshot(s SnapshotData) error {
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("paxos: snapshot dir sync %s: %w", w.dir, err)
 	}
+	_ = os.Remove(filepath.Join(w.dir, snapshotFileV1)) // superseded (an older format)
 	return nil
 }
 
-// LoadSnapshot implements Storage. A snapshot failing its checksum is an error.
+// LoadSnapshot implements Storage. A snapshot failing its checksum is an error. A
+// snapshot in the older format (no configuration) is read with an empty Conf.
 func (w *WAL) LoadSnapshot() (SnapshotData, error) {
 	path := filepath.Join(w.dir, snapshotFile)
 	b, err := os.ReadFile(path)
+	v1 := false
+	if errors.Is(err, os.ErrNotExist) {
+		path = filepath.Join(w.dir, snapshotFileV1)
+		b, err = os.ReadFile(path)
+		v1 = true
+	}
 	if errors.Is(err, os.ErrNotExist) {
 		return SnapshotData{}, nil
 	}
@@ -374,7 +392,19 @@ func (w *WAL) LoadSnapshot() (SnapshotData, error) {
 	if got, want := crc32.Checksum(b[12:], crcTable), binary.BigEndian.Uint32(b[8:]); got != want {
 		return SnapshotData{}, fmt.Errorf("paxos: snapshot %s checksum %08x, want %08x: %w", path, got, want, ErrCorruptWAL)
 	}
-	return SnapshotData{Slot: slot, Data: b[12:]}, nil
+	if v1 {
+		return SnapshotData{Slot: slot, Data: b[12:]}, nil
+	}
+	body := b[12:]
+	if len(body) < 4 || uint64(binary.BigEndian.Uint32(body)) > uint64(len(body)-4) {
+		return SnapshotData{}, fmt.Errorf("paxos: snapshot %s: configuration length out of range: %w", path, ErrCorruptWAL)
+	}
+	n := binary.BigEndian.Uint32(body)
+	conf, err := DecodeConfState(body[4 : 4+n])
+	if err != nil {
+		return SnapshotData{}, fmt.Errorf("paxos: snapshot %s: %v: %w", path, err, ErrCorruptWAL)
+	}
+	return SnapshotData{Slot: slot, Data: body[4+n:], Conf: conf}, nil
 }
 
 // Compact implements Storage: it drops the longest prefix of records whose entries are
@@ -406,7 +436,7 @@ func (w *WAL) Close() error { return w.log.Close() }
 func toPBEntries(es []Entry) []*paxospb.Entry {
 	out := make([]*paxospb.Entry, len(es))
 	for i, e := range es {
-		out[i] = &paxospb.Entry{Slot: e.Slot, Ballot: e.Ballot, Type: uint32(e.Type), Data: e.Data}
+		out[i] = &paxospb.Entry{Slot: e.Slot, Ballot: e.Ballot, Type: uint32(e.Type), Data: e.Data, Epoch: e.Epoch}
 	}
 	return out
 }
@@ -414,7 +444,7 @@ func toPBEntries(es []Entry) []*paxospb.Entry {
 func fromPBEntries(es []*paxospb.Entry) []Entry {
 	out := make([]Entry, len(es))
 	for i, e := range es {
-		out[i] = Entry{Slot: e.Slot, Ballot: e.Ballot, Type: EntryType(e.Type), Data: e.Data}
+		out[i] = Entry{Slot: e.Slot, Ballot: e.Ballot, Type: EntryType(e.Type), Data: e.Data, Epoch: e.Epoch}
 	}
 	return out
 }

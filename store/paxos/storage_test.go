@@ -1,9 +1,12 @@
 package paxos
 
 import (
+	"encoding/binary"
 	"errors"
+	"hash/crc32"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"go.uber.org/zap/zaptest"
@@ -103,5 +106,52 @@ func TestWALCorruptTail(t *testing.T) {
 				t.Fatalf("after second reopen: %v %+v %d", err, hs, len(ents))
 			}
 		})
+	}
+}
+
+// A snapshot keeps its configuration across a reopen; a snapshot in the older format (no
+// configuration) is still read.
+func TestWALSnapshotCarriesConfiguration(t *testing.T) {
+	dir := t.TempDir()
+	w, err := OpenWAL(dir, WALOptions{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := ConfState{Epoch: 3, Start: 41, Members: []uint64{1, 3, 4}, Addrs: map[uint64]string{4: "10.0.0.4:7000"}}
+	if err := w.SaveSnapshot(SnapshotData{Slot: 40, Data: []byte("state"), Conf: conf}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	w, err = OpenWAL(dir, WALOptions{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	hs, _, err := w.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hs.Snapshot != 40 || hs.Conf.Epoch != 3 || hs.Conf.Start != 41 || !slices.Equal(hs.Conf.Members, conf.Members) || hs.Conf.Addrs[4] != "10.0.0.4:7000" {
+		t.Fatalf("loaded %+v", hs)
+	}
+	s, err := w.LoadSnapshot()
+	if err != nil || string(s.Data) != "state" {
+		t.Fatalf("snapshot %+v: %v", s, err)
+	}
+	// The older format: slot, CRC32-C of the data, data.
+	old := t.TempDir()
+	b := binary.BigEndian.AppendUint64(nil, 9)
+	b = binary.BigEndian.AppendUint32(b, crc32.Checksum([]byte("v1"), crcTable))
+	if err := os.WriteFile(filepath.Join(old, snapshotFileV1), append(b, "v1"...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w1, err := OpenWAL(old, WALOptions{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w1.Close()
+	s, err = w1.LoadSnapshot()
+	if err != nil || s.Slot != 9 || string(s.Data) != "v1" || s.Conf.Epoch != 0 {
+		t.Fatalf("v1 snapshot %+v: %v", s, err)
 	}
 }

@@ -122,7 +122,9 @@ func (t *TCPTransport) Addr() net.Addr { return t.ln.Addr() }
 
 // Send implements Transport (drops when the peer's queue is full or the peer unknown).
 func (t *TCPTransport) Send(m Message) {
+	t.mu.Lock()
 	ch := t.out[m.To]
+	t.mu.Unlock()
 	if ch == nil {
 		return
 	}
@@ -131,6 +133,28 @@ func (t *TCPTransport) Send(m Message) {
 	default:
 		t.log.Debug("outbound queue full, message dropped", zap.Uint64("to", m.To))
 	}
+}
+
+// SetPeer implements PeerSetter: it adds replica id at addr (a replica added to the
+// group). A peer already known keeps its address.
+func (t *TCPTransport) SetPeer(id uint64, addr string) {
+	if id == t.cfg.ID || id == 0 || addr == "" {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.out[id]; ok {
+		return
+	}
+	select {
+	case <-t.stop:
+		return
+	default:
+	}
+	ch := make(chan Message, t.cfg.QueueLen)
+	t.out[id] = ch
+	t.wg.Add(1)
+	go t.sender(id, addr, ch)
 }
 
 // Recv implements Transport.
@@ -370,7 +394,10 @@ func (t *TCPTransport) serverHandshake(c net.Conn) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if _, ok := t.cfg.Peers[h.From]; !ok || h.From == t.cfg.ID {
+	t.mu.Lock()
+	_, known := t.out[h.From]
+	t.mu.Unlock()
+	if !known || h.From == t.cfg.ID {
 		return 0, fmt.Errorf("%w: unknown peer id %d", ErrBadFrame, h.From)
 	}
 	if len(h.Nonce) != 32 || !hmac.Equal(h.Mac, t.mac("atoll-paxos-client", ns, h.Nonce, h.From, t.cfg.ID)) {
@@ -437,10 +464,19 @@ func appendFrame(dst []byte, m Message) ([]byte, error) {
 
 func toPBMessage(m Message) *paxospb.Message {
 	return &paxospb.Message{Type: uint32(m.Type), From: m.From, To: m.To, Ballot: m.Ballot, Slot: m.Slot, Last: m.Last,
-		Commit: m.Commit, Entries: toPBEntries(m.Entries), Reject: m.Reject, Promised: m.Promised, Seq: m.Seq, KnownCommit: m.KnownCommit, Snapshot: m.Snapshot}
+		Commit: m.Commit, Entries: toPBEntries(m.Entries), Reject: m.Reject, Promised: m.Promised, Seq: m.Seq, KnownCommit: m.KnownCommit, Snapshot: m.Snapshot,
+		Epoch: m.Epoch, Conf: pbConfOrNil(m.Conf)}
 }
 
 func fromPBMessage(p *paxospb.Message) Message {
 	return Message{Type: MsgType(p.Type), From: p.From, To: p.To, Ballot: p.Ballot, Slot: p.Slot, Last: p.Last,
-		Commit: p.Commit, Entries: fromPBEntries(p.Entries), Reject: p.Reject, Promised: p.Promised, Seq: p.Seq, KnownCommit: p.KnownCommit, Snapshot: p.Snapshot}
+		Commit: p.Commit, Entries: fromPBEntries(p.Entries), Reject: p.Reject, Promised: p.Promised, Seq: p.Seq, KnownCommit: p.KnownCommit, Snapshot: p.Snapshot,
+		Epoch: p.Epoch, Conf: fromPBConf(p.Conf)}
+}
+
+func pbConfOrNil(c ConfState) *paxospb.ConfState {
+	if c.Epoch == 0 && len(c.Members) == 0 {
+		return nil
+	}
+	return toPBConf(c)
 }

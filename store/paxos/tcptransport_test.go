@@ -118,3 +118,52 @@ func TestTCPClusterAndBadFrames(t *testing.T) {
 		}
 	}
 }
+
+// A peer unknown to a transport is refused at the handshake until SetPeer names it (a
+// replica added to the group), and then both directions work.
+func TestTCPSetPeer(t *testing.T) {
+	addrs := freeAddrs(t, 2)
+	token := []byte("cluster-secret-token")
+	a, err := NewTCPTransport(TCPConfig{ID: 1, Listen: addrs[0], Peers: map[uint64]string{1: addrs[0]}, Token: token, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := NewTCPTransport(TCPConfig{ID: 2, Listen: addrs[1], Peers: map[uint64]string{1: addrs[0], 2: addrs[1]}, Token: token, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	recv := func(tr *TCPTransport, d time.Duration) (Message, bool) {
+		select {
+		case m := <-tr.Recv():
+			return m, true
+		case <-time.After(d):
+			return Message{}, false
+		}
+	}
+	b.Send(Message{Type: MsgLearn, From: 2, To: 1, Commit: 7})
+	if m, ok := recv(a, 300*time.Millisecond); ok {
+		t.Fatalf("unknown peer's message delivered: %+v", m)
+	}
+	a.SetPeer(2, addrs[1])
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b.Send(Message{Type: MsgLearn, From: 2, To: 1, Commit: 7, Epoch: 3})
+		if m, ok := recv(a, 100*time.Millisecond); ok {
+			if m.From != 2 || m.Commit != 7 || m.Epoch != 3 {
+				t.Fatalf("got %+v", m)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("added peer's message not delivered")
+		}
+	}
+	conf := ConfState{Epoch: 2, Start: 5, Members: []uint64{1, 2}, Addrs: map[uint64]string{2: addrs[1]}}
+	a.Send(Message{Type: MsgSnapshot, From: 1, To: 2, Slot: 4, Snapshot: []byte("s"), Conf: conf})
+	m, ok := recv(b, 5*time.Second)
+	if !ok || m.Conf.Epoch != 2 || m.Conf.Start != 5 || m.Conf.Addrs[2] != addrs[1] || len(m.Conf.Members) != 2 {
+		t.Fatalf("snapshot with configuration: %+v (delivered %v)", m, ok)
+	}
+}

@@ -3,6 +3,11 @@ package paxos
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/atoll-run/atoll/proto/paxospb"
+	"google.golang.org/protobuf/proto"
 )
 
 // Sentinel errors of the paxos package. Retryable ones are marked.
@@ -19,6 +24,13 @@ var (
 	ErrInvalidConfig = errors.New("paxos: invalid config")
 	// ErrCorruptWAL is returned when a WAL record other than the tail fails its checksum.
 	ErrCorruptWAL = errors.New("paxos: corrupt wal")
+	// ErrReconfiguring is returned by a leader asked to propose while a configuration
+	// change it holds is not yet chosen: nothing is proposed past a configuration entry
+	// (the next configuration starts at the slot after it). Retryable.
+	ErrReconfiguring = errors.New("paxos: reconfiguration in progress")
+	// ErrBadConfChange is returned for a membership change that is not exactly one
+	// replica added or removed, or that would leave the group empty.
+	ErrBadConfChange = errors.New("paxos: bad configuration change")
 	// ErrBadFrame is logged (never returned to a caller) for truncated, oversized or
 	// unauthenticated transport frames.
 	ErrBadFrame = errors.New("paxos: bad frame")
@@ -41,7 +53,7 @@ func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
 // IsRetryable reports whether err is a transient condition (no leader, lost leadership,
 // dropped proposal) after which the same request may be retried.
 func IsRetryable(err error) bool {
-	return errors.Is(err, ErrNotLeader) || errors.Is(err, ErrProposalDropped)
+	return errors.Is(err, ErrNotLeader) || errors.Is(err, ErrProposalDropped) || errors.Is(err, ErrReconfiguring)
 }
 
 // EntryType says what an entry's data means.
@@ -53,7 +65,63 @@ const (
 	EntryNormal EntryType = 0
 	// EntryNoop fills a hole left by a previous leader or marks a leader's start.
 	EntryNoop EntryType = 1
+	// EntryConfig carries a new configuration (an encoded ConfState): when chosen at slot i
+	// it ends the current epoch at i, and the next epoch, with its members, starts at i+1.
+	EntryConfig EntryType = 2
 )
+
+// ConfState is a group configuration: the voting members for every slot from Start on,
+// in configuration epoch Epoch. Epoch 1 starts at slot 1 with Config.Peers; a configuration
+// entry chosen at slot i starts epoch e+1 at slot i+1. Epoch 0 means "not known yet" (a
+// replica started with Config.Join that has not learned the log).
+type ConfState struct {
+	// Epoch numbers configurations from 1.
+	Epoch uint64
+	// Start is the first slot of the epoch.
+	Start uint64
+	// Members are the voting replica ids, sorted.
+	Members []uint64
+	// Addrs maps members to transport addresses, when the change that added them gave one.
+	Addrs map[uint64]string
+}
+
+// Has reports whether id is a voting member.
+func (c ConfState) Has(id uint64) bool { return slices.Contains(c.Members, id) }
+
+// Clone returns a deep copy.
+func (c ConfState) Clone() ConfState {
+	c.Members = slices.Clone(c.Members)
+	c.Addrs = maps.Clone(c.Addrs)
+	return c
+}
+
+// EncodeConfState encodes a configuration (the data of an EntryConfig entry).
+func EncodeConfState(c ConfState) []byte {
+	b, _ := proto.Marshal(toPBConf(c))
+	return b
+}
+
+// DecodeConfState decodes the data of an EntryConfig entry.
+func DecodeConfState(b []byte) (ConfState, error) {
+	var p paxospb.ConfState
+	if err := proto.Unmarshal(b, &p); err != nil {
+		return ConfState{}, fmt.Errorf("paxos: decode configuration: %w", err)
+	}
+	return fromPBConf(&p), nil
+}
+
+func toPBConf(c ConfState) *paxospb.ConfState {
+	return &paxospb.ConfState{Epoch: c.Epoch, Start: c.Start, Members: c.Members, Addrs: c.Addrs}
+}
+
+func fromPBConf(p *paxospb.ConfState) ConfState {
+	if p == nil {
+		return ConfState{}
+	}
+	c := ConfState{Epoch: p.Epoch, Start: p.Start, Members: slices.Clone(p.Members), Addrs: maps.Clone(p.Addrs)}
+	slices.Sort(c.Members)
+	return c
+}
 
 // Entry is a value in one log slot, accepted at Ballot.
 type Entry struct {
@@ -61,8 +129,10 @@ type Entry struct {
 	Slot uint64
 	// Ballot is the ballot at which this acceptor accepted the value.
 	Ballot uint64
-	// Type says whether Data is application data or a no-op.
+	// Type says whether Data is application data, a no-op or a configuration.
 	Type EntryType
+	// Epoch is the configuration epoch in which the value was accepted.
+	Epoch uint64
 	// Data is the proposed value (the state machine command).
 	Data []byte
 }
@@ -88,6 +158,9 @@ const (
 	// MsgSnapshot is catch-up past a compacted log: Snapshot is the state machine
 	// snapshot through Slot (the core emits it empty; the driver attaches the bytes).
 	MsgSnapshot
+	// MsgLearn asks the receiver for the chosen values after Commit: the sender found
+	// itself in an older configuration epoch than a message it received.
+	MsgLearn
 )
 
 func (t MsgType) String() string {
@@ -104,6 +177,8 @@ func (t MsgType) String() string {
 		return "chosen"
 	case MsgSnapshot:
 		return "snapshot"
+	case MsgLearn:
+		return "learn"
 	}
 	return fmt.Sprintf("msg(%d)", uint32(t))
 }
@@ -135,12 +210,22 @@ type Message struct {
 	KnownCommit uint64
 	// Snapshot carries state machine snapshot bytes on a MsgSnapshot.
 	Snapshot []byte
+	// Epoch is the sender's configuration epoch; Prepare, Promise, Accept and Accepted
+	// are only acted on within one epoch.
+	Epoch uint64
+	// Conf is the configuration at Slot on a MsgSnapshot (the core leaves it empty; the
+	// driver attaches it with the snapshot bytes).
+	Conf ConfState
 }
 
 // SnapshotData is a state machine snapshot covering every slot through Slot.
 type SnapshotData struct {
+	// Slot is the last slot the snapshot covers.
 	Slot uint64
+	// Data is the state machine's snapshot.
 	Data []byte
+	// Conf is the configuration in effect after Slot.
+	Conf ConfState
 }
 
 // HardState is what a replica must persist besides entries.
@@ -152,6 +237,8 @@ type HardState struct {
 	// Snapshot is the slot through which the log is compacted into a snapshot (restore
 	// only: Storage.Load reports it; the node ignores it on Save).
 	Snapshot uint64
+	// Conf is the configuration at the snapshot (restore only, like Snapshot).
+	Conf ConfState
 }
 
 // Ready is one batch of work handed out by Node.Ready. The driver may send SendFirst at
