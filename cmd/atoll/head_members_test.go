@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -72,44 +71,8 @@ func TestHeadMembershipChange(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 
-	var mu sync.Mutex
-	acked := map[string]string{}
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			k, v := fmt.Sprintf("nodes/m%d", i), fmt.Sprintf("value-%d", i)
-			wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
-			_, err := client.Put(wctx, k, []byte(v))
-			wcancel()
-			if err == nil {
-				mu.Lock()
-				acked[k] = v
-				mu.Unlock()
-			}
-		}
-	}()
-	waitAcked := func(n int) {
-		t.Helper()
-		for {
-			mu.Lock()
-			got := len(acked)
-			mu.Unlock()
-			if got >= n {
-				return
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("only %d of %d writes acknowledged", got, n)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	w := startAckWriter(t, ctx, client, "nodes/m")
+	waitAcked := w.waitAcked
 	leaderOf := func(ids []int) int {
 		t.Helper()
 		for ctx.Err() == nil {
@@ -175,9 +138,7 @@ func TestHeadMembershipChange(t *testing.T) {
 	if res.Epoch != 2 || !slices.Equal(res.Members, []uint64{1, 2, 3, 4}) {
 		t.Fatalf("after add: %+v", res)
 	}
-	mu.Lock()
-	before := len(acked)
-	mu.Unlock()
+	before := w.count()
 	waitAcked(before + 100)
 
 	// Remove the leader, then stop it: the three others elect a leader and go on.
@@ -196,12 +157,9 @@ func TestHeadMembershipChange(t *testing.T) {
 	procs[removed].cmd.Process.Kill()
 	procs[removed].cmd.Wait()
 	delete(procs, removed)
-	mu.Lock()
-	before = len(acked)
-	mu.Unlock()
+	before = w.count()
 	waitAcked(before + 100)
-	close(stop)
-	<-done
+	acked := w.finish()
 
 	final := map[uint64]meta.Conn{}
 	for _, id := range rest {
@@ -211,8 +169,6 @@ func TestHeadMembershipChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	for k, v := range acked {
 		kv, ok, err := reader.Get(ctx, k)
 		if err != nil {

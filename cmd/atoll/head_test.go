@@ -123,43 +123,8 @@ func TestHeadProcessesSurviveLeaderKill(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	var mu sync.Mutex
-	acked := map[string]string{}
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			k, v := fmt.Sprintf("jobs/w%d", i), fmt.Sprintf("value-%d", i)
-			wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
-			_, err := client.Put(wctx, k, []byte(v))
-			wcancel()
-			if err == nil {
-				mu.Lock()
-				acked[k] = v
-				mu.Unlock()
-			}
-		}
-	}()
-	waitAcked := func(n int) {
-		for {
-			mu.Lock()
-			got := len(acked)
-			mu.Unlock()
-			if got >= n {
-				return
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("only %d of %d writes acknowledged", got, n)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	w := startAckWriter(t, ctx, client, "jobs/w")
+	waitAcked := w.waitAcked
 	waitAcked(100)
 	leader := 0
 	for id := 1; id <= 3 && leader == 0; id++ {
@@ -174,17 +139,11 @@ func TestHeadProcessesSurviveLeaderKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	procs[leader].cmd.Wait()
-	mu.Lock()
-	before := len(acked)
-	mu.Unlock()
+	before := w.count()
 	waitAcked(before + 100) // the survivors elect a leader and keep committing
 	procs[leader] = startHead(t, bin, leader, peers, clientAddrs[leader-1], dir, token)
 	waitAcked(before + 200)
-	close(stop)
-	<-done
-
-	mu.Lock()
-	defer mu.Unlock()
+	acked := w.finish()
 	for k, v := range acked {
 		kv, ok, err := client.Get(ctx, k)
 		if err != nil {
@@ -213,4 +172,70 @@ func TestHeadProcessesSurviveLeaderKill(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Logf("%d acknowledged writes survived killing leader %d", len(acked), leader)
+}
+
+// ackWriter writes keys through a client in the background and remembers every write that
+// was acknowledged, so a test can check none is lost.
+type ackWriter struct {
+	t     *testing.T
+	ctx   context.Context
+	mu    sync.Mutex
+	acked map[string]string
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+func startAckWriter(t *testing.T, ctx context.Context, client *meta.Client, prefix string) *ackWriter {
+	w := &ackWriter{t: t, ctx: ctx, acked: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		for i := 0; ; i++ {
+			select {
+			case <-w.stop:
+				return
+			default:
+			}
+			k, v := fmt.Sprintf("%s%d", prefix, i), fmt.Sprintf("value-%d", i)
+			wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
+			_, err := client.Put(wctx, k, []byte(v))
+			wcancel()
+			if err == nil {
+				w.mu.Lock()
+				w.acked[k] = v
+				w.mu.Unlock()
+			}
+		}
+	}()
+	return w
+}
+
+// count is the number of acknowledged writes so far.
+func (w *ackWriter) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.acked)
+}
+
+// waitAcked waits until n writes are acknowledged, failing the test at ctx's deadline.
+func (w *ackWriter) waitAcked(n int) {
+	w.t.Helper()
+	for {
+		got := w.count()
+		if got >= n {
+			return
+		}
+		if w.ctx.Err() != nil {
+			w.t.Fatalf("only %d of %d writes acknowledged", got, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// finish stops the writer and returns the acknowledged writes.
+func (w *ackWriter) finish() map[string]string {
+	close(w.stop)
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.acked
 }
