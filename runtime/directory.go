@@ -145,6 +145,4 @@ func (d *metaDirectory) Lookup(ctx context.Context, id object.ID) (object.Meta, 
 	return object.Meta{ID: id, Size: rec.Size, Fingerprint: rec.Fingerprint, Owner: rec.Owner, Locations: rec.Locations, Refs: rec.Refs}, nil
 }
 
-var errNotFound = object.ErrNotFound
-
-func isNotFound(err error) bool { return errors.Is(err, errNotFound) }
+func isNotFound(err error) bool { return errors.Is(err, object.ErrNotFound) }
