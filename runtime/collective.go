@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // ErrAborted is returned by a collective whose ring was aborted (a member failed).
@@ -63,7 +64,25 @@ func NewRing(n int) *Ring {
 func (r *Ring) Size() int { return r.n }
 
 // Abort wakes every rank waiting in a collective with ErrAborted; later calls fail at once.
-func (r *Ring) Abort() { r.once.Do(func() { close(r.abort) }) }
+// When the ring's plane can release chunks in flight (PlaneReleaser), they are freed, and
+// the plane refuses later sends.
+func (r *Ring) Abort() {
+	r.once.Do(func() {
+		close(r.abort)
+		if rel, ok := r.plane.(PlaneReleaser); ok {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_ = rel.Release(ctx)
+			}()
+		}
+	})
+}
+
+// PlaneReleaser is implemented by chunk planes that can free the chunks of an aborted ring.
+type PlaneReleaser interface {
+	Release(ctx context.Context) error
+}
 
 func chunkBounds(length, n, k int) (int, int) {
 	return k * length / n, (k + 1) * length / n

@@ -113,3 +113,34 @@ func TestRingOverObjectStore(t *testing.T) {
 		}
 	}
 }
+
+func TestAbortedRingLeavesNoChunks(t *testing.T) {
+	ctx := context.Background()
+	l, err := StartLocal(ctx, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Shutdown(ctx)
+	machines := []int{0, 0, 1, 1}
+	r := NewRingOver(len(machines), l.RingPlane("aborted", machines))
+	done := make(chan error, 3)
+	for i := 0; i < 3; i++ { // rank 3 never joins: its neighbour's chunks pile up unread
+		go func(i int) { done <- r.AllReduce(ctx, i, make([]float32, 4096)) }(i)
+	}
+	time.Sleep(50 * time.Millisecond)
+	r.Abort()
+	for i := 0; i < 3; i++ {
+		if err := <-done; !errors.Is(err, ErrAborted) {
+			t.Fatalf("rank: %v, want ErrAborted", err)
+		}
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for m := 0; m < 2; m++ {
+		for l.Agents[m].Node.Store.Stats().Objects != 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if n := l.Agents[m].Node.Store.Stats().Objects; n != 0 {
+			t.Fatalf("machine %d still holds %d chunks of the aborted ring", m, n)
+		}
+	}
+}

@@ -3,9 +3,13 @@ package runtime
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"unsafe"
+
+	"github.com/atoll-run/atoll/store/object"
 )
 
 // storePlane moves ring chunks through the machines' object stores: the sender puts its
@@ -15,12 +19,16 @@ type storePlane struct {
 	l        *Local
 	owner    string
 	machines []int // by rank
+
+	mu       sync.Mutex
+	inFlight map[object.ID]bool // sent, not yet received
+	released bool               // the ring was aborted: no more sends
 }
 
 // RingPlane returns the ChunkPlane for a gang whose rank r runs on machines[r]. Chunks are
 // scratch objects owned by ScratchOwnerPrefix+name.
 func (l *Local) RingPlane(name string, machines []int) ChunkPlane {
-	return &storePlane{l: l, owner: ScratchOwnerPrefix + name, machines: machines}
+	return &storePlane{l: l, owner: ScratchOwnerPrefix + name, machines: machines, inFlight: map[object.ID]bool{}}
 }
 
 // floatBytes views a float32 slice as its bytes (little-endian on the machines Atoll runs on).
@@ -62,6 +70,14 @@ func (p *storePlane) Send(ctx context.Context, from int, chunk []float32) (Chunk
 	if err != nil {
 		return ChunkHandle{}, err
 	}
+	p.mu.Lock()
+	if p.released {
+		p.mu.Unlock()
+		_ = p.l.obj.free(ctx, id)
+		return ChunkHandle{}, ErrAborted
+	}
+	p.inFlight[id] = true
+	p.mu.Unlock()
 	return ChunkHandle{ID: ObjectID(id.String()), N: len(chunk)}, nil
 }
 
@@ -84,5 +100,32 @@ func (p *storePlane) Recv(ctx context.Context, to int, h ChunkHandle, use func([
 	}
 	use(bytesFloats(v.Bytes()))
 	v.Release()
+	p.mu.Lock()
+	_, mine := p.inFlight[oid]
+	delete(p.inFlight, oid)
+	p.mu.Unlock()
+	if !mine { // Release freed it already
+		return nil
+	}
 	return p.l.obj.free(ctx, oid)
+}
+
+// Release frees the chunks that were sent but will never be received (the ring was
+// aborted), so an aborted collective leaves nothing behind in the stores.
+func (p *storePlane) Release(ctx context.Context) error {
+	p.mu.Lock()
+	ids := make([]object.ID, 0, len(p.inFlight))
+	for id := range p.inFlight {
+		ids = append(ids, id)
+	}
+	p.inFlight = map[object.ID]bool{}
+	p.released = true
+	p.mu.Unlock()
+	var errs []error
+	for _, id := range ids {
+		if err := p.l.obj.free(ctx, id); err != nil && !errors.Is(err, ErrUnknownObject) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
