@@ -1,5 +1,3 @@
-// Command atoll is Atoll's command-line tool: it runs the demo training job, starts heads and
-// agents, prints machine topology, runs the scheduler simulator and the benchmarks.
 package main
 
 import (

@@ -1,4 +1,3 @@
-// Command digits runs the digits training example on an embedded Atoll cluster.
 package main
 
 import (
