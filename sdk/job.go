@@ -91,18 +91,15 @@ func (j *Job) Stop(ctx context.Context) error {
 	if cerr := j.c.local.Head.CommitJob(ctx, runtime.JobRecord{Name: j.spec.Name, Submitted: j.submitted, State: "stopped"}); cerr != nil {
 		err = errors.Join(err, cerr)
 	}
-	for _, kv := range mustList(ctx, j.c.local.Head.Meta(), runtime.TablePlacements, j.spec.Name+"/") {
+	placed, lerr := j.c.local.Head.Meta().List(ctx, runtime.TablePlacements, j.spec.Name+"/")
+	err = errors.Join(err, lerr)
+	for _, kv := range placed {
 		name := kv.Key[len(j.spec.Name)+1:]
 		if rerr := j.c.local.Head.Release(ctx, j.spec.Name, name); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
 	}
 	return err
-}
-
-func mustList(ctx context.Context, m runtime.MetaStore, table, prefix string) []runtime.KV {
-	kvs, _ := m.List(ctx, table, prefix)
-	return kvs
 }
 
 // Name is the gang's name.

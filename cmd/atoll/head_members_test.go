@@ -3,10 +3,7 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -28,19 +25,11 @@ func TestHeadMembershipChange(t *testing.T) {
 	if d := os.Getenv("ATOLL_KEEP_LOGS"); d != "" {
 		dir = d // keep the heads' logs for inspection
 	}
-	bin := filepath.Join(dir, "atoll")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		t.Fatalf("go build: %v", err)
-	}
+	bin := buildAtoll(t, dir)
 	const token = "real-process-members-token"
 	addrs := freePorts(t, 8)
 	peerAddrs, clientAddrs := addrs[:4], addrs[4:]
-	var ps []string
-	for i, a := range peerAddrs {
-		ps = append(ps, fmt.Sprintf("%d=%s", i+1, a))
-	}
+	ps := peerList(peerAddrs)
 	first := strings.Join(ps[:3], ",")
 	all := strings.Join(ps, ",")
 	procs := map[int]*headProc{}

@@ -86,19 +86,11 @@ func TestHeadProcessesSurviveLeaderKill(t *testing.T) {
 		t.Skip("builds the atoll binary and runs real processes")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "atoll")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		t.Fatalf("go build: %v", err)
-	}
+	bin := buildAtoll(t, dir)
 	const token = "real-process-test-token"
 	addrs := freePorts(t, 6)
 	peerAddrs, clientAddrs := addrs[:3], addrs[3:]
-	var ps []string
-	for i, a := range peerAddrs {
-		ps = append(ps, fmt.Sprintf("%d=%s", i+1, a))
-	}
+	ps := peerList(peerAddrs)
 	peers := strings.Join(ps, ",")
 	procs := map[int]*headProc{}
 	for id := 1; id <= 3; id++ {
@@ -238,4 +230,25 @@ func (w *ackWriter) finish() map[string]string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.acked
+}
+
+// buildAtoll builds the atoll binary into dir for tests that run real processes.
+func buildAtoll(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "atoll")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatalf("go build: %v", err)
+	}
+	return bin
+}
+
+// peerList names replicas 1..n at addrs, as --peers entries "id=addr".
+func peerList(addrs []string) []string {
+	ps := make([]string, len(addrs))
+	for i, a := range addrs {
+		ps[i] = fmt.Sprintf("%d=%s", i+1, a)
+	}
+	return ps
 }

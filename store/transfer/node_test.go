@@ -17,24 +17,7 @@ import (
 func TestNodesShareDirectory(t *testing.T) {
 	dir := object.NewMemDirectory()
 	reg := prometheus.NewRegistry()
-	var nodes []*Node
-	for _, name := range []string{"a", "b"} {
-		cfg := DefaultNodeConfig()
-		cfg.Name, cfg.Dir, cfg.Token, cfg.Registerer, cfg.Logger = name, t.TempDir(), testToken, reg, zaptest.NewLogger(t)
-		cfg.Store.Capacity = 64 << 20
-		cfg.Store.Directory = dir
-		n, err := StartNode(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			n.Shutdown(ctx)
-		})
-		nodes = append(nodes, n)
-	}
-	a, b := nodes[0], nodes[1]
+	a, b := startTestNodes(t, dir, reg)
 	ctx := ctxT(t)
 	data := randBytes(5<<20+3, 11)
 	id, err := a.Store.Put(ctx, "driver", data)
@@ -85,4 +68,28 @@ func eventually(t *testing.T, cond func() bool, what string) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// startTestNodes starts two nodes, "a" and "b", sharing a directory (and a registry when
+// reg is not nil), stopped at the end of the test.
+func startTestNodes(t *testing.T, dir object.Directory, reg prometheus.Registerer) (*Node, *Node) {
+	t.Helper()
+	var nodes []*Node
+	for _, name := range []string{"a", "b"} {
+		cfg := DefaultNodeConfig()
+		cfg.Name, cfg.Dir, cfg.Token, cfg.Registerer, cfg.Logger = name, t.TempDir(), testToken, reg, zaptest.NewLogger(t)
+		cfg.Store.Capacity = 64 << 20
+		cfg.Store.Directory = dir
+		n, err := StartNode(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			n.Shutdown(ctx)
+		})
+		nodes = append(nodes, n)
+	}
+	return nodes[0], nodes[1]
 }

@@ -325,24 +325,7 @@ func TestConcurrentPullsContext(t *testing.T) {
 // get that pulled).
 func TestNodeGetConcurrent(t *testing.T) {
 	dir := object.NewMemDirectory()
-	var nodes []*Node
-	for _, name := range []string{"a", "b"} {
-		cfg := DefaultNodeConfig()
-		cfg.Name, cfg.Dir, cfg.Token, cfg.Logger = name, t.TempDir(), testToken, zaptest.NewLogger(t)
-		cfg.Store.Capacity = 64 << 20
-		cfg.Store.Directory = dir
-		n, err := StartNode(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			n.Shutdown(ctx)
-		})
-		nodes = append(nodes, n)
-	}
-	a, b := nodes[0], nodes[1]
+	a, b := startTestNodes(t, dir, nil)
 	ctx := ctxT(t)
 	data := randBytes(8<<20, 31)
 	id, err := a.Store.Put(ctx, "driver", data)
