@@ -1,6 +1,7 @@
 package topology
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -139,47 +140,28 @@ type machineType struct {
 	nicGBps  []float64  // per NIC: GB/s (speed/8)
 }
 
-// MaxGPUs bounds the size of a built cluster (about 200 MiB of model), so that a typo in a
-// count fails with an error instead of exhausting memory.
-const MaxGPUs = 1 << 20
-
 // Build validates a cluster spec and builds the cluster. Errors wrap ErrInvalidSpec or
 // ErrUnknownMachine and name the JSON path of what was wrong.
 func Build(spec *ClusterSpec) (*Cluster, error) {
 	if spec == nil {
 		return nil, fmt.Errorf("topology: nil cluster spec: %w", ErrInvalidSpec)
 	}
-	if err := spec.Validate(); err != nil {
+	resolve := spec.resolver()
+	var p problems
+	spec.validate(&p, resolve)
+	if err := p.err(clusterWhere(spec), "", nil); err != nil {
 		return nil, err
 	}
 	var insts []MachineInstance
 	perType := map[string]int{}
 	rack := 0
-	total := 0
-	for i, g := range spec.Machines {
-		ms, err := spec.resolve(&g)
-		if err != nil { // cannot happen after Validate; keep the check
-			return nil, fmt.Errorf("topology: %w: %v", ErrInvalidSpec, err)
+	for i := range spec.Machines {
+		g := &spec.Machines[i]
+		ms, err := resolve(g)
+		if err != nil { // cannot happen after validate; keep the check
+			return nil, fmt.Errorf("topology: machines[%d]: %w: %v", i, ErrInvalidSpec, err)
 		}
-		count, rackSize := g.Count, g.RackSize
-		if ms.NVLink != nil && ms.NVLink.Fabric == FabricRack {
-			if count == 0 {
-				count = ms.NVLinkDomainSize
-			}
-			if rackSize == 0 {
-				rackSize = ms.NVLinkDomainSize
-			}
-		}
-		if count == 0 {
-			count = 1
-		}
-		if rackSize == 0 {
-			rackSize = count
-		}
-		total += count * max(1, len(ms.GPUs))
-		if total > MaxGPUs {
-			return nil, fmt.Errorf("topology: machines[%d]: the cluster would hold more than %d GPUs (a typo in a count?): %w", i, MaxGPUs, ErrInvalidSpec)
-		}
+		count, rackSize := g.layout(ms)
 		typeName := ms.Name
 		if typeName == "" {
 			typeName = "machine"
@@ -206,8 +188,17 @@ func Build(spec *ClusterSpec) (*Cluster, error) {
 }
 
 // BuildMachines builds a cluster from machines placed in racks. Each distinct spec is
-// validated once. Rack numbers must not decrease along the list.
+// validated once. Machine names must be valid (see docs/topology.md) and distinct; rack
+// numbers must not decrease along the list; the cluster holds at most MaxGPUs GPUs.
 func BuildMachines(machines []MachineInstance, network NetworkSpec) (*Cluster, error) {
+	var p problems
+	network.validate("network", &p)
+	if err := p.err("", "", nil); err != nil {
+		return nil, err
+	}
+	if len(machines) > MaxGPUs {
+		return nil, fmt.Errorf("topology: %d machines, at most %d: %w", len(machines), MaxGPUs, ErrInvalidSpec)
+	}
 	c := &Cluster{model: DefaultModelParams(), Network: network}
 	if c.Network.Oversubscription == 0 {
 		c.Network.Oversubscription = 1
@@ -219,10 +210,26 @@ func BuildMachines(machines []MachineInstance, network NetworkSpec) (*Cluster, e
 		c.Network.SpineLatencyUs = c.model.SpineLatencyUs
 	}
 	types := map[*MachineSpec]*machineType{}
+	names := make(map[string]int, len(machines))
 	lastRack := -1
+	total := 0
 	for i, mi := range machines {
+		name := mi.Name
+		if name == "" && mi.Spec != nil {
+			name = fmt.Sprintf("%s-%d", cmp.Or(mi.Spec.Name, "machine"), i)
+		}
+		if err := checkName(name); err != nil {
+			return nil, fmt.Errorf("topology: machine %d: %w: %w", i, err, ErrInvalidSpec)
+		}
+		if k, dup := names[name]; dup {
+			return nil, fmt.Errorf("topology: machine %d: name %q is already machine %d's: %w", i, name, k, ErrInvalidSpec)
+		}
+		names[name] = i
 		if mi.Spec == nil {
-			return nil, fmt.Errorf("topology: machine %d (%q) has no spec: %w", i, mi.Name, ErrInvalidSpec)
+			return nil, fmt.Errorf("topology: machine %d (%q) has no spec: %w", i, name, ErrInvalidSpec)
+		}
+		if total += max(1, len(mi.Spec.GPUs)); total > MaxGPUs {
+			return nil, fmt.Errorf("topology: machine %d (%q): the cluster would hold more than %d GPUs: %w", i, name, MaxGPUs, ErrInvalidSpec)
 		}
 		mt := types[mi.Spec]
 		if mt == nil {
@@ -241,10 +248,6 @@ func BuildMachines(machines []MachineInstance, network NetworkSpec) (*Cluster, e
 		}
 		r := c.Racks[len(c.Racks)-1]
 		r.Machines = append(r.Machines, i)
-		name := mi.Name
-		if name == "" {
-			name = fmt.Sprintf("%s-%d", mi.Spec.Name, i)
-		}
 		m := &Machine{
 			Index: i, Name: name, Type: mi.Spec.Name, Rack: r.Index, Simulated: !mi.Discovered,
 			FirstGPU: len(c.gpus), NICs: mi.Spec.NICs, NUMANodes: mi.Spec.NUMANodes,
@@ -569,7 +572,7 @@ func (c *Cluster) DescribePlacement(gpus []int) string {
 			for ; i < len(g) && c.gpus[g[i]].Machine == m; i++ {
 				local = append(local, c.gpus[g[i]].Index)
 			}
-			per = append(per, fmt.Sprintf("%s GPUs %s", c.Machines[m].Name, ranges(local)))
+			per = append(per, fmt.Sprintf("%s GPUs %s", c.Machines[m].Name, FormatIDs(local)))
 		}
 		parts = append(parts, fmt.Sprintf("island %d = %s", c.IslandOf(g[0]), strings.Join(per, ", ")))
 	}
@@ -597,4 +600,23 @@ func (c *Cluster) WithModel(p ModelParams) (*Cluster, error) {
 	cc := *c
 	cc.model = p
 	return &cc, nil
+}
+
+// FormatIDs writes sorted GPU ids as runs, "0-7,9", the form DescribePlacement prints and
+// `atoll topology --allreduce` reads.
+func FormatIDs(ids []int) string {
+	var parts []string
+	for i := 0; i < len(ids); {
+		j := i
+		for j+1 < len(ids) && ids[j+1] == ids[j]+1 {
+			j++
+		}
+		if j > i {
+			parts = append(parts, fmt.Sprintf("%d-%d", ids[i], ids[j]))
+		} else {
+			parts = append(parts, fmt.Sprint(ids[i]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ",")
 }

@@ -198,6 +198,8 @@ func TestSpecFileErrors(t *testing.T) {
 			ErrInvalidSpec, []string{"instances[0].profile"}},
 		{"unknown machine type", `{"machines":[{"type":"dgx-h100"},{"type":"dgx-h999","count":2}]}`,
 			ErrInvalidSpec, []string{"machines[1]", "dgx-h999", "unknown machine type", "dgx-a100"}},
+		{"unknown machine type is ErrUnknownMachine too", `{"machines":[{"type":"dgx-h999"}]}`,
+			ErrUnknownMachine, []string{"spec.json:1:14: machines[0]: machine type \"dgx-h999\": unknown machine type"}},
 		{"type and inline", `{"machines":[{"type":"dgx-h100","machine":{"gpus":[]}}]}`, ErrInvalidSpec, []string{"machines[0]", "not both"}},
 		{"bad index", `{"gpus":[{"model":"A","memoryMiB":1},{"index":7,"model":"A","memoryMiB":1}]}`, ErrInvalidSpec, []string{"gpus[1].index", "is 7"}},
 		{"missing memory", `{"gpus":[{"model":"A"}]}`, ErrInvalidSpec, []string{"gpus[0].memoryMiB"}},
@@ -456,5 +458,16 @@ func TestIslandsOfAndDescribePlacement(t *testing.T) {
 func TestBuildRefusesHugeClusters(t *testing.T) {
 	if _, err := Load("1000000xdgx-h100"); !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), "more than") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestFormatIDs(t *testing.T) {
+	for _, tt := range []struct {
+		ids  []int
+		want string
+	}{{nil, ""}, {[]int{3}, "3"}, {[]int{0, 1, 2, 5, 7, 8}, "0-2,5,7-8"}} {
+		if got := FormatIDs(tt.ids); got != tt.want {
+			t.Errorf("FormatIDs(%v) = %q, want %q", tt.ids, got, tt.want)
+		}
 	}
 }

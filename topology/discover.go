@@ -11,7 +11,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// DiscoverOptions configures Discover.
+// DiscoverOptions configures Discover. Its zero value reads the live machine: empty or nil
+// fields take DefaultDiscoverOptions' values (RDMA from SysRoot when it is not /sys).
 type DiscoverOptions struct {
 	// SysRoot is the sysfs root ("/sys"); tests point it at a recorded tree.
 	SysRoot string
@@ -19,7 +20,8 @@ type DiscoverOptions struct {
 	NVML NVML
 	// RDMA lists RDMA devices; SystemRDMA() (rdmamap) for "/sys", else read from SysRoot.
 	RDMA RDMA
-	// Hostname names the machine; empty means os.Hostname().
+	// Hostname names the machine (a valid machine name: it names directories); empty means
+	// os.Hostname().
 	Hostname string
 	// Logger receives one debug line per step; zap.NewNop() by default.
 	Logger *zap.Logger
@@ -28,14 +30,6 @@ type DiscoverOptions struct {
 // DefaultDiscoverOptions reads the live machine: /sys, the system NVML and rdmamap.
 func DefaultDiscoverOptions() DiscoverOptions {
 	return DiscoverOptions{SysRoot: "/sys", NVML: SystemNVML(), RDMA: SystemRDMA(), Logger: zap.NewNop()}
-}
-
-// Validate checks the options.
-func (o DiscoverOptions) Validate() error {
-	if o.SysRoot == "" {
-		return errors.New("topology: discover: SysRoot is empty")
-	}
-	return nil
 }
 
 // DiscoveryReport says what discovery found and what it could not read, in lines a person
@@ -73,24 +67,19 @@ func (r *DiscoveryReport) Lines() []string {
 
 // Discover reads the machine it runs on: GPUs, NVLinks and MIG through NVML; NUMA nodes,
 // PCIe switches and NICs through sysfs; RDMA devices through rdmamap. Without NVML (no
-// driver, or a CGO_ENABLED=0 build) the report says so in one line and the machine has no
-// GPUs but its CPU/NUMA/NIC part. It returns an error only if ctx ends or sysfs has no CPU
-// information; it never pretends a GPU exists.
+// driver, or a build without the nvml tag) the report says so in one line and the machine
+// has no GPUs but its CPU/NUMA/NIC part. It returns an error only if ctx ends or sysfs has
+// no CPU information; it never pretends a GPU exists.
 func Discover(ctx context.Context, opts DiscoverOptions) (*Machine, *DiscoveryReport, error) {
-	spec, rep, err := DiscoverSpec(ctx, opts)
+	c, rep, err := DiscoverCluster(ctx, opts)
 	if err != nil {
 		return nil, rep, err
 	}
-	c, err := BuildMachines([]MachineInstance{{Name: rep.Hostname, Spec: spec, Discovered: true}}, NetworkSpec{})
-	if err != nil {
-		return nil, rep, err
-	}
-	c.Name = rep.Hostname
 	return c.Machines[0], rep, nil
 }
 
-// DiscoverCluster is Discover wrapped in a one-machine cluster, for printing and for
-// computing islands and link tiers.
+// DiscoverCluster is Discover wrapped in a one-machine cluster named after the host, for
+// printing and for computing islands and link tiers.
 func DiscoverCluster(ctx context.Context, opts DiscoverOptions) (*Cluster, *DiscoveryReport, error) {
 	spec, rep, err := DiscoverSpec(ctx, opts)
 	if err != nil {
@@ -131,6 +120,9 @@ func DiscoverSpec(ctx context.Context, opts DiscoverOptions) (*MachineSpec, *Dis
 			h = "localhost"
 		}
 		rep.Hostname = h
+	}
+	if err := checkName(rep.Hostname); err != nil {
+		return nil, rep, fmt.Errorf("topology: discover: the host's %v; give DiscoverOptions.Hostname: %w", err, ErrInvalidSpec)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, rep, fmt.Errorf("topology: discover: %w", err)

@@ -246,17 +246,41 @@ func TestDiscoverSkipsBrokenGPU(t *testing.T) {
 	}
 }
 
-type slowNVML struct{ FakeNVML }
+// hungNVML's Init blocks until release is closed, as a hung driver would.
+type hungNVML struct {
+	FakeNVML
+	release chan struct{}
+}
 
-func (s *slowNVML) Init() error { time.Sleep(2 * time.Second); return nil }
+func (h *hungNVML) Init() error { <-h.release; return nil }
 
 func TestDiscoverHonoursDeadline(t *testing.T) {
+	lib := &hungNVML{FakeNVML: FakeNVML{Spec: fixtureMachine()}, release: make(chan struct{})}
+	defer close(lib.release) // let the abandoned NVML goroutine finish
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	start := time.Now()
-	_, _, err := Discover(ctx, DiscoverOptions{SysRoot: fixture, NVML: &slowNVML{FakeNVML{Spec: fixtureMachine()}}, Hostname: "h"})
-	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > time.Second {
-		t.Fatalf("err = %v after %v", err, time.Since(start))
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := Discover(ctx, DiscoverOptions{SysRoot: fixture, NVML: lib, Hostname: "h"})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err = %v, want the deadline", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Discover is still waiting for a hung NVML 30 s after its 50 ms deadline")
+	}
+}
+
+func TestDiscoverRefusesABadHostname(t *testing.T) {
+	// The host name becomes the machine's name, and so a directory name on the agent.
+	for _, h := range []string{"../etc", "a b", strings.Repeat("h", 129)} {
+		_, _, err := Discover(context.Background(), DiscoverOptions{SysRoot: fixture, NVML: &FakeNVML{Spec: fixtureMachine()}, Hostname: h})
+		if !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), "DiscoverOptions.Hostname") {
+			t.Errorf("hostname %.20q: err = %v", h, err)
+		}
 	}
 }
 

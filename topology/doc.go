@@ -14,10 +14,19 @@
 //	c.Link(0, 9)                             // {Tier: net-leaf, GBps: 50, ...}
 //	c.AllReduceTime([]int{0, 1, 2, 3, 8, 9, 10, 11}, 1<<30, topology.Best)
 //
+// The built-in machine types are JSON spec files embedded from machines/, in the format
+// users write. Every spec is validated before it is built: names that become file names
+// (machine types and machines) are restricted to a portable character set, every number has
+// a documented bound, and a cluster holds at most MaxGPUs GPUs; errors give file:line:col
+// and the JSON path.
+//
 // A declared cluster is simulated: its GPUs have "GPU-sim-" UUIDs and Machine.Simulated is
-// true. Discover reads the machine it runs on and never pretends a GPU exists.
+// true. Discover reads the machine it runs on and never pretends a GPU exists. NVML is
+// compiled in only with the nvml build tag (and cgo): `go build -tags nvml ./cmd/atoll` on GPU
+// machines; other builds report that NVML is missing and still read sysfs.
 //
 // Clusters are immutable after Build and safe for concurrent use. Link and IslandOf are
 // O(1): per-machine-type tables are precomputed once, and pairs across machines are derived
-// from the rack layout, so there are no tables over all GPU pairs.
+// from the rack layout, so there are no tables over all GPU pairs. Rendering a cluster as
+// text, JSON or Graphviz is the CLI's business (internal/topoview).
 package topology

@@ -18,8 +18,8 @@ var (
 	ErrShorthand = errors.New("bad cluster shorthand")
 	// ErrNoGPU is returned for a GPU id outside 0..NumGPUs()-1.
 	ErrNoGPU = errors.New("no such GPU")
-	// ErrNoNVML means NVML could not be used: the binary was built without cgo, or
-	// libnvidia-ml is not installed, or it failed to initialise. Discovery still reports
+	// ErrNoNVML means NVML could not be used: the binary was built without the nvml tag or
+	// without cgo, or libnvidia-ml is not installed, or it failed to initialise. Discovery still reports
 	// the CPU, NUMA, PCIe and NIC parts it could read.
 	ErrNoNVML = errors.New("NVML not available")
 )

@@ -152,12 +152,12 @@ func (p ModelParams) Validate() error {
 		{"HostBridgeLatencyUs", p.HostBridgeLatencyUs}, {"CrossSocketLatencyUs", p.CrossSocketLatencyUs},
 		{"LeafLatencyUs", p.LeafLatencyUs}, {"SpineLatencyUs", p.SpineLatencyUs},
 	} {
-		if f.v < 0 {
-			return fmt.Errorf("topology: model %s = %v must not be negative: %w", f.name, f.v, ErrInvalidSpec)
+		if !(f.v >= 0 && f.v <= maxLatencyUs) {
+			return fmt.Errorf("topology: model %s = %v, want 0 <= x <= %v: %w", f.name, f.v, maxLatencyUs, ErrInvalidSpec)
 		}
 	}
-	if !(p.NoNICGbps > 0) {
-		return fmt.Errorf("topology: model NoNICGbps = %v must be positive: %w", p.NoNICGbps, ErrInvalidSpec)
+	if !(p.NoNICGbps > 0 && p.NoNICGbps <= maxNICGbps) {
+		return fmt.Errorf("topology: model NoNICGbps = %v, want 0 < x <= %d: %w", p.NoNICGbps, maxNICGbps, ErrInvalidSpec)
 	}
 	return nil
 }

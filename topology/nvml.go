@@ -7,7 +7,8 @@ import (
 )
 
 // NVML is the part of NVIDIA's management library that discovery uses. SystemNVML returns
-// the real one (go-nvml, cgo builds only); FakeNVML serves a declared machine for tests.
+// the real one (go-nvml) in binaries built with `-tags nvml` and cgo, and one that says
+// how to get it otherwise; FakeNVML serves a declared machine for tests.
 // Implementations need not be safe for concurrent use: Discover calls them from one
 // goroutine, between Init and Shutdown.
 type NVML interface {

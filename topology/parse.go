@@ -6,13 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 )
 
 // ParseSpecFile reads a JSON spec file: either one machine (an object with "gpus") or a
 // cluster (an object with "machines"). A single machine becomes a cluster of one (or of
-// one NVLink domain for rack fabrics). Errors name the file and the line:col or JSON path
-// of the problem and wrap ErrSyntax, ErrInvalidSpec or ErrUnknownMachine.
+// one NVLink domain for rack fabrics). The spec is validated (names, the bounds on every
+// number, contradictions; see docs/topology.md). Errors name the file, line:col and JSON
+// path of each problem and wrap ErrSyntax or ErrInvalidSpec.
 func ParseSpecFile(path string) (*ClusterSpec, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -21,7 +23,8 @@ func ParseSpecFile(path string) (*ClusterSpec, error) {
 	return ParseSpec(data, path)
 }
 
-// ParseSpec parses spec JSON; name (a file name) is used in error messages.
+// ParseSpec parses and validates spec JSON as ParseSpecFile does; name (a file name) is
+// used in error messages.
 func ParseSpec(data []byte, name string) (*ClusterSpec, error) {
 	if name == "" {
 		name = "<spec>"
@@ -68,15 +71,36 @@ func ParseSpec(data []byte, name string) (*ClusterSpec, error) {
 	default:
 		return nil, fmt.Errorf("topology: %s: the top-level object has neither \"gpus\" (a machine) nor \"machines\" (a cluster): %w", name, ErrSyntax)
 	}
+	var p problems
+	if keys["gpus"] != nil {
+		// Paths in a machine file start at its top level.
+		spec.Machines[0].Machine.validate("", &p)
+	} else {
+		spec.validate(&p, spec.resolver())
+	}
+	if err := p.err("", name, data); err != nil {
+		return nil, err
+	}
 	if spec.Name == "" {
 		spec.Name = name
 	}
+	return spec, nil
+}
+
+// parseMachine parses and validates one machine spec file (a built-in); name is the file
+// name used in errors.
+func parseMachine(data []byte, name string) (*MachineSpec, error) {
+	m := &MachineSpec{}
+	if err := strictDecode(data, m); err != nil {
+		return nil, jsonError(name, data, err)
+	}
+	normalizeMachine(m)
 	var p problems
-	spec.validate(&p)
-	if err := p.err(name); err != nil {
+	m.validate("", &p)
+	if err := p.err("", name, data); err != nil {
 		return nil, err
 	}
-	return spec, nil
+	return m, nil
 }
 
 // normalizeMachine fills omitted GPU indexes (an index of 0 past position 0 means omitted).
@@ -161,6 +185,67 @@ func lineCol(data []byte, offset int64) (int, int) {
 	line := bytes.Count(before, []byte("\n")) + 1
 	col := int(offset) - (bytes.LastIndexByte(before, '\n') + 1) + 1
 	return line, col
+}
+
+// locate finds, for each JSON path (as join and joinKey build them), the 1-based line and
+// column of its value in data, or of the nearest enclosing value present. It reads data,
+// which has already been decoded without error, once.
+func locate(data []byte, paths []string) map[string][2]int {
+	type best struct {
+		depth int
+		at    int64
+	}
+	found := make(map[string]best, len(paths))
+	dec := json.NewDecoder(bytes.NewReader(data))
+	start := func() int64 { // where the next value begins
+		at := dec.InputOffset()
+		for at < int64(len(data)) && strings.IndexByte(" \t\r\n:,", data[at]) >= 0 {
+			at++
+		}
+		return at
+	}
+	var walk func(path string) bool
+	walk = func(path string) bool {
+		at := start()
+		for _, t := range paths {
+			if t == path || path == "" || strings.HasPrefix(t, path) && strings.IndexByte(".[", t[len(path)]) >= 0 {
+				if b, ok := found[t]; !ok || len(path) >= b.depth {
+					found[t] = best{depth: len(path), at: at}
+				}
+			}
+		}
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		switch tok {
+		case json.Delim('{'):
+			for dec.More() {
+				k, err := dec.Token()
+				key, ok := k.(string)
+				if err != nil || !ok || !walk(joinKey(path, key)) {
+					return false
+				}
+			}
+		case json.Delim('['):
+			for i := 0; dec.More(); i++ {
+				if !walk(join(path, "["+strconv.Itoa(i)+"]")) {
+					return false
+				}
+			}
+		default:
+			return true
+		}
+		_, err = dec.Token() // the closing delimiter
+		return err == nil
+	}
+	walk("")
+	out := make(map[string][2]int, len(found))
+	for t, b := range found {
+		line, col := lineCol(data, b.at)
+		out[t] = [2]int{line, col}
+	}
+	return out
 }
 
 // Load builds a cluster from a built-in machine name ("dgx-h100"), a shorthand

@@ -2,7 +2,6 @@ package topology
 
 import (
 	"fmt"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,7 +27,9 @@ const (
 // Discover produces one for the machine it runs on. A MachineSpec is read-only once
 // handed to Build.
 type MachineSpec struct {
-	// Name is the machine type, e.g. "dgx-h100".
+	// Name is the machine type, e.g. "dgx-h100". It names machines ("dgx-h100-3"), which
+	// name directories, so it is 1..128 bytes of A-Z a-z 0-9 . _ - not starting with '.' or
+	// '-'; empty in a file means the machineTypes key, or "machine" for an inline machine.
 	Name string `json:"name"`
 	// Description is free text shown by the CLI.
 	Description string `json:"description,omitempty"`
@@ -164,8 +165,9 @@ type MIGInstanceSpec struct {
 type ClusterSpec struct {
 	// Name is free text.
 	Name string `json:"name,omitempty"`
-	// MachineTypes declares machine types by name, for use in Machines[i].Type; they shadow
-	// built-ins of the same name.
+	// MachineTypes declares machine types by name (a valid machine type name, equal to the
+	// spec's name if it gives one), for use in Machines[i].Type; they shadow built-ins of the
+	// same name.
 	MachineTypes map[string]*MachineSpec `json:"machineTypes,omitempty"`
 	// Machines are groups of identical machines.
 	Machines []MachineGroup `json:"machines"`
@@ -179,7 +181,8 @@ type MachineGroup struct {
 	Type string `json:"type,omitempty"`
 	// Machine is an inline machine spec (instead of Type).
 	Machine *MachineSpec `json:"machine,omitempty"`
-	// Count is the number of machines; 0 means 1, or NVLinkDomainSize for rack fabrics.
+	// Count is the number of machines, at most MaxGPUs; 0 means 1, or NVLinkDomainSize for
+	// rack fabrics. A cluster holds at most MaxGPUs GPUs.
 	Count int `json:"count,omitempty"`
 	// RackSize is machines per rack; 0 means all in one rack (NVLinkDomainSize for rack
 	// fabrics). Each group starts a new rack.
@@ -189,54 +192,90 @@ type MachineGroup struct {
 // NetworkSpec describes the network between machines: one leaf (top-of-rack) switch per
 // rack, and spines above the leaves.
 type NetworkSpec struct {
-	// Oversubscription is the leaf-to-spine oversubscription ratio (1 = non-blocking,
-	// 2 = 2:1). Zero means 1.
+	// Oversubscription is the leaf-to-spine oversubscription ratio, 1..1000 (1 =
+	// non-blocking, 2 = 2:1). Zero means 1.
 	Oversubscription float64 `json:"oversubscription,omitempty"`
 	// LeafLatencyUs and SpineLatencyUs are one-way latencies between machines of the same
-	// rack and of different racks, in microseconds. Zero means the model defaults.
+	// rack and of different racks, in microseconds, at most 10^6. Zero means the model
+	// defaults.
 	LeafLatencyUs  float64 `json:"leafLatencyUs,omitempty"`
 	SpineLatencyUs float64 `json:"spineLatencyUs,omitempty"`
 }
 
-var shorthandRE = regexp.MustCompile(`^(?:(\d+)\s*x\s*)?([A-Za-z][A-Za-z0-9._-]*?)(?:/(\d+))?$`)
-
 // ParseShorthand parses a cluster shorthand: "dgx-h100" (one machine, or one NVLink domain
 // for rack fabrics such as gb200-nvl72), "4xdgx-h100" (four in one rack) or
 // "64xdgx-h100/8" (64 in racks of 8). Several groups may be joined with "+":
-// "16xdgx-h100/8+8xpcie-l40s-8". Only built-in machine types are known to shorthands.
+// "16xdgx-h100/8+8xpcie-l40s-8". Only built-in machine types are known to shorthands. Counts
+// and rack sizes are whole numbers in 1..MaxGPUs, and the cluster may hold at most MaxGPUs
+// GPUs. Errors name the part and its byte offset and wrap ErrShorthand, ErrUnknownMachine or
+// (for a cluster over the bound) ErrInvalidSpec.
 func ParseShorthand(s string) (*ClusterSpec, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return nil, fmt.Errorf("topology: shorthand is empty: %w", ErrShorthand)
 	}
 	spec := &ClusterSpec{Name: s}
-	for _, part := range strings.Split(s, "+") {
-		part = strings.TrimSpace(part)
-		m := shorthandRE.FindStringSubmatch(part)
-		if m == nil {
-			return nil, fmt.Errorf("topology: shorthand %q: part %q is not COUNTxTYPE[/RACKSIZE]: %w", s, part, ErrShorthand)
-		}
-		g := MachineGroup{Type: m[2]}
-		if m[1] != "" {
-			n, err := strconv.Atoi(m[1])
-			if err != nil || n <= 0 {
-				return nil, fmt.Errorf("topology: shorthand %q: count %q must be a positive integer: %w", s, m[1], ErrShorthand)
-			}
-			g.Count = n
-		}
-		if m[3] != "" {
-			n, err := strconv.Atoi(m[3])
-			if err != nil || n <= 0 {
-				return nil, fmt.Errorf("topology: shorthand %q: rack size %q must be a positive integer: %w", s, m[3], ErrShorthand)
-			}
-			g.RackSize = n
-		}
-		if _, err := BuiltinMachine(g.Type); err != nil {
-			return nil, fmt.Errorf("topology: shorthand %q: %w", s, err)
+	at := 0
+	for i, part := range strings.Split(s, "+") {
+		g, err := parseShorthandPart(part, at)
+		if err != nil {
+			return nil, fmt.Errorf("topology: shorthand %.64q: part %d (%.64q): %w", s, i+1, strings.TrimSpace(part), err)
 		}
 		spec.Machines = append(spec.Machines, g)
+		at += len(part) + 1
+	}
+	var p problems
+	spec.validate(&p, spec.resolver())
+	if err := p.err(fmt.Sprintf("shorthand %.64q", s), "", nil); err != nil {
+		return nil, err
 	}
 	return spec, nil
+}
+
+// parseShorthandPart parses "[COUNTx]TYPE[/RACKSIZE]"; at is the part's byte offset in the
+// whole shorthand, for errors.
+func parseShorthandPart(part string, at int) (MachineGroup, error) {
+	var g MachineGroup
+	if strings.TrimSpace(part) == "" {
+		return g, fmt.Errorf("is empty, want [COUNTx]TYPE[/RACKSIZE]: %w", ErrShorthand)
+	}
+	rest := part
+	if k := strings.LastIndexByte(rest, '/'); k >= 0 {
+		n, err := shorthandNumber("rack size", rest[k+1:], at+k+1)
+		if err != nil {
+			return g, err
+		}
+		g.RackSize, rest = n, rest[:k]
+	}
+	// A count precedes the first 'x' when what comes before it looks like a number; built-in
+	// type names start with a letter.
+	if k := strings.IndexByte(rest, 'x'); k > 0 {
+		if lead := strings.TrimSpace(rest[:k]); lead != "" && strings.IndexByte("0123456789+-.", lead[0]) >= 0 {
+			n, err := shorthandNumber("count", rest[:k], at)
+			if err != nil {
+				return g, err
+			}
+			g.Count, rest, at = n, rest[k+1:], at+k+1
+		}
+	}
+	g.Type = strings.TrimSpace(rest)
+	if err := checkName(g.Type); err != nil {
+		return g, fmt.Errorf("machine type at byte %d: %v, want [COUNTx]TYPE[/RACKSIZE]: %w", at, err, ErrShorthand)
+	}
+	if _, err := BuiltinMachine(g.Type); err != nil {
+		return g, err
+	}
+	return g, nil
+}
+
+// shorthandNumber reads a count or rack size: a whole number in 1..MaxGPUs.
+func shorthandNumber(what, s string, at int) (int, error) {
+	t := strings.TrimSpace(s)
+	n, err := strconv.Atoi(t)
+	if err != nil || n < 1 || n > MaxGPUs || strings.Trim(t, "0123456789") != "" {
+		return 0, fmt.Errorf("%s %.32q at byte %d must be a whole number in 1..%d: %w", what, t, at, MaxGPUs, ErrShorthand)
+	}
+	return n, nil
 }
 
 // sortedKeys returns the keys of m in order.

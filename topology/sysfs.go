@@ -2,6 +2,7 @@ package topology
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -119,8 +120,8 @@ func ReadSysfs(root string, rdma RDMA) (*SysfsInfo, error) {
 			nic.NUMA = nodes[0].ID
 		}
 		speed, ok := readInt(filepath.Join(netDir, name, "speed"))
-		if !ok || speed <= 0 {
-			if r := rdmaRate(root, nic.Name); nic.RDMA && r > 0 {
+		if !ok || speed <= 0 || speed > maxNICGbps*1000 { // unknown, or a driver's nonsense
+			if r := rdmaRate(root, nic.Name); nic.RDMA && r > 0 && r <= maxNICGbps {
 				speed = int(r * 1000)
 			} else {
 				info.Notes = append(info.Notes, fmt.Sprintf("NIC %s: link speed unknown (down or virtual function); assumed 1 Gb/s", name))
@@ -143,7 +144,7 @@ func ReadSysfs(root string, rdma RDMA) (*SysfsInfo, error) {
 				nic.PCIeSwitch = dev.Switch
 			}
 		}
-		if nic.SpeedGbps <= 0 {
+		if nic.SpeedGbps <= 0 || nic.SpeedGbps > maxNICGbps {
 			nic.SpeedGbps = 1
 			info.Notes = append(info.Notes, fmt.Sprintf("RDMA device %s: rate unknown; assumed 1 Gb/s", d))
 		}
@@ -305,14 +306,24 @@ func readPCIDevice(root, bdf string) (PCIDevice, bool) {
 	return dev, true
 }
 
-// pcieGenOf maps sysfs's "16.0 GT/s PCIe" to the PCIe generation (4).
-func pcieGenOf(s string) int {
+// leadingNumber reads the number a sysfs value starts with ("16.0 GT/s PCIe",
+// "400 Gb/sec (4X NDR)"); 0 when there is none or it is not a finite, positive number.
+func leadingNumber(s string) float64 {
 	f := strings.Fields(s)
 	if len(f) == 0 {
 		return 0
 	}
 	v, err := strconv.ParseFloat(f[0], 64)
-	if err != nil {
+	if err != nil || !(v > 0 && v < math.MaxFloat64) {
+		return 0
+	}
+	return v
+}
+
+// pcieGenOf maps sysfs's "16.0 GT/s PCIe" to the PCIe generation (4); 0 when unknown.
+func pcieGenOf(s string) int {
+	v := leadingNumber(s)
+	if v == 0 {
 		return 0
 	}
 	for gen, rate := range []float64{2.5, 5, 8, 16, 32, 64, 128} {
@@ -325,16 +336,7 @@ func pcieGenOf(s string) int {
 
 // rdmaRate reads an RDMA device's port 1 rate ("400 Gb/sec (4X NDR)") in Gb/s.
 func rdmaRate(root, dev string) float64 {
-	s := readString(filepath.Join(root, "class", "infiniband", dev, "ports", "1", "rate"))
-	f := strings.Fields(s)
-	if len(f) == 0 {
-		return 0
-	}
-	v, err := strconv.ParseFloat(f[0], 64)
-	if err != nil {
-		return 0
-	}
-	return v
+	return leadingNumber(readString(filepath.Join(root, "class", "infiniband", dev, "ports", "1", "rate")))
 }
 
 // RDMA lists RDMA devices. SystemRDMA uses github.com/Mellanox/rdmamap on the live /sys;
