@@ -2,6 +2,7 @@ package meta
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -28,6 +29,9 @@ type ClusterConfig struct {
 	TCP bool
 	// Token is the cluster secret for TCP (default a fixed dev token).
 	Token []byte
+	// TLS, with TCP, makes the replica links mutual TLS (paxos.TCPConfig.TLS): one config
+	// serves every replica, so its certificate must be valid for 127.0.0.1.
+	TLS *tls.Config
 	// TickInterval is the Paxos tick (default 10 ms).
 	TickInterval time.Duration
 	// Logger (default zap.NewNop()).
@@ -45,8 +49,11 @@ func (c ClusterConfig) Validate() error {
 	if c.Replicas < 1 || c.Replicas > 9 {
 		return fmt.Errorf("meta: cluster of %d replicas: want 1..9", c.Replicas)
 	}
-	if c.TickInterval <= 0 {
-		return fmt.Errorf("meta: cluster tick interval %v must be positive", c.TickInterval)
+	if c.TickInterval < paxos.MinTickInterval || c.TickInterval > paxos.MaxTickInterval {
+		return fmt.Errorf("meta: cluster tick interval %v must be in [%v, %v]", c.TickInterval, paxos.MinTickInterval, paxos.MaxTickInterval)
+	}
+	if c.TLS != nil && !c.TCP {
+		return fmt.Errorf("meta: cluster TLS needs TCP (the in-memory network has no links to encrypt)")
 	}
 	return nil
 }
@@ -96,7 +103,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 			ln.Close()
 		}
 		for _, id := range c.IDs {
-			tr, err := paxos.NewTCPTransport(paxos.TCPConfig{ID: id, Listen: peers[id], Peers: peers, Token: cfg.Token, Logger: cfg.Logger})
+			tr, err := paxos.NewTCPTransport(paxos.TCPConfig{ID: id, Listen: peers[id], Peers: peers, Token: cfg.Token, TLS: cfg.TLS, Logger: cfg.Logger})
 			if err != nil {
 				c.Close()
 				return nil, err

@@ -17,5 +17,7 @@
 //	kv, found, err := client.Get(ctx, meta.TableNodes.Key("n1"))
 //	events, err := c.SMs[1].Watch(ctx, string(meta.TableJobs), rev)
 //
-// A separate process reaches an `atoll head` through HTTPConn (the Handler's client API).
+// Every key written belongs to a table; AllTables is the list. A separate process reaches
+// an `atoll head` through HTTPConn (the Handler's client API), over mutual TLS with
+// NewHTTPServer and NewHTTPClient given a *tls.Config.
 package meta

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,23 +24,41 @@ import (
 // MaxRequestBytes bounds a client API request body.
 const MaxRequestBytes = 4 << 20
 
-// DefaultMembershipTimeout bounds a membership change request without timeout_ms
-// (adding a replica waits for it to catch up with the log first).
-const DefaultMembershipTimeout = 30 * time.Second
+// Server-side deadlines of the client API: every request has one, so that no request waits
+// forever while there is no quorum.
+const (
+	// DefaultRequestTimeout bounds a request without timeout_ms (Handler.RequestTimeout
+	// overrides it).
+	DefaultRequestTimeout = 10 * time.Second
+	// DefaultMembershipTimeout bounds a membership change request without timeout_ms
+	// (adding a replica waits for it to catch up with the log first).
+	DefaultMembershipTimeout = 30 * time.Second
+	// MaxRequestTimeout caps timeout_ms: a longer one is shortened to it.
+	MaxRequestTimeout = 5 * time.Minute
+)
 
 // Handler is the head's client API over HTTP: POST /v1/propose (body: JSON Request),
 // GET /v1/get?key=K, GET /v1/range?prefix=P, GET /v1/status, and membership changes
 // through the log, at the leader: POST /v1/members/add?id=N&addr=HOST:PORT (the new
 // replica runs with `atoll head --join`) and POST /v1/members/remove?id=N, each answering
-// {"epoch","members"} once the change is chosen (default deadline
-// DefaultMembershipTimeout, or timeout_ms). Every call needs
-// "Authorization: Bearer <token>". A follower answers 421 with {"leader": id}; no leader
-// yet answers 503 (retryable).
+// {"epoch","members"} once the change is chosen. Any other method is refused (405): a
+// write is never a GET.
+//
+// Every call needs "Authorization: Bearer <token>" (401 otherwise). Every call has a
+// deadline: timeout_ms (milliseconds, at most MaxRequestTimeout) or, without it,
+// RequestTimeout (DefaultRequestTimeout) and DefaultMembershipTimeout for membership
+// changes. A follower answers 421 with {"leader": id}; no leader yet (or a deadline passed)
+// answers 503 (retryable); a malformed request 400. Errors are JSON {"error": "..."}.
+// Serve it over TLS with an http.Server whose TLSConfig requires client certificates for
+// mutual TLS; the token is checked either way.
 type Handler struct {
 	Replica *paxos.Replica
 	SM      *StateMachine
 	Token   string
 	Logger  *zap.Logger
+	// RequestTimeout is the deadline of a request without timeout_ms, other than a
+	// membership change (default DefaultRequestTimeout).
+	RequestTimeout time.Duration
 }
 
 type errorBody struct {
@@ -54,14 +73,58 @@ func (h *Handler) fail(w http.ResponseWriter, err error) {
 	switch {
 	case errors.As(err, &nl) && nl.Leader != 0:
 		code, body.Leader = http.StatusMisdirectedRequest, nl.Leader
-	case paxos.IsRetryable(err), errors.Is(err, context.DeadlineExceeded):
+	case paxos.IsRetryable(err), errors.Is(err, context.DeadlineExceeded), errors.Is(err, paxos.ErrLearnerBehind):
 		code = http.StatusServiceUnavailable
 	case errors.Is(err, ErrBadRequest), errors.Is(err, paxos.ErrBadConfChange):
 		code = http.StatusBadRequest
+	case errors.Is(err, ErrUnauthenticated):
+		code = http.StatusUnauthorized
+	case errors.Is(err, errMethod):
+		code = http.StatusMethodNotAllowed
 	}
+	writeError(w, code, body)
+}
+
+func writeError(w http.ResponseWriter, code int, body errorBody) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	json.NewEncoder(w).Encode(body)
+}
+
+// errMethod marks a request with the wrong HTTP method (405).
+var errMethod = errors.New("meta: method not allowed")
+
+// routeMethod returns the one method a client API path accepts.
+func routeMethod(path string) (string, bool) {
+	switch path {
+	case "/v1/propose", "/v1/members/add", "/v1/members/remove":
+		return http.MethodPost, true
+	case "/v1/get", "/v1/range", "/v1/status":
+		return http.MethodGet, true
+	}
+	return "", false
+}
+
+// deadline returns the request's timeout: timeout_ms when given (capped at
+// MaxRequestTimeout), else the path's default.
+func (h *Handler) deadline(r *http.Request) (time.Duration, error) {
+	if v := r.URL.Query().Get("timeout_ms"); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || ms < 1 {
+			return 0, fmt.Errorf("%w: timeout_ms %q must be a whole number of milliseconds >= 1", ErrBadRequest, v)
+		}
+		if ms > MaxRequestTimeout.Milliseconds() {
+			return MaxRequestTimeout, nil
+		}
+		return time.Duration(ms) * time.Millisecond, nil
+	}
+	if strings.HasPrefix(r.URL.Path, "/v1/members/") {
+		return DefaultMembershipTimeout, nil
+	}
+	if h.RequestTimeout > 0 {
+		return h.RequestTimeout, nil
+	}
+	return DefaultRequestTimeout, nil
 }
 
 // ServeHTTP implements http.Handler.
@@ -74,19 +137,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	want := "Bearer " + h.Token
 	if subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
 		log.Warn("unauthenticated client request refused", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
-		http.Error(w, "unauthenticated", http.StatusUnauthorized)
+		writeError(w, http.StatusUnauthorized, errorBody{Error: "unauthenticated: missing or wrong bearer token"})
 		return
 	}
-	ctx := r.Context()
-	if d, err := strconv.Atoi(r.URL.Query().Get("timeout_ms")); err == nil && d > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(d)*time.Millisecond)
-		defer cancel()
-	} else if strings.HasPrefix(r.URL.Path, "/v1/members/") {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultMembershipTimeout)
-		defer cancel()
+	method, ok := routeMethod(r.URL.Path)
+	if !ok {
+		writeError(w, http.StatusNotFound, errorBody{Error: fmt.Sprintf("no such path %q", r.URL.Path)})
+		return
 	}
+	if r.Method != method {
+		w.Header().Set("Allow", method)
+		h.fail(w, fmt.Errorf("%w: %s needs %s, got %s", errMethod, r.URL.Path, method, r.Method))
+		return
+	}
+	timeout, err := h.deadline(r)
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	defer cancel()
 	switch r.URL.Path {
 	case "/v1/propose":
 		body, err := io.ReadAll(io.LimitReader(r.Body, MaxRequestBytes+1))
@@ -131,10 +201,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(map[string]any{"id": st.ID, "role": st.Role.String(), "leader": st.Leader,
 			"commit": st.Commit, "applied": st.Applied, "revision": h.SM.Revision(), "epoch": st.Epoch, "members": st.Members})
 	case "/v1/members/add", "/v1/members/remove":
-		if r.Method != http.MethodPost {
-			h.fail(w, fmt.Errorf("%w: %s needs POST, got %s", ErrBadRequest, r.URL.Path, r.Method))
-			return
-		}
 		q := r.URL.Query()
 		id, err := strconv.ParseUint(q.Get("id"), 10, 16)
 		if err != nil || id == 0 {
@@ -160,17 +226,47 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		log.Info("membership changed", zap.String("path", r.URL.Path), zap.Uint64("replica", id), zap.Uint64("epoch", st.Epoch), zap.Uint64s("members", st.Members))
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(MembershipResult{Epoch: st.Epoch, Members: st.Members})
-	default:
-		http.NotFound(w, r)
 	}
+}
+
+// NewHTTPServer returns an http.Server for a Handler with the client API's timeouts. With
+// tlsConfig set it serves mutual TLS (client certificates required and verified against
+// tlsConfig.ClientCAs): start it with srv.ServeTLS(ln, "", ""), otherwise srv.Serve(ln).
+func NewHTTPServer(h http.Handler, tlsConfig *tls.Config) *http.Server {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute}
+	if tlsConfig != nil {
+		srv.TLSConfig = tlsConfig.Clone()
+		srv.TLSConfig.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return srv
+}
+
+// NewHTTPClient returns an http.Client for HTTPConn that keeps up to maxIdlePerHost
+// HTTP/1.1 connections open to each head, over TLS when tlsConfig is set (then use https
+// BaseURLs; for mutual TLS the config carries this client's certificate and the heads' CA
+// in RootCAs).
+func NewHTTPClient(tlsConfig *tls.Config, maxIdlePerHost int) *http.Client {
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: maxIdlePerHost,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: 5 * time.Second,
+	}
+	if tlsConfig != nil {
+		tr.TLSClientConfig = tlsConfig.Clone()
+	}
+	return &http.Client{Transport: tr}
 }
 
 // HTTPConn is a Conn to a head's client API.
 type HTTPConn struct {
-	// BaseURL is like "http://127.0.0.1:7001".
+	// BaseURL is like "http://127.0.0.1:7001", or "https://..." with an HTTP client made
+	// by NewHTTPClient with a TLS config.
 	BaseURL string
-	Token   string
-	HTTP    *http.Client
+	// Token is the cluster token sent as a bearer token (also over TLS).
+	Token string
+	// HTTP is the client used (default http.DefaultClient).
+	HTTP *http.Client
 }
 
 var _ Conn = HTTPConn{}
@@ -195,6 +291,9 @@ func (c HTTPConn) call(ctx context.Context, method, path string, body []byte) ([
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
+		if terr := diagnoseTLS(ctx, hc, req.URL.Host, err); terr != nil {
+			return nil, 0, fmt.Errorf("meta: %s: %w", c.BaseURL, terr)
+		}
 		return nil, 0, fmt.Errorf("meta: %s %s: %w", method, c.BaseURL+path, err)
 	}
 	defer resp.Body.Close()
@@ -215,8 +314,51 @@ func (c HTTPConn) call(ctx context.Context, method, path string, body []byte) ([
 		return nil, resp.StatusCode, fmt.Errorf("meta: %s: %s: %w", c.BaseURL, eb.Error, paxos.ErrNotLeader)
 	case http.StatusBadRequest:
 		return nil, resp.StatusCode, fmt.Errorf("meta: %s: %s: %w", c.BaseURL, eb.Error, ErrBadRequest)
+	case http.StatusUnauthorized:
+		return nil, resp.StatusCode, fmt.Errorf("meta: the head at %s refused this client's token (401): check the client's cluster token: %w", c.BaseURL, ErrUnauthenticated)
 	}
 	return nil, resp.StatusCode, fmt.Errorf("meta: %s %s: status %d: %s", method, path, resp.StatusCode, out)
+}
+
+// diagnoseTLS tells a TLS refusal (ErrUnauthenticated: this client's certificate or trust
+// is wrong, not the head) from other failures of a request to host. The head's refusal of
+// a client certificate reaches a TLS 1.3 client only after its handshake, often as a
+// broken connection: a new handshake with a read shows the head's alert.
+func diagnoseTLS(ctx context.Context, hc *http.Client, host string, err error) error {
+	tr, ok := hc.Transport.(*http.Transport)
+	if !ok || tr.TLSClientConfig == nil || ctx.Err() != nil {
+		return nil
+	}
+	var verr *tls.CertificateVerificationError
+	if !errors.As(err, &verr) && !isRemoteAlert(err) {
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		cfg := tr.TLSClientConfig.Clone()
+		if cfg.ServerName == "" {
+			cfg.ServerName, _, _ = net.SplitHostPort(host)
+		}
+		conn, derr := (&tls.Dialer{Config: cfg}).DialContext(dctx, "tcp", host)
+		if derr == nil {
+			conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+			_, derr = conn.Read(make([]byte, 1))
+			conn.Close()
+		}
+		err = derr
+	}
+	switch {
+	case errors.As(err, &verr):
+		return fmt.Errorf("the head's certificate failed verification (is the client's RootCAs the cluster's CA?): %v: %w", err, ErrUnauthenticated)
+	case isRemoteAlert(err):
+		return fmt.Errorf("the head refused this client's TLS session (its certificate is missing or not signed by the cluster's CA): %v: %w", err, ErrUnauthenticated)
+	}
+	return nil
+}
+
+// isRemoteAlert reports whether err is a TLS alert sent by the peer (crypto/tls reports it
+// as a *net.OpError with Op "remote error").
+func isRemoteAlert(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "remote error"
 }
 
 // Propose implements Conn.

@@ -1,10 +1,11 @@
 package meta
 
 import (
-	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -15,20 +16,7 @@ import (
 )
 
 func TestHTTPHandlerBadInputAndRedirect(t *testing.T) {
-	cfg := DefaultClusterConfig()
-	cfg.NoSync = true
-	cfg.TickInterval = 2 * time.Millisecond
-	c, err := StartCluster(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	l, err := c.WaitLeader(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, l, ctx := startTestCluster(t, nil)
 	var follower uint64 = 1
 	if l == 1 {
 		follower = 2
@@ -45,13 +33,16 @@ func TestHTTPHandlerBadInputAndRedirect(t *testing.T) {
 		body   string
 		status int
 	}{
-		{"no-token", l, "", `{"ops":[{"t":"put","k":"a"}]}`, http.StatusUnauthorized},
-		{"wrong-token", l, "nope", `{"ops":[{"t":"put","k":"a"}]}`, http.StatusUnauthorized},
+		{"no-token", l, "", `{"ops":[{"t":"put","k":"nodes/a"}]}`, http.StatusUnauthorized},
+		{"wrong-token", l, "nope", `{"ops":[{"t":"put","k":"nodes/a"}]}`, http.StatusUnauthorized},
 		{"not-json", l, "tok", `{"ops":`, http.StatusBadRequest},
 		{"empty-key", l, "tok", `{"ops":[{"t":"put","k":""}]}`, http.StatusBadRequest},
-		{"oversized", l, "tok", `{"ops":[{"t":"put","k":"a","v":"` + strings.Repeat("A", MaxRequestBytes) + `"}]}`, http.StatusBadRequest},
-		{"follower-redirects", follower, "tok", `{"ops":[{"t":"put","k":"a"}]}`, http.StatusMisdirectedRequest},
-		{"leader-ok", l, "tok", `{"ops":[{"t":"put","k":"a"}]}`, http.StatusOK},
+		{"key-in-no-table", l, "tok", `{"ops":[{"t":"put","k":"a"}]}`, http.StatusBadRequest},
+		{"key-is-only-a-table", l, "tok", `{"ops":[{"t":"put","k":"nodes/"}]}`, http.StatusBadRequest},
+		{"compare-key-in-no-table", l, "tok", `{"if":[{"k":"x","ver":0}],"ops":[{"t":"put","k":"nodes/a"}]}`, http.StatusBadRequest},
+		{"oversized", l, "tok", `{"ops":[{"t":"put","k":"nodes/a","v":"` + strings.Repeat("A", MaxRequestBytes) + `"}]}`, http.StatusBadRequest},
+		{"follower-redirects", follower, "tok", `{"ops":[{"t":"put","k":"nodes/a"}]}`, http.StatusMisdirectedRequest},
+		{"leader-ok", l, "tok", `{"ops":[{"t":"put","k":"nodes/a"}]}`, http.StatusOK},
 	}
 	for _, tc := range cases {
 		req, _ := http.NewRequest(http.MethodPost, srv[tc.id].URL+"/v1/propose", strings.NewReader(tc.body))
@@ -68,13 +59,85 @@ func TestHTTPHandlerBadInputAndRedirect(t *testing.T) {
 		}
 	}
 	// HTTPConn maps the redirect to a NotLeaderError carrying the leader id.
-	_, err = HTTPConn{BaseURL: srv[follower].URL, Token: "tok"}.Propose(ctx, []byte(`{"ops":[{"t":"put","k":"b"}]}`))
+	_, err := HTTPConn{BaseURL: srv[follower].URL, Token: "tok"}.Propose(ctx, []byte(`{"ops":[{"t":"put","k":"nodes/b"}]}`))
 	var nl *paxos.NotLeaderError
 	if !errors.As(err, &nl) || nl.Leader != l {
 		t.Fatalf("follower propose over HTTP: %v", err)
 	}
-	kv, ok, err := HTTPConn{BaseURL: srv[l].URL, Token: "tok"}.Get(ctx, "a")
+	kv, ok, err := HTTPConn{BaseURL: srv[l].URL, Token: "tok"}.Get(ctx, "nodes/a")
 	if err != nil || !ok || kv.Version != 1 {
 		t.Fatalf("get a: %+v %v %v", kv, ok, err)
+	}
+}
+
+// Methods, deadlines and tokens (issue 14, finding 8): a write is never a GET; a request
+// without timeout_ms still has a deadline; a wrong token is reported as the client's.
+func TestHTTPHandlerMethodsDeadlinesAndToken(t *testing.T) {
+	c, l, ctx := startTestCluster(t, nil)
+	h := &Handler{Replica: c.Replicas[l], SM: c.SMs[l], Token: "tok", Logger: zaptest.NewLogger(t), RequestTimeout: 300 * time.Millisecond}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	do := func(method, path, body string) (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	put := `{"ops":[{"t":"put","k":"jobs/j"}]}`
+	for _, tc := range []struct {
+		method, path, body string
+		status             int
+	}{
+		{http.MethodGet, "/v1/propose?" + url.Values{"body": {put}}.Encode(), "", http.StatusMethodNotAllowed},
+		{http.MethodGet, "/v1/propose", put, http.StatusMethodNotAllowed},
+		{http.MethodPut, "/v1/propose", put, http.StatusMethodNotAllowed},
+		{http.MethodGet, "/v1/members/remove?id=2", "", http.StatusMethodNotAllowed},
+		{http.MethodPost, "/v1/get?key=jobs/j", "", http.StatusMethodNotAllowed},
+		{http.MethodGet, "/v1/nosuch", "", http.StatusNotFound},
+		{http.MethodPost, "/v1/propose?timeout_ms=soon", put, http.StatusBadRequest},
+		{http.MethodPost, "/v1/propose?timeout_ms=-5", put, http.StatusBadRequest},
+		{http.MethodGet, "/v1/get?key=jobs/j", "", http.StatusNotFound},
+		{http.MethodPost, "/v1/propose?timeout_ms=999999999999", put, http.StatusOK},
+	} {
+		if code, body := do(tc.method, tc.path, tc.body); code != tc.status {
+			t.Errorf("%s %s: %d %s, want %d", tc.method, tc.path, code, body, tc.status)
+		}
+	}
+	if kv, ok := c.SMs[l].Get("jobs/j"); !ok || kv.Version != 1 {
+		t.Fatalf("writes: jobs/j %+v %v, want exactly the one POST applied", kv, ok)
+	}
+
+	// A wrong token: ErrUnauthenticated at once, not retried until the deadline.
+	client, err := NewClient(DefaultClientConfig(), map[uint64]Conn{l: HTTPConn{BaseURL: srv.URL, Token: "wrong"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = client.Put(ctx, "jobs/k", []byte("v"))
+	if !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), "refused this client's token") {
+		t.Fatalf("wrong token: %v, want ErrUnauthenticated naming the client's token", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("wrong token retried for %v", d)
+	}
+
+	// No quorum: a request without timeout_ms ends at the server's deadline (503).
+	for id, r := range c.Replicas {
+		if id != l {
+			r.Close()
+		}
+	}
+	start = time.Now()
+	code, body := do(http.MethodPost, "/v1/propose", `{"ops":[{"t":"put","k":"jobs/late"}]}`)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "deadline") {
+		t.Fatalf("propose without quorum: %d %s, want 503 at the deadline", code, body)
+	}
+	if d := time.Since(start); d < h.RequestTimeout {
+		t.Fatalf("propose without quorum answered after %v, before the %v deadline", d, h.RequestTimeout)
 	}
 }

@@ -4,6 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -130,21 +136,7 @@ func (f *flakyConn) Propose(ctx context.Context, req []byte) ([]byte, error) {
 }
 
 func TestClusterClientRetriesOnceEffect(t *testing.T) {
-	cfg := DefaultClusterConfig()
-	cfg.NoSync = true
-	cfg.TickInterval = 2 * time.Millisecond
-	cfg.Logger = zaptest.NewLogger(t)
-	c, err := StartCluster(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	l, err := c.WaitLeader(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, l, ctx := startTestCluster(t, nil)
 	conns := c.Conns()
 	conns[l] = &flakyConn{Conn: conns[l], fails: 3}
 	cl, err := NewClient(DefaultClientConfig(), conns)
@@ -194,4 +186,120 @@ func TestClusterClientRetriesOnceEffect(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+func TestEventsSince(t *testing.T) {
+	sm := NewStateMachine(0)
+	put := func(ops ...Op) int64 {
+		r := sm.ApplyRequest(&Request{Ops: ops})
+		return r.Revision
+	}
+	r1 := put(Op{Type: OpPut, Key: "gangs/a", Value: []byte("1")})
+	put(Op{Type: OpPut, Key: "jobs/x", Value: []byte("1")})
+	r3 := put(Op{Type: OpPut, Key: "gangs/b", Value: []byte("1")}, Op{Type: OpPut, Key: "gangs/c", Value: []byte("1")})
+	ctx := context.Background()
+	evs, rev, err := sm.EventsSince(ctx, "gangs/", 0, 0)
+	if err != nil || len(evs) != 3 || rev != r3 {
+		t.Fatalf("all: %v events, rev %d (want 3, %d), %v", len(evs), rev, r3, err)
+	}
+	// A bound stops at a revision boundary: the transaction's two events come together.
+	evs, rev, err = sm.EventsSince(ctx, "gangs/", 0, 2)
+	if err != nil || len(evs) != 3 {
+		t.Fatalf("bounded: %d events, %v", len(evs), err)
+	}
+	evs, rev, _ = sm.EventsSince(ctx, "gangs/", 0, 1)
+	if len(evs) != 1 || rev != r1 {
+		t.Fatalf("bound 1: %d events covering %d, want 1 covering %d", len(evs), rev, r1)
+	}
+	// A quiet prefix waits, then reports the current revision so the watcher moves on.
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	evs, rev, err = sm.EventsSince(wctx, "nodes/", 0, 0)
+	cancel()
+	if err != nil || len(evs) != 0 || rev != r3 {
+		t.Fatalf("quiet prefix: %d events, rev %d, %v", len(evs), rev, err)
+	}
+	// A waiter wakes for a new event.
+	got := make(chan []Event, 1)
+	go func() {
+		evs, _, _ := sm.EventsSince(ctx, "nodes/", r3, 0)
+		got <- evs
+	}()
+	put(Op{Type: OpPut, Key: "nodes/n1", Value: []byte("1")})
+	if evs := <-got; len(evs) != 1 || evs[0].KV.Key != "nodes/n1" {
+		t.Fatalf("woken with %v", evs)
+	}
+}
+
+// The table list is AllTables: every Table constant is in it, names end with "/", and no
+// table is a prefix of another (a key belongs to one table).
+func TestTables(t *testing.T) {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "types.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := AllTables()
+	for _, d := range f.Decls {
+		g, ok := d.(*ast.GenDecl)
+		if !ok || g.Tok != token.CONST {
+			continue
+		}
+		for _, spec := range g.Specs {
+			vs := spec.(*ast.ValueSpec)
+			if id, ok := vs.Type.(*ast.Ident); !ok || id.Name != "Table" {
+				continue
+			}
+			for _, v := range vs.Values {
+				name, _ := strconv.Unquote(v.(*ast.BasicLit).Value)
+				if !slices.Contains(all, Table(name)) {
+					t.Errorf("Table constant %q is not in AllTables", name)
+				}
+			}
+		}
+	}
+	for i, a := range all {
+		if !strings.HasSuffix(string(a), "/") {
+			t.Errorf("table %q does not end with /", a)
+		}
+		for j, b := range all {
+			if i != j && strings.HasPrefix(string(b), string(a)) {
+				t.Errorf("table %q is a prefix of %q", a, b)
+			}
+		}
+	}
+	for _, key := range []string{"nodes/n1", "objects/o"} {
+		if err := (&Request{Ops: []Op{{Type: OpPut, Key: key}}}).Validate(); err != nil {
+			t.Errorf("key %q: %v", key, err)
+		}
+	}
+	for _, key := range []string{"n1", "nodes", "nodes/", "/nodes/x", "no-such-table/x"} {
+		if err := (&Request{Ops: []Op{{Type: OpPut, Key: key}}}).Validate(); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("key %q: %v, want ErrBadRequest", key, err)
+		}
+	}
+}
+
+// startTestCluster starts an in-process cluster for a test (fsync off, 2 ms ticks; mod
+// adjusts the config) and waits for its leader. The cluster closes with the test; ctx ends
+// 20 s after the start.
+func startTestCluster(t *testing.T, mod func(*ClusterConfig)) (c *Cluster, leader uint64, ctx context.Context) {
+	t.Helper()
+	cfg := DefaultClusterConfig()
+	cfg.NoSync = true
+	cfg.TickInterval = 2 * time.Millisecond
+	cfg.Logger = zaptest.NewLogger(t)
+	if mod != nil {
+		mod(&cfg)
+	}
+	c, err := StartCluster(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	if leader, err = c.WaitLeader(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c, leader, ctx
 }

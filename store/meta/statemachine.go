@@ -70,7 +70,7 @@ func (s *StateMachine) Apply(slot uint64, data []byte) []byte {
 func (s *StateMachine) ApplyRequest(req *Request) Response {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := req.Validate(); err != nil {
+	if err := req.validateShape(); err != nil {
 		return Response{Revision: s.revision, Error: err.Error()}
 	}
 	var cs *clientState
@@ -278,9 +278,15 @@ func (s *StateMachine) Restore(b []byte) error {
 		s.kv[kv.Key] = &kv
 	}
 	s.revision, s.applied, s.compact = snap.Revision, snap.Applied, snap.Revision
-	s.clients = snap.Clients
-	if s.clients == nil {
-		s.clients = map[string]*clientState{}
+	s.clients = map[string]*clientState{}
+	for id, cs := range snap.Clients {
+		if cs == nil {
+			continue // no answer kept: nothing to deduplicate
+		}
+		if cs.Answers == nil {
+			cs.Answers = map[uint64]Response{}
+		}
+		s.clients[id] = cs
 	}
 	s.history = nil
 	s.cond.Broadcast()

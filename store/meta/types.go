@@ -20,12 +20,17 @@ var (
 	ErrNotFound = errors.New("meta: not found")
 	// ErrNoReplica is returned by a Client with no reachable replica before its deadline.
 	ErrNoReplica = errors.New("meta: no replica answered")
+	// ErrUnauthenticated means a head refused the client's token (HTTP 401): the client's
+	// token is wrong, not the head. It is not retried.
+	ErrUnauthenticated = errors.New("meta: token refused")
 )
 
-// Table is a key prefix for one kind of record.
+// Table is a key prefix for one kind of record. Every key written through the client API
+// belongs to a table (Request.Validate).
 type Table string
 
-// The metadata tables.
+// The metadata tables, named for the code that uses them. The list of tables is
+// AllTables: a constant alone does not make a table.
 const (
 	TableNodes       Table = "nodes/"
 	TableJobs        Table = "jobs/"
@@ -34,11 +39,31 @@ const (
 	TableActors      Table = "actors/"
 	TableObjects     Table = "objects/"
 	TableCheckpoints Table = "checkpoints/"
+	// TableBinaries holds jobs' executables by content hash (the runtime's api.Binary).
+	TableBinaries Table = "binaries/"
+	// TableEvents holds the control plane's bounded event log (the runtime's api.Event).
+	TableEvents Table = "events/"
+	// TableConfig holds the cluster's configuration records (the runtime's
+	// api.SchedulerConfig: queues and priority classes).
+	TableConfig Table = "config/"
 )
 
-// AllTables lists every table.
+// AllTables lists every table: the one place that says which key prefixes exist. Adding a
+// table is adding one line here (a table name ends with "/" and is not a prefix of
+// another: TestTables checks both, and that every Table constant is listed).
 func AllTables() []Table {
-	return []Table{TableNodes, TableJobs, TableGangs, TablePlacements, TableActors, TableObjects, TableCheckpoints}
+	return []Table{
+		TableNodes,
+		TableJobs,
+		TableGangs,
+		TablePlacements,
+		TableActors,
+		TableObjects,
+		TableCheckpoints,
+		TableBinaries,
+		TableEvents,
+		TableConfig,
+	}
 }
 
 // Key returns the key of id in the table.
@@ -52,6 +77,18 @@ func OfKey(key string) (Table, bool) {
 		}
 	}
 	return "", false
+}
+
+// checkKey refuses a key outside every table, or one that is only a table's prefix.
+func checkKey(what string, i int, key string) error {
+	t, ok := OfKey(key)
+	if !ok {
+		return fmt.Errorf("%w: %s %d: key %q is in no table (tables: %v)", ErrBadRequest, what, i, key, AllTables())
+	}
+	if key == string(t) {
+		return fmt.Errorf("%w: %s %d: key %q has no id after its table", ErrBadRequest, what, i, key)
+	}
+	return nil
 }
 
 // KeyValue is a stored key with its versions.
@@ -99,8 +136,27 @@ type Request struct {
 	Ops      []Op      `json:"ops"`
 }
 
-// Validate checks a request's shape.
+// Validate checks a request before it is proposed: its shape, and that every key is in a
+// table (AllTables). The state machine checks the shape only (validateShape), so that a
+// log written before a key rule existed replays to the same state.
 func (r *Request) Validate() error {
+	if err := r.validateShape(); err != nil {
+		return err
+	}
+	for i, op := range r.Ops {
+		if err := checkKey("op", i, op.Key); err != nil {
+			return err
+		}
+	}
+	for i, c := range r.Compares {
+		if err := checkKey("compare", i, c.Key); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *Request) validateShape() error {
 	if len(r.Ops) == 0 {
 		return fmt.Errorf("%w: no ops", ErrBadRequest)
 	}

@@ -2,11 +2,14 @@ package object
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/bits"
 	"os"
 	"path/filepath"
+	"syscall"
 
+	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 )
 
@@ -52,6 +55,9 @@ type mem struct {
 	rw   []byte // writable view, used only before sealing
 	path string
 	off  int64
+	// noRecycle: another process has mapped the segment writable (CreateFor);
+	// it is dropped when freed, never reused for another object.
+	noRecycle bool
 }
 
 func (m mem) none() bool { return m.seg == nil && m.slab == nil }
@@ -78,9 +84,9 @@ func smallClass(size int64) int64 {
 func (s *Store) small(size int64) bool { return size <= s.smallMax }
 
 // memBytes is what an object of size charges against capacity when it needs new
-// memory (a new slab for small objects).
-func (s *Store) memBytes(size int64) int64 {
-	if s.small(size) {
+// memory (a new slab for small objects, unless external: see allocLocked).
+func (s *Store) memBytes(size int64, external bool) int64 {
+	if s.small(size) && !external {
 		return s.slabSize
 	}
 	return largeClass(size)
@@ -88,8 +94,14 @@ func (s *Store) memBytes(size int64) int64 {
 
 // allocLocked finds memory for an object of size with id. It may release s.mu
 // while admitting (spilling) and while creating files.
-func (s *Store) allocLocked(ctx context.Context, id ID, size int64) (mem, error) {
-	if s.small(size) {
+//
+// With external, the memory is for another process to write (CreateFor): it is
+// a segment of its own, whatever the size, so that the writable mapping that
+// process gets covers no other object's pages; a recycled segment is cleared
+// first, so that process sees no earlier object's bytes; and when the object is
+// freed its segment is dropped, not recycled, since that process may still map it.
+func (s *Store) allocLocked(ctx context.Context, id ID, size int64, external bool) (mem, error) {
+	if s.small(size) && !external {
 		class := smallClass(size)
 		for {
 			if m, ok := s.takeSlotLocked(class, size); ok {
@@ -104,14 +116,13 @@ func (s *Store) allocLocked(ctx context.Context, id ID, size int64) (mem, error)
 			}
 			s.slabSeq++
 			path := filepath.Join(s.shmDir, fmt.Sprintf("slab-%d", s.slabSeq))
-			s.mu.Unlock()
-			sl, err := newSlab(path, s.slabSize, class)
-			s.mu.Lock()
+			rw, ro, err := s.mapPairLocked(ctx, path, s.slabSize)
 			if err != nil {
 				s.used -= s.slabSize
 				s.notifyLocked()
 				return mem{}, err
 			}
+			sl := newSlab(path, rw, ro, class)
 			sl.partial = true
 			s.partial[class] = append(s.partial[class], sl)
 			s.slabs[sl] = struct{}{}
@@ -122,23 +133,24 @@ func (s *Store) allocLocked(ctx context.Context, id ID, size int64) (mem, error)
 		seg := segs[len(segs)-1]
 		s.pool[class] = segs[:len(segs)-1]
 		s.poolBytes -= class
-		return mem{seg: seg, ro: seg.ro[:size], rw: seg.rw[:size], path: seg.path}, nil
+		if external {
+			clear(seg.rw)
+		}
+		return mem{seg: seg, ro: seg.ro[:size], rw: seg.rw[:size], path: seg.path, noRecycle: external}, nil
 	}
 	if _, err := s.reserveLocked(ctx, class, nil); err != nil {
 		return mem{}, err
 	}
 	s.segSeq++
 	path := filepath.Join(s.shmDir, fmt.Sprintf("seg-%d", s.segSeq))
-	s.mu.Unlock()
-	rw, ro, err := mapPair(path, class)
-	s.mu.Lock()
+	rw, ro, err := s.mapPairLocked(ctx, path, class)
 	if err != nil {
 		s.used -= class
 		s.notifyLocked()
 		return mem{}, err
 	}
 	seg := &segment{path: path, rw: rw, ro: ro, class: class}
-	return mem{seg: seg, ro: ro[:size], rw: rw[:size], path: path}, nil
+	return mem{seg: seg, ro: ro[:size], rw: rw[:size], path: path, noRecycle: external}, nil
 }
 
 // mapPair creates a shared-memory file of size bytes and maps it read-write and
@@ -164,17 +176,58 @@ func mapPair(path string, size int64) (rw, ro []byte, err error) {
 	return rw, ro, nil
 }
 
-func newSlab(path string, size, class int64) (*slab, error) {
-	rw, ro, err := mapPair(path, size)
-	if err != nil {
-		return nil, err
+// shmRetries bounds how many times an allocation that found the shared-memory
+// file system full makes room in the hot tier and tries again.
+const shmRetries = 8
+
+// mapPairLocked is mapPair for memory already reserved against capacity, with
+// s.mu released while the file is made. The file system can be fuller than
+// the reservation says: smaller than it was at Open, or shared with other
+// stores and programs. When it is (ENOSPC), room is made as admission makes it
+// (recycled memory first, then spilling least-recently-used objects) and the
+// allocation tried again, at most shmRetries times; then it fails with
+// ErrStoreFull wrapping the last error.
+func (s *Store) mapPairLocked(ctx context.Context, path string, size int64) (rw, ro []byte, err error) {
+	for attempt := 1; ; attempt++ {
+		s.mu.Unlock()
+		if s.hooks != nil && s.hooks.mapPair != nil {
+			rw, ro, err = s.hooks.mapPair(path, size)
+		} else {
+			rw, ro, err = mapPair(path, size)
+		}
+		s.mu.Lock()
+		if err == nil || !errors.Is(err, syscall.ENOSPC) {
+			return rw, ro, err
+		}
+		made := false
+		if attempt <= shmRetries {
+			if s.dropCachedLocked() {
+				made = true
+			} else if v := s.victimLocked(); v != nil {
+				serr := s.spillLocked(ctx, v)
+				made = serr == nil || v.freed
+				if serr != nil && !v.freed {
+					err = fmt.Errorf("%w; making room: %w", err, serr)
+				}
+			}
+		}
+		if !made {
+			return nil, nil, s.fail(reasonStoreFull, fmt.Errorf("shared memory at %s is full after %d tries (%d of %d bytes of the hot tier in use): %w (%w)",
+				s.cfg.ShmDir, attempt, s.used, s.capacity, ErrStoreFull, err))
+		}
+		s.m.shmRetries.Inc()
+		s.log.Info("shared memory full: made room in the hot tier, allocating again", zap.Int("attempt", attempt), zap.Int64("size", size), zap.Error(err))
 	}
+}
+
+func newSlab(path string, rw, ro []byte, class int64) *slab {
+	size := int64(len(rw))
 	n := int32(size / class)
 	sl := &slab{path: path, rw: rw, ro: ro, class: class, free: make([]int32, 0, n)}
 	for i := n - 1; i >= 0; i-- {
 		sl.free = append(sl.free, i)
 	}
-	return sl, nil
+	return sl
 }
 
 func (s *Store) takeSlotLocked(class, size int64) (mem, bool) {
@@ -203,7 +256,7 @@ func (s *Store) releaseMemLocked(m mem, sealed bool) {
 	switch {
 	case m.seg != nil:
 		seg := m.seg
-		if s.poolBytes+seg.class <= s.recycleBytes && !s.closed {
+		if s.poolBytes+seg.class <= s.recycleBytes && !s.closed && !m.noRecycle {
 			s.pool[seg.class] = append(s.pool[seg.class], seg)
 			s.poolBytes += seg.class
 		} else {
@@ -300,4 +353,28 @@ func MapFile(m Mapping) ([]byte, func() error, error) {
 		return nil, nil, fmt.Errorf("object: mmap %s [%d,+%d): %w", m.Path, m.Offset, m.Size, err)
 	}
 	return b[m.Offset-start:], func() error { return unix.Munmap(b) }, nil
+}
+
+// MapFileRW maps the writable range of an object being created for another
+// process (Writer.Mapping), in that process: the bytes written through it are
+// the store's own shared memory, so the object needs no copy. Call the returned
+// function to unmap, before asking the store's owner to seal the object; the
+// slice must not be used after. See Store.CreateFor for who owns what.
+func MapFileRW(m Mapping) ([]byte, func() error, error) {
+	if m.Size == 0 {
+		return []byte{}, func() error { return nil }, nil
+	}
+	if m.Offset < 0 || m.Size < 0 || m.Offset%4096 != 0 {
+		return nil, nil, fmt.Errorf("object: map %s writable: bad offset %d / size %d", m.Path, m.Offset, m.Size)
+	}
+	f, err := os.OpenFile(m.Path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("object: map %s writable: %w", m.Path, err)
+	}
+	defer f.Close()
+	b, err := unix.Mmap(int(f.Fd()), m.Offset, int(m.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, nil, fmt.Errorf("object: mmap %s [%d,+%d) writable: %w", m.Path, m.Offset, m.Size, err)
+	}
+	return b, func() error { return unix.Munmap(b) }, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -22,7 +23,8 @@ func TestCreatePendingAwait(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newTestStore(t, nil)
+			blocked := make(chan ID, 64)
+			s := newTestStore(t, func(c *Config) { c.hooks = &hooks{awaitBlocked: func(id ID) { blocked <- id }} })
 			ctx := context.Background()
 			data := randBytes(1<<20+9, 3)
 			id := ContentID(data)
@@ -44,12 +46,19 @@ func TestCreatePendingAwait(t *testing.T) {
 					errs[i] = s.Await(ctx, id, "waiter")
 				}()
 			}
+			// Every waiter is waiting before the writer finishes.
+			for range n {
+				if got := <-blocked; got != id {
+					t.Fatalf("a waiter blocked on %s", got.Short())
+				}
+			}
 			// A waiter with a deadline gives up at its deadline.
 			dctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 			if err := s.Await(dctx, id, "impatient"); !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("await with deadline: %v", err)
 			}
 			cancel()
+			<-blocked // the impatient one's wait
 			copy(w.Bytes(), data)
 			if err := tc.finish(w); err != nil {
 				t.Fatal(err)
@@ -94,7 +103,8 @@ func TestCreatePendingAwait(t *testing.T) {
 }
 
 func TestAwaitSealedAndUnknown(t *testing.T) {
-	s := newTestStore(t, nil)
+	blocked := make(chan ID, 1)
+	s := newTestStore(t, func(c *Config) { c.hooks = &hooks{awaitBlocked: func(id ID) { blocked <- id }} })
 	ctx := context.Background()
 	data := randBytes(5000, 4)
 	id, _ := s.Put(ctx, "owner", data)
@@ -113,109 +123,85 @@ func TestAwaitSealedAndUnknown(t *testing.T) {
 	w, _ := s.Create(ctx, "p", NewID(), 100, 0)
 	done := make(chan error, 1)
 	go func() { done <- s.Await(ctx, w.ID(), "h") }()
-	time.Sleep(10 * time.Millisecond)
+	<-blocked // waiting for the writer
 	s.Close()
-	select {
-	case err := <-done:
-		if !errors.Is(err, ErrClosed) {
-			t.Fatalf("await across close: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("await did not end when the store closed")
+	if err := <-done; !errors.Is(err, ErrClosed) {
+		t.Fatalf("await across close: %v", err)
 	}
 }
 
-// syncClock is a fake clock safe to read from the reaper goroutine.
-type syncClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *syncClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *syncClock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
+// TestLeaseReaper runs the reaper in a synctest bubble: time is fake, the
+// store's Clock is the bubble's, and synctest.Wait returns once the reaper has
+// done what the last advance of time made it do.
 func TestLeaseReaper(t *testing.T) {
-	clk := &syncClock{t: time.Unix(5000, 0)}
-	s := newTestStore(t, func(c *Config) { c.Clock = clk.now; c.LeaseTTL = time.Second })
-	ctx := context.Background()
-	data := randBytes(200<<10, 5)
-	id, _ := s.Put(ctx, "owner", data)
-	s.Renew("actor-3") // an in-process holder (an actor) with a lease
-	s.Renew("worker-9")
-	for _, h := range []string{"actor-3", "worker-9"} {
-		if err := s.AddRef(ctx, id, h); err != nil {
+	synctest.Test(t, func(t *testing.T) {
+		s := newTestStore(t, func(c *Config) { c.LeaseTTL = time.Second })
+		ctx := context.Background()
+		data := randBytes(200<<10, 5)
+		id, _ := s.Put(ctx, "owner", data)
+		s.Renew("actor-3") // an in-process holder (an actor) with a lease
+		s.Renew("worker-9")
+		for _, h := range []string{"actor-3", "worker-9"} {
+			if err := s.AddRef(ctx, id, h); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := s.Map(ctx, id, "worker-9"); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if _, err := s.Map(ctx, id, "worker-9"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Release(ctx, id, "owner"); err != nil {
-		t.Fatal(err)
-	}
-	stop := s.StartLeaseReaper(ctx, time.Millisecond)
-	defer stop()
-	// Both renew within the TTL: the reaper, running all along, keeps everything.
-	for range 3 {
-		clk.add(600 * time.Millisecond)
-		s.Renew("actor-3")
-		s.Renew("worker-9")
-		time.Sleep(5 * time.Millisecond)
-	}
-	if !s.Contains(id) {
-		t.Fatal("reaper freed an object whose holders renew")
-	}
-	// worker-9 dies; actor-3 keeps renewing.
-	clk.add(600 * time.Millisecond)
-	s.Renew("actor-3")
-	clk.add(600 * time.Millisecond)
-	s.Renew("actor-3")
-	waitFor(t, func() bool { return errCount(t, s, reasonLeaseExpiry) == 1 }, "worker-9's lease expires")
-	if !s.Contains(id) {
-		t.Fatal("freed while actor-3 holds a reference")
-	}
-	if err := s.Unmap(id, "worker-9"); !errors.Is(err, ErrNotHolder) {
-		t.Fatalf("dead worker's mapping survived: %v", err)
-	}
-	v, err := s.Get(ctx, id)
-	if err != nil || !bytes.Equal(v.Bytes(), data) {
-		t.Fatalf("get after expiry: %v", err)
-	}
-	v.Release()
-	// actor-3 dies too: the last reference goes with its lease, and the object with it.
-	clk.add(2 * time.Second)
-	waitFor(t, func() bool { return !s.Contains(id) }, "the object is freed once its last holder's lease expires")
-	stop()
-	stop() // idempotent
+		if err := s.Release(ctx, id, "owner"); err != nil {
+			t.Fatal(err)
+		}
+		stop := s.StartLeaseReaper(ctx, 100*time.Millisecond)
+		defer stop()
+		// Both renew within the TTL: the reaper, running all along, keeps everything.
+		for range 3 {
+			time.Sleep(600 * time.Millisecond)
+			synctest.Wait()
+			s.Renew("actor-3")
+			s.Renew("worker-9")
+		}
+		if !s.Contains(id) || errCount(t, s, reasonLeaseExpiry) != 0 {
+			t.Fatal("reaper expired a holder that renews")
+		}
+		// worker-9 dies; actor-3 keeps renewing.
+		for range 2 {
+			time.Sleep(600 * time.Millisecond)
+			synctest.Wait()
+			s.Renew("actor-3")
+		}
+		if got := errCount(t, s, reasonLeaseExpiry); got != 1 {
+			t.Fatalf("%v leases expired, want worker-9's", got)
+		}
+		if !s.Contains(id) {
+			t.Fatal("freed while actor-3 holds a reference")
+		}
+		if err := s.Unmap(ctx, id, "worker-9"); !errors.Is(err, ErrNotHolder) {
+			t.Fatalf("dead worker's mapping survived: %v", err)
+		}
+		v, err := s.Get(ctx, id)
+		if err != nil || !bytes.Equal(v.Bytes(), data) {
+			t.Fatalf("get after expiry: %v", err)
+		}
+		v.Release()
+		// actor-3 dies too: the last reference goes with its lease, and the object with it.
+		time.Sleep(1200 * time.Millisecond)
+		synctest.Wait()
+		if s.Contains(id) {
+			t.Fatal("the object outlived its last holder's lease")
+		}
+		stop()
+		stop() // idempotent
+	})
 }
 
 func TestLeaseReaperStopsOnClose(t *testing.T) {
-	s := newTestStore(t, nil)
-	stop := s.StartLeaseReaper(context.Background(), time.Millisecond)
-	s.Close()
-	done := make(chan struct{})
-	go func() { stop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("reaper did not stop when the store closed")
-	}
-}
-
-// waitFor polls cond for up to 5s (for effects of a background goroutine).
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		s := newTestStore(t, nil)
+		stop := s.StartLeaseReaper(context.Background(), time.Millisecond)
+		s.Close()
+		stop() // returns only once the reaper goroutine has ended
+	})
 }
 
 // BenchmarkGetRelease is the fixed cost a same-machine get adds to reading the

@@ -43,17 +43,27 @@ type Config struct {
 	// LeaseTTL is how long a holder that called Renew keeps its references without
 	// renewing. Holders that never renew have no lease. Default 10s.
 	LeaseTTL time.Duration
+	// DirectoryTimeout bounds a directory write the store makes on nobody's
+	// behalf: the removal of a location when a view's release, a mapping's end or
+	// a lease's expiry frees an object, and the registration of recovered
+	// objects at Open. Writes made for a caller use the caller's context.
+	// Default 10s.
+	DirectoryTimeout time.Duration
 	// Clock returns the time; only lease bookkeeping reads it. Default time.Now.
 	Clock func() time.Time
 	// Logger, default zap.NewNop().
 	Logger *zap.Logger
 	// Registerer receives the store's counters; nil registers nothing.
 	Registerer prometheus.Registerer
+
+	hooks  *hooks                                          // tests only
+	statfs func(dir string) (free, total int64, err error) // default: statfs(2); tests fake a small /dev/shm
 }
 
 // DefaultConfig returns a config with a capacity of 30% of RAM.
 func DefaultConfig() Config {
-	return Config{ShmDir: "/dev/shm", CapacityShare: 0.3, SpillCompression: "fastest", LeaseTTL: 10 * time.Second}
+	return Config{ShmDir: "/dev/shm", CapacityShare: 0.3, SpillCompression: "fastest", LeaseTTL: 10 * time.Second,
+		DirectoryTimeout: 10 * time.Second}
 }
 
 // DefaultLocalConfig is DefaultConfig with a small capacity (256 MiB), for tests.
@@ -78,6 +88,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("object: config: SlabSize %d is not a multiple of 4096", c.SlabSize)
 	case c.LeaseTTL <= 0:
 		return fmt.Errorf("object: config: LeaseTTL %v must be positive", c.LeaseTTL)
+	case c.DirectoryTimeout < 0:
+		return fmt.Errorf("object: config: DirectoryTimeout %v is negative", c.DirectoryTimeout)
 	}
 	switch c.SpillCompression {
 	case "fastest", "default", "better", "":

@@ -17,7 +17,9 @@
 //	err = st.Release(ctx, id, "driver")            // last reference: freed everywhere
 //
 // A worker process on the same machine asks the agent for st.Map(ctx, id, worker)
-// and maps the bytes itself with MapFile. A holder (a worker process, or an
+// and maps the bytes itself with MapFile. It puts without a copy too: the agent
+// calls st.CreateFor(ctx, owner, worker, id, size) and hands the worker
+// w.Mapping(); the worker writes through MapFileRW, and the agent seals. A holder (a worker process, or an
 // in-process actor) that calls st.Renew(holder) while it lives has a lease; the
 // reaper started by st.StartLeaseReaper(ctx, interval) (transfer.StartNode starts
 // one) expires leases by the store's Clock, so a dead holder's references and
@@ -28,6 +30,13 @@
 // ErrPending; st.Await(ctx, id, holder) waits for the writer and then takes a
 // reference for holder, so concurrent fetches of one object make one copy.
 //
+// Open adopts only a new, empty or already-marked store directory
+// (ErrNotStoreDir otherwise) and locks it (ErrDirInUse). Hot objects live in a
+// shared-memory directory that names and is locked by its owner; Open reclaims
+// the ones dead processes left (Reclaim), and shrinks the hot tier to the
+// shared memory actually free.
+//
 // Metadata goes through the Directory interface (MemDirectory here; the metadata
-// log implements it). Counters are registered on Config.Registerer.
+// log implements it), under the caller's context. Counters are registered on
+// Config.Registerer.
 package object

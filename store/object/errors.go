@@ -26,8 +26,21 @@ var (
 	ErrLost = errors.New("object: lost")
 	// ErrNotHolder: Release or Unmap named a holder that holds no reference.
 	ErrNotHolder = errors.New("object: holder holds no reference")
+	// ErrAborted: Seal of a writer that was aborted (Abort, or the lease of the
+	// holder writing it expired), or aborted while sealing. Nothing was kept.
+	ErrAborted = errors.New("object: writer aborted")
 	// ErrClosed: the store has been closed.
 	ErrClosed = errors.New("object: store closed")
+	// ErrNotStoreDir: Open was given a directory that holds files but is not a
+	// store directory (no marker). The store never adopts, cleans or deletes
+	// files in a directory it did not create.
+	ErrNotStoreDir = errors.New("object: not a store directory")
+	// ErrDirInUse: another open store (in this process or another) holds the
+	// store directory.
+	ErrDirInUse = errors.New("object: store directory in use")
+	// ErrShmTooSmall: the shared-memory file system (Config.ShmDir) has less than
+	// MinShm free.
+	ErrShmTooSmall = errors.New("object: shared memory too small")
 	// ErrBadID: a printable id could not be parsed.
 	ErrBadID = errors.New("object: bad id")
 )

@@ -7,6 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	puts, gets, frees, spills, restores prometheus.Counter
 	bytesPut, bytesSpilled              prometheus.Counter
+	shmRetries                          prometheus.Counter
 	errors                              *prometheus.CounterVec
 }
 
@@ -33,13 +34,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		restores:     c("restores_total", "Objects restored from the cold tier."),
 		bytesPut:     c("put_bytes_total", "Bytes put."),
 		bytesSpilled: c("spilled_bytes_total", "Uncompressed bytes spilled."),
+		shmRetries:   c("shm_full_retries_total", "Allocations that found shared memory full, made room and tried again."),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "atoll", Subsystem: "object",
 			Name: "errors_total", Help: "Errors by reason."}, []string{"reason"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, col := range []prometheus.Collector{m.puts, m.gets, m.frees, m.spills, m.restores, m.bytesPut, m.bytesSpilled, m.errors} {
+	for _, col := range []prometheus.Collector{m.puts, m.gets, m.frees, m.spills, m.restores, m.bytesPut, m.bytesSpilled, m.shmRetries, m.errors} {
 		if err := reg.Register(col); err != nil {
 			return nil, err
 		}

@@ -1,13 +1,17 @@
 package object
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -15,6 +19,15 @@ import (
 // TestMain doubles as a worker process: with ATOLL_OBJECT_WORKER set to a JSON
 // Mapping it maps the object read-only and prints the xxhash64 of what it sees.
 func TestMain(m *testing.M) {
+	if os.Getenv("ATOLL_OBJECT_TMPFS") == "1" {
+		os.Exit(tmpfsHelper())
+	}
+	if d := os.Getenv("ATOLL_OBJECT_OWNER"); d != "" {
+		os.Exit(ownerHelper(d, os.Getenv("ATOLL_OBJECT_OWNER_DIR")))
+	}
+	if js := os.Getenv("ATOLL_OBJECT_WRITER"); js != "" {
+		os.Exit(writerHelper(js))
+	}
 	if js := os.Getenv("ATOLL_OBJECT_WORKER"); js != "" {
 		var mp Mapping
 		if err := json.Unmarshal([]byte(js), &mp); err != nil {
@@ -56,8 +69,166 @@ func TestWorkerProcessMapsObject(t *testing.T) {
 		if got, want := strings.TrimSpace(string(out)), fmt.Sprintf("%x", xxhash.Sum64(data)); got != want {
 			t.Fatalf("size %d: worker process saw hash %s, want %s", size, got, want)
 		}
-		if err := s.Unmap(id, "worker-9"); err != nil {
+		if err := s.Unmap(ctx, id, "worker-9"); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// writerJob is what TestMain's writer process is told: where to write, what,
+// and whether to stop halfway and wait to be killed.
+type writerJob struct {
+	Mapping Mapping `json:"mapping"`
+	Seed    uint64  `json:"seed"`
+	Stall   bool    `json:"stall"`
+}
+
+// writerHelper is a worker process putting an object: it maps the writable
+// range the store gave it and writes the bytes in place.
+func writerHelper(js string) int {
+	var job writerJob
+	if err := json.Unmarshal([]byte(js), &job); err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	b, unmapFn, err := MapFileRW(job.Mapping)
+	if err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	data := randBytes(len(b), job.Seed)
+	if job.Stall {
+		copy(b[:len(b)/2], data)
+		fmt.Println("half")
+		_, _ = bufio.NewReader(os.Stdin).ReadString('\n') // killed here
+		return 1
+	}
+	copy(b, data)
+	if err := unmapFn(); err != nil {
+		fmt.Println("ERR", err)
+		return 1
+	}
+	fmt.Println("written")
+	return 0
+}
+
+// TestWorkerProcessWritesObject: another process writes a new object straight
+// into the store's shared memory (CreateFor, Writer.Mapping, MapFileRW); the
+// owner seals it, which computes the fingerprint; nothing was copied through
+// this process and the object is exactly what the other process wrote.
+func TestWorkerProcessWritesObject(t *testing.T) {
+	s := newTestStore(t, nil)
+	ctx := context.Background()
+	// A neighbour in a slab: the writer's range must not reach it.
+	nb, _ := s.Put(ctx, "driver", randBytes(700, 5))
+	for _, size := range []int{3<<20 + 5, 700, 0} {
+		id := NewID()
+		w, err := s.CreateFor(ctx, "worker-3", "worker-3", id, int64(size))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := w.Mapping()
+		if m.Offset != 0 || m.Size != int64(size) {
+			t.Fatalf("size %d: mapping %+v, want a file of its own", size, m)
+		}
+		if size > 0 {
+			if fi, err := os.Stat(m.Path); err != nil || fi.Size() != largeClass(int64(size)) {
+				t.Fatalf("size %d: the writable file is %v bytes (%v): it holds more than this object", size, fi, err)
+			}
+		}
+		js, _ := json.Marshal(writerJob{Mapping: m, Seed: uint64(size)})
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "ATOLL_OBJECT_WRITER="+string(js))
+		out, err := cmd.Output()
+		if err != nil || strings.TrimSpace(string(out)) != "written" {
+			t.Fatalf("size %d: writer process: %q %v", size, out, err)
+		}
+		if _, err := s.Get(ctx, id); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("size %d: visible before its seal: %v", size, err)
+		}
+		if err := w.Seal(ctx, false); err != nil {
+			t.Fatal(err)
+		}
+		want := randBytes(size, uint64(size))
+		v, err := s.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(v.Bytes(), want) {
+			t.Fatalf("size %d: the object differs from what the worker wrote", size)
+		}
+		if fp := v.Fingerprint(ctx); fp != xxhash.Sum64(want) {
+			t.Fatalf("size %d: fingerprint %x, want %x", size, fp, xxhash.Sum64(want))
+		}
+		v.Release()
+		meta, err := s.Directory().Lookup(ctx, id)
+		if err != nil || meta.Owner != "worker-3" || meta.Fingerprint != xxhash.Sum64(want) {
+			t.Fatalf("size %d: directory %+v %v", size, meta, err)
+		}
+		if err := s.Release(ctx, id, "worker-3"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v, _ := s.Get(ctx, nb)
+	defer v.Release()
+	if !bytes.Equal(v.Bytes(), randBytes(700, 5)) {
+		t.Fatal("the slab neighbour changed")
+	}
+	if st := s.Stats(); st.Recycled != 0 {
+		t.Fatalf("%d bytes another process mapped writable went to the recycle pool", st.Recycled)
+	}
+}
+
+// TestWriterProcessDies: a worker process killed while writing an object never
+// seals it: its lease expires, the writer is aborted, its memory freed (the
+// segment dropped, not recycled), and a late Seal fails with ErrAborted.
+func TestWriterProcessDies(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	s := newTestStore(t, func(c *Config) { c.Clock = clk.now; c.LeaseTTL = time.Second })
+	ctx := context.Background()
+	id := NewID()
+	s.Renew("worker-7")
+	before := s.Stats()
+	w, err := s.CreateFor(ctx, "worker-7", "worker-7", id, 3<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := w.Mapping()
+	js, _ := json.Marshal(writerJob{Mapping: m, Seed: 7, Stall: true})
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "ATOLL_OBJECT_WRITER="+string(js))
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	line, _ := bufio.NewReader(stdout).ReadString('\n')
+	if strings.TrimSpace(line) != "half" {
+		t.Fatalf("writer process said %q", line)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	clk.t = clk.t.Add(500 * time.Millisecond)
+	if got := s.ExpireLeases(clk.t); len(got) != 0 || s.Stats().Objects != 1 {
+		t.Fatalf("expired %v before the lease ran out", got)
+	}
+	clk.t = clk.t.Add(time.Second) // the dead worker stopped renewing
+	if got := s.ExpireLeases(clk.t); len(got) != 1 || got[0] != "worker-7" {
+		t.Fatalf("expired %v, want worker-7", got)
+	}
+	if st := s.Stats(); st.Objects != 0 || st.HotBytes != before.HotBytes || st.Recycled != 0 {
+		t.Fatalf("stats %+v after the writer died (before: %+v): memory not freed", st, before)
+	}
+	if _, err := os.Stat(m.Path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the dead writer's segment: %v, want dropped", err)
+	}
+	if err := w.Seal(ctx, false); !errors.Is(err, ErrAborted) {
+		t.Fatalf("seal after the writer died: %v, want ErrAborted", err)
+	}
+	if _, err := s.Get(ctx, id); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("get of the aborted object: %v", err)
 	}
 }

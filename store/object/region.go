@@ -48,8 +48,11 @@ func (r *Region) Size() int64 { return r.e.size }
 // instead of copying them through user space. The file must be opened read-only.
 func (r *Region) File() (path string, off int64) { return r.e.mem.path, r.e.mem.off }
 
-// Fingerprint returns the object's xxhash64 (the expected one while being written).
-func (r *Region) Fingerprint() uint64 { return r.s.fingerprint(r.e) }
+// Fingerprint returns the object's xxhash64: the expected one while a pull or a
+// relay writes it, else computed on first use and then recorded in the
+// directory under ctx. For an object still being put, whose bytes are not
+// complete, it waits for the seal until ctx ends.
+func (r *Region) Fingerprint(ctx context.Context) (uint64, error) { return r.s.fingerprint(ctx, r.e) }
 
 // ChunkFingerprint returns xxhash64 of bytes [off, off+n), which the caller has
 // waited to be ready. Fingerprints are remembered with the object (its bytes never

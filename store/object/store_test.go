@@ -310,7 +310,11 @@ func TestDiskFull(t *testing.T) {
 }
 
 func TestAdmission(t *testing.T) {
-	s := newTestStore(t, func(c *Config) { c.Capacity = 1 << 20 })
+	blocked := make(chan int64, 4)
+	s := newTestStore(t, func(c *Config) {
+		c.Capacity = 1 << 20
+		c.hooks = &hooks{admitBlocked: func(size int64) { blocked <- size }}
+	})
 	ctx := context.Background()
 	if _, err := s.Put(ctx, "o", make([]byte, 2<<20)); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("put larger than capacity: %v", err)
@@ -327,10 +331,17 @@ func TestAdmission(t *testing.T) {
 		t.Fatalf("no deadline: %v, want ErrStoreFull", err)
 	}
 	// With a deadline the putter waits, and gets in once the pin goes.
-	go func() { time.Sleep(50 * time.Millisecond); v.Release() }()
-	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	dctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	if _, err := s.Put(dctx, "o", make([]byte, 10)); err != nil {
+	put := make(chan error, 1)
+	go func() { _, err := s.Put(dctx, "o", make([]byte, 10)); put <- err }()
+	select {
+	case <-blocked: // the put is waiting for room
+	case err := <-put:
+		t.Fatalf("put with a deadline did not wait for room: %v", err)
+	}
+	v.Release()
+	if err := <-put; err != nil {
 		t.Fatalf("waiting put: %v", err)
 	}
 	v, _ = s.Get(ctx, id)
@@ -339,6 +350,9 @@ func TestAdmission(t *testing.T) {
 	defer cancel2()
 	if _, err := s.Put(sctx, "o", make([]byte, 1<<20)); !errors.Is(err, ErrStoreFull) {
 		t.Fatalf("deadline passes: %v", err)
+	}
+	if len(blocked) != 1 {
+		t.Fatalf("the put whose deadline passed waited %d times, want once", len(blocked))
 	}
 	if errCount(t, s, reasonTooLarge) != 1 || errCount(t, s, reasonStoreFull) != 2 {
 		t.Fatal("admission errors not counted")
@@ -362,7 +376,9 @@ func TestRestartRediscovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Simulate a crash: do not Close; corrupt id2's spill file.
+	// Simulate a crash: do not Close, but drop the locks, as the kernel does when
+	// a process dies; corrupt id2's spill file.
+	crash(s)
 	p := filepath.Join(dir, "spill", spillName(id2))
 	if err := os.Truncate(p, 20); err != nil {
 		t.Fatal(err)
@@ -372,8 +388,8 @@ func TestRestartRediscovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Close()
-	if es, _ := os.ReadDir(s2.shmDir); len(es) != 0 {
-		t.Fatalf("shared memory of the crashed instance not cleaned: %d files", len(es))
+	if _, err := os.Stat(s.shmDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("shared memory of the crashed instance not reclaimed: %v", err)
 	}
 	v, err := s2.Get(ctx, id1)
 	if err != nil {
@@ -407,6 +423,13 @@ func TestRestartRediscovers(t *testing.T) {
 	if err := s2.Release(ctx, id1, "alice"); err != nil {
 		t.Fatalf("owner recorded in spill file: %v", err)
 	}
+}
+
+// crash drops s's locks without cleaning up, as the kernel does for a process
+// that dies: its shared memory stays until a later Open reclaims it.
+func crash(s *Store) {
+	s.dirLock.Close()
+	s.home.lock.Close()
 }
 
 type fakeClock struct{ t time.Time }

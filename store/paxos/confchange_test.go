@@ -33,8 +33,8 @@ func TestConfRestoreReplaysConfigurationAndVoidsStaleValues(t *testing.T) {
 	if c := n.Conf(); c.Epoch != 2 || c.Start != 3 || !slices.Equal(c.Members, []uint64{1, 2, 3, 4}) {
 		t.Fatalf("conf after restore %+v", c)
 	}
-	if n.lastSlot() != 2 {
-		t.Fatalf("value accepted in epoch 1 past the configuration entry kept (last slot %d)", n.lastSlot())
+	if n.log.last() != 2 {
+		t.Fatalf("value accepted in epoch 1 past the configuration entry kept (last slot %d)", n.log.last())
 	}
 	if got := n.ConfAt(1); got.Epoch != 1 || !slices.Equal(got.Members, []uint64{1, 2, 3}) {
 		t.Fatalf("ConfAt(1) = %+v, want epoch 1 {1,2,3}", got)
@@ -105,8 +105,8 @@ func TestConfCommitStopsAtConfigurationEntry(t *testing.T) {
 	if len(rd.Committed) != 2 || rd.Committed[1].Type != EntryConfig {
 		t.Fatalf("committed %+v", rd.Committed)
 	}
-	if n.lastSlot() != 2 {
-		t.Fatalf("slot 3 of the ended epoch kept (last slot %d)", n.lastSlot())
+	if n.log.last() != 2 {
+		t.Fatalf("slot 3 of the ended epoch kept (last slot %d)", n.log.last())
 	}
 }
 

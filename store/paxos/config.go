@@ -10,7 +10,7 @@ type Config struct {
 	// ID is this replica's id: non-zero, below 2^16, unique in Peers.
 	ID uint64
 	// Peers lists every replica id of the group's first configuration (epoch 1), this one
-	// included. Later configurations come from the log (configuration entries) or from a
+	// included: at most MaxMembers (64). Later configurations come from the log (configuration entries) or from a
 	// snapshot; restart a replica with the same Peers it was first started with.
 	Peers []uint64
 	// Join starts a replica that is not in the first configuration: it votes for nothing
@@ -60,6 +60,9 @@ func (c Config) Validate() error {
 	}
 	if len(c.Peers) == 0 && !c.Join {
 		return fmt.Errorf("%w: Peers is empty", ErrInvalidConfig)
+	}
+	if len(c.Peers) > MaxMembers {
+		return fmt.Errorf("%w: %d peers, more than MaxMembers (%d)", ErrInvalidConfig, len(c.Peers), MaxMembers)
 	}
 	seen := map[uint64]bool{}
 	for _, p := range c.Peers {

@@ -19,9 +19,15 @@
 // epoch are void, and messages are only acted on within one epoch). Snapshots carry the
 // configuration. A replica being added (Config.Join) first learns the log as a learner.
 //
-// Around the core: Storage (WAL on tidwall/wal, MemStorage), Transport (TCPTransport with
-// length-prefixed protobuf frames and HMAC token authentication, MemNetwork with faults),
-// and Replica, the driver with group commit.
+// The core is split as etcd raft splits raft.go: node.go (roles, Tick, Step, replication),
+// log.go, tracker.go (one progress per peer; at most MaxMembers voters), readonly.go (leases,
+// read-index), confchange.go, catchup.go and ready.go.
+//
+// Around the core: Storage (WAL on tidwall/wal, with a locked directory and torn-tail
+// repair; MemStorage), Transport (TCPTransport with length-prefixed protobuf frames, HMAC
+// token authentication and optional mutual TLS; MemNetwork with faults), and Replica, the
+// driver with an asynchronous writer and group commit (writer.go holds the ordering rules,
+// which the deterministic simulation in the tests drives as well).
 //
 // Starting three in-process replicas with WALs in a temporary directory:
 //

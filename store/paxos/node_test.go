@@ -3,7 +3,9 @@ package paxos
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 )
 
 // net is a lossless synchronous harness: deliver every message until quiet, except on
@@ -204,13 +206,13 @@ func TestIsolatedLeaderCannotCommitAndCatchesUp(t *testing.T) {
 	}
 	h.settle()
 	h.tick(2)
-	if h.nodes[1].commit != 1 {
-		t.Fatalf("isolated node committed to %d", h.nodes[1].commit)
+	if h.nodes[1].log.commit != 1 {
+		t.Fatalf("isolated node committed to %d", h.nodes[1].log.commit)
 	}
 	delete(h.cut, 1)
 	h.tick(5)
-	if h.nodes[1].commit != h.nodes[l].commit {
-		t.Fatalf("rejoined node commit %d, leader %d", h.nodes[1].commit, h.nodes[l].commit)
+	if h.nodes[1].log.commit != h.nodes[l].log.commit {
+		t.Fatalf("rejoined node commit %d, leader %d", h.nodes[1].log.commit, h.nodes[l].log.commit)
 	}
 	for _, e := range h.log[1] {
 		if string(e.Data) == "lost" {
@@ -231,6 +233,8 @@ func TestConfigValidate(t *testing.T) {
 		{"dup-peer", func(c *Config) { c.Peers = []uint64{1, 1, 2} }, false},
 		{"election-too-short", func(c *Config) { c.ElectionTicks = 2 }, false},
 		{"no-batch", func(c *Config) { c.MaxBatch = 0 }, false},
+		{"max-members", func(c *Config) { c.Peers = seqIDs(MaxMembers) }, true},
+		{"too-many-members", func(c *Config) { c.Peers = seqIDs(MaxMembers + 1) }, false},
 	}
 	for _, tc := range cases {
 		c := DefaultConfig(1, []uint64{1, 2, 3})
@@ -266,7 +270,71 @@ func TestAcceptBatchesSplitByBytes(t *testing.T) {
 	}
 	h.nodes[1].Advance(rd)
 	h.settle()
-	if h.nodes[1].commit != 11 {
-		t.Fatalf("commit %d, want 11", h.nodes[1].commit)
+	if h.nodes[1].log.commit != 11 {
+		t.Fatalf("commit %d, want 11", h.nodes[1].log.commit)
+	}
+}
+
+func seqIDs(n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = uint64(i + 1)
+	}
+	return out
+}
+
+// The acknowledgement mask has one bit per voter: a group of MaxMembers commits (the
+// highest voter's bit is bit 63), and one more member is refused everywhere.
+func TestMaxMembers(t *testing.T) {
+	h := newHarness(t, MaxMembers, nil)
+	h.elect(MaxMembers) // the voter with the highest bit
+	l := h.nodes[MaxMembers]
+	if _, _, err := l.Propose([]byte("wide")); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range h.ids[:MaxMembers/2] {
+		h.cut[id] = true // 32 of 64 remain, the leader's own acceptance included: no majority
+	}
+	h.settle()
+	if got := data(h.log[MaxMembers]); len(got) != 1 {
+		t.Fatalf("leader of %d with 32 reachable applied %v, want only the noop", MaxMembers, got)
+	}
+	delete(h.cut, MaxMembers/2) // 33 of 64: a majority once the Accept is retransmitted
+	h.tick(6)
+	if got := data(h.log[MaxMembers]); len(got) != 2 || got[1] != "wide" {
+		t.Fatalf("leader of %d with 33 reachable applied %v, want [noop wide]", MaxMembers, got)
+	}
+	if _, _, err := l.ProposeConfChange(true, MaxMembers+1, ""); !errors.Is(err, ErrBadConfChange) || !strings.Contains(err.Error(), "MaxMembers") {
+		t.Fatalf("adding a 65th member: %v, want ErrBadConfChange naming MaxMembers", err)
+	}
+	big := ConfState{Epoch: 2, Start: 5, Members: seqIDs(MaxMembers + 1)}
+	if _, err := NewNode(DefaultConfig(1, []uint64{1, 2, 3}), HardState{Snapshot: 4, Commit: 4, Conf: big}, nil); !errors.Is(err, ErrCorruptWAL) {
+		t.Fatalf("restoring a snapshot configuration of %d members: %v, want ErrCorruptWAL", len(big.Members), err)
+	}
+}
+
+// An acknowledgement of a huge slot range is clipped to the log (it used to loop over
+// every slot of the range).
+func TestAcceptedRangeIsClipped(t *testing.T) {
+	h := newHarness(t, 3, nil)
+	h.elect(1)
+	l := h.nodes[1]
+	if _, _, err := l.Propose([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	rd := l.Ready()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l.Step(Message{Type: MsgAccepted, From: 2, To: 1, Ballot: l.promised, Epoch: 1, Slot: 1, Last: 1 << 62})
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Step of an Accepted for slots 1..2^62 did not return")
+	}
+	l.Advance(rd)
+	if got := l.Status().Commit; got != 2 {
+		t.Fatalf("commit %d after the clipped acknowledgement and the leader's own, want 2", got)
 	}
 }

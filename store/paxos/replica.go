@@ -45,11 +45,20 @@ type Snapshotter interface {
 	Restore(data []byte) error
 }
 
+// Bounds of ReplicaConfig.TickInterval. A tick drives timers only (the election timeout
+// is ElectionTicks of them), so below a millisecond it only burns CPU; above ten seconds an
+// election would take minutes.
+const (
+	MinTickInterval = time.Millisecond
+	MaxTickInterval = 10 * time.Second
+)
+
 // ReplicaConfig configures a Replica (the driver around Node).
 type ReplicaConfig struct {
 	// Node is the pure core's config.
 	Node Config
-	// TickInterval is the wall-clock length of one tick (default 10 ms).
+	// TickInterval is the wall-clock length of one tick (default 10 ms), in
+	// [MinTickInterval, MaxTickInterval].
 	TickInterval time.Duration
 	// MaxDrain caps how many queued proposals or messages one loop turn takes in; all of
 	// them share one WAL write and fsync (group commit).
@@ -71,8 +80,8 @@ func (c ReplicaConfig) Validate() error {
 	if err := c.Node.Validate(); err != nil {
 		return err
 	}
-	if c.TickInterval <= 0 {
-		return fmt.Errorf("%w: TickInterval %v must be positive", ErrInvalidConfig, c.TickInterval)
+	if c.TickInterval < MinTickInterval || c.TickInterval > MaxTickInterval {
+		return fmt.Errorf("%w: TickInterval %v must be in [%v, %v]", ErrInvalidConfig, c.TickInterval, MinTickInterval, MaxTickInterval)
 	}
 	if c.MaxDrain < 1 {
 		return fmt.Errorf("%w: MaxDrain %d < 1", ErrInvalidConfig, c.MaxDrain)
@@ -111,12 +120,12 @@ type Replica struct {
 	stop  chan struct{}
 	done  chan struct{}
 
-	// The WAL writer goroutine: Readies queue in order; each turn merges everything queued
-	// into one record and one fsync, then hands the batch back to the loop.
+	// The WAL writer goroutine (writer.go): Readies queue in order; each turn merges
+	// everything queued into one record and one fsync, then hands the batch back.
 	saveq      chan *saveJob
 	saved      chan []*saveJob
 	writerDone chan struct{}
-	inflight   int // loop-owned: jobs queued and not yet finished
+	pipe       pipeline // loop-owned: the order of writes, sends and Advance
 
 	mu     sync.Mutex
 	status Status
@@ -180,92 +189,6 @@ func StartReplica(cfg ReplicaConfig, st Storage, tr Transport, sm StateMachine) 
 	go r.writer()
 	go r.run()
 	return r, nil
-}
-
-type saveJob struct {
-	rd  Ready
-	err error
-}
-
-// writer persists queued Readies in order, merging all that are queued into one record
-// (the hard state only grows, so the last one stands for all) and one fsync.
-func (r *Replica) writer() {
-	defer close(r.writerDone)
-	for {
-		var job *saveJob
-		select {
-		case job = <-r.saveq:
-		case <-r.stop:
-			return
-		}
-		batch := []*saveJob{job}
-	more:
-		for len(batch) < 4096 {
-			select {
-			case j := <-r.saveq:
-				batch = append(batch, j)
-			default:
-				break more
-			}
-		}
-		var ents []Entry
-		must := false
-		for _, j := range batch {
-			if j.rd.MustPersist {
-				must = true
-				ents = append(ents, j.rd.Entries...)
-			}
-		}
-		var err error
-		if must {
-			err = r.st.Save(batch[len(batch)-1].rd.HardState, ents)
-		}
-		for _, j := range batch {
-			j.err = err
-		}
-		select {
-		case r.saved <- batch:
-		case <-r.stop:
-			return
-		}
-	}
-}
-
-// finishSaves sends what waited for a write and lets the node count it.
-func (r *Replica) finishSaves(batch []*saveJob) error {
-	for _, j := range batch {
-		r.inflight--
-		if j.err != nil {
-			return j.err
-		}
-		r.sendAll(j.rd.Messages)
-		r.node.Advance(j.rd)
-	}
-	return nil
-}
-
-// enqueueSave queues a write; while the queue is full it finishes completed writes, so
-// the loop and the writer never wait on each other.
-func (r *Replica) enqueueSave(j *saveJob) error {
-	for {
-		select {
-		case r.saveq <- j:
-			return nil
-		case b := <-r.saved:
-			if err := r.finishSaves(b); err != nil {
-				return err
-			}
-		}
-	}
-}
-
-func (r *Replica) waitSaves() error {
-	for r.inflight > 0 {
-		if err := r.finishSaves(<-r.saved); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func (r *Replica) sendAll(msgs []Message) {
@@ -340,6 +263,17 @@ func (r *Replica) Propose(ctx context.Context, data []byte) ([]byte, error) {
 }
 
 func (r *Replica) waitElection(ctx context.Context) error {
+	if err := r.waitTick(ctx); err != nil {
+		if errors.Is(err, ErrStopped) {
+			return err
+		}
+		return fmt.Errorf("paxos: no leader elected before deadline: %w: %w", ErrNotLeader, err)
+	}
+	return nil
+}
+
+// waitTick waits one tick, or returns ErrStopped or ctx's error.
+func (r *Replica) waitTick(ctx context.Context) error {
 	t := time.NewTimer(r.cfg.TickInterval)
 	defer t.Stop()
 	select {
@@ -348,7 +282,7 @@ func (r *Replica) waitElection(ctx context.Context) error {
 	case <-r.done:
 		return ErrStopped
 	case <-ctx.Done():
-		return fmt.Errorf("paxos: no leader elected before deadline: %w: %w", ErrNotLeader, ctx.Err())
+		return ctx.Err()
 	}
 }
 
@@ -423,8 +357,12 @@ func (r *Replica) run() {
 }
 
 // fatal stops the replica after a storage failure: a replica that cannot persist must
-// not answer (it would acknowledge what it may forget).
+// not answer (it would acknowledge what it may forget). ErrStopped is Close, not a failure.
 func (r *Replica) fatal(err error) {
+	if errors.Is(err, ErrStopped) {
+		r.failAll(ErrStopped)
+		return
+	}
 	r.log.Error("replica stopped: storage failed", zap.Error(err))
 	r.mu.Lock()
 	r.err = err
@@ -482,16 +420,13 @@ func (r *Replica) handleReady() error {
 				return err
 			}
 		}
-		if rd.MustPersist || (r.inflight > 0 && len(rd.Messages) > 0) {
-			// Messages wait for the write (and for earlier writes: order is kept).
-			r.inflight++
-			if err := r.enqueueSave(&saveJob{rd: rd}); err != nil {
+		job, send := r.pipe.submit(r.node, rd)
+		if job != nil {
+			if err := r.enqueueSave(job); err != nil {
 				return err
 			}
-		} else {
-			r.sendAll(rd.Messages)
-			r.node.Advance(rd)
 		}
+		r.sendAll(send)
 		for _, e := range rd.Committed {
 			var out []byte
 			switch e.Type {
@@ -659,32 +594,40 @@ func (r *Replica) AddReplica(ctx context.Context, id uint64, addr string) error 
 		err = r.node.AddLearner(id)
 		target = r.node.Status().Commit
 	}); e != nil {
-		return e
+		return fmt.Errorf("paxos: add replica %d: %w", id, e)
 	}
 	if err != nil {
 		return fmt.Errorf("paxos: add replica %d: %w", id, err)
 	}
+	var lc uint64
+	var reported bool
 	for {
 		var caught bool
-		if e := r.do(ctx, func() {
-			var lc uint64
-			var ok bool
-			if lc, ok = r.node.LearnerCommit(id); !ok && r.node.Status().Role != Leader {
+		e := r.do(ctx, func() {
+			if lc, reported = r.node.LearnerCommit(id); !reported && r.node.Status().Role != Leader {
 				err = &NotLeaderError{Leader: r.node.Leader()}
 				return
 			}
-			caught = ok && lc >= target
-		}); e != nil {
-			return e
-		}
-		if err != nil {
+			caught = reported && lc >= target
+		})
+		if e == nil && err != nil {
 			return fmt.Errorf("paxos: add replica %d: %w", id, err)
 		}
-		if caught {
+		if e == nil && caught {
 			break
 		}
-		if e := r.waitElection(ctx); e != nil {
-			return fmt.Errorf("paxos: add replica %d: learner did not catch up to slot %d: %w", id, target, e)
+		if e == nil {
+			e = r.waitTick(ctx)
+		}
+		if e != nil {
+			if errors.Is(e, ErrStopped) {
+				return e
+			}
+			heard := "never answered (is it running with Config.Join, and reachable at " + addr + "?)"
+			if reported {
+				heard = fmt.Sprintf("reached slot %d", lc)
+			}
+			return fmt.Errorf("paxos: add replica %d: it must hold slot %d before it joins, and %s: %w: %w", id, target, heard, ErrLearnerBehind, e)
 		}
 	}
 	return r.changeConf(ctx, true, id, addr)
@@ -707,14 +650,17 @@ func (r *Replica) changeConf(ctx context.Context, add bool, id uint64, addr stri
 				err = perr
 				return
 			}
-			p.data = r.node.entry(slot).e.Data
+			p.data = r.node.log.at(slot).e.Data
 			r.waiting[slot] = p
 		}); e != nil {
-			return e
+			return fmt.Errorf("paxos: change configuration (replica %d): %w", id, e)
 		}
 		if errors.Is(err, ErrReconfiguring) {
-			if e := r.waitElection(ctx); e != nil {
-				return fmt.Errorf("paxos: change configuration (replica %d): %w", id, e)
+			if e := r.waitTick(ctx); e != nil {
+				if errors.Is(e, ErrStopped) {
+					return e
+				}
+				return fmt.Errorf("paxos: change configuration (replica %d): a change already in flight did not finish before the deadline: %w: %w", id, ErrReconfiguring, e)
 			}
 			continue
 		}

@@ -19,6 +19,10 @@ import (
 // The deterministic simulation: a seeded scheduler of message delivery (drops, duplicates,
 // reordering, delays, partitions including a leader cut off from the majority), crashes with
 // restart from the persisted state, and a disk that fails writes (the replica crashes).
+// Each replica's Readies go through the Replica's own write pipeline (writer.go) to a seeded
+// asynchronous writer: writes complete several time units later, merge everything queued
+// (group commit), fail, or are lost in a crash, so the pipeline's ordering (persist before
+// send, advance after persist) is checked here too.
 // Clients run a key-value workload; the history is checked with porcupine, acknowledged
 // writes are checked present in the final logs, and every slot's chosen value is checked
 // unique across all replicas.
@@ -32,7 +36,7 @@ type simOpts struct {
 	drop       float64
 	dup        float64
 	crash      float64 // per tick, per node
-	diskFail   float64 // per persist
+	diskFail   float64 // per write (one write merges every Ready queued behind it)
 	partition  float64 // per tick
 	leaseDrift int
 	compact    float64 // per tick, per node: snapshot + log compaction
@@ -163,6 +167,11 @@ type simNode struct {
 	props map[uint64]*simOp
 	reads map[uint64]*simOp
 	ready []ReadState // confirmed read indexes waiting for apply
+	// the asynchronous writer: jobs queued behind the write in progress, and that write
+	pipe    pipeline
+	queued  []*saveJob
+	writing []*saveJob
+	writeAt int64 // time the write in progress completes
 }
 
 type simOp struct {
@@ -209,6 +218,10 @@ type sim struct {
 	attempts  int
 	// configuration changes committed while faults were being injected
 	confUnderFaults int
+	// the writer: writes that merged several Readies, and Readies lost in a crash while
+	// queued or being written (their messages were never sent)
+	groupWrites int
+	lostJobs    int
 }
 
 func newSim(t *testing.T, seed int64, o simOpts) *sim {
@@ -257,10 +270,15 @@ func (s *sim) restart(sn *simNode, seed int64) {
 	sn.props = map[uint64]*simOp{}
 	sn.reads = map[uint64]*simOp{}
 	sn.ready = nil
+	sn.pipe, sn.queued, sn.writing = pipeline{}, nil, nil
 }
 
+// crash stops a replica: what its writer had not completed is lost, and what waited for
+// it was never sent.
 func (s *sim) crash(sn *simNode) {
 	sn.node = nil
+	s.lostJobs += len(sn.pipe.inflight)
+	sn.pipe, sn.queued, sn.writing = pipeline{}, nil, nil
 	sn.downTil = s.now + int64(20+s.rng.Intn(200))
 }
 
@@ -284,7 +302,80 @@ func (s *sim) enqueue(m Message) {
 	}
 }
 
-// process hands a node's Ready to its "disk", the network and its state machine.
+// writeStep runs a replica's writer: it completes the write in progress when due, then
+// starts one over everything queued (group commit), taking 1-4 time units (sometimes a
+// stall of up to 34), during which the replica goes on handing out Readies.
+func (s *sim) writeStep(sn *simNode) {
+	if sn.node == nil {
+		return
+	}
+	if len(sn.writing) > 0 && s.now >= sn.writeAt {
+		batch := sn.writing
+		sn.writing = nil
+		if !s.completeWrite(sn, batch) {
+			return
+		}
+		s.process(sn)
+	}
+	if len(sn.writing) == 0 && len(sn.queued) > 0 {
+		sn.writing, sn.queued = sn.queued, nil
+		sn.writeAt = s.now + int64(1+s.rng.Intn(4))
+		if s.faulty && s.rng.Float64() < 0.05 {
+			sn.writeAt += int64(s.rng.Intn(30))
+		}
+	}
+}
+
+// completeWrite persists a batch as the Replica's writer does (mergeSaves), or fails it
+// (the replica crashes), and sends what waited for it. It reports whether the replica
+// is still up.
+func (s *sim) completeWrite(sn *simNode, batch []*saveJob) bool {
+	if len(batch) > 1 {
+		s.groupWrites++
+	}
+	if hs, ents, must := mergeSaves(batch); must {
+		if s.faulty && s.rng.Float64() < s.o.diskFail {
+			s.crash(sn) // the write failed: the replica stops before sending what waited
+			return false
+		}
+		sn.disk.hs = hs
+		sn.disk.entries = append(sn.disk.entries, ents...)
+	}
+	send, err := sn.pipe.finished(sn.node, batch)
+	if err != nil {
+		s.t.Fatalf("node %d: %v", sn.id, err)
+	}
+	for _, m := range send {
+		s.sendFrom(sn, m)
+	}
+	return true
+}
+
+// flushWrites completes every write in flight now, as Replica.waitSaves does before the
+// replica touches its storage itself (installing or taking a snapshot).
+func (s *sim) flushWrites(sn *simNode) bool {
+	batch := append(sn.writing, sn.queued...)
+	sn.writing, sn.queued = nil, nil
+	if len(batch) == 0 {
+		return true
+	}
+	return s.completeWrite(sn, batch)
+}
+
+// sendFrom sends a replica's message, attaching its snapshot to a MsgSnapshot as the
+// Replica does.
+func (s *sim) sendFrom(sn *simNode, m Message) {
+	if m.Type == MsgSnapshot {
+		if m.Slot != sn.disk.snap.Slot {
+			return
+		}
+		m.Snapshot = sn.disk.snap.Data
+		m.Conf = sn.disk.snap.Conf
+	}
+	s.enqueue(m)
+}
+
+// process hands a node's Readies to the write pipeline, the network and its state machine.
 func (s *sim) process(sn *simNode) {
 	for sn.node != nil && sn.node.HasReady() {
 		rd := sn.node.Ready()
@@ -292,29 +383,20 @@ func (s *sim) process(sn *simNode) {
 			s.enqueue(m)
 		}
 		if rd.Snapshot != nil {
+			if !s.flushWrites(sn) {
+				return
+			}
 			sn.disk.snap = *rd.Snapshot
 			sn.kv = restoreKV(rd.Snapshot.Data)
 			s.snapshots++
 		}
-		if rd.MustPersist {
-			if s.faulty && s.rng.Float64() < s.o.diskFail {
-				s.crash(sn) // the write failed: the replica stops before sending anything
-				return
-			}
-			sn.disk.hs = rd.HardState
-			sn.disk.entries = append(sn.disk.entries, rd.Entries...)
+		job, send := sn.pipe.submit(sn.node, rd)
+		if job != nil {
+			sn.queued = append(sn.queued, job)
 		}
-		for _, m := range rd.Messages {
-			if m.Type == MsgSnapshot {
-				if m.Slot != sn.disk.snap.Slot {
-					continue
-				}
-				m.Snapshot = sn.disk.snap.Data
-				m.Conf = sn.disk.snap.Conf
-			}
-			s.enqueue(m)
+		for _, m := range send {
+			s.sendFrom(sn, m)
 		}
-		sn.node.Advance(rd)
 		for _, e := range rd.Committed {
 			if prev, ok := s.chosen[e.Slot]; ok {
 				if prev.Type != e.Type || !bytes.Equal(prev.Data, e.Data) {
@@ -484,7 +566,7 @@ func (s *sim) reconfigStep() {
 		}
 		// Usually wait for the learner to catch up first; sometimes add it at once
 		// (safety must not depend on it).
-		if lc, ok := n.LearnerCommit(id); !(ok && lc+5 >= n.commit) && s.rng.Intn(4) != 0 {
+		if lc, ok := n.LearnerCommit(id); !(ok && lc+5 >= n.log.commit) && s.rng.Intn(4) != 0 {
 			s.process(sn)
 			return
 		}
@@ -548,12 +630,15 @@ func (s *sim) run() {
 				}
 			}
 		}
-		// restarts
+		// restarts, then the writers
 		for _, id := range s.ids {
 			sn := s.nodes[id]
 			if sn.node == nil && s.now >= sn.downTil {
 				s.restart(sn, s.now)
 			}
+		}
+		for _, id := range s.ids {
+			s.writeStep(s.nodes[id])
 		}
 		if s.now%tickEvery == 0 {
 			if s.faulty {
@@ -567,8 +652,9 @@ func (s *sim) run() {
 				}
 				if sn := s.nodes[id]; sn.node != nil && s.o.compact > 0 && s.rng.Float64() < s.o.compact {
 					// snapshot the state machine, then compact the log and the "disk"
+					// (after the writes in flight, as Replica.maybeSnapshot does)
 					at := sn.kv.applied
-					if at > sn.disk.snap.Slot {
+					if at > sn.disk.snap.Slot && s.flushWrites(sn) {
 						sn.disk.snap = SnapshotData{Slot: at, Data: sn.kv.snapshot(), Conf: sn.node.ConfAt(at)}
 						if err := sn.node.Compact(at); err != nil {
 							s.t.Fatal(err)
@@ -619,15 +705,15 @@ func (s *sim) check() {
 		if sn.node == nil {
 			t.Fatalf("node %d down after settle", id)
 		}
-		maxCommit = max(maxCommit, sn.node.commit)
+		maxCommit = max(maxCommit, sn.node.log.commit)
 	}
 	if maxCommit == 0 {
 		t.Fatalf("nothing committed")
 	}
 	for _, id := range s.ids {
 		sn := s.nodes[id]
-		for slot := sn.node.snap + 1; slot <= sn.node.commit; slot++ {
-			e := sn.node.entry(slot).e
+		for slot := sn.node.log.snap + 1; slot <= sn.node.log.commit; slot++ {
+			e := sn.node.log.at(slot).e
 			c, ok := s.chosen[slot]
 			if !ok || c.Type != e.Type || !bytes.Equal(c.Data, e.Data) {
 				t.Fatalf("node %d slot %d holds %q, chosen %q", id, slot, e.Data, c.Data)
@@ -660,11 +746,11 @@ func (s *sim) check() {
 		if sn.node.role == Leader && !s.conf.Has(id) {
 			t.Fatalf("node %d leads but is not in the final configuration %v", id, s.conf.Members)
 		}
-		if s.o.reconfig && s.conf.Has(id) && sn.node.commit < s.conf.Start-1 {
-			t.Fatalf("member %d did not learn the last configuration (commit %d < %d)", id, sn.node.commit, s.conf.Start-1)
+		if s.o.reconfig && s.conf.Has(id) && sn.node.log.commit < s.conf.Start-1 {
+			t.Fatalf("member %d did not learn the last configuration (commit %d < %d)", id, sn.node.log.commit, s.conf.Start-1)
 		}
-		if sn.node.commit >= s.conf.Start-1 && (sn.node.conf.Epoch != s.conf.Epoch || !slices.Equal(sn.node.conf.Members, s.conf.Members)) {
-			t.Fatalf("node %d at commit %d has configuration %d %v, want %d %v", id, sn.node.commit, sn.node.conf.Epoch, sn.node.conf.Members, s.conf.Epoch, s.conf.Members)
+		if sn.node.log.commit >= s.conf.Start-1 && (sn.node.conf.Epoch != s.conf.Epoch || !slices.Equal(sn.node.conf.Members, s.conf.Members)) {
+			t.Fatalf("node %d at commit %d has configuration %d %v, want %d %v", id, sn.node.log.commit, sn.node.conf.Epoch, sn.node.conf.Members, s.conf.Epoch, s.conf.Members)
 		}
 	}
 	// 2. Acknowledged writes are in the chosen log (never lost).
@@ -727,7 +813,7 @@ func TestSimulation(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			done, snaps, confs := 0, 0, 0
+			done, snaps, confs, groups, lost := 0, 0, 0, 0, 0
 			for seed := int64(1); seed <= int64(tc.seeds); seed++ {
 				o := base
 				o.nodes = tc.nodes
@@ -741,12 +827,18 @@ func TestSimulation(t *testing.T) {
 					done += len(s.opsDone)
 					snaps += s.snapshots
 					confs += s.confUnderFaults
+					groups += s.groupWrites
+					lost += s.lostJobs
 				})
 				if !ok {
 					return
 				}
 			}
-			t.Logf("%d seeds, %d completed operations, %d snapshots installed by catch-up, %d configuration changes committed under faults", tc.seeds, done, snaps, confs)
+			t.Logf("%d seeds, %d completed operations, %d snapshots installed by catch-up, %d configuration changes committed under faults, %d group writes, %d queued Readies lost in crashes",
+				tc.seeds, done, snaps, confs, groups, lost)
+			if groups == 0 || lost == 0 {
+				t.Fatalf("the asynchronous writer was not exercised: %d group writes, %d Readies lost in crashes", groups, lost)
+			}
 		})
 	}
 }

@@ -8,10 +8,13 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/tidwall/wal"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/atoll-run/atoll/proto/paxospb"
@@ -116,10 +119,15 @@ type WALOptions struct {
 // WAL is the durable Storage: a tidwall/wal log in a directory, one record per Save.
 // Each record is a CRC32-C (4 bytes, little endian) followed by a protobuf paxospb.Record.
 // On open a torn or corrupt tail is detected, logged and truncated after the last good
-// record; corruption before the tail is an error (ErrCorruptWAL), never applied.
+// record (a tail of zero bytes, which a crash leaves on many file systems, is a torn
+// tail); corruption before the tail is an error (ErrCorruptWAL), never applied.
+//
+// The directory is locked (flock on the file LOCK, which records the holder's pid) while
+// the WAL is open: a second opener, in this process or another, gets ErrLocked.
 type WAL struct {
 	dir    string
 	opts   WALOptions
+	lock   *os.File
 	log    *wal.Log
 	last   uint64
 	buf    []byte
@@ -141,22 +149,64 @@ func OpenWAL(dir string, opts WALOptions) (*WAL, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("paxos: wal mkdir %s: %w", dir, err)
 	}
-	w := &WAL{dir: dir, opts: opts, recMax: map[uint64]uint64{}}
+	lock, err := lockDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	w := &WAL{dir: dir, opts: opts, lock: lock, recMax: map[uint64]uint64{}}
 	l, err := w.open()
 	if errors.Is(err, wal.ErrCorrupt) {
 		if rerr := w.repairSegment(); rerr != nil {
+			lock.Close()
 			return nil, rerr
 		}
 		l, err = w.open()
 	}
 	if err != nil {
+		lock.Close()
 		return nil, fmt.Errorf("paxos: wal open %s: %w", dir, err)
 	}
 	w.log = l
 	if w.last, err = l.LastIndex(); err != nil {
+		l.Close()
+		lock.Close()
 		return nil, fmt.Errorf("paxos: wal last index %s: %w", dir, err)
 	}
 	return w, nil
+}
+
+// lockFile is the name of the lock file in a WAL directory.
+const lockFile = "LOCK"
+
+// lockDir takes an exclusive flock on dir/LOCK and writes this process's pid into it. The
+// lock lasts until the returned file is closed (or the process dies).
+func lockDir(dir string) (*os.File, error) {
+	path := filepath.Join(dir, lockFile)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o640)
+	if err != nil {
+		return nil, fmt.Errorf("paxos: wal lock %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			holder := "another process"
+			if b, rerr := os.ReadFile(path); rerr == nil {
+				if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); perr == nil && pid > 0 {
+					holder = fmt.Sprintf("process %d", pid)
+				}
+			}
+			return nil, fmt.Errorf("paxos: wal directory %s is in use by %s (lock %s): %w", dir, holder, path, ErrLocked)
+		}
+		return nil, fmt.Errorf("paxos: wal lock %s: %w", path, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("paxos: wal lock %s: record pid: %w", path, err)
+	}
+	return f, nil
 }
 
 func (w *WAL) open() (*wal.Log, error) {
@@ -238,10 +288,15 @@ func (w *WAL) Load() (HardState, []Entry, error) {
 		}
 		rec, derr := decodeRecord(data)
 		if derr != nil {
-			if i != w.last {
-				return hs, nil, fmt.Errorf("paxos: wal record %d of %d in %s: %v: %w", i, w.last, w.dir, derr, ErrCorruptWAL)
+			zeros, zerr := w.zeroFilledAfter(i)
+			if zerr != nil {
+				return hs, nil, zerr
 			}
-			w.opts.Logger.Warn("paxos: wal corrupt tail record truncated", zap.String("dir", w.dir), zap.Uint64("record", i), zap.Error(derr))
+			if !zeros {
+				return hs, nil, fmt.Errorf("paxos: wal record %d of %d in %s: %v, and records after it are not a zero-filled tail: %w", i, w.last, w.dir, derr, ErrCorruptWAL)
+			}
+			w.opts.Logger.Warn("paxos: wal torn tail truncated", zap.String("dir", w.dir), zap.Uint64("record", i),
+				zap.Uint64("dropped_records", w.last-i+1), zap.Error(derr))
 			if err := w.truncateTail(i); err != nil {
 				return hs, nil, err
 			}
@@ -261,27 +316,78 @@ func (w *WAL) Load() (HardState, []Entry, error) {
 	return hs, out, nil
 }
 
+// zeroFilledAfter reports whether every record after i is empty or all zero bytes: the
+// tail a crash leaves when the file system extended the file but did not write its data
+// (each zero byte reads as an empty frame).
+func (w *WAL) zeroFilledAfter(i uint64) (bool, error) {
+	for j := i + 1; j <= w.last; j++ {
+		data, err := w.log.Read(j)
+		if err != nil {
+			return false, fmt.Errorf("paxos: wal read record %d in %s: %w", j, w.dir, err)
+		}
+		for _, b := range data {
+			if b != 0 {
+				return false, nil
+			}
+		}
+	}
+	return true, nil
+}
+
+// truncateTail drops records i and after.
 func (w *WAL) truncateTail(i uint64) error {
-	if i > 1 {
+	first, err := w.log.FirstIndex()
+	if err != nil {
+		return fmt.Errorf("paxos: wal first index: %w", err)
+	}
+	if i > first {
 		if err := w.log.TruncateBack(i - 1); err != nil {
 			return fmt.Errorf("paxos: wal truncate after record %d: %w", i-1, err)
 		}
 		w.last = i - 1
 		return nil
 	}
-	// The only record is bad: start an empty log.
+	// No good record is left: start an empty log (the segments only: the snapshot and the
+	// lock stay).
 	if err := w.log.Close(); err != nil {
 		return fmt.Errorf("paxos: wal close for reset: %w", err)
 	}
-	if err := os.RemoveAll(w.dir); err != nil {
+	ents, err := os.ReadDir(w.dir)
+	if err != nil {
 		return fmt.Errorf("paxos: wal reset %s: %w", w.dir, err)
+	}
+	for _, e := range ents {
+		if isSegmentName(e.Name()) {
+			if err := os.Remove(filepath.Join(w.dir, e.Name())); err != nil {
+				return fmt.Errorf("paxos: wal reset: %w", err)
+			}
+		}
 	}
 	l, err := w.open()
 	if err != nil {
 		return fmt.Errorf("paxos: wal reopen %s: %w", w.dir, err)
 	}
 	w.log, w.last = l, 0
+	for k := range w.recMax {
+		delete(w.recMax, k)
+	}
 	return nil
+}
+
+// isSegmentName reports whether name is a tidwall/wal segment file (20 digits, optionally
+// .START or .END).
+func isSegmentName(name string) bool {
+	base, _ := strings.CutSuffix(name, ".START")
+	base, _ = strings.CutSuffix(base, ".END")
+	if len(base) != 20 {
+		return false
+	}
+	for _, c := range base {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func decodeRecord(data []byte) (*paxospb.Record, error) {
@@ -430,8 +536,17 @@ func (w *WAL) Compact(slot uint64) error {
 	return nil
 }
 
-// Close implements Storage.
-func (w *WAL) Close() error { return w.log.Close() }
+// Close implements Storage: it closes the log and releases the directory lock.
+func (w *WAL) Close() error {
+	err := w.log.Close()
+	if w.lock != nil {
+		if cerr := w.lock.Close(); err == nil {
+			err = cerr
+		}
+		w.lock = nil
+	}
+	return err
+}
 
 func toPBEntries(es []Entry) []*paxospb.Entry {
 	out := make([]*paxospb.Entry, len(es))

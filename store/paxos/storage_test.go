@@ -1,12 +1,17 @@
 package paxos
 
 import (
+	"bufio"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/crc32"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"go.uber.org/zap/zaptest"
@@ -30,35 +35,86 @@ func lastSegment(t *testing.T, dir string) string {
 	return filepath.Join(dir, last)
 }
 
+// walRecords is how many records TestWALCorruptTail writes (slots 1..walRecords), each
+// with the same frame size.
+const walRecords = 20
+
 func TestWALCorruptTail(t *testing.T) {
+	appendBytes := func(t *testing.T, path string, b []byte) {
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
 	cases := []struct {
-		name     string
-		damage   func(t *testing.T, path string)
-		wantErr  error
-		wantLast uint64 // highest slot surviving
+		name    string
+		damage  func(t *testing.T, path string) (wantLast uint64) // highest slot surviving
+		wantErr error
 	}{
-		{"clean", func(t *testing.T, path string) {}, nil, 5},
-		{"torn-tail", func(t *testing.T, path string) {
+		{"clean", func(t *testing.T, path string) uint64 { return walRecords }, nil},
+		{"torn-tail", func(t *testing.T, path string) uint64 {
 			st, _ := os.Stat(path)
 			if err := os.Truncate(path, st.Size()-3); err != nil {
 				t.Fatal(err)
 			}
-		}, nil, 4},
-		{"flipped-byte-in-tail", func(t *testing.T, path string) {
+			return walRecords - 1
+		}, nil},
+		{"flipped-byte-in-tail", func(t *testing.T, path string) uint64 {
 			b, _ := os.ReadFile(path)
 			b[len(b)-2] ^= 0xff
 			os.WriteFile(path, b, 0o640)
-		}, nil, 4},
-		{"garbage-appended", func(t *testing.T, path string) {
-			f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
-			f.Write([]byte{0xff, 0xff, 0xff, 0x7f, 1, 2})
-			f.Close()
-		}, nil, 5},
-		{"corrupt-middle", func(t *testing.T, path string) {
+			return walRecords - 1
+		}, nil},
+		{"garbage-appended", func(t *testing.T, path string) uint64 {
+			appendBytes(t, path, []byte{0xff, 0xff, 0xff, 0x7f, 1, 2})
+			return walRecords
+		}, nil},
+		// What a crash leaves on many file systems: the file was extended, its data never
+		// written (issue 14, finding 4).
+		{"two-zero-bytes-appended", func(t *testing.T, path string) uint64 {
+			appendBytes(t, path, make([]byte, 2))
+			return walRecords
+		}, nil},
+		{"4-KiB-of-zeros-appended", func(t *testing.T, path string) uint64 {
+			appendBytes(t, path, make([]byte, 4096))
+			return walRecords
+		}, nil},
+		{"last-300-bytes-zeroed", func(t *testing.T, path string) uint64 {
+			b, _ := os.ReadFile(path)
+			clear(b[len(b)-300:])
+			os.WriteFile(path, b, 0o640)
+			frame := len(b) / walRecords
+			return uint64((len(b) - 300) / frame) // records wholly before the zeroed bytes
+		}, nil},
+		{"everything-zeroed", func(t *testing.T, path string) uint64 {
+			b, _ := os.ReadFile(path)
+			os.WriteFile(path, make([]byte, len(b)), 0o640)
+			return 0
+		}, nil},
+		{"corrupt-middle", func(t *testing.T, path string) uint64 {
 			b, _ := os.ReadFile(path)
 			b[10] ^= 0xff
 			os.WriteFile(path, b, 0o640)
-		}, ErrCorruptWAL, 0},
+			return 0
+		}, ErrCorruptWAL},
+		{"corrupt-middle-then-zeros", func(t *testing.T, path string) uint64 {
+			b, _ := os.ReadFile(path)
+			frame := len(b) / walRecords
+			b[10*frame+8] ^= 0xff // inside record 11's body
+			os.WriteFile(path, append(b, make([]byte, 64)...), 0o640)
+			return 0
+		}, ErrCorruptWAL},
+		{"zeroed-middle-record", func(t *testing.T, path string) uint64 {
+			b, _ := os.ReadFile(path)
+			frame := len(b) / walRecords
+			clear(b[5*frame+1 : 6*frame]) // record 6's body, its length kept
+			os.WriteFile(path, b, 0o640)
+			return 0
+		}, ErrCorruptWAL},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -67,13 +123,13 @@ func TestWALCorruptTail(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for s := uint64(1); s <= 5; s++ {
+			for s := uint64(1); s <= walRecords; s++ {
 				if err := w.Save(HardState{Promised: 7}, []Entry{{Slot: s, Ballot: 7, Data: []byte("value-of-some-length")}}); err != nil {
 					t.Fatal(err)
 				}
 			}
 			w.Close()
-			tc.damage(t, lastSegment(t, dir))
+			wantLast := tc.damage(t, lastSegment(t, dir))
 			w, err = OpenWAL(dir, WALOptions{Logger: zaptest.NewLogger(t)})
 			if err != nil {
 				t.Fatalf("reopen: %v", err)
@@ -89,11 +145,11 @@ func TestWALCorruptTail(t *testing.T) {
 			if err != nil {
 				t.Fatalf("load: %v", err)
 			}
-			if hs.Promised != 7 || uint64(len(ents)) != tc.wantLast || ents[len(ents)-1].Slot != tc.wantLast {
-				t.Fatalf("after repair: hs %+v, %d entries", hs, len(ents))
+			if uint64(len(ents)) != wantLast || (wantLast > 0 && (hs.Promised != 7 || ents[len(ents)-1].Slot != wantLast)) {
+				t.Fatalf("after repair: hs %+v, %d entries, want %d", hs, len(ents), wantLast)
 			}
 			// The log keeps working after repair and the new record survives a reopen.
-			if err := w.Save(HardState{Promised: 9}, []Entry{{Slot: tc.wantLast + 1, Ballot: 9}}); err != nil {
+			if err := w.Save(HardState{Promised: 9}, []Entry{{Slot: wantLast + 1, Ballot: 9}}); err != nil {
 				t.Fatal(err)
 			}
 			w.Close()
@@ -102,11 +158,103 @@ func TestWALCorruptTail(t *testing.T) {
 				t.Fatal(err)
 			}
 			hs, ents, err = w.Load()
-			if err != nil || hs.Promised != 9 || ents[len(ents)-1].Slot != tc.wantLast+1 {
+			if err != nil || hs.Promised != 9 || ents[len(ents)-1].Slot != wantLast+1 {
 				t.Fatalf("after second reopen: %v %+v %d", err, hs, len(ents))
 			}
 		})
 	}
+}
+
+// A WAL whose only record is torn starts empty, and keeps its snapshot (only the segments
+// are reset).
+func TestWALResetKeepsSnapshot(t *testing.T) {
+	dir := t.TempDir()
+	w, err := OpenWAL(dir, WALOptions{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SaveSnapshot(SnapshotData{Slot: 40, Data: []byte("state"), Conf: ConfState{Epoch: 1, Members: []uint64{1, 2, 3}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Save(HardState{Promised: 7, Commit: 41}, []Entry{{Slot: 41, Ballot: 7, Data: []byte("x")}}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	b, _ := os.ReadFile(lastSegment(t, dir))
+	b[len(b)-1] ^= 0xff
+	os.WriteFile(lastSegment(t, dir), b, 0o640)
+	for reopen := 0; reopen < 2; reopen++ {
+		w, err = OpenWAL(dir, WALOptions{NoSync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs, ents, err := w.Load()
+		w.Close()
+		if err != nil || len(ents) != 0 || hs.Snapshot != 40 {
+			t.Fatalf("reopen %d: hs %+v, %d entries, %v; want the snapshot through 40 and no entry", reopen, hs, len(ents), err)
+		}
+	}
+}
+
+// Two openers of one directory: the second is refused with ErrLocked naming the directory
+// and the holder's pid (issue 14, finding 3); closing releases the lock.
+func TestWALDirectoryLock(t *testing.T) {
+	dir := t.TempDir()
+	w, err := OpenWAL(dir, WALOptions{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = OpenWAL(dir, WALOptions{NoSync: true})
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), fmt.Sprintf("process %d", os.Getpid())) {
+		t.Fatalf("second open in this process: %v, want ErrLocked naming %s and pid %d", err, dir, os.Getpid())
+	}
+	w.Close()
+	w, err = OpenWAL(dir, WALOptions{NoSync: true})
+	if err != nil {
+		t.Fatalf("open after close: %v", err)
+	}
+	w.Close()
+
+	// Another process holds it: this test binary, re-run as the holder.
+	cmd := exec.Command(os.Args[0], "-test.run=^TestWALLockHolder$")
+	cmd.Env = append(os.Environ(), "ATOLL_WAL_LOCK_DIR="+dir)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer stdin.Close()
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "locked" {
+		t.Fatalf("holder said %q: %v", line, err)
+	}
+	_, err = OpenWAL(dir, WALOptions{NoSync: true})
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), fmt.Sprintf("process %d", cmd.Process.Pid)) {
+		t.Fatalf("open while process %d holds it: %v", cmd.Process.Pid, err)
+	}
+}
+
+// TestWALLockHolder is the holder process of TestWALDirectoryLock: it opens the WAL in
+// $ATOLL_WAL_LOCK_DIR, says "locked", and holds it until its stdin closes.
+func TestWALLockHolder(t *testing.T) {
+	dir := os.Getenv("ATOLL_WAL_LOCK_DIR")
+	if dir == "" {
+		t.Skip("the holder process of TestWALDirectoryLock")
+	}
+	w, err := OpenWAL(dir, WALOptions{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	fmt.Println("locked")
+	io.Copy(io.Discard, os.Stdin)
 }
 
 // A snapshot keeps its configuration across a reopen; a snapshot in the older format (no

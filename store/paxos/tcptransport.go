@@ -5,11 +5,15 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,13 +27,21 @@ import (
 type TCPConfig struct {
 	// ID is this replica's id.
 	ID uint64
-	// Listen is the address to listen on ("127.0.0.1:0" picks a port).
+	// Listen is the address to listen on ("127.0.0.1:0" picks a port); default Peers[ID].
 	Listen string
 	// Peers maps the other replicas' ids to their addresses.
 	Peers map[uint64]string
 	// Token is the shared cluster secret both ends prove they hold (HMAC-SHA256
-	// challenge/response in each direction). Required. Frames are not encrypted.
+	// challenge/response in each direction). Required, with or without TLS.
 	Token []byte
+	// TLS, when set, makes every connection mutual TLS, with the token handshake inside
+	// it: the listener requires and verifies a client certificate against TLS.ClientCAs
+	// (ClientAuth is forced to tls.RequireAndVerifyClientCert), and the dialer verifies
+	// the peer's certificate against TLS.RootCAs for the host of the peer's address
+	// (unless TLS.ServerName is set). It needs a certificate (Certificates or
+	// GetCertificate), ClientCAs and RootCAs. Nil: frames travel in clear (authenticated
+	// by the token at connection setup only).
+	TLS *tls.Config
 	// MaxFrame is the largest frame accepted, in bytes (default 64 MiB); larger ones
 	// are logged and the connection dropped.
 	MaxFrame int
@@ -43,23 +55,53 @@ type TCPConfig struct {
 	Logger *zap.Logger
 }
 
-// Validate checks the config.
+// Validate checks the config: the id, the token, a listen address (Listen, or this id's
+// entry in Peers), and every peer's id and host:port address.
 func (c TCPConfig) Validate() error {
-	if c.ID == 0 {
-		return fmt.Errorf("%w: tcp transport ID is 0", ErrInvalidConfig)
+	if c.ID == 0 || c.ID > 0xffff {
+		return fmt.Errorf("%w: tcp transport ID %d must be in [1, 65535]", ErrInvalidConfig, c.ID)
 	}
 	if len(c.Token) < 8 {
 		return fmt.Errorf("%w: tcp transport token of %d bytes is shorter than 8", ErrInvalidConfig, len(c.Token))
 	}
+	ids := slices.Sorted(maps.Keys(c.Peers))
+	var known []string
+	for _, id := range ids {
+		addr := c.Peers[id]
+		if id == 0 || id > 0xffff {
+			return fmt.Errorf("%w: tcp transport peer id %d must be in [1, 65535]", ErrInvalidConfig, id)
+		}
+		if addr == "" {
+			continue // no address yet: this replica (given Listen), or one learned later
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return fmt.Errorf("%w: tcp transport peer %d address %q is not host:port: %v", ErrInvalidConfig, id, addr, err)
+		}
+		known = append(known, fmt.Sprintf("%d=%s", id, addr))
+	}
 	if c.Listen == "" {
-		return fmt.Errorf("%w: tcp transport Listen is empty", ErrInvalidConfig)
+		return fmt.Errorf("%w: tcp transport for replica %d has no listen address: Listen is empty and Peers (%s) has no address for %d",
+			ErrInvalidConfig, c.ID, strings.Join(known, ","), c.ID)
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("%w: tcp transport Listen %q is not host:port: %v", ErrInvalidConfig, c.Listen, err)
+	}
+	if c.TLS != nil {
+		switch {
+		case len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil:
+			return fmt.Errorf("%w: tcp transport TLS has no certificate (mutual TLS needs one at both ends)", ErrInvalidConfig)
+		case c.TLS.ClientCAs == nil:
+			return fmt.Errorf("%w: tcp transport TLS.ClientCAs is nil: the listener could not verify peers' certificates", ErrInvalidConfig)
+		case c.TLS.RootCAs == nil:
+			return fmt.Errorf("%w: tcp transport TLS.RootCAs is nil: peers' certificates would be checked against the system roots", ErrInvalidConfig)
+		}
 	}
 	return nil
 }
 
 // TCPTransport is the Transport between replicas over TCP: every frame is a 4-byte
 // big-endian length and a protobuf paxospb.Message; each connection starts with a mutual
-// HMAC challenge/response on the shared token. Truncated, oversized, undecodable or
+// HMAC challenge/response on the shared token, inside mutual TLS when TCPConfig.TLS is set. Truncated, oversized, undecodable or
 // unauthenticated frames are logged and dropped; they never stop the replica.
 type TCPTransport struct {
 	cfg   TCPConfig
@@ -72,6 +114,32 @@ type TCPTransport struct {
 	out   map[uint64]chan Message
 	conns map[net.Conn]struct{}
 	once  sync.Once
+	// inbound handshake failures are logged at most once per handshakeLogEvery
+	inLog logLimiter
+}
+
+// handshakeLogEvery is how often a repeated handshake failure is logged (each log line
+// counts the failures held back since the previous one).
+const handshakeLogEvery = 10 * time.Second
+
+// logLimiter lets one log line through per handshakeLogEvery and counts the others.
+type logLimiter struct {
+	mu   sync.Mutex
+	next time.Time
+	held int
+}
+
+// allow reports whether to log now, and how many lines were held back before this one.
+func (l *logLimiter) allow(now time.Time) (bool, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Before(l.next) {
+		l.held++
+		return false, 0
+	}
+	held := l.held
+	l.next, l.held = now.Add(handshakeLogEvery), 0
+	return true, held
 }
 
 var _ Transport = (*TCPTransport)(nil)
@@ -94,12 +162,20 @@ func NewTCPTransport(cfg TCPConfig) (*TCPTransport, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
+	if cfg.Listen == "" {
+		cfg.Listen = cfg.Peers[cfg.ID]
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("paxos: tcp listen %s: %w", cfg.Listen, err)
+	}
+	if cfg.TLS != nil {
+		server := cfg.TLS.Clone()
+		server.ClientAuth = tls.RequireAndVerifyClientCert
+		ln = tls.NewListener(ln, server)
 	}
 	t := &TCPTransport{cfg: cfg, log: cfg.Logger.Named("paxos-tcp").With(zap.Uint64("replica", cfg.ID)), ln: ln,
 		recv: make(chan Message, 65536), stop: make(chan struct{}), out: map[uint64]chan Message{}, conns: map[net.Conn]struct{}{}}
@@ -220,9 +296,21 @@ func (t *TCPTransport) serveConn(c net.Conn) {
 	defer c.Close()
 	remote := c.RemoteAddr().String()
 	c.SetDeadline(time.Now().Add(t.cfg.HandshakeTimeout))
+	if tc, ok := c.(*tls.Conn); ok {
+		if err := tc.Handshake(); err != nil {
+			if ok, held := t.inLog.allow(time.Now()); ok {
+				t.log.Warn("TLS handshake failed, connection dropped", zap.String("remote", remote), zap.Error(err),
+					zap.Int("similar_failures_not_logged", held))
+			}
+			return
+		}
+	}
 	peer, err := t.serverHandshake(c)
 	if err != nil {
-		t.log.Warn("unauthenticated connection dropped", zap.String("remote", remote), zap.Error(err))
+		if ok, held := t.inLog.allow(time.Now()); ok {
+			t.log.Warn("unauthenticated connection dropped", zap.String("remote", remote), zap.Error(err),
+				zap.Int("similar_failures_not_logged", held))
+		}
 		return
 	}
 	c.SetDeadline(time.Time{})
@@ -265,6 +353,7 @@ func (t *TCPTransport) sender(id uint64, addr string, ch chan Message) {
 	var w *bufio.Writer
 	var retryAt time.Time
 	var buf []byte
+	var dialLog logLimiter
 	closeConn := func() {
 		if c != nil {
 			c.Close()
@@ -286,7 +375,15 @@ func (t *TCPTransport) sender(id uint64, addr string, ch chan Message) {
 			}
 			nc, err := t.dial(id, addr)
 			if err != nil {
-				t.log.Debug("dial failed", zap.Uint64("peer", id), zap.String("addr", addr), zap.Error(err))
+				if errors.Is(err, ErrHandshake) {
+					// Reached the peer but could not authenticate: an operator must act.
+					if ok, held := dialLog.allow(time.Now()); ok {
+						t.log.Warn("handshake with peer failed", zap.Uint64("peer", id), zap.String("addr", addr), zap.Error(err),
+							zap.Int("similar_failures_not_logged", held))
+					}
+				} else {
+					t.log.Debug("dial failed", zap.Uint64("peer", id), zap.String("addr", addr), zap.Error(err))
+				}
 				retryAt = time.Now().Add(50 * time.Millisecond)
 				continue
 			}
@@ -334,9 +431,32 @@ func (t *TCPTransport) dial(id uint64, addr string) (net.Conn, error) {
 		return nil, ErrStopped
 	}
 	c.SetDeadline(time.Now().Add(t.cfg.HandshakeTimeout))
+	if t.cfg.TLS != nil {
+		cfg := t.cfg.TLS.Clone()
+		if cfg.ServerName == "" {
+			cfg.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		tc := tls.Client(c, cfg)
+		err := tc.Handshake()
+		t.track(c, false)
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("%w: TLS with peer %d at %s: %v", ErrHandshake, id, addr, err)
+		}
+		if !t.track(tc, true) {
+			c.Close()
+			return nil, ErrStopped
+		}
+		c = tc
+	}
 	if err := t.clientHandshake(c, id); err != nil {
 		c.Close()
 		t.track(c, false)
+		var oe *net.OpError
+		if errors.As(err, &oe) && oe.Op == "remote error" {
+			// TLS 1.3: the listener refuses a client certificate after the handshake.
+			return nil, fmt.Errorf("%w: peer %d at %s refused this replica's TLS certificate (missing, or not signed by the cluster's CA): %v", ErrHandshake, id, addr, err)
+		}
 		return nil, err
 	}
 	c.SetDeadline(time.Time{})
@@ -384,7 +504,9 @@ func readHello(r io.Reader) (*paxospb.Hello, error) {
 }
 
 // serverHandshake: send a challenge, check the client's MAC over both nonces and ids,
-// answer with our own MAC so the client can check us.
+// answer with our own MAC so the client can check us. A client whose proof fails is told
+// so (a Hello without a MAC) before the connection closes, so that it can say the tokens
+// differ.
 func (t *TCPTransport) serverHandshake(c net.Conn) (uint64, error) {
 	ns := nonce()
 	if err := writeHello(c, &paxospb.Hello{From: t.cfg.ID, Nonce: ns}); err != nil {
@@ -398,10 +520,11 @@ func (t *TCPTransport) serverHandshake(c net.Conn) (uint64, error) {
 	_, known := t.out[h.From]
 	t.mu.Unlock()
 	if !known || h.From == t.cfg.ID {
-		return 0, fmt.Errorf("%w: unknown peer id %d", ErrBadFrame, h.From)
+		return 0, fmt.Errorf("%w: replica %d is not a peer of replica %d", ErrHandshake, h.From, t.cfg.ID)
 	}
 	if len(h.Nonce) != 32 || !hmac.Equal(h.Mac, t.mac("atoll-paxos-client", ns, h.Nonce, h.From, t.cfg.ID)) {
-		return 0, fmt.Errorf("%w: bad token proof from peer %d", ErrBadFrame, h.From)
+		writeHello(c, &paxospb.Hello{From: t.cfg.ID}) // refused: no MAC
+		return 0, fmt.Errorf("%w: peer %d failed the token proof: the cluster tokens differ", ErrHandshake, h.From)
 	}
 	if err := writeHello(c, &paxospb.Hello{From: t.cfg.ID, Mac: t.mac("atoll-paxos-server", h.Nonce, ns, t.cfg.ID, h.From)}); err != nil {
 		return 0, err
@@ -415,18 +538,24 @@ func (t *TCPTransport) clientHandshake(c net.Conn, peer uint64) error {
 		return err
 	}
 	if h.From != peer || len(h.Nonce) != 32 {
-		return fmt.Errorf("%w: peer at %s says it is %d, want %d", ErrBadFrame, c.RemoteAddr(), h.From, peer)
+		return fmt.Errorf("%w: the replica at %s says it is %d, want %d", ErrHandshake, c.RemoteAddr(), h.From, peer)
 	}
 	nc := nonce()
 	if err := writeHello(c, &paxospb.Hello{From: t.cfg.ID, Nonce: nc, Mac: t.mac("atoll-paxos-client", h.Nonce, nc, t.cfg.ID, peer)}); err != nil {
 		return err
 	}
 	h2, err := readHello(c)
+	if errors.Is(err, io.EOF) {
+		return fmt.Errorf("%w: peer %d closed the connection during the handshake: it does not list replica %d as a peer", ErrHandshake, peer, t.cfg.ID)
+	}
 	if err != nil {
 		return err
 	}
+	if len(h2.Mac) == 0 {
+		return fmt.Errorf("%w: peer %d refused this replica's token proof: the cluster tokens differ", ErrHandshake, peer)
+	}
 	if !hmac.Equal(h2.Mac, t.mac("atoll-paxos-server", nc, h.Nonce, peer, t.cfg.ID)) {
-		return fmt.Errorf("%w: peer %d failed the token proof", ErrBadFrame, peer)
+		return fmt.Errorf("%w: peer %d failed the token proof: the cluster tokens differ", ErrHandshake, peer)
 	}
 	return nil
 }

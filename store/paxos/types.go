@@ -24,6 +24,9 @@ var (
 	ErrInvalidConfig = errors.New("paxos: invalid config")
 	// ErrCorruptWAL is returned when a WAL record other than the tail fails its checksum.
 	ErrCorruptWAL = errors.New("paxos: corrupt wal")
+	// ErrLocked is returned by OpenWAL when another WAL (in this process or another) has
+	// the directory open; the error names the directory and, when known, the holder's pid.
+	ErrLocked = errors.New("paxos: data directory in use")
 	// ErrReconfiguring is returned by a leader asked to propose while a configuration
 	// change it holds is not yet chosen: nothing is proposed past a configuration entry
 	// (the next configuration starts at the slot after it). Retryable.
@@ -31,6 +34,14 @@ var (
 	// ErrBadConfChange is returned for a membership change that is not exactly one
 	// replica added or removed, or that would leave the group empty.
 	ErrBadConfChange = errors.New("paxos: bad configuration change")
+	// ErrLearnerBehind is returned by AddReplica when the replica being added did not catch
+	// up with the log before the deadline: it is unreachable, not started with Config.Join,
+	// or slower than the log grows. The group is unchanged.
+	ErrLearnerBehind = errors.New("paxos: replica being added did not catch up")
+	// ErrHandshake is logged (rate-limited, never returned to a caller) when a transport
+	// connection fails its authentication: the two ends hold different cluster tokens, or
+	// one does not know the other's id.
+	ErrHandshake = errors.New("paxos: handshake failed")
 	// ErrBadFrame is logged (never returned to a caller) for truncated, oversized or
 	// unauthenticated transport frames.
 	ErrBadFrame = errors.New("paxos: bad frame")

@@ -50,7 +50,8 @@ func clientHandshake(c net.Conn, token []byte, deadline time.Time) error {
 	}
 	want := mac(token, "atoll-server", cn, f.Nonce)
 	if !hmac.Equal(want[:], f.MAC[:]) {
-		return fmt.Errorf("server does not know the cluster token: %w", ErrAuth)
+		// Either side may hold the wrong token: we cannot tell which.
+		return fmt.Errorf("the server's proof does not match our cluster token (one side has a different token): %w", ErrAuth)
 	}
 	if err := writeFrame(c, &Frame{Type: FrameAuth, MAC: mac(token, "atoll-client", f.Nonce, cn)}); err != nil {
 		return err
@@ -89,7 +90,7 @@ func serverHandshake(c net.Conn, token []byte, deadline time.Time) error {
 	}
 	want := mac(token, "atoll-client", sn, cn)
 	if f.Type != FrameAuth || !hmac.Equal(want[:], f.MAC[:]) {
-		return fmt.Errorf("client does not know the cluster token: %w", ErrAuth)
+		return fmt.Errorf("the client's proof does not match our cluster token (one side has a different token): %w", ErrAuth)
 	}
 	if err := writeFrame(c, &Frame{Type: FrameAuthOK}); err != nil {
 		return err

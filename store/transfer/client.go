@@ -3,6 +3,7 @@ package transfer
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -34,6 +35,24 @@ type ClientConfig struct {
 	// ChunkTimeout bounds one chunk read; a source that stalls past it is treated as
 	// dead. Default 30s.
 	ChunkTimeout time.Duration
+	// MaxIdlePerPeer is how many authenticated connections to one server the
+	// client keeps open between pulls for later pulls to reuse (a pull takes
+	// Streams of them), so that a pull of a small object costs no dial and no
+	// handshake. Default 4; negative keeps none: every pull dials its own.
+	MaxIdlePerPeer int
+	// IdleTimeout closes a pooled connection unused this long. Default 90s.
+	IdleTimeout time.Duration
+	// HealthCheckAfter: a pooled connection idle at least this long is pinged
+	// (one round trip, bounded by DialTimeout) before a pull uses it, and
+	// closed if it does not answer. Default 1s; negative never pings (a dead
+	// connection is then found by the pull's first request, which is retried
+	// once on a new connection).
+	HealthCheckAfter time.Duration
+	// TLS, if set, runs every connection inside TLS with this config: set
+	// Certificates (this client's certificate, which servers with TLS require)
+	// and RootCAs (the cluster CA). ServerName defaults to the dialed host. The
+	// token handshake still runs, inside the TLS session.
+	TLS *tls.Config
 	// Dial opens a connection; default net.Dialer. Tests wrap it to inject faults.
 	Dial   func(ctx context.Context, addr string) (net.Conn, error)
 	Logger *zap.Logger
@@ -44,7 +63,8 @@ type ClientConfig struct {
 // DefaultClientConfig returns a config that needs only Token.
 func DefaultClientConfig() ClientConfig {
 	return ClientConfig{Streams: 2, Depth: 4, Chunk: DefaultChunkConfig(), MaxRefetch: 3,
-		DialTimeout: 5 * time.Second, ChunkTimeout: 30 * time.Second}
+		DialTimeout: 5 * time.Second, ChunkTimeout: 30 * time.Second, MaxIdlePerPeer: 4, IdleTimeout: 90 * time.Second,
+		HealthCheckAfter: time.Second}
 }
 
 // Validate reports the first bad field.
@@ -60,6 +80,10 @@ func (c ClientConfig) Validate() error {
 		return fmt.Errorf("transfer: client config: MaxRefetch %d is negative", c.MaxRefetch)
 	case c.DialTimeout <= 0 || c.ChunkTimeout <= 0:
 		return fmt.Errorf("transfer: client config: timeouts must be positive")
+	case c.MaxIdlePerPeer > 1024:
+		return fmt.Errorf("transfer: client config: MaxIdlePerPeer %d above 1024", c.MaxIdlePerPeer)
+	case c.IdleTimeout < 0:
+		return fmt.Errorf("transfer: client config: IdleTimeout %v is negative", c.IdleTimeout)
 	}
 	return c.Chunk.Validate()
 }
@@ -72,6 +96,10 @@ type Client struct {
 
 	fmu     sync.Mutex
 	flights map[flightKey]*flight // pulls in progress, for single-flight
+
+	pool *connPool
+
+	waitHook func() // tests: called when a pull starts waiting for the same pull in progress
 }
 
 // NewClient returns a client.
@@ -89,7 +117,27 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		d := &net.Dialer{}
 		cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
 	}
-	return &Client{cfg: cfg, log: cfg.Logger.Named("transfer"), m: cfg.Metrics, flights: map[flightKey]*flight{}}, nil
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = 90 * time.Second
+	}
+	if cfg.HealthCheckAfter == 0 {
+		cfg.HealthCheckAfter = time.Second
+	}
+	if cfg.TLS != nil {
+		cfg.TLS = cfg.TLS.Clone()
+		if cfg.TLS.MinVersion < tls.VersionTLS13 {
+			cfg.TLS.MinVersion = tls.VersionTLS13
+		}
+	}
+	return &Client{cfg: cfg, log: cfg.Logger.Named("transfer"), m: cfg.Metrics, flights: map[flightKey]*flight{},
+		pool: newConnPool(cfg.MaxIdlePerPeer, cfg.IdleTimeout, cfg.Metrics)}, nil
+}
+
+// Close closes the pooled connections. Pulls in progress finish; the
+// connections they return are closed instead of pooled.
+func (cl *Client) Close() error {
+	cl.pool.close()
+	return nil
 }
 
 // Conn is one authenticated connection to a server. Calls may be made from many
@@ -126,17 +174,47 @@ func (cl *Client) Dial(ctx context.Context, addr string) (*Conn, error) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	if cl.cfg.TLS != nil {
+		tc := tls.Client(c, cl.tlsFor(addr))
+		if err := tc.HandshakeContext(dctx); err != nil {
+			c.Close()
+			cl.m.err(reasonTLS)
+			return nil, fmt.Errorf("transfer: TLS handshake with %s: %v: %w", addr, err, ErrAuth)
+		}
+		c = tc
+	}
 	dl, _ := dctx.Deadline()
 	if err := clientHandshake(c, cl.cfg.Token, dl); err != nil {
 		c.Close()
-		if errors.Is(err, ErrAuth) {
+		var oe *net.OpError
+		switch {
+		case errors.Is(err, ErrAuth):
 			cl.m.err(reasonAuth)
+		case cl.cfg.TLS != nil && errors.As(err, &oe) && oe.Op == "remote error":
+			// TLS 1.3: the server checks our certificate after the client's
+			// side of the handshake is done, and says so in an alert here.
+			cl.m.err(reasonTLS)
+			err = fmt.Errorf("the server refused our certificate: %v: %w", err, ErrAuth)
 		}
 		return nil, fmt.Errorf("transfer: authenticate to %s: %w", addr, err)
 	}
+	cl.m.ConnsDialed.Inc()
 	cn := &Conn{c: c, addr: addr, m: cl.m, pending: map[uint64]*call{}, done: make(chan struct{})}
 	go cn.readLoop()
 	return cn, nil
+}
+
+// tlsFor returns the client TLS config for addr: ServerName is the dialed host
+// unless the config names one.
+func (cl *Client) tlsFor(addr string) *tls.Config {
+	if cl.cfg.TLS.ServerName != "" {
+		return cl.cfg.TLS
+	}
+	c := cl.cfg.TLS.Clone()
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		c.ServerName = host
+	}
+	return c
 }
 
 // Addr returns the server address.
@@ -155,6 +233,14 @@ func (cn *Conn) Closed() bool {
 	cn.mu.Lock()
 	defer cn.mu.Unlock()
 	return cn.err != nil
+}
+
+// idle reports whether the connection is alive with no request outstanding:
+// fit to be pooled.
+func (cn *Conn) idle() bool {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	return cn.err == nil && len(cn.pending) == 0
 }
 
 func (cn *Conn) fail(err error) {
@@ -211,7 +297,7 @@ func (cn *Conn) readLoop() {
 			// receiving the next chunk while that one is hashed.
 			c.f = f
 			c.done <- nil
-		case FrameOpened:
+		case FrameOpened, FramePong:
 			if c == nil {
 				continue
 			}
@@ -291,6 +377,13 @@ func (cn *Conn) roundTrip(ctx context.Context, f *Frame, dst []byte) (*call, err
 		cn.c.Close()
 		return nil, fmt.Errorf("transfer: %s: %w", cn.addr, ctx.Err())
 	}
+}
+
+// Ping makes a round trip that carries nothing: it tells whether the
+// connection and the server behind it still answer.
+func (cn *Conn) Ping(ctx context.Context) error {
+	_, err := cn.roundTrip(ctx, &Frame{Type: FramePing}, nil)
+	return err
 }
 
 // Remote describes an object opened on a server: the key authorizes reads.

@@ -7,10 +7,10 @@
 // verbs backend to test.
 //
 // Serving: a Server authenticates peers (HMAC challenge/response over the shared
-// cluster token), registers a region per Open and serves reads by key only; chunk
-// bytes go from the mapped object straight to the socket (writev, or sendfile
-// from the shared-memory file with ServerConfig.Sendfile), preceded by their
-// xxhash64.
+// cluster token, inside mutual TLS when ServerConfig.TLS is set), registers a
+// region per Open and serves reads by key only; chunk bytes go from the mapped
+// object straight to the socket (writev, or sendfile from the shared-memory file
+// with ServerConfig.Sendfile), preceded by their xxhash64.
 //
 //	srv, _ := transfer.NewServer(transfer.ServerConfig{Token: tok, ...}, transfer.StoreSource{Store: st})
 //	addr, _ := srv.Listen("0.0.0.0:7070") // or srv.Serve(ln); use addr as the store's Config.Location
@@ -23,6 +23,9 @@
 // Pulls of the same object into the same store are single-flight: later callers
 // wait for the pull in progress (or take over if it fails) and get a reference of
 // their own, instead of copying the object again or failing with "already exists".
+// A Client keeps a few authenticated connections per server between pulls
+// (health-checked with Ping, evicted when broken or idle), so a small pull costs
+// no dial and no handshake; Client.Close closes them.
 //
 //	cl, _ := transfer.NewClient(cfg)
 //	err := cl.Pull(ctx, st, id, meta.Locations, transfer.PullOptions{Owner: "worker-3"})

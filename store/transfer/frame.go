@@ -33,6 +33,8 @@ const (
 	FrameChunk                          // server -> client: ReqID, Fingerprint, Len; then Len bytes
 	FrameClose                          // client -> server: Key
 	FrameError                          // server -> client: ReqID, Code, Msg
+	FramePing                           // client -> server: ReqID (a pooled connection's health check)
+	FramePong                           // server -> client: ReqID
 	frameMax
 )
 
@@ -42,8 +44,8 @@ const MaxFrame = 4096
 // MaxChunk bounds the data after a Chunk frame and the length of a Read.
 const MaxChunk = 64 << 20
 
-// ProtocolVersion is sent in Hello.
-const ProtocolVersion = 1
+// ProtocolVersion is sent in Hello. Version 2 added Ping and Pong.
+const ProtocolVersion = 2
 
 // KeySize is the length of a region key.
 const KeySize = 24
@@ -116,6 +118,8 @@ func AppendFrame(b []byte, f *Frame) []byte {
 		b = be.AppendUint32(b, f.Len)
 	case FrameClose:
 		b = append(b, f.Key[:]...)
+	case FramePing, FramePong:
+		b = be.AppendUint64(b, f.ReqID)
 	case FrameError:
 		b = be.AppendUint64(b, f.ReqID)
 		b = be.AppendUint16(b, uint16(f.Code))
@@ -141,6 +145,8 @@ var bodySize = [frameMax]int{
 	FrameChunk:     8 + 8 + 4,
 	FrameClose:     KeySize,
 	FrameError:     8 + 2,
+	FramePing:      8,
+	FramePong:      8,
 }
 
 // DecodeFrame decodes one frame body (the bytes after the length prefix).
@@ -197,6 +203,8 @@ func DecodeFrame(body []byte) (Frame, error) {
 		}
 	case FrameClose:
 		copy(f.Key[:], p)
+	case FramePing, FramePong:
+		f.ReqID = be.Uint64(p)
 	case FrameError:
 		f.ReqID = be.Uint64(p)
 		f.Code = ErrCode(be.Uint16(p[8:]))

@@ -18,6 +18,8 @@ func TestFrameRoundTrip(t *testing.T) {
 		{Type: FrameChunk, ReqID: 10, Fingerprint: 0xbeef, Len: 456},
 		{Type: FrameClose, Key: Key{9}},
 		{Type: FrameError, ReqID: 11, Code: CodeBadKey, Msg: "no such key"},
+		{Type: FramePing, ReqID: 12},
+		{Type: FramePong, ReqID: 12},
 	}
 	for _, f := range frames {
 		b := AppendFrame(nil, &f)

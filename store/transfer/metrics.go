@@ -12,6 +12,7 @@ const (
 	reasonLost         = "object_lost"
 	reasonNotFound     = "not_found"
 	reasonRange        = "range"
+	reasonTLS          = "tls_failed"
 )
 
 // Metrics are the transfer plane's counters. Build with NewMetrics on an injected
@@ -29,7 +30,13 @@ type Metrics struct {
 	// PullWaits counts pulls that waited for a pull of the same object into the
 	// same store already in progress, instead of copying it a second time.
 	PullWaits prometheus.Counter
-	Errors    *prometheus.CounterVec
+	// ConnsDialed counts connections dialed and authenticated; ConnsReused the
+	// pooled ones a pull took instead; ConnsEvicted pooled ones closed because
+	// they broke or idled past ClientConfig.IdleTimeout.
+	ConnsDialed  prometheus.Counter
+	ConnsReused  prometheus.Counter
+	ConnsEvicted prometheus.Counter
+	Errors       *prometheus.CounterVec
 }
 
 // NewMetrics creates the counters and registers them on reg (nil: unregistered).
@@ -46,11 +53,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		ChunkRefetch:   c("chunk_refetch_total", "Chunks fetched again after a fingerprint mismatch."),
 		Pulls:          c("pulls_total", "Completed pulls."),
 		PullWaits:      c("pull_waits_total", "Pulls that waited for the same object's pull into the same store in progress."),
+		ConnsDialed:    c("conns_dialed_total", "Connections dialed and authenticated."),
+		ConnsReused:    c("conns_reused_total", "Pooled connections reused by a pull."),
+		ConnsEvicted:   c("conns_evicted_total", "Pooled connections closed because they broke or idled too long."),
 		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "atoll", Subsystem: "transfer",
 			Name: "errors_total", Help: "Errors by reason."}, []string{"reason"}),
 	}
 	if reg != nil {
-		for _, col := range []prometheus.Collector{m.ChunksServed, m.ChunksSendfile, m.BytesServed, m.ChunksPulled, m.BytesPulled, m.ChunkRefetch, m.Pulls, m.PullWaits, m.Errors} {
+		for _, col := range []prometheus.Collector{m.ChunksServed, m.ChunksSendfile, m.BytesServed, m.ChunksPulled, m.BytesPulled, m.ChunkRefetch, m.Pulls, m.PullWaits, m.ConnsDialed, m.ConnsReused, m.ConnsEvicted, m.Errors} {
 			if err := reg.Register(col); err != nil {
 				return nil, err
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +24,9 @@ type NodeConfig struct {
 	Dir string
 	// ListenAddr is where the transfer server listens. Default "127.0.0.1:0".
 	ListenAddr string
+	// Advertise, when set, is the host others reach this node at (a container's name when
+	// it listens on 0.0.0.0): the store's Location is Advertise:<bound port>.
+	Advertise string
 	// Token is the shared cluster secret.
 	Token []byte
 	// Store configures the store; its Location is set to the bound address, and its
@@ -83,6 +87,9 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		return nil, fmt.Errorf("transfer: start node %s: listen %s: %w", cfg.Name, cfg.ListenAddr, err)
 	}
 	cfg.Store.Location = ln.Addr().String()
+	if cfg.Advertise != "" {
+		cfg.Store.Location = net.JoinHostPort(cfg.Advertise, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	}
 	cfg.Store.Registerer = reg
 	cfg.Store.Logger = log
 	st, err := object.Open(cfg.Store, cfg.Dir)
@@ -105,7 +112,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		return nil, err
 	}
 	go func() { _ = srv.Serve(ln) }()
-	n := &Node{Store: st, Server: srv, Client: cl, Metrics: m, Addr: ln.Addr().String(), stopReaper: func() {}}
+	n := &Node{Store: st, Server: srv, Client: cl, Metrics: m, Addr: cfg.Store.Location, stopReaper: func() {}}
 	if cfg.LeaseReapInterval >= 0 {
 		iv := cfg.LeaseReapInterval
 		if iv == 0 {
@@ -143,5 +150,5 @@ func (n *Node) Get(ctx context.Context, id object.ID, owner string) (*object.Vie
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.stopReaper()
 	err := n.Server.Shutdown(ctx)
-	return errors.Join(err, n.Store.Close())
+	return errors.Join(err, n.Client.Close(), n.Store.Close())
 }

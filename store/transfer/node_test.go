@@ -40,33 +40,36 @@ func TestNodesShareDirectory(t *testing.T) {
 	if err := a.Store.Release(ctx, id, "driver"); err != nil {
 		t.Fatal(err)
 	}
-	// a's server may still hold b's region registration for a moment (it ends
-	// when b's connections close), which pins the object; then it is freed.
-	eventually(t, func() bool {
-		m, _ := dir.Lookup(ctx, id)
-		return len(m.Locations) == 1 && m.Locations[0] == b.Addr
-	}, "only b is a location after a frees")
+	// b's pull ended its region registration on a (CloseRegion); once a's
+	// server has handled that, nothing pins a's copy and the release frees it.
+	settle(t, b.Client, a.Addr)
+	if m, _ := dir.Lookup(ctx, id); len(m.Locations) != 1 || m.Locations[0] != b.Addr {
+		t.Fatalf("locations after a frees: %v, want only b", m.Locations)
+	}
 	if err := b.Store.Release(ctx, id, "worker"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, func() bool {
-		_, err := dir.Lookup(ctx, id)
-		return errors.Is(err, object.ErrNotFound)
-	}, "directory forgets the id after both free")
+	if _, err := dir.Lookup(ctx, id); !errors.Is(err, object.ErrNotFound) {
+		t.Fatalf("directory after both free: %v, want the id forgotten", err)
+	}
 	if _, err := b.Get(ctx, id, "worker"); !errors.Is(err, object.ErrNotFound) {
 		t.Fatalf("get of a freed id: %v", err)
 	}
 }
 
-// eventually waits up to 5s for cond, for effects that follow a connection closing.
-func eventually(t *testing.T, cond func() bool, what string) {
+// settle returns once the server at addr has handled every frame cl's pooled
+// connections to it have sent (a region's close, a chunk's accounting): frames
+// on one connection are handled in order, so a ping's answer comes after them.
+func settle(t *testing.T, cl *Client, addr string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
+	cs := pooledConns(cl, addr)
+	if len(cs) == 0 {
+		t.Fatal("no pooled connection to settle")
+	}
+	for _, c := range cs {
+		if err := c.Ping(ctxT(t)); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

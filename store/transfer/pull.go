@@ -25,16 +25,25 @@ type span struct{ off, n int64 }
 
 // source is one location being pulled from.
 type source struct {
+	cl     *Client
 	addr   string
 	conns  []*Conn
 	remote Remote
+	opened bool // remote.Key is registered on the server
 }
 
+// close ends the pull's registration on the server and gives the connections
+// back to the pool (which keeps the healthy ones).
 func (s *source) close() {
-	for _, c := range s.conns {
-		_ = c.CloseRegion(s.remote.Key)
-		c.Close()
+	for i, c := range s.conns {
+		if i == 0 && s.opened && !c.Closed() {
+			if err := c.CloseRegion(s.remote.Key); err != nil {
+				c.Close() // the registration ends with the connection
+			}
+		}
+		s.cl.pool.put(c)
 	}
+	s.conns = nil
 }
 
 // Pull copies object id into st from the first of locations (transfer addresses)
@@ -85,7 +94,8 @@ func (cl *Client) pull(ctx context.Context, st *object.Store, id object.ID, loca
 		}
 	}
 	k := flightKey{st, id}
-	for {
+	var last error
+	for round := 0; round < maxPullRounds; round++ {
 		if err := ctx.Err(); err != nil {
 			return false, fmt.Errorf("transfer: pull %s: %w", id.Short(), err)
 		}
@@ -93,11 +103,15 @@ func (cl *Client) pull(ctx context.Context, st *object.Store, id object.ID, loca
 		if f, ok := cl.flights[k]; ok {
 			cl.fmu.Unlock()
 			cl.m.PullWaits.Inc()
+			if cl.waitHook != nil {
+				cl.waitHook()
+			}
 			select {
 			case <-f.done:
 			case <-ctx.Done():
 				return false, fmt.Errorf("transfer: pull %s: waiting for a pull in progress: %w", id.Short(), ctx.Err())
 			}
+			last = f.err
 			continue // sealed: Await below takes the reference; failed: try ourselves
 		}
 		f := &flight{done: make(chan struct{})}
@@ -109,22 +123,26 @@ func (cl *Client) pull(ctx context.Context, st *object.Store, id object.ID, loca
 		delete(cl.flights, k)
 		close(f.done)
 		cl.fmu.Unlock()
-		switch {
-		case errors.Is(err, object.ErrPending):
-			cl.m.PullWaits.Inc()
-			continue // another client is writing it into st: wait for that one
-		case errors.Is(err, object.ErrExists):
-			// Sealed by another client since we looked (Await now takes a
-			// reference), or an aborted copy still pinned by a reader for a moment.
-			select {
-			case <-time.After(time.Millisecond):
-			case <-ctx.Done():
+		if errors.Is(err, object.ErrExists) {
+			// ErrPending too: another client (or relay) is writing it into st,
+			// or it is being freed; Await waits for either. Plain ErrExists:
+			// sealed by another client since we looked; Await takes a reference.
+			if errors.Is(err, object.ErrPending) {
+				cl.m.PullWaits.Inc()
 			}
+			last = err
 			continue
 		}
 		return ref, err
 	}
+	return false, fmt.Errorf("transfer: pull %s: gave up after %d rounds of waiting for other writers of it: %w", id.Short(), maxPullRounds, last)
 }
+
+// maxPullRounds bounds how many times one pull waits for another writer of the
+// same object into the same store (a pull in progress, a pull that failed and
+// was retried by someone else, an aborted copy) before it gives up with the last
+// error it saw. Each round ends with another writer finishing or failing.
+const maxPullRounds = 64
 
 // awaitOrPull takes a reference to id if st holds it sealed, waits for it if
 // someone else is writing it into st, and else pulls it.
@@ -219,36 +237,60 @@ func (p *puller) openNext(ctx context.Context) (*source, error) {
 		errs = append(errs, err)
 	}
 	p.cl.m.err(reasonLost)
-	return nil, fmt.Errorf("transfer: pull %s: no location of %d could supply it (%v): %w", p.id.Short(), len(p.locs), errors.Join(errs...), ErrObjectLost)
+	return nil, fmt.Errorf("transfer: pull %s: no location of %d could supply it: %w (%w)", p.id.Short(), len(p.locs), ErrObjectLost, errors.Join(errs...))
 }
 
 func (p *puller) open(ctx context.Context, addr string) (*source, error) {
-	s := &source{addr: addr}
+	s := &source{cl: p.cl, addr: addr}
+	var fresh []bool
 	for range p.cl.cfg.Streams {
-		c, err := p.cl.Dial(ctx, addr)
+		c, f, err := p.cl.conn(ctx, addr)
 		if err != nil {
 			s.close()
 			return nil, err
 		}
 		s.conns = append(s.conns, c)
+		fresh = append(fresh, f)
 	}
-	octx, cancel := context.WithTimeout(ctx, p.cl.cfg.DialTimeout)
-	defer cancel()
-	start := time.Now()
-	r, err := s.conns[0].Open(octx, p.id)
-	p.mu.Lock()
-	p.sizer.ObserveRTT(time.Since(start))
-	p.mu.Unlock()
+	r, err := p.openOn(ctx, s.conns[0])
+	if err != nil && !fresh[0] && !answered(err) && ctx.Err() == nil {
+		// The pooled connection had died without notice: try once more on a
+		// new one before calling the source dead.
+		p.cl.log.Debug("pooled connection dead, dialing a new one", zap.String("addr", addr), zap.Error(err))
+		s.conns[0].Close()
+		c, derr := p.cl.Dial(ctx, addr)
+		if derr != nil {
+			s.close()
+			return nil, fmt.Errorf("%w (and a new connection: %w)", err, derr)
+		}
+		s.conns[0] = c
+		r, err = p.openOn(ctx, c)
+	}
 	if err != nil {
 		s.close()
 		return nil, err
 	}
+	s.remote, s.opened = r, true
 	if p.size != 0 && (r.Size != p.size || (p.src != nil && r.Fingerprint != p.src.remote.Fingerprint)) {
 		s.close()
 		return nil, fmt.Errorf("transfer: %s has a different object under %s (size %d)", addr, p.id.Short(), r.Size)
 	}
-	s.remote = r
 	return s, nil
+}
+
+// openOn asks the server at the other end of c to open the object, bounded by
+// DialTimeout, and feeds the round trip to the chunk sizer.
+func (p *puller) openOn(ctx context.Context, c *Conn) (Remote, error) {
+	octx, cancel := context.WithTimeout(ctx, p.cl.cfg.DialTimeout)
+	defer cancel()
+	start := time.Now()
+	r, err := c.Open(octx, p.id)
+	if err == nil {
+		p.mu.Lock()
+		p.sizer.ObserveRTT(time.Since(start))
+		p.mu.Unlock()
+	}
+	return r, err
 }
 
 func (p *puller) notifyLocked() {

@@ -66,8 +66,11 @@ func TestSendfile(t *testing.T) {
 				t.Fatal("bytes differ")
 			}
 			// The server counts a chunk once its send returns, which may be just
-			// after the client has it.
-			eventually(t, func() bool { return testutil.ToFloat64(m.ChunksSendfile) > before }, "a chunk went through sendfile")
+			// after the client has it: settle waits for that.
+			settle(t, dst.client, addr)
+			if testutil.ToFloat64(m.ChunksSendfile) <= before {
+				t.Fatal("no chunk went through sendfile")
+			}
 		})
 	}
 	t.Run("corrupt chunk", func(t *testing.T) {

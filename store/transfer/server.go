@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -28,7 +29,10 @@ import (
 type Region interface {
 	Bytes() []byte
 	Size() int64
-	Fingerprint() uint64
+	// Fingerprint returns the whole region's xxhash64. It may wait (for an object
+	// still being put) or write metadata (an object's first fingerprint is
+	// recorded in the directory), both under ctx.
+	Fingerprint(ctx context.Context) (uint64, error)
 	WaitReady(ctx context.Context, end int64) error
 	Close()
 }
@@ -83,7 +87,13 @@ type ServerConfig struct {
 	// (the receiver's copy and per-page socket bookkeeping dominate); it saves
 	// the sender's copy where a NIC does the rest.
 	Sendfile bool
-	Logger   *zap.Logger
+	// TLS, if set, runs every connection inside TLS with this config: set
+	// Certificates (this server's) and ClientCAs (the cluster CA). Clients must
+	// present a certificate that ClientCAs verifies (ClientAuth is forced to
+	// tls.RequireAndVerifyClientCert) and then still prove the token. Chunks go
+	// through TLS records, so Sendfile does not apply.
+	TLS    *tls.Config
+	Logger *zap.Logger
 	// Metrics, default unregistered counters.
 	Metrics *Metrics
 }
@@ -100,6 +110,10 @@ func (c ServerConfig) Validate() error {
 		return fmt.Errorf("transfer: server config: Token has %d bytes, want at least 16", len(c.Token))
 	case c.HandshakeTimeout <= 0 || c.ReadyTimeout <= 0 || c.WriteTimeout <= 0:
 		return fmt.Errorf("transfer: server config: timeouts must be positive (%v, %v, %v)", c.HandshakeTimeout, c.ReadyTimeout, c.WriteTimeout)
+	case c.TLS != nil && len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil:
+		return fmt.Errorf("transfer: server config: TLS has no certificate (Certificates, GetCertificate)")
+	case c.TLS != nil && c.TLS.ClientCAs == nil && c.TLS.GetConfigForClient == nil:
+		return fmt.Errorf("transfer: server config: TLS.ClientCAs is nil: clients' certificates could not be verified")
 	}
 	return nil
 }
@@ -166,6 +180,13 @@ func NewServer(cfg ServerConfig, src Source) (*Server, error) {
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics, _ = NewMetrics(nil)
+	}
+	if cfg.TLS != nil {
+		cfg.TLS = cfg.TLS.Clone()
+		cfg.TLS.ClientAuth = tls.RequireAndVerifyClientCert
+		if cfg.TLS.MinVersion < tls.VersionTLS13 {
+			cfg.TLS.MinVersion = tls.VersionTLS13
+		}
 	}
 	return &Server{cfg: cfg, src: src, log: cfg.Logger.Named("transfer"), m: cfg.Metrics,
 		regs: map[uint64]*registration{}, conns: map[net.Conn]struct{}{}}, nil
@@ -301,14 +322,16 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return nil
 }
 
-func (s *Server) serveConn(c net.Conn, connID uint64) {
-	log := s.log.With(zap.Stringer("peer", c.RemoteAddr()))
+func (s *Server) serveConn(raw net.Conn, connID uint64) {
+	log := s.log.With(zap.Stringer("peer", raw.RemoteAddr()))
+	c := raw // what the frames go through: raw, or TLS over it
 	ctx, cancel := context.WithCancel(context.Background())
 	defer func() {
 		cancel()
 		c.Close()
+		raw.Close()
 		s.mu.Lock()
-		delete(s.conns, c)
+		delete(s.conns, raw)
 		var mine []*registration
 		for h, r := range s.regs {
 			if r.conn == connID {
@@ -323,12 +346,23 @@ func (s *Server) serveConn(c net.Conn, connID uint64) {
 			r.close()
 		}
 	}()
-	var raw syscall.RawConn // for sendfile; nil if c is not a TCP connection
+	var sc syscall.RawConn // for sendfile; nil if c is not a plain TCP connection
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
-		raw, _ = tc.SyscallConn()
+		sc, _ = tc.SyscallConn()
 	}
-	if err := serverHandshake(c, s.cfg.Token, time.Now().Add(s.cfg.HandshakeTimeout)); err != nil {
+	deadline := time.Now().Add(s.cfg.HandshakeTimeout)
+	if s.cfg.TLS != nil {
+		tc := tls.Server(raw, s.cfg.TLS)
+		_ = raw.SetDeadline(deadline)
+		if err := tc.Handshake(); err != nil {
+			s.m.err(reasonTLS)
+			log.Info("TLS handshake failed", zap.Error(err))
+			return
+		}
+		c, sc = tc, nil
+	}
+	if err := serverHandshake(c, s.cfg.Token, deadline); err != nil {
 		s.m.err(reasonAuth)
 		log.Info("handshake failed", zap.Error(err))
 		_ = writeFrame(c, &Frame{Type: FrameError, Code: CodeBadKey, Msg: "authentication failed"})
@@ -363,15 +397,33 @@ func (s *Server) serveConn(c net.Conn, connID uint64) {
 				}
 				continue
 			}
+			// The first fingerprint of an object is recorded in the directory (a
+			// consensus write in a cluster): bounded like a read of a range being written.
+			fctx, cancel := context.WithTimeout(ctx, s.cfg.ReadyTimeout)
+			fp, err := r.Fingerprint(fctx)
+			cancel()
+			if err != nil {
+				r.Close()
+				if s.sendErr(c, f.ReqID, CodeLost, err) != nil {
+					return
+				}
+				continue
+			}
 			k := s.register(r, connID)
-			hdr = AppendFrame(hdr[:0], &Frame{Type: FrameOpened, ReqID: f.ReqID, Key: k, Size: r.Size(), Fingerprint: r.Fingerprint()})
+			hdr = AppendFrame(hdr[:0], &Frame{Type: FrameOpened, ReqID: f.ReqID, Key: k, Size: r.Size(), Fingerprint: fp})
 			if _, err := c.Write(hdr); err != nil {
 				return
 			}
 		case FrameClose:
 			s.DeregisterRegion(f.Key)
+		case FramePing:
+			hdr = AppendFrame(hdr[:0], &Frame{Type: FramePong, ReqID: f.ReqID})
+			_ = c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+			if _, err := c.Write(hdr); err != nil {
+				return
+			}
 		case FrameRead:
-			if err := s.serveRead(ctx, c, raw, &f, &hdr); err != nil {
+			if err := s.serveRead(ctx, c, sc, &f, &hdr); err != nil {
 				log.Debug("read failed", zap.Error(err))
 				return
 			}

@@ -102,14 +102,34 @@ func (r *flightRig) gate() (open func()) {
 func (r *flightRig) startLeader(t *testing.T, ctx context.Context, locs []string) <-chan error {
 	t.Helper()
 	done := make(chan error, 1)
+	created := make(chan struct{})
 	go func() {
-		done <- r.dst.client.Pull(ctx, r.dst.store, r.id, locs, PullOptions{Owner: "leader"})
+		done <- r.dst.client.Pull(ctx, r.dst.store, r.id, locs, PullOptions{Owner: "leader", OnCreated: func() { close(created) }})
 	}()
-	eventually(t, func() bool { return r.dst.store.Stats().Objects == 1 }, "the leader's pull created its object")
+	select {
+	case <-created:
+	case err := <-done:
+		t.Fatalf("the leader's pull ended before creating its object: %v", err)
+	}
 	if r.dst.store.Contains(r.id) {
 		t.Fatal("the object is sealed already; the gate did not hold the pull")
 	}
 	return done
+}
+
+// waits counts the pulls of the destination client that start waiting for its
+// pull in progress; call it before starting any pull.
+func (r *flightRig) waits() <-chan struct{} {
+	ch := make(chan struct{}, 256)
+	r.dst.client.waitHook = func() { ch <- struct{}{} }
+	return ch
+}
+
+// await receives n values from ch: n pulls are waiting.
+func await(ch <-chan struct{}, n int) {
+	for range n {
+		<-ch
+	}
 }
 
 // followers starts n pulls of the same object into the same store, alternately
@@ -137,12 +157,12 @@ func TestConcurrentPullsSingleFlight(t *testing.T) {
 	ctx := ctxT(t)
 	open := r.gate()
 	defer open()
+	waiting := r.waits()
 	leader := r.startLeader(t, ctx, []string{r.src.addr})
 	wait := r.followers(ctx, n, []string{r.src.addr})
-	// Let the followers reach their wait (they may also arrive after the seal:
-	// they were started while the object was pending, so they get a reference
-	// either way).
-	eventually(t, func() bool { return testutil.ToFloat64(r.dst.m.PullWaits) >= n/2 }, "the same client's followers wait")
+	// The same client's followers (half of them) wait for the leader's pull;
+	// the other client's wait in the store (Await).
+	await(waiting, n/2)
 	open()
 	if err := <-leader; err != nil {
 		t.Fatalf("leader: %v", err)
@@ -217,9 +237,10 @@ func TestConcurrentPullsSourceDies(t *testing.T) {
 		locs := []string{r.src.addr, second.addr}
 		open, read := dying(r)
 		defer open()
+		waiting := r.waits()
 		leader := r.startLeader(t, ctx, locs)
 		wait := r.followers(ctx, n, locs)
-		eventually(t, func() bool { return testutil.ToFloat64(r.dst.m.PullWaits) >= n/2 }, "followers wait")
+		await(waiting, n/2)
 		open()
 		if err := <-leader; err != nil {
 			t.Fatalf("leader: %v", err)
@@ -245,9 +266,10 @@ func TestConcurrentPullsSourceDies(t *testing.T) {
 		locs := []string{r.src.addr}
 		open, _ := dying(r)
 		defer open()
+		waiting := r.waits()
 		leader := r.startLeader(t, ctx, locs)
 		wait := r.followers(ctx, n, locs)
-		eventually(t, func() bool { return testutil.ToFloat64(r.dst.m.PullWaits) >= n/2 }, "followers wait")
+		await(waiting, n/2)
 		open()
 		if err := <-leader; !errors.Is(err, ErrObjectLost) {
 			t.Fatalf("leader: %v, want ErrObjectLost", err)
@@ -298,14 +320,18 @@ func TestConcurrentPullsContext(t *testing.T) {
 		open := r.gate()
 		defer open()
 		lctx, cancelLeader := context.WithCancel(ctx)
+		waiting := r.waits()
 		leader := r.startLeader(t, lctx, []string{r.src.addr})
 		r.wrap.Store(nil) // the follower's own connections are not gated
 		wait := r.followers(ctx, 4, []string{r.src.addr})
-		eventually(t, func() bool { return testutil.ToFloat64(r.dst.m.PullWaits) >= 2 }, "followers wait")
+		await(waiting, 2)
 		cancelLeader()
 		if err := <-leader; !errors.Is(err, context.Canceled) {
 			t.Fatalf("leader: %v, want Canceled", err)
 		}
+		// The leader's connections that were idle when it was cancelled went
+		// back to the pool, gate and all: a follower may take them.
+		open()
 		for i, err := range wait() {
 			if err != nil {
 				t.Fatalf("follower %d: %v", i, err)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -28,11 +29,11 @@ var testToken = []byte("test-cluster-token-0123456789")
 
 func randBytes(n int, seed uint64) []byte {
 	r := rand.New(rand.NewPCG(seed, 7))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
+	b := make([]byte, n+8)
+	for i := 0; i < n; i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], r.Uint64())
 	}
-	return b
+	return b[:n]
 }
 
 type node struct {
@@ -78,6 +79,7 @@ func newNode(t testing.TB, logger *zap.Logger, mutClient func(*ClientConfig)) *n
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
+		cl.Close()
 		srv.Shutdown(ctx)
 		st.Close()
 	})
@@ -135,8 +137,8 @@ func TestBadInput(t *testing.T) {
 	bad := DefaultClientConfig()
 	bad.Token = []byte("not-the-cluster-token!")
 	bcl, _ := NewClient(bad)
-	if _, err := bcl.Dial(ctx, a.addr); !errors.Is(err, ErrAuth) {
-		t.Fatalf("wrong token: %v", err)
+	if _, err := bcl.Dial(ctx, a.addr); !errors.Is(err, ErrAuth) || strings.Contains(err.Error(), "server does not know") {
+		t.Fatalf("wrong token: %v, want ErrAuth that does not blame the server (the client holds the wrong token)", err)
 	}
 	if testutil.ToFloat64(bcl.m.Errors.WithLabelValues(reasonAuth)) != 1 {
 		t.Fatal("auth failure not counted by the client")

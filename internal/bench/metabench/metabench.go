@@ -2,11 +2,10 @@ package metabench
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,16 +13,17 @@ import (
 	"sync/atomic"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
+	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/atoll-run/atoll/internal/devcert"
 	"github.com/atoll-run/atoll/store/meta"
 )
 
 // Config configures a run.
 type Config struct {
-	// Dir is where the WALs, etcd data and the fsync probe live (default os.TempDir()).
+	// Dir is where the WALs, the baseline's data and the fsync probe live (default
+	// os.TempDir()).
 	Dir string
 	// Duration of the concurrent phase, per system (default 10 s).
 	Duration time.Duration
@@ -33,20 +33,47 @@ type Config struct {
 	SeqWrites int
 	// ValueSize in bytes (default 128).
 	ValueSize int
+	// TLS also measures the same group with mutual TLS on every link (replicas and the
+	// HTTP client API), with a throwaway CA: atoll_tls and atoll_http_tls.
+	TLS bool
+	// Baseline, when set, measures another system on the same machine in the same run
+	// (etcdbaseline.Run); BaselineName names it in the report.
+	Baseline     Baseline
+	BaselineName string
 	// Logger receives progress (default zap.NewNop()).
 	Logger *zap.Logger
 }
+
+// Baseline runs another system's three-member group in dir and measures it with Measure.
+type Baseline func(ctx context.Context, cfg Config, dir string) (Stats, error)
 
 // DefaultConfig returns the issue's settings: 128 B values, 64 clients for 10 s.
 func DefaultConfig() Config {
 	return Config{Dir: os.TempDir(), Duration: 10 * time.Second, Clients: 64, SeqWrites: 2000, ValueSize: 128, Logger: zap.NewNop()}
 }
 
-// Validate checks the config.
+// flags binds the config's command-line flags.
+func (c *Config) flags(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.DurationVar(&c.Duration, "duration", c.Duration, "length of the concurrent phase, per system")
+	f.IntVar(&c.Clients, "clients", c.Clients, "concurrent writers (1..4096)")
+	f.IntVar(&c.SeqWrites, "seq-writes", c.SeqWrites, "sequential writes timed for latency (10..1000000)")
+	f.IntVar(&c.ValueSize, "value-size", c.ValueSize, "value size in bytes (1..1048576)")
+	f.StringVar(&c.Dir, "dir", c.Dir, "directory for WALs, baseline data and the fsync probe (must be on the disk to measure)")
+	f.BoolVar(&c.TLS, "tls", c.TLS, "also measure the group with mutual TLS on every link (throwaway CA), against the same group in clear")
+}
+
+// Validate checks the config against its documented bounds.
 func (c Config) Validate() error {
-	if c.Duration <= 0 || c.Clients < 1 || c.SeqWrites < 10 || c.ValueSize < 1 {
-		return fmt.Errorf("metabench: config: duration %v, clients %d, seq writes %d (>= 10), value size %d must be positive",
-			c.Duration, c.Clients, c.SeqWrites, c.ValueSize)
+	switch {
+	case c.Duration <= 0 || c.Duration > 24*time.Hour:
+		return fmt.Errorf("metabench: duration %v must be in (0, 24h]", c.Duration)
+	case c.Clients < 1 || c.Clients > 4096:
+		return fmt.Errorf("metabench: clients %d must be in [1, 4096]", c.Clients)
+	case c.SeqWrites < 10 || c.SeqWrites > 1000000:
+		return fmt.Errorf("metabench: seq writes %d must be in [10, 1000000]", c.SeqWrites)
+	case c.ValueSize < 1 || c.ValueSize > 1<<20:
+		return fmt.Errorf("metabench: value size %d must be in [1, 1048576]", c.ValueSize)
 	}
 	return nil
 }
@@ -70,17 +97,24 @@ type Floor struct {
 // Result is the whole run. Atoll is the path the head's own scheduler uses: the writer
 // runs in the leader's process (meta.LocalConn), while the replicas talk over loopback TCP.
 // AtollHTTP is the same cluster written through the head's HTTP client API on loopback,
-// the path of an external client (comparable to etcd's gRPC clients).
+// the path of an external client (comparable to etcd's gRPC clients). The TLS figures are
+// the same two paths with mutual TLS on the replica links and the client API (Config.TLS);
+// Baseline is the other system's (Config.Baseline).
 type Result struct {
-	Atoll     Stats `json:"atoll"`
-	AtollHTTP Stats `json:"atoll_http"`
-	Etcd      Stats `json:"etcd"`
-	Floor     Floor `json:"floor"`
+	Atoll        Stats  `json:"atoll"`
+	AtollHTTP    Stats  `json:"atoll_http"`
+	AtollTLS     *Stats `json:"atoll_tls,omitempty"`
+	AtollHTTPTLS *Stats `json:"atoll_http_tls,omitempty"`
+	Baseline     *Stats `json:"baseline,omitempty"`
+	BaselineName string `json:"baseline_name,omitempty"`
+	Floor        Floor  `json:"floor"`
 }
 
-type writer func(ctx context.Context, key string, val []byte) error
+// Writer writes one key; Measure times it.
+type Writer func(ctx context.Context, key string, val []byte) error
 
-// Run measures the floor, then Atoll, then etcd.
+// Run measures the floor, then Atoll (each path in clear, then over TLS when asked), then
+// the baseline when there is one.
 func Run(ctx context.Context, cfg Config) (Result, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
@@ -105,18 +139,45 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, err
 	}
 	log.Info("floor", zap.Float64("fsync_us", res.Floor.FsyncUs), zap.Float64("rtt_us", res.Floor.RTTUs))
-	if res.Atoll, err = runAtoll(ctx, cfg, filepath.Join(dir, "atoll"), false); err != nil {
-		return res, err
+	var ca *devcert.CA
+	if cfg.TLS {
+		if ca, err = devcert.NewCA("atoll-bench-meta"); err != nil {
+			return res, err
+		}
 	}
-	log.Info("atoll (in-process writer at the leader)", zap.Any("stats", res.Atoll))
-	if res.AtollHTTP, err = runAtoll(ctx, cfg, filepath.Join(dir, "atoll-http"), true); err != nil {
-		return res, err
+	for i, run := range []struct {
+		name     string
+		overHTTP bool
+		tls      bool
+		out      func(Stats)
+	}{
+		{"atoll (in-process writer at the leader)", false, false, func(s Stats) { res.Atoll = s }},
+		{"atoll over mutual TLS", false, true, func(s Stats) { res.AtollTLS = &s }},
+		{"atoll (HTTP client API on loopback)", true, false, func(s Stats) { res.AtollHTTP = s }},
+		{"atoll HTTP client API over mutual TLS", true, true, func(s Stats) { res.AtollHTTPTLS = &s }},
+	} {
+		if run.tls && !cfg.TLS {
+			continue
+		}
+		var runCA *devcert.CA
+		if run.tls {
+			runCA = ca
+		}
+		st, err := runAtoll(ctx, cfg, filepath.Join(dir, fmt.Sprintf("atoll-%d", i)), run.overHTTP, runCA)
+		if err != nil {
+			return res, fmt.Errorf("metabench: %s: %w", run.name, err)
+		}
+		run.out(st)
+		log.Info(run.name, zap.Any("stats", st))
 	}
-	log.Info("atoll (HTTP client API on loopback)", zap.Any("stats", res.AtollHTTP))
-	if res.Etcd, err = runEtcd(ctx, cfg, filepath.Join(dir, "etcd")); err != nil {
-		return res, err
+	if cfg.Baseline != nil {
+		st, err := cfg.Baseline(ctx, cfg, filepath.Join(dir, "baseline"))
+		if err != nil {
+			return res, fmt.Errorf("metabench: baseline %s: %w", cfg.BaselineName, err)
+		}
+		res.Baseline, res.BaselineName = &st, cfg.BaselineName
+		log.Info(cfg.BaselineName, zap.Any("stats", st))
 	}
-	log.Info("etcd", zap.Any("stats", res.Etcd))
 	return res, nil
 }
 
@@ -131,7 +192,10 @@ func pct(d []time.Duration, p float64) float64 {
 	return float64(d[i].Nanoseconds()) / 1e3
 }
 
-func measure(ctx context.Context, cfg Config, w writer) (Stats, error) {
+// Measure times cfg.SeqWrites sequential writes (after 50 to warm up), then counts the
+// writes cfg.Clients concurrent writers complete in cfg.Duration. Keys are "warm/N",
+// "seq/N" and "conc/C/N" (a writer may put them in its own namespace).
+func Measure(ctx context.Context, cfg Config, w Writer) (Stats, error) {
 	val := make([]byte, cfg.ValueSize)
 	for i := range val {
 		val[i] = byte('a' + i%26)
@@ -241,32 +305,50 @@ func rttFloor(size int) (float64, error) {
 }
 
 // runAtoll starts three replicas talking over loopback TCP with fsync'd WALs and writes
-// through meta.Client: in process (LocalConn), or over the head's HTTP client API.
-func runAtoll(ctx context.Context, cfg Config, dir string, overHTTP bool) (Stats, error) {
+// through meta.Client: in process (LocalConn), or over the head's HTTP client API; with
+// ca set, every link is mutual TLS with certificates of ca.
+func runAtoll(ctx context.Context, cfg Config, dir string, overHTTP bool, ca *devcert.CA) (Stats, error) {
 	cc := meta.DefaultClusterConfig()
 	cc.Dir = dir
 	cc.TCP = true
 	cc.Logger = cfg.Logger.Named("atoll")
+	var headTLS, clientTLS *tls.Config
+	if ca != nil {
+		var err error
+		if headTLS, err = ca.MutualConfig("head", "127.0.0.1"); err != nil {
+			return Stats{}, err
+		}
+		if clientTLS, err = ca.MutualConfig("bench-client"); err != nil {
+			return Stats{}, err
+		}
+		cc.TLS = headTLS
+	}
 	cl, err := meta.StartCluster(cc)
 	if err != nil {
 		return Stats{}, err
 	}
 	defer cl.Close()
 	const token = "bench-token"
-	conns := map[uint64]meta.Conn{}
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4 * cfg.Clients, MaxConnsPerHost: 0}}
-	for id, r := range cl.Replicas {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return Stats{}, err
+	conns := cl.Conns()
+	if overHTTP {
+		conns = map[uint64]meta.Conn{}
+		hc := meta.NewHTTPClient(clientTLS, 4*cfg.Clients)
+		for id, r := range cl.Replicas {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return Stats{}, err
+			}
+			srv := meta.NewHTTPServer(&meta.Handler{Replica: r, SM: cl.SMs[id], Token: token, Logger: cfg.Logger}, headTLS)
+			scheme := "http"
+			if headTLS != nil {
+				scheme = "https"
+				go srv.ServeTLS(ln, "", "")
+			} else {
+				go srv.Serve(ln)
+			}
+			defer srv.Close()
+			conns[id] = meta.HTTPConn{BaseURL: scheme + "://" + ln.Addr().String(), Token: token, HTTP: hc}
 		}
-		srv := &http.Server{Handler: &meta.Handler{Replica: r, SM: cl.SMs[id], Token: token, Logger: cfg.Logger}}
-		go srv.Serve(ln)
-		defer srv.Close()
-		conns[id] = meta.HTTPConn{BaseURL: "http://" + ln.Addr().String(), Token: token, HTTP: hc}
-	}
-	if !overHTTP {
-		conns = cl.Conns()
 	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -279,100 +361,8 @@ func runAtoll(ctx context.Context, cfg Config, dir string, overHTTP bool) (Stats
 	if err != nil {
 		return Stats{}, err
 	}
-	return measure(ctx, cfg, func(ctx context.Context, key string, val []byte) error {
-		_, err := client.Put(ctx, key, val)
-		return err
-	})
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-// runEtcd starts an embedded three-member etcd cluster with its defaults (fsync on) on
-// loopback and writes through clientv3.
-func runEtcd(ctx context.Context, cfg Config, dir string) (Stats, error) {
-	type member struct {
-		name         string
-		peer, client url.URL
-	}
-	var ms []member
-	initial := ""
-	for i := 1; i <= 3; i++ {
-		pp, err := freePort()
-		if err != nil {
-			return Stats{}, err
-		}
-		cp, err := freePort()
-		if err != nil {
-			return Stats{}, err
-		}
-		m := member{name: fmt.Sprintf("e%d", i)}
-		m.peer = url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", pp)}
-		m.client = url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", cp)}
-		ms = append(ms, m)
-		if initial != "" {
-			initial += ","
-		}
-		initial += m.name + "=" + m.peer.String()
-	}
-	var servers []*embed.Etcd
-	defer func() {
-		for _, e := range servers {
-			e.Close()
-		}
-	}()
-	for _, m := range ms {
-		ec := embed.NewConfig()
-		ec.Name = m.name
-		ec.Dir = filepath.Join(dir, m.name)
-		ec.ListenPeerUrls = []url.URL{m.peer}
-		ec.AdvertisePeerUrls = []url.URL{m.peer}
-		ec.ListenClientUrls = []url.URL{m.client}
-		ec.AdvertiseClientUrls = []url.URL{m.client}
-		ec.InitialCluster = initial
-		ec.InitialClusterToken = "atoll-bench"
-		ec.ClusterState = embed.ClusterStateFlagNew
-		ec.LogLevel = "error"
-		e, err := embed.StartEtcd(ec)
-		if err != nil {
-			return Stats{}, fmt.Errorf("metabench: start etcd %s: %w", m.name, err)
-		}
-		servers = append(servers, e)
-	}
-	for _, e := range servers {
-		select {
-		case <-e.Server.ReadyNotify():
-		case <-time.After(60 * time.Second):
-			return Stats{}, fmt.Errorf("metabench: etcd not ready after 60s")
-		case <-ctx.Done():
-			return Stats{}, ctx.Err()
-		}
-	}
-	var eps []string
-	for _, m := range ms {
-		eps = append(eps, m.client.String())
-	}
-	// One client per 8 writers, as etcd's own benchmark tool shares connections.
-	nc := max(1, cfg.Clients/8)
-	var clients []*clientv3.Client
-	for i := 0; i < nc; i++ {
-		c, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-		if err != nil {
-			return Stats{}, fmt.Errorf("metabench: etcd client: %w", err)
-		}
-		defer c.Close()
-		clients = append(clients, c)
-	}
-	var rr atomic.Uint64
-	return measure(ctx, cfg, func(ctx context.Context, key string, val []byte) error {
-		c := clients[int(rr.Add(1))%len(clients)]
-		_, err := c.Put(ctx, key, string(val))
+	return Measure(ctx, cfg, func(ctx context.Context, key string, val []byte) error {
+		_, err := client.Put(ctx, meta.TableObjects.Key(key), val) // every key is in a table
 		return err
 	})
 }

@@ -1,19 +1,12 @@
-package storebench
+package store
 
 import (
-	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"os"
-	"os/exec"
 	"runtime"
-	"slices"
 	"time"
 	"unsafe"
 
@@ -46,7 +39,8 @@ type Config struct {
 	ReadPairs int
 	// SmallCount is the number of 1 KiB objects. Default 50000.
 	SmallCount int
-	// ServeCmd starts the serving process (it gets --size and --token appended).
+	// ServeCmd starts the serving process, which reads a ServeConfig line (the
+	// token among it) from its stdin: nothing secret is on its command line.
 	ServeCmd []string
 	// ServeEnv is added to the serving process's environment.
 	ServeEnv []string
@@ -55,24 +49,38 @@ type Config struct {
 	Streams, Depth int
 	// Sendfile makes the serving process send chunks with sendfile(2).
 	Sendfile bool
+	// TLS also measures pulls over mutual TLS (a throwaway CA, certificates for
+	// both sides), paired with plain pulls in the same run.
+	TLS bool
+	// SmallPulls is how many pulls of a SmallSize object are timed with pooled
+	// connections and as many with a client that dials every pull, in
+	// alternating blocks. Default 400.
+	SmallPulls int
 	// Dir holds the local store; default a temporary directory.
 	Dir string
 }
 
 // DefaultConfig returns the sizes the issue names.
 func DefaultConfig() Config {
-	return Config{MinSize: 1 << 20, MaxSize: 1 << 30, BytesPerSize: 512 << 20, Rounds: 3, PullRuns: 7, ReadPairs: 15, SmallCount: 50000}
+	return Config{MinSize: 1 << 20, MaxSize: 1 << 30, BytesPerSize: 512 << 20, Rounds: 3, PullRuns: 7, ReadPairs: 15, SmallCount: 50000,
+		SmallPulls: 400}
 }
 
 // Validate reports the first bad field.
 func (c Config) Validate() error {
 	switch {
 	case c.MinSize < 4096 || c.MaxSize < c.MinSize:
-		return fmt.Errorf("storebench: sizes %d..%d: want 4096 <= min <= max", c.MinSize, c.MaxSize)
-	case c.BytesPerSize <= 0 || c.Rounds < 1 || c.PullRuns < 1 || c.SmallCount < 1 || c.ReadPairs < 1:
-		return fmt.Errorf("storebench: BytesPerSize, Rounds, PullRuns, ReadPairs and SmallCount must be positive")
+		return fmt.Errorf("benchstore: sizes %d..%d: want 4096 <= min <= max", c.MinSize, c.MaxSize)
+	case c.BytesPerSize <= 0 || c.Rounds < 1 || c.PullRuns < 1 || c.SmallCount < 1 || c.ReadPairs < 1 || c.SmallPulls < 1:
+		return fmt.Errorf("benchstore: BytesPerSize, Rounds, PullRuns, ReadPairs, SmallCount and SmallPulls must be positive")
+	case c.PullSize < 0 || c.PullSize > 1<<40:
+		return fmt.Errorf("benchstore: PullSize %d outside 0..2^40", c.PullSize)
+	case c.MaxSize > 1<<40:
+		return fmt.Errorf("benchstore: MaxSize %d above 2^40", c.MaxSize)
+	case c.Streams < 0 || c.Depth < 0:
+		return fmt.Errorf("benchstore: Streams %d and Depth %d must not be negative", c.Streams, c.Depth)
 	case len(c.ServeCmd) == 0:
-		return fmt.Errorf("storebench: ServeCmd is empty")
+		return fmt.Errorf("benchstore: ServeCmd is empty")
 	}
 	return nil
 }
@@ -117,17 +125,38 @@ type Result struct {
 	// TCPCPUPerGB and PullCPUPerGB are the receiving process's CPU seconds per GB
 	// (user + system, all threads): what each costs, independent of how much CPU
 	// other processes leave it.
-	TCPCPUPerGB   float64             `json:"tcp_cpu_s_per_gb"`
-	PullCPUPerGB  float64             `json:"pull_cpu_s_per_gb"`
-	PullRuns      int                 `json:"pull_runs"`
-	PullBytes     int64               `json:"pull_bytes"`
-	SmallPutsPerS float64             `json:"small_puts_per_s"`
-	SmallGetsPerS float64             `json:"small_gets_per_s"`
-	Sizes         []SizeResult        `json:"sizes"`
-	Targets       map[string]float64  `json:"targets"`
-	Met           map[string]bool     `json:"met"`
-	RDMA          transfer.RDMAReport `json:"rdma"`
-	CPUs          int                 `json:"cpus"`
+	TCPCPUPerGB  float64 `json:"tcp_cpu_s_per_gb"`
+	PullCPUPerGB float64 `json:"pull_cpu_s_per_gb"`
+	PullRuns     int     `json:"pull_runs"`
+	PullBytes    int64   `json:"pull_bytes"`
+	// Small pulls (SmallSize bytes): median latency of one pull (and release)
+	// with pooled connections and with a client that dials every pull, pulls
+	// per second each, and dial median / pooled median.
+	SmallPullBytes     int64   `json:"small_pull_bytes"`
+	SmallPulls         int     `json:"small_pulls"`
+	SmallPullPooledUS  float64 `json:"small_pull_pooled_us"`
+	SmallPullDialUS    float64 `json:"small_pull_dial_us"`
+	SmallPullsPooledPS float64 `json:"small_pulls_pooled_per_s"`
+	SmallPullsDialPS   float64 `json:"small_pulls_dial_per_s"`
+	SmallPullSpeedup   float64 `json:"small_pull_speedup"`
+	TLS                bool    `json:"tls"`
+	PullTLSGBps        float64 `json:"pull_tls_gbps,omitempty"`
+	PullPlainGBps      float64 `json:"pull_plain_gbps,omitempty"` // the plain pulls paired with the TLS ones
+	// TLSRatio is the median over back-to-back pairs of plain pull time / TLS
+	// pull time: TLS throughput relative to plain.
+	TLSRatio             float64             `json:"tls_ratio,omitempty"`
+	TLSRatioLo           float64             `json:"tls_ratio_q1,omitempty"`
+	TLSRatioHi           float64             `json:"tls_ratio_q3,omitempty"`
+	PullTLSCPUPerGB      float64             `json:"pull_tls_cpu_s_per_gb,omitempty"`
+	SmallPullTLSPooledUS float64             `json:"small_pull_tls_pooled_us,omitempty"`
+	SmallPullTLSDialUS   float64             `json:"small_pull_tls_dial_us,omitempty"`
+	SmallPutsPerS        float64             `json:"small_puts_per_s"`
+	SmallGetsPerS        float64             `json:"small_gets_per_s"`
+	Sizes                []SizeResult        `json:"sizes"`
+	Targets              map[string]float64  `json:"targets"`
+	Met                  map[string]bool     `json:"met"`
+	RDMA                 transfer.RDMAReport `json:"rdma"`
+	CPUs                 int                 `json:"cpus"`
 }
 
 func gbps(bytes int64, d time.Duration) float64 { return float64(bytes) / d.Seconds() / 1e9 }
@@ -210,7 +239,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
 			for range reps {
 				id, err := st.Put(ctx, "bench", src)
 				if err != nil {
-					return res, fmt.Errorf("storebench: put %d bytes: %w", size, err)
+					return res, fmt.Errorf("benchstore: put %d bytes: %w", size, err)
 				}
 				if err := st.Release(ctx, id, "bench"); err != nil {
 					return res, err
@@ -283,7 +312,7 @@ const readSample = 64 << 20
 // entries are warm; then pairs of samples are timed back to back, in alternating
 // order, and the median of the pairs' ratios counts: a pair's halves run under
 // the same load, so the ratio is robust where best-of-N absolute times are not.
-func measureRead(ctx context.Context, st *object.Store, id object.ID, plain []byte, pairs int, sink *uint64) readResult {
+func measureRead(ctx context.Context, st *object.Store, id object.ID, plain []byte, n int, sink *uint64) readResult {
 	size := len(plain)
 	reps := max(1, readSample/size)
 	getRead := func() error {
@@ -306,30 +335,13 @@ func measureRead(ctx context.Context, st *object.Store, id object.ID, plain []by
 	if err := getRead(); err != nil {
 		return readResult{err: err}
 	}
-	var ps, gs []time.Duration
-	var ratios []float64
-	for i := range pairs {
-		var p, g time.Duration
-		for j := range 2 {
-			t0 := time.Now()
-			if (i+j)%2 == 0 {
-				plainRead()
-				p = time.Since(t0)
-			} else {
-				if err := getRead(); err != nil {
-					return readResult{err: err}
-				}
-				g = time.Since(t0)
-			}
-		}
-		ps, gs = append(ps, p), append(gs, g)
-		ratios = append(ratios, float64(p)/float64(g))
+	ps, err := pairs(n,
+		func() (time.Duration, error) { t0 := time.Now(); plainRead(); return time.Since(t0), nil },
+		func() (time.Duration, error) { t0 := time.Now(); err := getRead(); return time.Since(t0), err })
+	if err != nil {
+		return readResult{err: err}
 	}
-	slices.Sort(ps)
-	slices.Sort(gs)
-	slices.Sort(ratios)
-	q := func(f float64) float64 { return ratios[int(f*float64(len(ratios)-1)+0.5)] }
-	return readResult{plain: ps[len(ps)/2], get: gs[len(gs)/2], ratio: q(0.5), lo: q(0.25), hi: q(0.75), reps: reps}
+	return readResult{plain: ps.a, get: ps.b, ratio: ps.ratio, lo: ps.lo, hi: ps.hi, reps: reps}
 }
 
 // coldPair times one memcpy into fresh anonymous memory and one put into a fresh
@@ -382,142 +394,6 @@ func sum(b []byte) uint64 {
 	return s0 + s1 + s2 + s3
 }
 
-func runPull(ctx context.Context, cfg Config, st *object.Store, res *Result, log *zap.Logger) error {
-	tok := make([]byte, 32)
-	_, _ = rand.Read(tok)
-	args := append(append([]string{}, cfg.ServeCmd[1:]...), "--size", fmt.Sprint(cfg.PullSize), "--token", hex.EncodeToString(tok))
-	if cfg.Sendfile {
-		args = append(args, "--sendfile")
-	}
-	cmd := exec.CommandContext(ctx, cfg.ServeCmd[0], args...)
-	cmd.Env = append(os.Environ(), cfg.ServeEnv...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("storebench: start %v: %w", cfg.ServeCmd, err)
-	}
-	defer func() { stdin.Close(); _ = cmd.Wait() }()
-	line, err := bufio.NewReader(stdout).ReadBytes('\n')
-	if err != nil {
-		return fmt.Errorf("storebench: serving process said nothing: %w", err)
-	}
-	var info ServeInfo
-	if err := json.Unmarshal(line, &info); err != nil {
-		return fmt.Errorf("storebench: serving process said %q: %w", line, err)
-	}
-	id, err := object.ParseID(info.ID)
-	if err != nil {
-		return err
-	}
-	ccfg := transfer.DefaultClientConfig()
-	ccfg.Token, ccfg.Logger = tok, log
-	if cfg.Streams > 0 {
-		ccfg.Streams = cfg.Streams
-	}
-	if cfg.Depth > 0 {
-		ccfg.Depth = cfg.Depth
-	}
-	cl, err := transfer.NewClient(ccfg)
-	if err != nil {
-		return err
-	}
-	buf := make([]byte, info.Size)
-	copy(buf, pattern(int(info.Size))) // touched, as the store's pages are
-	// Warm-up: one unmeasured bare copy and one pull, so that both sides'
-	// memory is touched (the pull then lands in recycled shared memory) and the
-	// server has remembered its chunk fingerprints. The first pull is reported
-	// on its own as pull_first_gbps.
-	var tcpCPU, pullCPU time.Duration // this (receiving) process's CPU time, summed over the pairs
-	tcpCopy := func() (time.Duration, error) {
-		t0 := time.Now()
-		c, err := net.Dial("tcp", info.TCPAddr)
-		if err != nil {
-			return 0, err
-		}
-		_, err = io.ReadFull(c, buf)
-		c.Close()
-		if err != nil {
-			return 0, fmt.Errorf("storebench: bare tcp copy: %w", err)
-		}
-		return time.Since(t0), nil
-	}
-	pull := func() (time.Duration, error) {
-		t0 := time.Now()
-		if err := cl.Pull(ctx, st, id, []string{info.Addr}, transfer.PullOptions{Owner: "bench"}); err != nil {
-			return 0, err
-		}
-		d := time.Since(t0)
-		v, err := st.Get(ctx, id)
-		if err != nil {
-			return 0, err
-		}
-		same := v.Size() == info.Size && v.Fingerprint() != 0
-		v.Release()
-		if !same {
-			return 0, fmt.Errorf("storebench: pulled object has size %d, want %d", v.Size(), info.Size)
-		}
-		return d, st.Release(ctx, id, "bench")
-	}
-	if _, err := tcpCopy(); err != nil {
-		return err
-	}
-	firstPull, err := pull()
-	if err != nil {
-		return err
-	}
-	// Pairs of one bare copy and one pull, back to back in alternating order:
-	// the median of the pairs' ratios counts, since a pair's halves run under
-	// the same load from other processes.
-	var tcps, pulls []time.Duration
-	var ratios []float64
-	for i := range cfg.PullRuns {
-		var tt, pt time.Duration
-		for j := range 2 {
-			var d time.Duration
-			var err error
-			c0 := cpuTime()
-			if (i+j)%2 == 0 {
-				d, err = tcpCopy()
-				tt = d
-				tcpCPU += cpuTime() - c0
-			} else {
-				d, err = pull()
-				pt = d
-				pullCPU += cpuTime() - c0
-			}
-			if err != nil {
-				return err
-			}
-		}
-		tcps, pulls = append(tcps, tt), append(pulls, pt)
-		ratios = append(ratios, float64(tt)/float64(pt))
-	}
-	slices.Sort(tcps)
-	slices.Sort(pulls)
-	slices.Sort(ratios)
-	q := func(f float64) float64 { return ratios[int(f*float64(len(ratios)-1)+0.5)] }
-	res.PullBytes = info.Size
-	res.TCPGBps = gbps(info.Size, tcps[len(tcps)/2])
-	res.PullGBps = gbps(info.Size, pulls[len(pulls)/2])
-	res.PullRatio = q(0.5)
-	res.PullRatioLo, res.PullRatioHi = q(0.25), q(0.75)
-	res.TCPBestGBps = gbps(info.Size, tcps[0])
-	res.PullBestGBps = gbps(info.Size, pulls[0])
-	res.PullFirstGBps = gbps(info.Size, firstPull)
-	res.PullRuns = cfg.PullRuns
-	gb := float64(info.Size) * float64(cfg.PullRuns) / 1e9
-	res.TCPCPUPerGB = tcpCPU.Seconds() / gb
-	res.PullCPUPerGB = pullCPU.Seconds() / gb
-	return nil
-}
-
 // cpuTime is the CPU time (user and system) this process has used.
 func cpuTime() time.Duration {
 	var ru unix.Rusage
@@ -534,7 +410,7 @@ func runSmall(ctx context.Context, cfg Config, st *object.Store, res *Result) er
 	for i := range ids {
 		id, err := st.Put(ctx, "bench", b)
 		if err != nil {
-			return fmt.Errorf("storebench: small put %d: %w", i, err)
+			return fmt.Errorf("benchstore: small put %d: %w", i, err)
 		}
 		ids[i] = id
 	}
