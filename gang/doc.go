@@ -1,7 +1,7 @@
 // Package gang is Atoll's scheduler as a pure, deterministic core: a cluster snapshot and
 // events in, decisions out. It owns queues with fair share, all-or-nothing gang admission,
-// placement scoring, checkpoint-aware preemption and backfill. No I/O, no goroutines, and
-// time is an input: every method takes "now".
+// placement scoring, cost-aware preemption, elastic resizing and backfill. No I/O, no
+// goroutines, and time is an input: every method takes "now".
 //
 // The pieces:
 //   - Request: a gang of Min..Max identical members; each member asks for whole cards on one
@@ -9,20 +9,27 @@
 //     model constraint, priority, queue, expected duration and checkpoint facts.
 //   - Admission is all-or-nothing: members are allocated tentatively in a statement and
 //     committed together or undone in reverse (as Volcano's Statement).
-//   - Placement is filter then score. Free-capacity indexes (nodes bucketed by idle cards,
-//     per-rack and per-island free counts, the set of nodes with partly used cards) propose
-//     at most Config.MaxCandidates placements, smallest topology domain first; each is
-//     scored by the plugins (topology + modeled AllReduce, FGD-style fragmentation, measured
-//     load, binpack) with the weights in Config.Weights.
-//   - Queues: hierarchical, weighted, DRF dominant shares against fair shares; borrowing of
-//     idle capacity, reclaim by preemption, aging, and the dynamic priority
-//     α·(remaining/total) + β·(resource satisfaction) + γ·(queue sensitivity).
-//   - Preemption evicts whole gangs, cheapest first (work since the last checkpoint + save +
-//     restore + CUDA context teardown and re-creation), only when that admits the preemptor,
-//     and gives victims a checkpoint deadline; the freed nodes are reserved for the preemptor.
-//   - Backfill: the first blocked gang gets a reservation at its shadow time; others may use
+//   - Cycle runs kube-scheduler's extension points (framework.go): QueueSort, PreFilter,
+//     Filter, Score, Permit, PostFilter, Reserve. Plugins are built by name from a Registry
+//     (Config.Plugins names them; WithRegistry adds out-of-tree ones) and reach the
+//     scheduler through a Handle and a Trial.
+//   - Placement is filter then score. Free-capacity indexes propose at most
+//     Config.MaxCandidates placements, smallest topology domain first; each is scored by
+//     the plugins (topology + modeled AllReduce, FGD-style fragmentation, measured load,
+//     binpack) with the weights in Config.Weights.
+//   - Queue order ("urgency"): expected remaining GPU-time (least attained service when
+//     unknown), weighted by class, discounted by waiting; DRF fair share across queues.
+//   - Preemption evicts whole gangs (or shrinks elastic ones) cheapest first, only when the
+//     freed capacity admits the preemptor and its weighted wait pays for the victims' cost
+//     from the CostModel (lost work or save, restore, CUDA context, communicator set-up);
+//     victims get deadlines and the freed nodes are held for the preemptor.
+//   - Elastic gangs grow when capacity is free (Decisions.Resizes) and shrink before anyone
+//     is evicted whole (ResizeDone when the members stopped).
+//   - Waiting gangs carry a WaitKind and a specific reason; GangStatus reports them.
+//   - Backfill: a long-blocked gang gets a reservation at its shadow time; others may use
 //     the reserved nodes only if their expected duration ends before it.
-//   - Backpressure: beyond Config.MaxPending, submissions are QueuedSaturated.
+//   - Backpressure: past Config.MaxPending, submissions are refused with ErrSaturated and a
+//     retry hint.
 //
 // Usage sketch:
 //
@@ -35,6 +42,7 @@
 //	d := s.Cycle(now)
 //	for _, p := range d.Placements { /* bind p.Members; p.Scores explains the choice */ }
 //	for _, v := range d.Preemptions { /* ask v.Victim to checkpoint before v.Deadline */ }
+//	for _, r := range d.Resizes { /* start r.Add, or stop r.Remove then ResizeDone */ }
 //	s.Evicted("victim", now, true) // when a victim stopped
 //	s.Finish("job-1", now)         // when a gang ended
 package gang

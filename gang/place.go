@@ -1,6 +1,7 @@
 package gang
 
 import (
+	"fmt"
 	"sort"
 )
 
@@ -37,15 +38,14 @@ func (s *Scheduler) nodeFrag(i int) float64 {
 	return s.frag.Frag(&s.c.nodes[i])
 }
 
-// place finds the best placement of members members of g, or says why there is none.
-// The cluster state is unchanged on return.
-func (s *Scheduler) place(g *gangState, members int, excl map[int]bool) (*candidate, string) {
+// place finds the best placement of members members of g, or returns nil (s.unfit says
+// why). The cluster state is unchanged on return.
+func (s *Scheduler) place(g *gangState, members int, excl map[int]bool) *candidate {
 	m := g.req.Member
 	if s.c.totalMilli-s.c.usedMilli < int64(members)*int64(m.TotalMilli()) {
-		return nil, "not enough free GPUs" // fast path: no index walk when capacity is short
+		return nil // fast path: no index walk when capacity is short
 	}
 	var cands []*candidate
-	reason := "no capacity"
 	if !s.cfg.TopologyAware {
 		if c := s.placeGreedy(g, members, excl, true); c != nil {
 			cands = append(cands, c)
@@ -67,14 +67,80 @@ func (s *Scheduler) place(g *gangState, members int, excl map[int]bool) (*candid
 		cands = kept
 	}
 	if len(cands) == 0 {
-		if s.c.totalMilli-s.c.usedMilli < int64(members)*int64(m.TotalMilli()) {
-			reason = "not enough free GPUs"
-		} else {
-			reason = "no placement fits (fragmented or CPU/memory/model constraints)"
-		}
-		return nil, reason
+		return nil
 	}
-	return s.pick(cands), ""
+	return s.pick(cands)
+}
+
+// unfit says, with the numbers, why members members of g found no placement.
+func (s *Scheduler) unfit(g *gangState, members int, excl map[int]bool) *Status {
+	c := s.c
+	m := g.req.Member
+	need := int64(members) * int64(m.TotalMilli())
+	free := c.totalMilli - c.usedMilli
+	what := fmt.Sprintf("%d member(s) × %s", members, m.describe())
+	if len(g.req.GPUModels) > 0 {
+		what += fmt.Sprintf(" of models %v", g.req.GPUModels)
+	}
+	if free < need {
+		return NewStatus(Unschedulable, WaitCapacity, fmt.Sprintf("needs %s GPUs (%s), %s free in the cluster", gpus(need), what, gpus(free)))
+	}
+	if len(excl) > 0 {
+		holders := map[string]bool{}
+		for _, r := range s.holds {
+			holders[r.gang] = true
+		}
+		for _, r := range s.resvs {
+			holders[r.gang] = true
+		}
+		names := make([]string, 0, len(holders))
+		for h := range holders {
+			if h != g.req.ID {
+				names = append(names, h)
+			}
+		}
+		sort.Strings(names)
+		return NewStatus(Unschedulable, WaitReserved, fmt.Sprintf("no placement for %s outside the %d node(s) held for %v; %s GPUs free in the cluster",
+			what, len(excl), names, gpus(free)))
+	}
+	if s.compactOnly {
+		return NewStatus(Unschedulable, WaitTopology, fmt.Sprintf("no placement for %s on the fewest machines", what))
+	}
+	detail := ""
+	switch {
+	case m.MIG != "":
+		detail = fmt.Sprintf("no MIG GPU with %d free slices on a node with the member's CPU and memory", migSlices(m.MIG))
+	case m.GPUs > 0 && m.gpuMilli() < Milli:
+		detail = fmt.Sprintf("no card with %d milli-GPU free on a node with the member's CPU and memory", m.GPUMilli)
+	case m.GPUs > 0:
+		idle, most := 0, 0
+		for f := 1; f < len(c.byFree); f++ {
+			if n := len(c.byFree[f].ids); n > 0 {
+				idle += f * n
+				most = f
+			}
+		}
+		detail = fmt.Sprintf("%d idle cards in the cluster, at most %d on one machine, a member needs %d", idle, most, m.GPUs)
+		if most >= m.GPUs {
+			detail += "; the machines with idle cards lack the CPU, memory or GPU model"
+		}
+	default:
+		detail = fmt.Sprintf("no node has %d milli-CPU and %d MiB free", m.CPUMilli, m.MemMiB)
+	}
+	return NewStatus(Unschedulable, WaitFragmented, fmt.Sprintf("no placement fits %s: %s", what, detail))
+}
+
+// gpus formats milli-GPU as GPUs.
+func gpus(milli int64) string {
+	if milli%Milli == 0 {
+		return fmt.Sprintf("%d", milli/Milli)
+	}
+	return fmt.Sprintf("%.3g", float64(milli)/Milli)
+}
+
+func migSlices(profile string) int {
+	n, _ := MIGSlices(profile)
+	return n
 }
 
 // pick scores candidates with the weighted plugins and returns the best (first on ties).
@@ -90,7 +156,7 @@ func (s *Scheduler) pick(cands []*candidate) *candidate {
 		c.in.BestAllReduce = best
 		c.total = 0
 		c.scores = c.scores[:0]
-		for _, wp := range s.plugins {
+		for _, wp := range s.prof.score {
 			sc := wp.p.Score(&c.in)
 			c.scores = append(c.scores, PluginScore{Plugin: wp.p.Name(), Score: sc, Weight: wp.w})
 			c.total += wp.w * sc
@@ -459,7 +525,7 @@ func (s *Scheduler) cardChoices(a alloc, m Member, models []string) []alloc {
 	n := &s.c.nodes[a.node]
 	seen := map[int]bool{n.GPUs[a.gpus[0]].FreeMilli: true}
 	for gi, g := range n.GPUs {
-		if g.MIG || g.FreeMilli < m.GPUMilli || seen[g.FreeMilli] || !modelOK(models, g.Model) {
+		if g.MIG || g.FreeMilli < m.GPUMilli || seen[g.FreeMilli] || !ModelAllowed(models, g.Model) {
 			continue
 		}
 		seen[g.FreeMilli] = true

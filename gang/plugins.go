@@ -177,7 +177,7 @@ func shapeFrag(n *Node, s *Shape, total int, opt FragOptions) int {
 		if g.MIG {
 			continue
 		}
-		if g.FreeMilli >= s.Milli && modelOK(s.Models, g.Model) {
+		if g.FreeMilli >= s.Milli && ModelAllowed(s.Models, g.Model) {
 			fit++
 		} else {
 			small += g.FreeMilli

@@ -19,11 +19,14 @@ import (
 //
 //	cluster nodes=N gpus=G per-rack=R [cpu=M] [mem=MiB] [model=X] [islands=I] [mig=K]
 //	        [queues=a:1,b:3] [quota=a:8] [preemption=false] [backfill=false] [fifo=true]
+//	        [sort=priority] [strict=true] [grow=false] [topowait=1h] [minrun=15m] [bfafter=0s]
 //	submit id=X [members=N] [max=N] [gpus=G] [milli=M] [mig=P] [cpu=M] [mem=MiB] [prio=P]
-//	       [queue=Q] [dur=1h] [t=S] [models=A|B] [save=30s] [interval=10m] [island=true]
+//	       [queue=Q] [dur=1h] [t=S] [models=A|B] [save=30s] [restore=1m] [interval=10m]
+//	       [jit=true] [island=true]
 //	cycle t=S
 //	finish id=X t=S
 //	evict id=X t=S [ckpt=true]
+//	resized id=X t=S
 //	util
 func TestScenarios(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
@@ -135,6 +138,20 @@ func (sc *scenario) run(t *testing.T, cmd string, args []string) string {
 		if m["fifo"] == "true" {
 			cfg.StrictFIFO = true
 		}
+		cfg.Plugins.QueueSort = m["sort"]
+		if m["grow"] == "false" {
+			cfg.ElasticGrow = false
+		}
+		if _, ok := m["topowait"]; ok {
+			cfg.TopologyWait = dur(t, m, "topowait")
+		}
+		if _, ok := m["bfafter"]; ok {
+			cfg.BackfillAfter = dur(t, m, "bfafter")
+		}
+		cfg.StrictClasses = m["strict"] == "true"
+		if _, ok := m["minrun"]; ok {
+			cfg.MinRunBeforePreempt = dur(t, m, "minrun")
+		}
 		s, err := New(cfg, snap)
 		if err != nil {
 			return "error: " + err.Error()
@@ -148,7 +165,7 @@ func (sc *scenario) run(t *testing.T, cmd string, args []string) string {
 			Member: Member{GPUs: atoi(t, m, "gpus", 1), GPUMilli: atoi(t, m, "milli", 0), MIG: m["mig"],
 				CPUMilli: int64(atoi(t, m, "cpu", 1000)), MemMiB: int64(atoi(t, m, "mem", 1024))},
 			Duration:   dur(t, m, "dur"),
-			Checkpoint: Checkpoint{Save: dur(t, m, "save"), Interval: dur(t, m, "interval")},
+			Checkpoint: Checkpoint{Save: dur(t, m, "save"), Restore: dur(t, m, "restore"), Interval: dur(t, m, "interval"), JustInTime: m["jit"] == "true"},
 			SameIsland: m["island"] == "true",
 		}
 		if v := m["models"]; v != "" {
@@ -187,16 +204,36 @@ func (sc *scenario) run(t *testing.T, cmd string, args []string) string {
 		for _, p := range d.Preemptions {
 			fmt.Fprintf(&b, "preempt %s for %s (%s) cost=%.0f deadline=+%s\n", p.Victim, p.For, p.Reason, p.Cost, p.Deadline.Sub(d.Now))
 		}
-		if r := d.Reservation; r != nil {
-			fmt.Fprintf(&b, "reserve %s start=+%s nodes=%v\n", r.Gang, r.Start.Sub(d.Now), r.Nodes)
+		for _, r := range d.Resizes {
+			fmt.Fprintf(&b, "resize %s %d->%d:", r.Gang, r.From, r.To)
+			for _, mp := range r.Add {
+				fmt.Fprintf(&b, " +%s%v", mp.NodeName, mp.GPUs)
+			}
+			for _, mp := range r.Remove {
+				fmt.Fprintf(&b, " -%s%v", mp.NodeName, mp.GPUs)
+			}
+			if r.For != "" {
+				fmt.Fprintf(&b, " for %s cost=%.0f deadline=+%s", r.For, r.Cost.GPUSeconds, r.Deadline.Sub(d.Now))
+			}
+			b.WriteString("\n")
+		}
+		for _, r := range d.Reservations {
+			kind := "reserve"
+			if r.Preemptor {
+				kind = "hold"
+			}
+			fmt.Fprintf(&b, "%s %s start=+%s nodes=%v\n", kind, r.Gang, r.Start.Sub(d.Now), r.Nodes)
 		}
 		var waits []string
 		for _, w := range d.Waiting {
-			waits = append(waits, fmt.Sprintf("wait %s: %s", w.Gang, w.Reason))
+			waits = append(waits, fmt.Sprintf("wait %s (%s): %s", w.Gang, w.Kind, w.Reason))
 		}
 		sort.Strings(waits)
 		for _, w := range waits {
 			b.WriteString(w + "\n")
+		}
+		if !d.NextCycle.IsZero() {
+			fmt.Fprintf(&b, "next cycle +%s\n", d.NextCycle.Sub(d.Now))
 		}
 		if b.Len() == 0 {
 			b.WriteString("nothing\n")
@@ -209,6 +246,11 @@ func (sc *scenario) run(t *testing.T, cmd string, args []string) string {
 		b.WriteString("ok")
 	case "evict":
 		if err := sc.s.Evicted(m["id"], at(t, m), m["ckpt"] == "true"); err != nil {
+			return "error: " + err.Error()
+		}
+		b.WriteString("ok")
+	case "resized":
+		if err := sc.s.ResizeDone(m["id"], at(t, m)); err != nil {
 			return "error: " + err.Error()
 		}
 		b.WriteString("ok")

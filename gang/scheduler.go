@@ -1,10 +1,7 @@
 package gang
 
 import (
-	"container/heap"
 	"fmt"
-	"sort"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -56,11 +53,18 @@ func WithFragOptions(o FragOptions) Option { return func(s *Scheduler) { s.fragO
 // WithBlindPolicy sets the member placement used when Config.TopologyAware is false.
 func WithBlindPolicy(p BlindPolicy) Option { return func(s *Scheduler) { s.blind = p } }
 
+// WithCostModel sets the restart cost model (default DefaultCostModel()).
+func WithCostModel(m *CostModel) Option { return func(s *Scheduler) { s.costs = m } }
+
+// WithRegistry adds out-of-tree plugins to the in-tree registry (a name already taken is
+// refused by New with ErrDuplicatePlugin); Config.Plugins names them at their extension
+// points.
+func WithRegistry(r Registry) Option { return func(s *Scheduler) { s.extra = r } }
+
 type gangStatus int
 
 const (
 	stPending gangStatus = iota
-	stOverflow
 	stRunning
 	stTerminating
 )
@@ -78,13 +82,45 @@ type gangState struct {
 	progress time.Duration // work kept across preemptions
 	milli    int64
 	cpu, mem int64
+
+	queued    time.Time // when it last entered the pending queue
+	attained  float64   // GPU-seconds of service in earlier runs
+	evictions int
+	lastEvict time.Time
+	runIdx    int    // position in Scheduler.running while admitted
+	gpuModel  string // model of the cards it holds (cost model)
+	// keptUntil is, for a gang asked to stop, the point its checkpoint will hold.
+	keptUntil time.Time
+	// A pending shrink: down to shrinkTo members, stopping members shrinkIdx.
+	shrinkTo   int
+	shrinkIdx  []int
+	resizes    int
+	lastResize time.Time
+	attainedAt time.Time // attained is up to date until then
+
+	// Why it waits: the reason of the latest cycle (wait, set in cycle waitCycle), since
+	// waitSeen; waited sums the time spent waiting for each kind.
+	wait      Waiting
+	waitSeen  time.Time
+	waitCycle int
+	waited    [numWaitKinds]time.Duration
+	fitSince  time.Time // first cycle, since it queued, that found it a placement
+}
+
+// accountWait adds the time since the gang's last look to its latest reason.
+func (g *gangState) accountWait(now time.Time) {
+	if now.After(g.waitSeen) {
+		g.waited[g.wait.Kind] += now.Sub(g.waitSeen)
+		g.waitSeen = now
+	}
 }
 
 type reservation struct {
-	gang      string
-	start     time.Time
-	nodes     map[int]bool
-	preemptor bool
+	gang       string
+	start      time.Time
+	nodes      map[int]bool
+	preemptor  bool
+	skipPermit bool // a preemptor whose freed room is not compact takes it anyway
 }
 
 // Scheduler is the gang scheduler core. It is not safe for concurrent use: one goroutine (the
@@ -100,21 +136,31 @@ type Scheduler struct {
 	frag          *FragCache
 	fragW         Workload
 	fragOpt       FragOptions
-	plugins       []weightedPlugin
+	extra         Registry
+	prof          *profile
+	costs         *CostModel
 
 	c      *cluster
 	queues *queueTree
 	gangs  map[string]*gangState
 	seq    int
 
-	pending  []*gangState // unordered; sorted per cycle
-	overflow []*gangState // FIFO beyond MaxPending
-	resv     *reservation
+	pending  []*gangState            // unordered; sorted per cycle
+	overflow []*gangState            // FIFO beyond MaxPending
+	running  []*gangState            // admitted gangs (running or stopping), unordered
+	resvs    []*reservation          // this cycle's reservations (backfill, compact)
+	now      time.Time               // the current cycle's time
+	holds    map[string]*reservation // preemptors' holds, by gang, until placed
 
 	maxIslandGPUs, maxRackGPUs int
-	compactOnly                bool // place: accept only placements on the fewest machines
+	compactOnly                bool        // place: accept only placements on the fewest machines
+	placing                    *QueuedGang // the gang whose placement is searched (Filter plugins)
 	caps                       map[string]*capStats
 	maxCPU, maxMem             int64
+	cycles                     int       // cycles run
+	rate                       float64   // placements per second (EWMA), for RetryAfter
+	rateSince                  time.Time // start of the current rate window
+	rateCount                  int       // placements in it
 }
 
 // New builds a scheduler over a snapshot of the cluster.
@@ -133,11 +179,28 @@ func New(cfg Config, snap Snapshot, opts ...Option) (*Scheduler, error) {
 		c:       c,
 		queues:  newQueueTree(cfg.Queues),
 		gangs:   map[string]*gangState{},
-		plugins: pluginsFor(cfg.Weights),
+		holds:   map[string]*reservation{},
 		fragOpt: FragOptions{Memory: true},
+		costs:   DefaultCostModel(),
 	}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.costs == nil {
+		s.costs = DefaultCostModel()
+	}
+	if err := s.costs.validate(); err != nil {
+		return nil, err
+	}
+	reg := InTreeRegistry()
+	if err := reg.Merge(s.extra); err != nil {
+		return nil, err
+	}
+	if s.prof, err = buildProfile(cfg, reg, s); err != nil {
+		return nil, err
+	}
+	if len(s.prof.filter) > 0 {
+		c.filter = s.nodeFilter
 	}
 	for _, n := range c.islandGPUs {
 		s.maxIslandGPUs = max(s.maxIslandGPUs, n)
@@ -149,8 +212,51 @@ func New(cfg Config, snap Snapshot, opts ...Option) (*Scheduler, error) {
 	return s, nil
 }
 
-// Pending returns the number of gangs waiting (including the overflow beyond MaxPending).
-func (s *Scheduler) Pending() int { return len(s.pending) + len(s.overflow) }
+// Pending returns the number of gangs waiting.
+func (s *Scheduler) Pending() int { return len(s.pending) }
+
+// SaturatedError refuses a submission past Config.MaxPending. It wraps ErrSaturated.
+type SaturatedError struct {
+	Pending, Bound int
+	// RetryAfter is when the queue is expected to have room: the gangs over the bound
+	// divided by the recent placement rate, between 1 s and 10 min (30 s before any
+	// rate is known).
+	RetryAfter time.Duration
+}
+
+func (e *SaturatedError) Error() string {
+	return fmt.Sprintf("gang: cluster saturated: %d gangs pending, bound %d; retry in %s", e.Pending, e.Bound, e.RetryAfter)
+}
+
+// Unwrap returns ErrSaturated.
+func (e *SaturatedError) Unwrap() error { return ErrSaturated }
+
+// retryAfter estimates when excess more gangs will have left the queue.
+func (s *Scheduler) retryAfter(excess int) time.Duration {
+	if s.rate <= 0 {
+		return 30 * time.Second
+	}
+	d := time.Duration(float64(excess) / s.rate * float64(time.Second))
+	return min(max(d, time.Second), 10*time.Minute).Round(time.Second)
+}
+
+// notePlacements keeps an exponentially weighted placement rate (per second, over windows
+// of at least a minute) for the saturation retry hint.
+func (s *Scheduler) notePlacements(n int, now time.Time) {
+	if s.rateSince.IsZero() {
+		s.rateSince = now
+	}
+	s.rateCount += n
+	if dt := now.Sub(s.rateSince); dt >= time.Minute {
+		r := float64(s.rateCount) / dt.Seconds()
+		if s.rate == 0 {
+			s.rate = r
+		} else {
+			s.rate = 0.7*s.rate + 0.3*r
+		}
+		s.rateSince, s.rateCount = now, 0
+	}
+}
 
 // Running returns the number of admitted gangs.
 func (s *Scheduler) Running() int { return len(s.gangs) - s.Pending() }
@@ -174,8 +280,9 @@ func (s *Scheduler) Node(i int) Node {
 func (s *Scheduler) NumNodes() int { return len(s.c.nodes) }
 
 // Submit queues a gang request. A request that can never fit is rejected with the reason
-// (and an error wrapping ErrNeverFits); past Config.MaxPending the gang is queued with
-// the QueuedSaturated status.
+// and the numbers (an error wrapping ErrNeverFits). Past Config.MaxPending the request is
+// refused with State Saturated and a *SaturatedError (wrapping ErrSaturated) that says
+// when to retry; nothing already queued is dropped (evicted gangs always queue again).
 func (s *Scheduler) Submit(req Request, now time.Time) (SubmitStatus, error) {
 	if err := req.normalize(s.cfg.DefaultQueue); err != nil {
 		return SubmitStatus{State: Rejected, Reason: err.Error()}, err
@@ -193,6 +300,10 @@ func (s *Scheduler) Submit(req Request, now time.Time) (SubmitStatus, error) {
 		err := fmt.Errorf("gang: submit %s: %s: %w", req.ID, reason, ErrNeverFits)
 		return SubmitStatus{State: Rejected, Reason: reason}, err
 	}
+	if len(s.pending) >= s.cfg.MaxPending {
+		err := &SaturatedError{Pending: len(s.pending), Bound: s.cfg.MaxPending, RetryAfter: s.retryAfter(len(s.pending) - s.cfg.MaxPending + 1)}
+		return SubmitStatus{State: Saturated, Reason: err.Error()}, err
+	}
 	if req.AllReduceBytes == 0 {
 		req.AllReduceBytes = s.cfg.DefaultAllReduceBytes
 	}
@@ -200,17 +311,18 @@ func (s *Scheduler) Submit(req Request, now time.Time) (SubmitStatus, error) {
 	g := &gangState{req: req, q: q, seq: s.seq, submit: now}
 	s.gangs[req.ID] = g
 	s.learner.observe(req.Member, req.Min)
-	if len(s.pending) >= s.cfg.MaxPending {
-		g.status = stOverflow
-		s.overflow = append(s.overflow, g)
-		return SubmitStatus{State: QueuedSaturated, Reason: fmt.Sprintf("queued, cluster saturated: %d gangs pending (bound %d)", s.Pending(), s.cfg.MaxPending)}, nil
-	}
-	s.addPending(g)
+	s.addPending(g, now)
 	return SubmitStatus{State: Queued}, nil
 }
 
-func (s *Scheduler) addPending(g *gangState) {
+func (s *Scheduler) addPending(g *gangState, now time.Time) {
 	g.status = stPending
+	if g.queued.IsZero() {
+		g.queued = g.submit
+	}
+	g.wait = Waiting{Gang: g.req.ID, Kind: WaitNotReached, Reason: "not tried yet"}
+	g.waitSeen = now
+	g.fitSince = time.Time{}
 	s.pending = append(s.pending, g)
 	s.queues.addPending(g.q, 1)
 }
@@ -273,13 +385,17 @@ func (s *Scheduler) neverFits(r *Request) string {
 	var bestNode, total, bestIsland int
 	mig := false
 	for model, cs := range s.caps {
-		if !modelOK(r.GPUModels, model) {
+		if !ModelAllowed(r.GPUModels, model) {
 			continue
 		}
 		bestNode = max(bestNode, cs.maxNode)
 		bestIsland = max(bestIsland, cs.maxIsland)
 		total += cs.total
 		mig = mig || cs.mig
+	}
+	of := ""
+	if len(r.GPUModels) > 0 {
+		of = fmt.Sprintf(" of models %v", r.GPUModels)
 	}
 	switch {
 	case m.CPUMilli > s.maxCPU:
@@ -288,16 +404,16 @@ func (s *Scheduler) neverFits(r *Request) string {
 		return fmt.Sprintf("member asks %d MiB, the largest node has %d", m.MemMiB, s.maxMem)
 	case m.MIG != "":
 		if !mig {
-			return fmt.Sprintf("no MIG-enabled GPU of models %v can host profile %s", r.GPUModels, m.MIG)
+			return fmt.Sprintf("no MIG-enabled GPU%s can host profile %s", of, m.MIG)
 		}
 	case m.GPUs > 0 && bestNode == 0:
-		return fmt.Sprintf("no GPU of models %v in the cluster", r.GPUModels)
+		return fmt.Sprintf("no GPU%s in the cluster", of)
 	case m.GPUs > 0 && m.gpuMilli() == Milli && m.GPUs > bestNode:
-		return fmt.Sprintf("member asks %d GPUs on one machine, the largest machine with models %v has %d", m.GPUs, r.GPUModels, bestNode)
+		return fmt.Sprintf("member asks %d GPUs on one machine, the largest machine has %d%s", m.GPUs, bestNode, of)
 	case m.GPUs > 0 && m.gpuMilli() == Milli && r.Min*m.GPUs > total:
-		return fmt.Sprintf("gang asks %d GPUs, the cluster has %d of models %v", r.Min*m.GPUs, total, r.GPUModels)
+		return fmt.Sprintf("gang asks %d GPUs (%d members × %d), the cluster has %d%s", r.Min*m.GPUs, r.Min, m.GPUs, total, of)
 	case r.SameIsland && m.GPUs > 0 && r.Min*m.GPUs > bestIsland:
-		return fmt.Sprintf("gang asks %d GPUs in one NVLink island, the largest island has %d", r.Min*m.GPUs, bestIsland)
+		return fmt.Sprintf("gang asks %d GPUs (%d members × %d) in one NVLink island, the largest island has %d%s", r.Min*m.GPUs, r.Min, m.GPUs, bestIsland, of)
 	}
 	return ""
 }
@@ -311,20 +427,12 @@ func (s *Scheduler) Finish(id string, now time.Time) error {
 	switch g.status {
 	case stPending:
 		s.removePending(g)
-	case stOverflow:
-		for i, p := range s.overflow {
-			if p == g {
-				s.overflow = append(s.overflow[:i], s.overflow[i+1:]...)
-				break
-			}
-		}
 	case stRunning, stTerminating:
-		s.unbind(g)
+		s.unbind(g, now)
 	}
 	delete(s.gangs, id)
-	if s.resv != nil && s.resv.gang == id {
-		s.resv = nil
-	}
+	s.dropReservation(id)
+	delete(s.holds, id)
 	return nil
 }
 
@@ -338,9 +446,10 @@ func (s *Scheduler) Checkpointed(id string, at time.Time) error {
 	return nil
 }
 
-// Evicted reports that a preempted gang has stopped: its resources are released and it
-// queues again. checkpointed says whether it saved its state before stopping (work since
-// its last checkpoint is lost otherwise).
+// Evicted reports that a preempted (or otherwise stopped) gang has stopped: its resources
+// are released and it queues again. checkpointed says whether it saved its state as
+// asked (a just-in-time checkpoint at the notice, or the periodic one it was let run to);
+// otherwise the work since its last checkpoint is lost.
 func (s *Scheduler) Evicted(id string, now time.Time, checkpointed bool) error {
 	g, ok := s.gangs[id]
 	if !ok {
@@ -349,17 +458,25 @@ func (s *Scheduler) Evicted(id string, now time.Time, checkpointed bool) error {
 	if g.status != stRunning && g.status != stTerminating {
 		return fmt.Errorf("gang: evicted %s while not running: %w", id, ErrUnknownGang)
 	}
-	if checkpointed {
+	switch {
+	case checkpointed && !g.keptUntil.IsZero() && !g.keptUntil.After(now):
+		g.progress += max(0, g.keptUntil.Sub(g.start))
+	case checkpointed:
 		g.progress += now.Sub(g.start)
-	} else if !g.lastCkpt.IsZero() && g.lastCkpt.After(g.start) {
-		g.progress += g.lastCkpt.Sub(g.start)
+	default:
+		g.progress += max(0, s.sinceStartToCheckpoint(g, now))
 	}
-	s.unbind(g)
-	s.addPending(g)
+	g.keptUntil = time.Time{}
+	g.evictions++
+	g.lastEvict = now
+	s.unbind(g, now)
+	g.queued = now
+	s.addPending(g, now)
 	return nil
 }
 
-// UpdateLoad records a node's measured load (from the agents' heartbeats).
+// UpdateLoad records a node's measured load, as the caller measured it (the runtime's
+// agents do not report load yet; until they do, every node scores as unloaded).
 func (s *Scheduler) UpdateLoad(node int, l Load) error {
 	if node < 0 || node >= len(s.c.nodes) {
 		return fmt.Errorf("gang: load for node %d of %d: %w", node, len(s.c.nodes), ErrInvalidSnapshot)
@@ -377,25 +494,93 @@ func (s *Scheduler) bind(g *gangState, allocs []alloc, members int, now time.Tim
 	g.allocs, g.members = allocs, members
 	g.status = stRunning
 	g.start = now
+	g.attainedAt = now
+	g.shrinkTo, g.shrinkIdx = 0, nil
 	g.lastCkpt = time.Time{}
 	g.milli, g.cpu, g.mem = 0, 0, 0
+	g.gpuModel = ""
 	for _, a := range allocs {
+		if g.gpuModel == "" && len(a.gpus) > 0 {
+			g.gpuModel = s.c.nodes[a.node].GPUs[a.gpus[0]].Model
+		}
 		g.milli += int64(a.totalMilli())
 		g.cpu += a.cpu
 		g.mem += a.mem
 	}
 	s.queues.charge(g.q, g.milli, g.cpu, g.mem, 1)
+	g.runIdx = len(s.running)
+	s.running = append(s.running, g)
 }
 
-func (s *Scheduler) unbind(g *gangState) {
+func (s *Scheduler) unbind(g *gangState, now time.Time) {
 	st := s.c.newStatement()
 	for i := len(g.allocs) - 1; i >= 0; i-- {
 		st.release(g.allocs[i])
 	}
 	st.commit()
 	s.queues.charge(g.q, g.milli, g.cpu, g.mem, -1)
+	s.accountAttained(g, now)
+	g.shrinkTo, g.shrinkIdx = 0, nil
 	g.allocs = nil
 	g.milli, g.cpu, g.mem = 0, 0, 0
+	last := s.running[len(s.running)-1]
+	s.running[g.runIdx] = last
+	last.runIdx = g.runIdx
+	s.running = s.running[:len(s.running)-1]
+}
+
+// Config implements Handle.
+func (s *Scheduler) Config() Config { return s.cfg }
+
+// QueueRatio implements Handle.
+func (s *Scheduler) QueueRatio(queue string) float64 {
+	q, ok := s.queues.byName[queue]
+	if !ok {
+		return 0
+	}
+	return q.ratio(s.c)
+}
+
+// RunningGangs implements Handle.
+func (s *Scheduler) RunningGangs(now time.Time) []RunningGang {
+	out := make([]RunningGang, 0, len(s.running))
+	for _, g := range s.running {
+		if g.status != stRunning || g.shrinkTo != 0 {
+			continue // stopping, or stopping some members
+		}
+		out = append(out, s.runningView(g, now))
+	}
+	return out
+}
+
+func (s *Scheduler) runningView(g *gangState, now time.Time) RunningGang {
+	r := RunningGang{
+		Request: &g.req, ID: g.req.ID, Queue: g.req.Queue, Priority: g.req.Priority, Seq: g.seq,
+		Started: g.start, Members: g.members, Min: g.req.Min, Max: g.req.Max, MilliGPU: g.milli,
+		NotPreemptible: g.req.NotPreemptible, QueueRatio: g.q.ratio(s.c),
+		Evictions: g.evictions, LastEvicted: g.lastEvict, AttainedGPUSeconds: g.attained,
+		LastResized: g.lastResize, g: g, s: s,
+	}
+	if g.req.Duration > 0 {
+		r.ExpectedEnd = g.start.Add(g.req.Duration - g.progress)
+	}
+	if now.After(g.attainedAt) {
+		r.AttainedGPUSeconds += now.Sub(g.attainedAt).Seconds() * float64(g.milli) / Milli
+	}
+	return r
+}
+
+// nodeFilter runs the registered Filter plugins for one member of the gang being placed.
+func (s *Scheduler) nodeFilter(i int) bool {
+	if s.placing == nil {
+		return true
+	}
+	for _, p := range s.prof.filter {
+		if !p.Filter(s.placing, i, &s.c.nodes[i]).IsSuccess() {
+			return false
+		}
+	}
+	return true
 }
 
 // effClass is the gang's priority class raised by aging.
@@ -426,425 +611,61 @@ func (s *Scheduler) dynamicPriority(g *gangState) float64 {
 	return w.Alpha*rem + w.Beta*sat + w.Gamma*sens
 }
 
-// Cycle runs one scheduling cycle at time now: it orders pending gangs, admits what fits
-// (all-or-nothing), preempts for blocked higher-priority or under-share gangs, holds a
-// reservation for the first blocked gang and backfills around it. It returns the decisions;
-// placements are already accounted in the scheduler's state.
-func (s *Scheduler) Cycle(now time.Time) Decisions {
-	d := Decisions{Now: now}
-	for len(s.overflow) > 0 && len(s.pending) < s.cfg.MaxPending {
-		g := s.overflow[0]
-		s.overflow = s.overflow[1:]
-		s.addPending(g)
+// GangState is where a gang stands.
+type GangState int
+
+// Gang states.
+const (
+	GangPending  GangState = iota + 1 // waiting in its queue
+	GangRunning                       // admitted and bound
+	GangStopping                      // preempted: asked to checkpoint and stop
+)
+
+// String returns the state's name.
+func (s GangState) String() string {
+	switch s {
+	case GangPending:
+		return "pending"
+	case GangRunning:
+		return "running"
+	case GangStopping:
+		return "stopping"
 	}
-	if len(s.pending) == 0 {
-		s.resv = nil
-		return d
-	}
-	s.queues.computeFair()
-	type keyed struct {
-		g     *gangState
-		class int
-		dyn   float64
-	}
-	order := make([]keyed, len(s.pending))
-	for i, g := range s.pending {
-		order[i] = keyed{g: g, class: s.effClass(g, now), dyn: s.dynamicPriority(g)}
-	}
-	if s.cfg.StrictFIFO {
-		sort.Slice(order, func(i, j int) bool { return order[i].g.seq < order[j].g.seq })
-	} else {
-		sort.Slice(order, func(i, j int) bool {
-			a, b := order[i], order[j]
-			if a.class != b.class {
-				return a.class > b.class
-			}
-			if a.dyn != b.dyn {
-				return a.dyn > b.dyn
-			}
-			return a.g.seq < b.g.seq
-		})
-	}
-	// A reservation whose gang is gone, or a backfill reservation from an earlier cycle, is
-	// recomputed; a preemptor's reservation stands until it is placed.
-	if s.resv != nil {
-		if g, ok := s.gangs[s.resv.gang]; !ok || g.status != stPending || !s.resv.preemptor {
-			s.resv = nil
-		}
-	}
-	preemptTries := 0
-	reserveTried, compactTried := false, false // one search of each kind per cycle
-	var placed []*gangState
-	// failed remembers, per member shape, the fewest members that found no placement this
-	// cycle with no node excluded: a gang of that shape asking as many or more cannot fit
-	// either and is passed over without a search. Such skips do not count against
-	// MaxGangsPerCycle, so a backlog of blocked large gangs does not hide the small ones
-	// behind it; scanned bounds the whole loop.
-	type shapeKey struct {
-		m      Member
-		models string
-	}
-	failed := map[shapeKey]int{}
-	scanned := 0
-	for _, k := range order {
-		if d.Attempts >= s.cfg.MaxGangsPerCycle || scanned >= 16*s.cfg.MaxGangsPerCycle {
-			break
-		}
-		scanned++
-		g := k.g
-		sk := shapeKey{g.req.Member, strings.Join(g.req.GPUModels, "|")}
-		if n, ok := failed[sk]; ok && g.req.Min >= n && !s.cfg.StrictFIFO {
-			continue
-		}
-		d.Attempts++
-		if s.cfg.QuotaAdmission && g.q.quota > 0 {
-			need := int64(g.req.Min) * int64(g.req.Member.TotalMilli())
-			if g.q.usedMilli+need > int64(g.q.quota)*Milli {
-				d.Waiting = appendWaiting(d.Waiting, g.req.ID, "queue quota exhausted")
-				continue
-			}
-		}
-		excl := s.exclusion(g, now)
-		cand, members, reason := s.placeElastic(g, excl)
-		if cand != nil && s.cfg.TopologyAware && s.cfg.TopologyWait > 0 && cand.in.Machines > cand.in.MinMachines &&
-			now.Sub(g.submit) < s.cfg.TopologyWait {
-			d.Waiting = appendWaiting(d.Waiting, g.req.ID, fmt.Sprintf("waiting up to %s for a placement on %d machine(s), best now crosses %d",
-				s.cfg.TopologyWait, cand.in.MinMachines, cand.in.Machines))
-			if s.resv == nil && s.cfg.Backfill && !compactTried {
-				// Hold the machines that free up first for a compact placement, or
-				// one-GPU work would refill every card the moment it frees.
-				compactTried = true
-				s.compactOnly = true
-				s.reserve(g, now)
-				s.compactOnly = false
-			}
-			continue
-		}
-		if cand != nil {
-			p := s.commitPlacement(g, cand, members, now)
-			p.Backfill = s.resv != nil && s.resv.gang != g.req.ID && touches(cand.allocs, s.resv.nodes)
-			if s.resv != nil && s.resv.gang == g.req.ID {
-				p.Preemptor = s.resv.preemptor
-				s.resv = nil
-			}
-			d.Placements = append(d.Placements, p)
-			placed = append(placed, g)
-			continue
-		}
-		d.Waiting = appendWaiting(d.Waiting, g.req.ID, reason)
-		if s.cfg.StrictFIFO {
-			break
-		}
-		if excl == nil {
-			if n, ok := failed[sk]; !ok || g.req.Min < n {
-				failed[sk] = g.req.Min
-			}
-		}
-		if s.resv != nil {
-			continue
-		}
-		if s.cfg.Preemption && preemptTries < 2 {
-			preemptTries++
-			if pre := s.tryPreempt(g, now); len(pre) > 0 {
-				d.Preemptions = append(d.Preemptions, pre...)
-				continue
-			}
-		}
-		if s.cfg.Backfill && !reserveTried {
-			reserveTried = true // one reservation search per cycle bounds its latency
-			s.reserve(g, now)
-		}
-	}
-	for _, g := range placed {
-		s.removePending(g)
-	}
-	if s.resv != nil {
-		r := &Reservation{Gang: s.resv.gang, Start: s.resv.start}
-		for n := range s.resv.nodes {
-			r.Nodes = append(r.Nodes, n)
-		}
-		sort.Ints(r.Nodes)
-		d.Reservation = r
-	}
-	return d
+	return "unknown"
 }
 
-func appendWaiting(w []Waiting, id, reason string) []Waiting {
-	if len(w) < 64 {
-		w = append(w, Waiting{Gang: id, Reason: reason})
-	}
-	return w
+// GangStatus is what the scheduler knows about one gang, for status displays and metrics.
+type GangStatus struct {
+	ID      string
+	State   GangState
+	Members int // bound members (0 while pending)
+	// Waiting is why a pending gang waits: the reason found by the latest cycle.
+	Waiting Waiting
+	// WaitedByKind sums, over the gang's life, the time it spent waiting for each reason.
+	WaitedByKind       map[WaitKind]time.Duration
+	Evictions          int
+	AttainedGPUSeconds float64
 }
 
-func touches(allocs []alloc, nodes map[int]bool) bool {
-	for _, a := range allocs {
-		if nodes[a.node] {
-			return true
+// GangStatus returns the status of gang id.
+func (s *Scheduler) GangStatus(id string) (GangStatus, error) {
+	g, ok := s.gangs[id]
+	if !ok {
+		return GangStatus{}, fmt.Errorf("gang: status of %s: %w", id, ErrUnknownGang)
+	}
+	st := GangStatus{ID: id, Members: g.members, Evictions: g.evictions, AttainedGPUSeconds: g.attained, WaitedByKind: map[WaitKind]time.Duration{}}
+	switch g.status {
+	case stPending:
+		st.State, st.Members, st.Waiting = GangPending, 0, g.wait
+	case stRunning:
+		st.State = GangRunning
+	case stTerminating:
+		st.State = GangStopping
+	}
+	for k, d := range g.waited {
+		if d > 0 {
+			st.WaitedByKind[WaitKind(k)] = d
 		}
 	}
-	return false
-}
-
-// exclusion returns the nodes gang g may not use now: a reservation's nodes, unless g is
-// the reserved gang or is known to finish before the reservation starts (backfill).
-func (s *Scheduler) exclusion(g *gangState, now time.Time) map[int]bool {
-	r := s.resv
-	if r == nil || r.gang == g.req.ID {
-		return nil
-	}
-	if rg, ok := s.gangs[r.gang]; ok && g.req.Priority > rg.req.Priority {
-		return nil // a reservation does not hold back higher-priority work
-	}
-	if !r.preemptor && g.req.Duration > 0 && !now.Add(g.req.Duration).After(r.start) {
-		return nil
-	}
-	return r.nodes
-}
-
-// placeElastic tries Max members, then Min.
-func (s *Scheduler) placeElastic(g *gangState, excl map[int]bool) (*candidate, int, string) {
-	cand, reason := s.place(g, g.req.Max, excl)
-	if cand != nil {
-		return cand, g.req.Max, ""
-	}
-	if g.req.Min < g.req.Max {
-		if cand, reason2 := s.place(g, g.req.Min, excl); cand != nil {
-			return cand, g.req.Min, ""
-		} else {
-			reason = reason2
-		}
-	}
-	return nil, 0, reason
-}
-
-func (s *Scheduler) commitPlacement(g *gangState, cand *candidate, members int, now time.Time) Placement {
-	s.bind(g, cand.allocs, members, now)
-	p := Placement{
-		Gang:      g.req.ID,
-		Scores:    cand.scores,
-		Total:     cand.total,
-		Islands:   cand.in.Islands,
-		Machines:  cand.in.Machines,
-		Racks:     cand.in.Racks,
-		AllReduce: cand.in.AllReduce,
-	}
-	for _, a := range cand.allocs {
-		mp := MemberPlacement{Node: a.node, NodeName: s.c.nodes[a.node].Name, GPUs: a.gpus, Milli: a.milli, CPUMilli: a.cpu, MemMiB: a.mem}
-		if a.slices > 0 {
-			mp.MIG = g.req.Member.MIG
-			mp.Milli = 0
-		}
-		p.Members = append(p.Members, mp)
-	}
-	s.log.Debug("placed", zap.String("gang", g.req.ID), zap.Int("members", members), zap.Int("machines", p.Machines), zap.Duration("allreduce", p.AllReduce))
-	return p
-}
-
-// victimCost is the GPU-seconds an eviction of g at now costs.
-func victimCost(g *gangState, now time.Time) float64 {
-	ck := g.req.Checkpoint
-	last := g.start
-	if g.lastCkpt.After(last) {
-		last = g.lastCkpt
-	} else if ck.Interval > 0 && now.After(g.start) {
-		last = g.start.Add(now.Sub(g.start) / ck.Interval * ck.Interval)
-	}
-	lost := now.Sub(last)
-	if lost < 0 {
-		lost = 0
-	}
-	per := lost + ck.Save + ck.Restore + ck.CUDATeardown + ck.CUDACreate
-	return per.Seconds() * float64(g.milli) / Milli
-}
-
-// tryPreempt looks for the cheapest set of whole gangs whose eviction admits g. It returns
-// nothing when even evicting every eligible gang would not admit g.
-func (s *Scheduler) tryPreempt(g *gangState, now time.Time) []Preemption {
-	under := s.cfg.FairShareReclaim && g.q.ratio(s.c) < 1
-	type vc struct {
-		v      *gangState
-		cost   float64
-		reason string
-	}
-	var cands []vc
-	for _, v := range s.gangs {
-		if v.status != stRunning || v.req.NotPreemptible || v == g || now.Sub(v.start) < s.cfg.MinRunBeforePreempt {
-			continue
-		}
-		switch {
-		case v.req.Priority < g.req.Priority:
-			cands = append(cands, vc{v, victimCost(v, now), "priority"})
-		case under && v.q != g.q && v.q.ratio(s.c) > 1 && v.req.Priority <= g.req.Priority:
-			cands = append(cands, vc{v, victimCost(v, now), "fair-share reclaim"})
-		}
-	}
-	if len(cands) == 0 {
-		return nil
-	}
-	if cand, _ := s.place(g, g.req.Min, nil); cand != nil {
-		return nil // only a reservation holds g back: evicting would free nothing it needs
-	}
-	sort.Slice(cands, func(i, j int) bool {
-		if cands[i].cost != cands[j].cost {
-			return cands[i].cost < cands[j].cost
-		}
-		if cands[i].v.req.Priority != cands[j].v.req.Priority {
-			return cands[i].v.req.Priority < cands[j].v.req.Priority
-		}
-		return cands[i].v.seq > cands[j].v.seq
-	})
-	if len(cands) > 256 {
-		cands = cands[:256]
-	}
-	need := int64(g.req.Min) * int64(g.req.Member.TotalMilli())
-	st := s.c.newStatement()
-	defer st.discard()
-	var chosen []vc
-	var found *candidate
-	tries := 0
-	for _, c := range cands {
-		for _, a := range c.v.allocs {
-			st.release(a)
-		}
-		chosen = append(chosen, c)
-		if s.c.totalMilli-s.c.usedMilli < need {
-			continue
-		}
-		if tries++; tries > 48 {
-			break
-		}
-		if cand, _ := s.place(g, g.req.Min, nil); cand != nil {
-			found = cand
-			break
-		}
-	}
-	if found == nil {
-		return nil // evicting would not admit g: no useless evictions
-	}
-	// Drop victims that turned out unnecessary, most expensive first.
-	for i := len(chosen) - 1; i >= 0 && len(chosen) > 1; i-- {
-		v := chosen[i].v
-		sub := s.c.newStatement()
-		fits := true
-		for _, a := range v.allocs {
-			if !s.canRetake(a) {
-				fits = false
-				break
-			}
-			sub.allocate(a)
-		}
-		if fits {
-			if cand, _ := s.place(g, g.req.Min, nil); cand != nil {
-				found = cand
-				st.ops = append(st.ops, sub.ops...)
-				sub.commit()
-				chosen = append(chosen[:i], chosen[i+1:]...)
-				continue
-			}
-		}
-		sub.discard()
-	}
-	nodes := map[int]bool{}
-	for _, a := range found.allocs {
-		nodes[a.node] = true
-	}
-	var out []Preemption
-	var latest time.Time
-	for _, c := range chosen {
-		c.v.status = stTerminating
-		dl := now.Add(c.v.req.Checkpoint.Save + s.cfg.CheckpointGrace)
-		if dl.After(latest) {
-			latest = dl
-		}
-		out = append(out, Preemption{Victim: c.v.req.ID, For: g.req.ID, Deadline: dl, Cost: c.cost, Reason: c.reason})
-	}
-	s.resv = &reservation{gang: g.req.ID, start: latest, nodes: nodes, preemptor: true}
-	return out
-}
-
-// canRetake reports whether an allocation released in a statement can be taken back as is.
-func (s *Scheduler) canRetake(a alloc) bool {
-	n := &s.c.nodes[a.node]
-	if n.FreeCPU < a.cpu || n.FreeMem < a.mem {
-		return false
-	}
-	for _, gi := range a.gpus {
-		g := n.GPUs[gi]
-		if a.slices > 0 {
-			if g.FreeSlices < a.slices {
-				return false
-			}
-		} else if g.FreeMilli < a.milli {
-			return false
-		}
-	}
-	return true
-}
-
-// reserve holds capacity for blocked gang g at the earliest time running gangs with known
-// durations free enough of it (the shadow time), so backfill cannot delay it.
-func (s *Scheduler) reserve(g *gangState, now time.Time) {
-	var running []*gangState
-	for _, v := range s.gangs {
-		if v.status == stRunning && v.req.Duration > 0 {
-			running = append(running, v)
-		}
-	}
-	end := func(v *gangState) time.Time { return v.start.Add(v.req.Duration - v.progress) }
-	if len(running) == 0 {
-		return
-	}
-	// A heap, not a sort: the search usually stops after a few hundred of many thousands.
-	h := &endHeap{gs: running, end: end}
-	heap.Init(h)
-	need := int64(g.req.Min) * int64(g.req.Member.TotalMilli())
-	st := s.c.newStatement()
-	defer st.discard()
-	tries := 0
-	for h.Len() > 0 {
-		v := heap.Pop(h).(*gangState)
-		for _, a := range v.allocs {
-			st.release(a)
-		}
-		if s.c.totalMilli-s.c.usedMilli < need {
-			continue
-		}
-		if tries++; tries > 32 {
-			return
-		}
-		if cand, _ := s.place(g, g.req.Min, nil); cand != nil {
-			nodes := map[int]bool{}
-			for _, a := range cand.allocs {
-				nodes[a.node] = true
-			}
-			start := end(v)
-			if start.Before(now) {
-				start = now
-			}
-			s.resv = &reservation{gang: g.req.ID, start: start, nodes: nodes}
-			return
-		}
-	}
-}
-
-// endHeap orders running gangs by expected end, then arrival.
-type endHeap struct {
-	gs  []*gangState
-	end func(*gangState) time.Time
-}
-
-func (h *endHeap) Len() int { return len(h.gs) }
-func (h *endHeap) Less(i, j int) bool {
-	ei, ej := h.end(h.gs[i]), h.end(h.gs[j])
-	if !ei.Equal(ej) {
-		return ei.Before(ej)
-	}
-	return h.gs[i].seq < h.gs[j].seq
-}
-func (h *endHeap) Swap(i, j int) { h.gs[i], h.gs[j] = h.gs[j], h.gs[i] }
-func (h *endHeap) Push(x any)    { h.gs = append(h.gs, x.(*gangState)) }
-func (h *endHeap) Pop() any {
-	x := h.gs[len(h.gs)-1]
-	h.gs = h.gs[:len(h.gs)-1]
-	return x
+	return st, nil
 }

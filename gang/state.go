@@ -62,6 +62,9 @@ type cluster struct {
 	usedCPU    int64
 	usedMem    int64
 	models     map[string]int // GPUs per model
+
+	// filter, when set, runs the registered Filter plugins for a node (fitMember).
+	filter func(node int) bool
 }
 
 func newCluster(s Snapshot) (*cluster, error) {
@@ -287,8 +290,9 @@ func (s *statement) discard() {
 // commit keeps every operation.
 func (s *statement) commit() { s.ops = s.ops[:0] }
 
-// modelOK reports whether a card's model is allowed.
-func modelOK(models []string, m string) bool {
+// ModelAllowed reports whether a card of model m is allowed by a request's GPU models
+// (an empty list allows every model).
+func ModelAllowed(models []string, m string) bool {
 	if len(models) == 0 {
 		return true
 	}
@@ -307,6 +311,9 @@ func (c *cluster) fitMember(i int, m Member, models []string) (alloc, string) {
 	if n.Unschedulable {
 		return alloc{}, "node cordoned"
 	}
+	if c.filter != nil && !c.filter(i) {
+		return alloc{}, "filtered"
+	}
 	if n.FreeCPU < m.CPUMilli {
 		return alloc{}, "cpu"
 	}
@@ -321,7 +328,7 @@ func (c *cluster) fitMember(i int, m Member, models []string) (alloc, string) {
 		s, _ := MIGSlices(m.MIG)
 		best, bestFree := -1, MIGSlicesPerGPU+1
 		for gi, g := range n.GPUs {
-			if g.MIG && g.FreeSlices >= s && g.FreeSlices < bestFree && modelOK(models, g.Model) {
+			if g.MIG && g.FreeSlices >= s && g.FreeSlices < bestFree && ModelAllowed(models, g.Model) {
 				best, bestFree = gi, g.FreeSlices
 			}
 		}
@@ -334,7 +341,7 @@ func (c *cluster) fitMember(i int, m Member, models []string) (alloc, string) {
 	case m.gpuMilli() < Milli:
 		best, bestFree := -1, Milli+1
 		for gi, g := range n.GPUs {
-			if !g.MIG && g.FreeMilli >= m.GPUMilli && g.FreeMilli < bestFree && modelOK(models, g.Model) {
+			if !g.MIG && g.FreeMilli >= m.GPUMilli && g.FreeMilli < bestFree && ModelAllowed(models, g.Model) {
 				best, bestFree = gi, g.FreeMilli
 			}
 		}
@@ -353,7 +360,7 @@ func (c *cluster) fitMember(i int, m Member, models []string) (alloc, string) {
 	var idle [16]int
 	ids := idle[:0]
 	for gi, g := range n.GPUs {
-		if !g.MIG && g.FreeMilli == Milli && modelOK(models, g.Model) {
+		if !g.MIG && g.FreeMilli == Milli && ModelAllowed(models, g.Model) {
 			ids = append(ids, gi)
 		}
 	}

@@ -24,6 +24,15 @@ var (
 	ErrInvalidConfig = errors.New("gang: invalid config")
 	// ErrUnknownQueue reports a request naming a queue that is not configured.
 	ErrUnknownQueue = errors.New("gang: unknown queue")
+	// ErrSaturated reports a submission refused because Config.MaxPending gangs are
+	// pending; the *SaturatedError wrapping it says when to retry.
+	ErrSaturated = errors.New("gang: cluster saturated")
+	// ErrNoShrink reports ResizeDone for a gang with no shrink pending.
+	ErrNoShrink = errors.New("gang: no shrink pending")
+	// ErrDuplicatePlugin reports a plugin name registered twice.
+	ErrDuplicatePlugin = errors.New("gang: duplicate plugin name")
+	// ErrUnknownPlugin reports a plugin name that no registry entry provides.
+	ErrUnknownPlugin = errors.New("gang: unknown plugin")
 )
 
 // Milli is one whole GPU in milli-GPU units.
@@ -85,6 +94,21 @@ func (m Member) wholeGPUs() int {
 	return m.GPUs
 }
 
+// describe names the member's request, e.g. "8 GPUs", "0.5 GPU", "MIG 3g.40gb", "CPU only".
+func (m Member) describe() string {
+	switch {
+	case m.MIG != "":
+		return "MIG " + m.MIG
+	case m.GPUs == 0:
+		return "CPU only"
+	case m.gpuMilli() < Milli:
+		return fmt.Sprintf("%s GPU", gpus(int64(m.GPUMilli)))
+	case m.GPUs == 1:
+		return "1 GPU"
+	}
+	return fmt.Sprintf("%d GPUs", m.GPUs)
+}
+
 // TotalMilli is the member's GPU demand in milli-GPU (a MIG slice group counts slices/7).
 func (m Member) TotalMilli() int {
 	if m.MIG != "" {
@@ -96,12 +120,17 @@ func (m Member) TotalMilli() int {
 
 // Checkpoint holds the facts preemption needs about a gang's checkpoints.
 type Checkpoint struct {
-	Interval  time.Duration // time between checkpoints; 0 = none (all progress is lost)
+	Interval  time.Duration // time between periodic checkpoints; 0 = none
 	SizeBytes int64         // bytes of one checkpoint
 	Save      time.Duration // time to write one checkpoint, including the CUDA state
 	Restore   time.Duration // time to read it back
-	// CUDATeardown and CUDACreate are the costs of destroying and re-creating the CUDA
-	// context of each member (measured on real devices, declared in specs otherwise).
+	// JustInTime says the gang saves a checkpoint of its current step when asked to stop
+	// (the SDK's Checkpointer): an eviction then loses no work but costs Save. Otherwise
+	// only its periodic checkpoints survive, and the work since the last one is lost.
+	JustInTime bool
+	// CUDATeardown and CUDACreate, when set, are the measured or declared costs of
+	// destroying and re-creating the CUDA context of each member; unset, the scheduler's
+	// CostModel estimates them.
 	CUDATeardown time.Duration
 	CUDACreate   time.Duration
 }
@@ -222,9 +251,9 @@ type SubmitState int
 const (
 	// Queued: accepted and pending.
 	Queued SubmitState = iota + 1
-	// QueuedSaturated: accepted, but the pending bound is passed; the gang waits in an
-	// overflow queue the cycle does not scan until pending work drains below the bound.
-	QueuedSaturated
+	// Saturated: refused for now, the pending bound (Config.MaxPending) is reached; retry
+	// after the SaturatedError's RetryAfter.
+	Saturated
 	// Rejected: the request can never fit, or is invalid; Reason says why.
 	Rejected
 )
@@ -234,8 +263,8 @@ func (s SubmitState) String() string {
 	switch s {
 	case Queued:
 		return "queued"
-	case QueuedSaturated:
-		return "queued, cluster saturated"
+	case Saturated:
+		return "cluster saturated"
 	case Rejected:
 		return "rejected"
 	}
@@ -280,28 +309,57 @@ type Placement struct {
 	Preemptor bool          // placed into capacity freed by preemption
 }
 
-// Preemption asks a victim gang to checkpoint and stop before Deadline.
+// Preemption asks a victim gang to stop by Deadline: a gang that checkpoints on notice
+// saves first; one that does not stops after its next periodic checkpoint when that comes
+// before the deadline, at once otherwise.
 type Preemption struct {
 	Victim   string
 	For      string // the gang it makes room for
 	Deadline time.Time
-	// Cost is the GPU-seconds the eviction costs: work since the last checkpoint, checkpoint
-	// save and restore, CUDA context teardown and re-creation, times the victim's GPUs.
+	// Cost is the GPU-seconds the eviction costs (Costs.GPUSeconds): lost work or the
+	// just-in-time save, restore, CUDA context teardown and re-creation, communicator
+	// set-up, times the victim's GPUs.
 	Cost   float64
+	Costs  EvictionCost
 	Reason string // "priority" or "fair-share reclaim"
 }
 
-// Reservation holds capacity for a blocked gang from Start on (Slurm-style backfill).
+// Resize changes the size of a running elastic gang (Request.Min..Max). A grow is bound
+// at once: start the Add members and re-form the gang's collective with the new world size.
+// A shrink is the caller's to carry out: stop the Remove members before Deadline (the
+// survivors keep their processes and CUDA contexts and re-form the collective), then call
+// ResizeDone; their capacity is held until then.
+type Resize struct {
+	Gang     string
+	From, To int
+	Add      []MemberPlacement // grow: where the new members go
+	Remove   []MemberPlacement // shrink: the members to stop, as they were placed
+	// RemoveIndex are the Remove members' positions in the gang's member list (in the
+	// order of its placement, then of earlier grows).
+	RemoveIndex []int
+	For         string    // shrink: the gang it makes room for
+	Deadline    time.Time // shrink: when the removed members must have stopped
+	// Cost is the pause: the communicator set-up for the new size (Cost.Communicator),
+	// on every GPU of the gang.
+	Cost   EvictionCost
+	Cause  string // shrink: "priority" or "fair-share reclaim"
+	Reason string
+}
+
+// Reservation holds capacity for a gang from Start on: the backfill reservation of the
+// first blocked gang (Slurm-style), or a preemptor's hold on the nodes its victims free.
 type Reservation struct {
-	Gang  string
-	Start time.Time
-	Nodes []int
+	Gang      string
+	Start     time.Time
+	Nodes     []int
+	Preemptor bool
 }
 
 // Waiting explains why a pending gang was not placed in a cycle.
 type Waiting struct {
 	Gang   string
-	Reason string
+	Kind   WaitKind
+	Reason string // specific: which resource or constraint, with the numbers
 }
 
 // Decisions is what one cycle decided. The caller carries them out: bind placements, ask
@@ -310,7 +368,13 @@ type Decisions struct {
 	Now         time.Time
 	Placements  []Placement
 	Preemptions []Preemption
-	Reservation *Reservation
-	Waiting     []Waiting
-	Attempts    int // gangs considered
+	// Resizes are grows of running elastic gangs and shrinks made for blocked gangs.
+	Resizes []Resize
+	// Reservations are the capacity held now: preemptors' holds, then the backfill one.
+	Reservations []Reservation
+	Waiting      []Waiting
+	Attempts     int // gangs considered
+	// NextCycle, when not zero, is when the scheduler wants a cycle even if no event comes
+	// first: a preemption becomes worthwhile, a topology wait ends.
+	NextCycle time.Time
 }

@@ -21,6 +21,29 @@ type BenchOptions struct {
 	BaselineGangs int
 }
 
+// Bounds of the benchmark options (100,000 machines are 800,000 GPUs; a million gangs fit
+// in a few hundred MiB).
+const (
+	MaxBenchNodes  = 100_000
+	MaxBenchGangs  = 1_000_000
+	MaxBenchCycles = 100_000
+)
+
+// Validate checks the options against their bounds.
+func (o BenchOptions) Validate() error {
+	switch {
+	case o.Nodes < 1 || o.Nodes > MaxBenchNodes:
+		return fmt.Errorf("sim: bench nodes %d outside [1, %d]: %w", o.Nodes, MaxBenchNodes, ErrBadSpec)
+	case o.Gangs < 1 || o.Gangs > MaxBenchGangs:
+		return fmt.Errorf("sim: bench gangs %d outside [1, %d]: %w", o.Gangs, MaxBenchGangs, ErrBadSpec)
+	case o.ChurnCycles < 0 || o.ChurnCycles > MaxBenchCycles:
+		return fmt.Errorf("sim: bench churn cycles %d outside [0, %d]: %w", o.ChurnCycles, MaxBenchCycles, ErrBadSpec)
+	case o.BaselineGangs < 0 || o.BaselineGangs > MaxBenchGangs:
+		return fmt.Errorf("sim: bench baseline gangs %d outside [0, %d]: %w", o.BaselineGangs, MaxBenchGangs, ErrBadSpec)
+	}
+	return nil
+}
+
 // BenchResult is the benchmark's output.
 type BenchResult struct {
 	MembersPerS    float64 `json:"members_per_s"`
@@ -77,12 +100,14 @@ func benchGang(rng *rand.Rand, id int) gang.Request {
 
 // RunSchedBench measures placement throughput and cycle latency of the core.
 func RunSchedBench(ctx context.Context, opt BenchOptions) (BenchResult, error) {
-	if opt.Nodes < 1 || opt.Gangs < 1 {
-		return BenchResult{}, fmt.Errorf("sim: bench needs nodes and gangs >= 1: %w", ErrBadSpec)
+	if err := opt.Validate(); err != nil {
+		return BenchResult{}, err
 	}
 	snap := BenchCluster(opt.Nodes)
 	res := BenchResult{Nodes: opt.Nodes}
-	s, err := gang.New(gang.DefaultConfig(), snap)
+	cfg := gang.DefaultConfig()
+	cfg.MaxPending = opt.Gangs + 1 // the benchmark measures cycles over the whole backlog
+	s, err := gang.New(cfg, snap)
 	if err != nil {
 		return res, err
 	}
@@ -185,6 +210,7 @@ func RunSchedBench(ctx context.Context, opt BenchOptions) (BenchResult, error) {
 // node is scored for every gang (the unindexed cost).
 func scanBaseline(ctx context.Context, snap gang.Snapshot, opt BenchOptions) (float64, error) {
 	cfg := gang.DefaultConfig()
+	cfg.MaxPending = opt.BaselineGangs + 1
 	cfg.MaxCandidates = 1 << 30
 	cfg.MaxGangsPerCycle = 64
 	s, err := gang.New(cfg, snap)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -77,6 +78,9 @@ func parseTable(name string, r io.Reader, skipBad bool, skipped func(error)) (*t
 			}
 			continue
 		}
+		if len(t.rows) >= MaxTraceJobs {
+			return nil, fmt.Errorf("sim: %s:%d: more than %d rows: %w", name, line, MaxTraceJobs, ErrBadRow)
+		}
 		t.rows = append(t.rows, fields)
 		t.lines = append(t.lines, line)
 	}
@@ -105,13 +109,28 @@ func (t *table) num(i int, col string, def float64) (float64, error) {
 		return def, nil
 	}
 	f, err := strconv.ParseFloat(v, 64)
-	if err != nil {
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
 		return 0, t.rowErr(i, col, v, "not a number")
+	}
+	if err != nil || math.IsInf(f, 0) {
+		return 0, t.rowErr(i, col, v, "not a finite number")
 	}
 	if f < 0 {
 		return 0, t.rowErr(i, col, v, "negative")
 	}
 	return f, nil
+}
+
+// bounded checks that v, read from column col of row i, lies in [lo, hi] and, when whole
+// is set, is a whole number.
+func (t *table) bounded(i int, col string, v, lo, hi float64, whole bool) error {
+	if whole && v != math.Trunc(v) {
+		return t.rowErr(i, col, t.str(i, col), fmt.Sprintf("want a whole number in [%v, %v]", lo, hi))
+	}
+	if v < lo || v > hi {
+		return t.rowErr(i, col, t.str(i, col), fmt.Sprintf("outside [%v, %v]", lo, hi))
+	}
+	return nil
 }
 
 func (t *table) str(i int, col string) string {

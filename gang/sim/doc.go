@@ -1,7 +1,7 @@
 // Package sim drives the gang scheduler core with real cluster traces (Alibaba openb,
-// Microsoft ITP, Philly) and reports packing, utilisation, queueing delay and JCT. It also
-// adapts topology clusters to the core (SnapshotFromTopology, TopologyModel) and holds the
-// scheduler throughput benchmark.
+// Microsoft ITP, Philly) and reports packing, utilisation, queueing delay and JCT. It holds
+// the scheduler throughput benchmark. (The topology adapters live in gang/topoadapt;
+// SnapshotFromTopology and TopologyModel here are deprecated aliases.)
 //
 // Three experiments, each behind an `atoll` command:
 //   - RunFGD: the static packing protocol of the FGD paper (ATC'23): seeded arrivals until
@@ -9,7 +9,8 @@
 //     dotprod, clustering, packing, bestfit, fgd (re-implemented from the paper's simulator)
 //     and atoll (every pod submitted to the gang core as a one-member gang).
 //   - RunDynamic: ITP or Philly jobs arrive and finish on a topology-described cluster under
-//     fifo, volcano, kueue (configurations of the same core, topology-blind) and atoll.
+//     fifo, volcano, kueue, tiresias, srtf (the oracle) and atoll, all configurations of the
+//     same core; optionally with elastic jobs and arrivals compressed to saturate it.
 //   - RunSchedBench: placement throughput and cycle latency on 10,000 machines.
 //
 // Usage sketch:

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -25,6 +26,38 @@ type FGDOptions struct {
 	// CPUStrandFactor scales the atoll policy's CPU-stranding term (see AtollFragOptions);
 	// 0 means the default, negative turns it off.
 	CPUStrandFactor float64
+}
+
+// Bounds of the FGD options: arrivals up to 10 times the cluster's GPUs (the protocol
+// reads 1.0 and 1.3), up to 1,000 seeds, a stranding factor within ±1,000.
+const (
+	MaxFGDLoad        = 10.0
+	MaxFGDSeeds       = 1000
+	MaxCPUStrandScale = 1000.0
+)
+
+// Validate checks the options against their bounds.
+func (o FGDOptions) Validate() error {
+	if len(o.Loads) == 0 {
+		return fmt.Errorf("sim: fgd needs at least one load: %w", ErrBadSpec)
+	}
+	for _, l := range o.Loads {
+		if !(l > 0 && l <= MaxFGDLoad) {
+			return fmt.Errorf("sim: fgd load %v outside (0, %v]: %w", l, MaxFGDLoad, ErrBadSpec)
+		}
+	}
+	if o.Seeds < 1 || o.Seeds > MaxFGDSeeds {
+		return fmt.Errorf("sim: fgd seeds %d outside [1, %d]: %w", o.Seeds, MaxFGDSeeds, ErrBadSpec)
+	}
+	if !(math.Abs(o.CPUStrandFactor) <= MaxCPUStrandScale) {
+		return fmt.Errorf("sim: cpu strand factor %v outside [-%v, %v]: %w", o.CPUStrandFactor, MaxCPUStrandScale, MaxCPUStrandScale, ErrBadSpec)
+	}
+	for _, p := range o.Policies {
+		if !slices.Contains(FGDPolicies, p) {
+			return fmt.Errorf("sim: unknown fgd policy %q (want one of %v): %w", p, FGDPolicies, ErrBadSpec)
+		}
+	}
+	return nil
 }
 
 // AtollFragOptions is the atoll policy's fragmentation measure learnt from the pods given
@@ -87,8 +120,11 @@ func SampleWorkload(pods []Pod, capacityMilli int64, maxLoad float64, seed uint6
 // RunFGD replays the pods on the nodes for every policy and seed, without departures, and
 // reports the share of GPUs allocated when the arrived requests reach each load.
 func RunFGD(ctx context.Context, nodes []gang.Node, pods []Pod, opt FGDOptions) ([]FGDResult, error) {
-	if len(opt.Loads) == 0 || opt.Seeds < 1 {
-		return nil, fmt.Errorf("sim: fgd needs loads and seeds >= 1 (got %v, %d): %w", opt.Loads, opt.Seeds, ErrBadSpec)
+	if err := opt.Validate(); err != nil {
+		return nil, err
+	}
+	if !slices.ContainsFunc(pods, func(p Pod) bool { return p.GPUMilliTotal() > 0 }) {
+		return nil, fmt.Errorf("sim: fgd: the pod list asks no GPU, so no load can be reached: %w", ErrBadSpec)
 	}
 	if opt.Policies == nil {
 		opt.Policies = FGDPolicies
@@ -262,7 +298,7 @@ func (b *baseline) cards(n *gang.Node, p Pod) []int {
 	}
 	var ok []int
 	for i, g := range n.GPUs {
-		if g.FreeMilli >= p.GPUMilli && modelOK(p.Models, g.Model) {
+		if g.FreeMilli >= p.GPUMilli && gang.ModelAllowed(p.Models, g.Model) {
 			ok = append(ok, i)
 		}
 	}
@@ -296,18 +332,6 @@ func (b *baseline) cards(n *gang.Node, p Pod) []int {
 	}
 	// Whole cards: idle ones in index order (AllocateExclusiveGpuId).
 	return ok[:p.NumGPU]
-}
-
-func modelOK(models []string, m string) bool {
-	if len(models) == 0 {
-		return true
-	}
-	for _, x := range models {
-		if x == m {
-			return true
-		}
-	}
-	return false
 }
 
 // The paper simulator's fixed normalisation (utils.MaxSpecCpu, MaxSpecGpu): DotProd's

@@ -35,11 +35,21 @@ func LoadOpenbNodes(path string, skipBad bool, sk *Skipper) ([]gang.Node, error)
 		}
 	}
 	var nodes []gang.Node
+	gpus := 0
 	for i := range t.rows {
 		cpu, err1 := t.num(i, "cpu_milli", 0)
 		mem, err2 := t.num(i, "memory_mib", 0)
 		ngpu, err3 := t.num(i, "gpu", 0)
-		if err := firstErr(err1, err2, err3); err != nil {
+		err := firstErr(err1, err2, err3)
+		if err == nil {
+			err = firstErr(t.bounded(i, "cpu_milli", cpu, 0, MaxMachineCPU, true),
+				t.bounded(i, "memory_mib", mem, 0, MaxMachineMemMiB, true),
+				t.bounded(i, "gpu", ngpu, 0, MaxMachineGPUs, true))
+		}
+		if err == nil && gpus+int(ngpu) > MaxClusterGPUs {
+			err = t.rowErr(i, "gpu", t.str(i, "gpu"), fmt.Sprintf("the node list would hold more than %d GPUs", MaxClusterGPUs))
+		}
+		if err != nil {
 			if skipBad {
 				sk.add(err)
 				continue
@@ -50,6 +60,7 @@ func LoadOpenbNodes(path string, skipBad bool, sk *Skipper) ([]gang.Node, error)
 		for g := 0; g < int(ngpu); g++ {
 			n.GPUs = append(n.GPUs, gang.GPU{Model: t.str(i, "model"), Island: len(nodes), FreeMilli: gang.Milli})
 		}
+		gpus += len(n.GPUs)
 		nodes = append(nodes, n)
 	}
 	return nodes, nil
@@ -74,6 +85,12 @@ func LoadOpenbPods(path string, skipBad bool, sk *Skipper) ([]Pod, error) {
 		ng, err3 := t.num(i, "num_gpu", 0)
 		gm, err4 := t.num(i, "gpu_milli", 0)
 		err := firstErr(err1, err2, err3, err4)
+		if err == nil {
+			err = firstErr(t.bounded(i, "cpu_milli", cpu, 0, MaxMachineCPU, true),
+				t.bounded(i, "memory_mib", mem, 0, MaxMachineMemMiB, true),
+				t.bounded(i, "num_gpu", ng, 0, MaxMachineGPUs, true),
+				t.bounded(i, "gpu_milli", gm, 0, gang.Milli, true))
+		}
 		if err == nil && ng > 0 && (gm <= 0 || gm > gang.Milli) {
 			err = t.rowErr(i, "gpu_milli", t.str(i, "gpu_milli"), "must be in (0, 1000] when num_gpu > 0")
 		}

@@ -3,6 +3,8 @@ package sim
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,9 +14,16 @@ import (
 	"github.com/atoll-run/atoll/gang"
 )
 
-// tracesDir finds <repo>/../shared/traces by walking up from the package directory.
+// tracesDir finds the traces: $ATOLL_TRACES, else <repo>/../shared/traces (walking up from
+// the package directory to go.mod).
 func tracesDir(t *testing.T) string {
 	t.Helper()
+	if p := os.Getenv("ATOLL_TRACES"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			t.Skipf("ATOLL_TRACES=%s: %v", p, err)
+		}
+		return p
+	}
 	dir, err := os.Getwd()
 	if err != nil {
 		t.Fatal(err)
@@ -23,7 +32,7 @@ func tracesDir(t *testing.T) string {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
 			p := filepath.Join(dir, "..", "shared", "traces")
 			if _, err := os.Stat(p); err != nil {
-				t.Skipf("traces not found at %s (expected <repo>/../shared/traces): %v", p, err)
+				t.Skipf("traces not found at %s (expected <repo>/../shared/traces, or set ATOLL_TRACES): %v", p, err)
 			}
 			return p
 		}
@@ -196,8 +205,21 @@ func TestDynamicSmall(t *testing.T) {
 			t.Fatalf("bad result %+v", r)
 		}
 	}
-	if len(by) != 4 {
+	if len(by) != len(DynamicPolicies) {
 		t.Fatalf("policies %v", by)
+	}
+	for _, p := range []string{"tiresias", "srtf", "atoll"} {
+		r := by[p]
+		if r.JCTByClass["high"].Mean <= 0 || r.GoodputPct <= 0 || r.GoodputPct > 100 || r.PreemptionsByCause == nil || r.WaitHoursByReason == nil {
+			t.Fatalf("%s lacks the new fields: %+v", p, r)
+		}
+		n := 0
+		for _, c := range r.PreemptionsByCause {
+			n += c
+		}
+		if n != r.Preemptions+r.Shrinks || r.PreemptorsStarted > r.PreemptionRounds {
+			t.Fatalf("%s: causes %v sum to %d, preemptions %d; started %d of %d rounds", p, r.PreemptionsByCause, n, r.Preemptions, r.PreemptorsStarted, r.PreemptionRounds)
+		}
 	}
 	if a, v, k := by["atoll"].AllReduce.Mean, by["volcano"].AllReduce.Mean, by["kueue"].AllReduce.Mean; a > v || a >= k {
 		t.Fatalf("atoll allreduce %v, volcano %v, kueue %v", a, v, k)
@@ -279,5 +301,75 @@ func TestAtollFragOptions(t *testing.T) {
 	}
 	if got := AtollFragOptions(nil, 0); got.CPUPerMilli != 0 {
 		t.Fatalf("no pods seen: CPUPerMilli %v, want 0", got.CPUPerMilli)
+	}
+}
+
+func writeBytes(p string, b []byte) error { return os.WriteFile(p, b, 0o644) }
+
+// TestElasticReplay: elastic jobs grow into free capacity and are shrunk, not evicted, for
+// high-priority arrivals; every job completes and the work is conserved.
+func TestElasticReplay(t *testing.T) {
+	snap, model, _, err := LoadCluster("2xdgx-h100/2", false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var jobs []Job
+	for i := 0; i < 2; i++ {
+		jobs = append(jobs, Job{ID: fmt.Sprint("el", i), Submit: time.Duration(i) * time.Minute, Duration: 10 * time.Hour, GPUs: 8, MinGPUs: 4, Priority: PrioLow})
+	}
+	for i := 0; i < 4; i++ {
+		jobs = append(jobs, Job{ID: fmt.Sprint("hi", i), Submit: 2*time.Hour + time.Duration(i)*time.Hour, Duration: 30 * time.Minute, GPUs: 4, Priority: PrioHigh})
+	}
+	cfg, blind, err := PolicyConfig("atoll")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := runConfig(t.Context(), "atoll", cfg, blind, jobs, snap, model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Shrinks == 0 || res.Preemptions != 0 {
+		t.Fatalf("shrinks %d, preemptions %d: want shrinks and no eviction", res.Shrinks, res.Preemptions)
+	}
+	if res.Grows == 0 {
+		t.Fatalf("no grow back after the high-priority jobs left: %+v", res)
+	}
+	if res.GoodputPct < 99 || res.HighPrioQueueDelay.Mean > 120 {
+		t.Fatalf("goodput %v%%, high-priority wait %v s", res.GoodputPct, res.HighPrioQueueDelay.Mean)
+	}
+}
+
+func TestSaturateAndElasticShare(t *testing.T) {
+	snap := gang.Snapshot{Nodes: []gang.Node{{Name: "n", GPUs: make([]gang.GPU, 8)}}}
+	var jobs []Job
+	for i := 0; i < 100; i++ {
+		jobs = append(jobs, Job{Submit: time.Duration(i) * time.Hour, Duration: time.Hour, GPUs: 1 + i%4})
+	}
+	// Offered: 250 GPU-hours over 99 hours on 8 GPUs (792 GPU-hours): compress 2 × 792 / 250.
+	k := Saturate(jobs, snap, 2)
+	if math.Abs(k-2*792.0/250) > 1e-9 || jobs[99].Submit != time.Duration(float64(99*time.Hour)/k) || jobs[0].Submit != 0 {
+		t.Fatalf("compression %v, last arrival %s", k, jobs[99].Submit)
+	}
+	if Saturate(jobs, snap, 0.01) != 1 {
+		t.Fatal("a light load must not stretch arrivals")
+	}
+	a := append([]Job(nil), jobs...)
+	b := append([]Job(nil), jobs...)
+	MakeElastic(a, 0.5, 3)
+	MakeElastic(b, 0.5, 3)
+	n := 0
+	for i := range a {
+		if a[i].MinGPUs != b[i].MinGPUs {
+			t.Fatal("same seed, different elastic jobs")
+		}
+		if a[i].MinGPUs > 0 {
+			n++
+			if a[i].GPUs < 2 || a[i].MinGPUs != (a[i].GPUs+1)/2 {
+				t.Fatalf("job %+v", a[i])
+			}
+		}
+	}
+	if n < 20 || n > 55 {
+		t.Fatalf("%d elastic jobs of 75 multi-GPU ones at share 0.5", n)
 	}
 }

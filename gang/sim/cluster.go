@@ -7,70 +7,9 @@ import (
 	"time"
 
 	"github.com/atoll-run/atoll/gang"
+	"github.com/atoll-run/atoll/gang/topoadapt"
 	"github.com/atoll-run/atoll/topology"
 )
-
-// SnapshotFromTopology turns a topology cluster into the scheduler's snapshot: node i is
-// machine i, each GPU carries its NVLink island (topology.Cluster.IslandOf) and rack, CPU
-// is the machine's logical CPUs, memory its host memory. MIG-enabled GPUs are offered as
-// 7 free compute slices (the operator's fixed layout is not modeled).
-func SnapshotFromTopology(c *topology.Cluster) gang.Snapshot {
-	var s gang.Snapshot
-	for _, m := range c.Machines {
-		cpus := 0
-		for _, n := range m.NUMANodes {
-			cpus += n.CPUs
-		}
-		if cpus == 0 {
-			cpus = 16 * len(m.GPUs)
-		}
-		mem := int64(0)
-		if m.Spec != nil {
-			mem = m.Spec.HostMemoryMiB
-		}
-		if mem == 0 {
-			mem = int64(len(m.GPUs)) * 128 << 10
-		}
-		n := gang.Node{Name: m.Name, Rack: m.Rack, CPUMilli: int64(cpus) * 1000, MemMiB: mem, FreeCPU: int64(cpus) * 1000, FreeMem: mem}
-		for _, g := range m.GPUs {
-			gp := gang.GPU{Model: g.Model, Island: c.IslandOf(g.ID), FreeMilli: gang.Milli}
-			if g.MIGEnabled {
-				gp.MIG, gp.FreeSlices = true, gang.MIGSlicesPerGPU
-			}
-			n.GPUs = append(n.GPUs, gp)
-		}
-		s.Nodes = append(s.Nodes, n)
-	}
-	return s
-}
-
-// TopologyModel adapts topology.Cluster's bandwidth model to gang.CollectiveModel.
-type TopologyModel struct {
-	c     *topology.Cluster
-	first []int
-	algo  topology.Algo
-}
-
-// NewTopologyModel returns the adapter; algo is usually topology.Best.
-func NewTopologyModel(c *topology.Cluster, algo topology.Algo) *TopologyModel {
-	m := &TopologyModel{c: c, algo: algo}
-	for _, mc := range c.Machines {
-		m.first = append(m.first, mc.FirstGPU)
-	}
-	return m
-}
-
-// AllReduceTime implements gang.CollectiveModel.
-func (m *TopologyModel) AllReduceTime(gpus []gang.GPURef, bytes int64) time.Duration {
-	if len(gpus) <= 1 {
-		return 0
-	}
-	ids := make([]int, len(gpus))
-	for i, g := range gpus {
-		ids[i] = m.first[g.Node] + g.GPU
-	}
-	return m.c.AllReduceTime(ids, bytes, m.algo)
-}
 
 // LoadCluster builds the simulated cluster for --cluster: a topology spec file or
 // shorthand ("64xdgx-h100/8"), or a Philly machine list CSV (machineId, number of GPUs,
@@ -85,7 +24,7 @@ func LoadCluster(spec string, skipBad bool, sk *Skipper) (gang.Snapshot, gang.Co
 		return gang.Snapshot{}, nil, "", fmt.Errorf("sim: cluster %q: %w", spec, err)
 	}
 	desc := fmt.Sprintf("%s: %d machines, %d GPUs, %d NVLink islands (simulated from declared specs)", spec, len(c.Machines), c.NumGPUs(), len(c.Islands()))
-	return SnapshotFromTopology(c), NewTopologyModel(c, topology.Best), desc, nil
+	return topoadapt.Snapshot(c), topoadapt.NewModel(c, topology.Best), desc, nil
 }
 
 func loadPhillyMachines(path string, skipBad bool, sk *Skipper) (gang.Snapshot, gang.CollectiveModel, string, error) {
@@ -106,6 +45,12 @@ func loadPhillyMachines(path string, skipBad bool, sk *Skipper) (gang.Snapshot, 
 	gpus, island := 0, 0
 	for i := range t.rows {
 		n, err := t.num(i, col, 0)
+		if err == nil {
+			err = t.bounded(i, col, n, 0, MaxMachineGPUs, true)
+		}
+		if err == nil && gpus+int(n) > MaxClusterGPUs {
+			err = t.rowErr(i, col, t.str(i, col), fmt.Sprintf("the machine list would hold more than %d GPUs", MaxClusterGPUs))
+		}
 		if err != nil {
 			if skipBad {
 				sk.add(err)

@@ -1,0 +1,466 @@
+package gang
+
+import (
+	"container/heap"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Cycle runs one scheduling cycle at time now, through the extension points (framework.go):
+// QueueSort orders the pending gangs; for each, PreFilter, then the placement search
+// (Filter, Score), then Permit; a gang that found no placement goes to PostFilter
+// (preemption) and, when that did not help, the first one to Reserve (backfill). It
+// returns the decisions; placements are already accounted in the scheduler's state.
+func (s *Scheduler) Cycle(now time.Time) Decisions {
+	d := Decisions{Now: now}
+	s.cycles++
+	// A backfill reservation is recomputed every cycle; a preemptor's hold stands until it
+	// is placed, gone, or HoldTimeout past its start (the victims should have stopped by
+	// then; if the preemptor still does not fit, the world changed and it queues as any).
+	s.resvs = nil
+	s.now = now
+	for id, h := range s.holds {
+		if g, ok := s.gangs[id]; !ok || g.status != stPending || now.Sub(h.start) > s.cfg.HoldTimeout {
+			delete(s.holds, id)
+		}
+	}
+	if len(s.pending) == 0 {
+		s.grow(&d, now)
+		return d
+	}
+	q := s.sortPending(now)
+	c := cycleState{failed: map[shapeKeyModels]*Status{}, failedMin: map[shapeKeyModels]int{}}
+	var placed []*gangState
+	for q.Len() > 0 {
+		if d.Attempts >= s.cfg.MaxGangsPerCycle || c.scanned >= s.cfg.MaxScanFactor*s.cfg.MaxGangsPerCycle {
+			break
+		}
+		c.scanned++
+		qg := heap.Pop(q).(*QueuedGang)
+		g := qg.g
+		excl, exclKey := s.exclusionKeyed(g, now)
+		sk := shapeKeyModels{g.req.Member, strings.Join(g.req.GPUModels, "|"), exclKey}
+		if f, ok := c.failed[sk]; ok && g.req.Min >= c.failedMin[sk] && !s.cfg.StrictFIFO {
+			s.setWaiting(g, f)
+			continue
+		}
+		d.Attempts++
+		if st := s.runPreFilter(qg, now); !st.IsSuccess() {
+			s.addWaiting(&d, g, st)
+			continue
+		}
+		s.placing = qg
+		cand, members, why := s.placeElastic(g, excl)
+		s.placing = nil
+		if cand != nil {
+			if g.fitSince.IsZero() {
+				g.fitSince = now
+				qg.FitSince = now
+			}
+			if h, held := s.holds[g.req.ID]; held && h.skipPermit {
+				// The room freed for it is not compact: it takes it as it is.
+			} else if st := s.runPermit(qg, &cand.in, now); !st.IsSuccess() {
+				s.addWaiting(&d, g, st)
+				d.wakeAt(st.RetryAt)
+				if len(s.resvs) < s.cfg.MaxReservations && c.compactTries < s.cfg.MaxReservations && len(s.prof.reserve) > 0 {
+					// Hold the machines that free up first for a compact placement, or
+					// one-GPU work would refill every card the moment it frees.
+					c.compactTries++
+					s.runReserve(qg, true, now)
+				}
+				continue
+			}
+			p := s.commitPlacement(g, cand, members, now)
+			s.dropReservation(g.req.ID)
+			for _, r := range s.resvs {
+				p.Backfill = p.Backfill || touches(cand.allocs, r.nodes)
+			}
+			if _, ok := s.holds[g.req.ID]; ok {
+				p.Preemptor = true
+				delete(s.holds, g.req.ID)
+			}
+			d.Placements = append(d.Placements, p)
+			placed = append(placed, g)
+			continue
+		}
+		s.addWaiting(&d, g, why)
+		if s.cfg.StrictFIFO {
+			break
+		}
+		if _, ok := c.failed[sk]; !ok || g.req.Min < c.failedMin[sk] {
+			c.failed[sk] = why
+			c.failedMin[sk] = g.req.Min
+		}
+		if h, held := s.holds[g.req.ID]; held {
+			s.replaceWaiting(&d, g, NewStatus(Unschedulable, WaitPreempting, fmt.Sprintf("gangs preempted for it are stopping, expected in %s", max(0, h.start.Sub(now)))))
+			continue
+		}
+		if len(s.prof.postFilter) > 0 && c.preemptTries < s.cfg.MaxPreemptionSearches {
+			c.preemptTries++
+			res := s.runPostFilter(qg, now)
+			if res != nil && len(res.Preemptions)+len(res.Resizes) == 0 {
+				d.wakeAt(res.RetryAt)
+			}
+			if res != nil && len(res.Preemptions)+len(res.Resizes) > 0 {
+				d.Preemptions = append(d.Preemptions, res.Preemptions...)
+				d.Resizes = append(d.Resizes, res.Resizes...)
+				s.replaceWaiting(&d, g, NewStatus(Unschedulable, WaitPreempting, fmt.Sprintf("%d gang(s) stopping and %d shrinking to make room, expected in %s",
+					len(res.Preemptions), len(res.Resizes), res.ReadyAt.Sub(now))))
+				continue
+			}
+		}
+		if len(s.prof.reserve) > 0 && !c.reserveTried && len(s.resvs) < s.cfg.MaxReservations {
+			c.reserveTried = true // one reservation search per cycle bounds its latency
+			s.runReserve(qg, false, now)
+		}
+	}
+	for _, g := range placed {
+		s.removePending(g)
+	}
+	s.notePlacements(len(placed), now)
+	s.grow(&d, now)
+	d.Reservations = s.reservations()
+	for _, g := range s.pending {
+		if g.waitCycle != s.cycles {
+			g.wait = Waiting{Gang: g.req.ID, Kind: WaitNotReached, Reason: "not reached: the cycle's bounds ended it first"}
+			g.waitCycle = s.cycles
+		}
+	}
+	return d
+}
+
+// reservations lists the preemptors' holds (by gang) and the backfill reservation.
+func (s *Scheduler) reservations() []Reservation {
+	var out []Reservation
+	add := func(r *reservation) {
+		x := Reservation{Gang: r.gang, Start: r.start, Preemptor: r.preemptor}
+		for n := range r.nodes {
+			x.Nodes = append(x.Nodes, n)
+		}
+		sort.Ints(x.Nodes)
+		out = append(out, x)
+	}
+	ids := make([]string, 0, len(s.holds))
+	for id := range s.holds {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		add(s.holds[id])
+	}
+	for _, r := range s.resvs {
+		add(r)
+	}
+	return out
+}
+
+// dropReservation removes the reservation (not a hold) of gang id, if any.
+func (s *Scheduler) dropReservation(id string) {
+	for i, r := range s.resvs {
+		if r.gang == id {
+			s.resvs = append(s.resvs[:i], s.resvs[i+1:]...)
+			return
+		}
+	}
+}
+
+// cycleState is what one cycle remembers between gangs.
+type cycleState struct {
+	scanned      int
+	preemptTries int
+	reserveTried bool // one blocked-gang reservation search per cycle
+	compactTries int  // compact reservation searches (at most MaxReservations)
+	// failed remembers, per member shape and set of reservations holding nodes from it,
+	// the fewest members that found no placement this cycle: a gang of that shape, under
+	// the same reservations, asking as many or more cannot fit either and is passed over
+	// without a search. (Placements in between only take capacity.) Such skips do not count against
+	// MaxGangsPerCycle, so a backlog of blocked large gangs does not hide the small ones
+	// behind it; MaxScanFactor bounds the whole loop.
+	failed    map[shapeKeyModels]*Status
+	failedMin map[shapeKeyModels]int
+}
+
+type shapeKeyModels struct {
+	m      Member
+	models string
+	excl   string // the reservations that exclude nodes from the gang
+}
+
+// queuedHeap yields pending gangs in QueueSort order, ties by arrival. A heap, not a sort:
+// a cycle usually takes a few hundred of many thousands.
+type queuedHeap struct {
+	gs   []*QueuedGang
+	less func(a, b *QueuedGang) bool
+}
+
+func (h *queuedHeap) Len() int { return len(h.gs) }
+func (h *queuedHeap) Less(i, j int) bool {
+	a, b := h.gs[i], h.gs[j]
+	if h.less(a, b) {
+		return true
+	}
+	if h.less(b, a) {
+		return false
+	}
+	return a.Seq < b.Seq
+}
+func (h *queuedHeap) Swap(i, j int) { h.gs[i], h.gs[j] = h.gs[j], h.gs[i] }
+func (h *queuedHeap) Push(x any)    { h.gs = append(h.gs, x.(*QueuedGang)) }
+func (h *queuedHeap) Pop() any {
+	x := h.gs[len(h.gs)-1]
+	h.gs = h.gs[:len(h.gs)-1]
+	return x
+}
+
+// sortPending fills the per-cycle view of every pending gang and heaps them.
+func (s *Scheduler) sortPending(now time.Time) *queuedHeap {
+	s.queues.computeFair()
+	infos := make([]QueuedGang, len(s.pending))
+	h := &queuedHeap{gs: make([]*QueuedGang, len(s.pending)), less: s.prof.queueSort.Less}
+	for i, g := range s.pending {
+		g.accountWait(now)
+		infos[i] = s.queuedView(g, now)
+		h.gs[i] = &infos[i]
+	}
+	heap.Init(h)
+	return h
+}
+
+func (s *Scheduler) queuedView(g *gangState, now time.Time) QueuedGang {
+	v := QueuedGang{
+		Request: &g.req, Seq: g.seq, Submitted: g.submit,
+		Class: s.effClass(g, now), Dynamic: s.dynamicPriority(g),
+		Attained: g.attained, Evictions: g.evictions, FitSince: g.fitSince, g: g,
+	}
+	if !g.queued.IsZero() && now.After(g.queued) {
+		v.Waited = now.Sub(g.queued)
+	}
+	if d := g.req.Duration - g.progress; g.req.Duration > 0 && d > 0 {
+		v.RemainingGPUSeconds = d.Seconds() * float64(g.req.Min) * float64(g.req.Member.TotalMilli()) / Milli
+	}
+	return v
+}
+
+func (s *Scheduler) runPreFilter(g *QueuedGang, now time.Time) *Status {
+	for _, p := range s.prof.preFilter {
+		if st := p.PreFilter(s, g, now); !st.IsSuccess() {
+			st.Plugin = p.Name()
+			return st
+		}
+	}
+	return nil
+}
+
+func (s *Scheduler) runPermit(g *QueuedGang, best *ScoreInput, now time.Time) *Status {
+	for _, p := range s.prof.permit {
+		if st := p.Permit(s, g, best, now); !st.IsSuccess() {
+			st.Plugin = p.Name()
+			return st
+		}
+	}
+	return nil
+}
+
+// runPostFilter asks the PostFilter plugins in turn; the first result with preemptions is
+// carried out: victims are marked as stopping and the freed nodes are held for g. Without
+// one, it returns the earliest retry time any plugin gave (or nil).
+func (s *Scheduler) runPostFilter(g *QueuedGang, now time.Time) *PostFilterResult {
+	var retry *PostFilterResult
+	for _, p := range s.prof.postFilter {
+		res := p.PostFilter(s, g, now)
+		if res == nil {
+			continue
+		}
+		if len(res.Preemptions)+len(res.Resizes) == 0 {
+			if !res.RetryAt.IsZero() && (retry == nil || res.RetryAt.Before(retry.RetryAt)) {
+				retry = &PostFilterResult{RetryAt: res.RetryAt}
+			}
+			continue
+		}
+		for _, pr := range res.Preemptions {
+			if v, ok := s.gangs[pr.Victim]; ok && v.status == stRunning {
+				v.status = stTerminating
+				v.keptUntil = pr.Costs.Kept
+			}
+		}
+		for _, rz := range res.Resizes {
+			if v, ok := s.gangs[rz.Gang]; ok && v.status == stRunning && rz.To >= v.req.Min && rz.To < v.members {
+				v.shrinkTo, v.shrinkIdx = rz.To, rz.RemoveIndex
+				v.lastResize = now
+			}
+		}
+		nodes := make(map[int]bool, len(res.Nodes))
+		for _, n := range res.Nodes {
+			nodes[n] = true
+		}
+		s.holds[g.Request.ID] = &reservation{gang: g.Request.ID, start: res.ReadyAt, nodes: nodes, preemptor: true, skipPermit: res.SkipPermit}
+		s.log.Debug("preempting", zap.String("for", g.Request.ID), zap.Int("victims", len(res.Preemptions)), zap.String("plugin", p.Name()))
+		return res
+	}
+	return retry
+}
+
+// wakeAt asks for a cycle at t (the earliest asked for wins).
+func (d *Decisions) wakeAt(t time.Time) {
+	if !t.IsZero() && t.After(d.Now) && (d.NextCycle.IsZero() || t.Before(d.NextCycle)) {
+		d.NextCycle = t
+	}
+}
+
+// runReserve asks the Reserve plugins in turn; the first reservation is installed and
+// returned.
+func (s *Scheduler) runReserve(g *QueuedGang, compact bool, now time.Time) *reservation {
+	for _, p := range s.prof.reserve {
+		if r := p.Reserve(s, g, compact, now); r != nil {
+			nodes := make(map[int]bool, len(r.Nodes))
+			for _, n := range r.Nodes {
+				nodes[n] = true
+			}
+			s.dropReservation(r.Gang)
+			res := &reservation{gang: r.Gang, start: r.Start, nodes: nodes}
+			s.resvs = append(s.resvs, res)
+			return res
+		}
+	}
+	return nil
+}
+
+// addWaiting records why g waits and reports it in the decisions.
+func (s *Scheduler) addWaiting(d *Decisions, g *gangState, st *Status) {
+	s.setWaiting(g, st)
+	if len(d.Waiting) < s.cfg.MaxWaitingReported {
+		d.Waiting = append(d.Waiting, g.wait)
+	}
+}
+
+// replaceWaiting records a better reason for g than the one just reported.
+func (s *Scheduler) replaceWaiting(d *Decisions, g *gangState, st *Status) {
+	s.setWaiting(g, st)
+	if n := len(d.Waiting); n > 0 && d.Waiting[n-1].Gang == g.req.ID {
+		d.Waiting[n-1] = g.wait
+	}
+}
+
+// setWaiting records why g waits, from this cycle on.
+func (s *Scheduler) setWaiting(g *gangState, st *Status) {
+	g.wait = Waiting{Gang: g.req.ID, Kind: st.Kind, Reason: st.Reason}
+	g.waitCycle = s.cycles
+}
+
+func touches(allocs []alloc, nodes map[int]bool) bool {
+	for _, a := range allocs {
+		if nodes[a.node] {
+			return true
+		}
+	}
+	return false
+}
+
+// exclusion returns the nodes gang g may not use now: those held for preemptors and those
+// of this cycle's reservations, unless held for g itself, or for a gang of lower priority
+// (a reservation does not hold back more important work), or, for a reservation, when g
+// is known to finish before it starts (backfill).
+func (s *Scheduler) exclusion(g *gangState, now time.Time) map[int]bool {
+	excl, _ := s.exclusionKeyed(g, now)
+	return excl
+}
+
+// exclusionKeyed is exclusion plus a key naming the reservations that apply ("" for none).
+func (s *Scheduler) exclusionKeyed(g *gangState, now time.Time) (map[int]bool, string) {
+	var excl map[int]bool
+	var key []string
+	n := 0
+	add := func(r *reservation) {
+		if r.gang == g.req.ID {
+			return
+		}
+		if rg, ok := s.gangs[r.gang]; ok && g.req.Priority > rg.req.Priority {
+			return
+		}
+		if !r.preemptor && g.req.Duration > 0 && !now.Add(g.req.Duration).After(r.start) {
+			return
+		}
+		key = append(key, r.gang)
+		switch n++; n {
+		case 1:
+			excl = r.nodes // shared, read-only: most cycles have one reservation
+		case 2:
+			u := make(map[int]bool, len(excl)+len(r.nodes))
+			for k := range excl {
+				u[k] = true
+			}
+			excl = u
+			fallthrough
+		default:
+			for k := range r.nodes {
+				excl[k] = true
+			}
+		}
+	}
+	for _, r := range s.holds {
+		add(r)
+	}
+	for _, r := range s.resvs {
+		add(r)
+	}
+	if len(key) > 1 {
+		sort.Strings(key)
+	}
+	return excl, strings.Join(key, "\x00")
+}
+
+// placeElastic tries Max members, then (elastic gangs) as many as the free capacity could
+// hold, then Min; it takes the first compact placement (on the fewest machines its size
+// needs), else the largest found. Without a placement it says why Min does not fit.
+func (s *Scheduler) placeElastic(g *gangState, excl map[int]bool) (*candidate, int, *Status) {
+	sizes := []int{g.req.Max}
+	if g.req.Min < g.req.Max {
+		if per := int64(g.req.Member.TotalMilli()); per > 0 {
+			if k := int((s.c.totalMilli - s.c.usedMilli) / per); k > g.req.Min && k < g.req.Max {
+				sizes = append(sizes, k)
+			}
+		}
+		sizes = append(sizes, g.req.Min)
+	}
+	var best *candidate
+	bestN := 0
+	for _, n := range sizes {
+		cand := s.place(g, n, excl)
+		if cand == nil {
+			continue
+		}
+		if cand.in.Machines <= cand.in.MinMachines {
+			return cand, n, nil
+		}
+		if best == nil {
+			best, bestN = cand, n
+		}
+	}
+	if best != nil {
+		return best, bestN, nil
+	}
+	return nil, 0, s.unfit(g, g.req.Min, excl)
+}
+
+func (s *Scheduler) commitPlacement(g *gangState, cand *candidate, members int, now time.Time) Placement {
+	g.accountWait(now)
+	s.bind(g, cand.allocs, members, now)
+	p := Placement{
+		Gang:      g.req.ID,
+		Scores:    cand.scores,
+		Total:     cand.total,
+		Islands:   cand.in.Islands,
+		Machines:  cand.in.Machines,
+		Racks:     cand.in.Racks,
+		AllReduce: cand.in.AllReduce,
+	}
+	for _, a := range cand.allocs {
+		p.Members = append(p.Members, s.memberPlacement(g, a))
+	}
+	s.log.Debug("placed", zap.String("gang", g.req.ID), zap.Int("members", members), zap.Int("machines", p.Machines), zap.Duration("allreduce", p.AllReduce))
+	return p
+}

@@ -1,0 +1,348 @@
+package gang
+
+import (
+	"slices"
+	"sort"
+	"time"
+)
+
+// PreemptConfig tunes the in-tree preemption plugin: when an eviction pays for itself.
+type PreemptConfig struct {
+	// GainRatio: evict only when the preemptor's weighted gain is at least GainRatio times
+	// the victims' weighted cost (default 1: the eviction must pay for itself).
+	GainRatio float64
+	// MaxEvictions is each gang's eviction budget: a gang evicted that often is no longer a
+	// victim (0: no budget). Default 2.
+	MaxEvictions int
+	// Backoff doubles a victim's protection after each eviction: a gang evicted k times
+	// is not evicted again until it has run MinRunBeforePreempt × 2^k since its restart.
+	Backoff bool
+	// RemainingRatio, when positive, also lets a gang evict gangs of its own or a lower
+	// class whose weighted remaining work is at least RemainingRatio times its own
+	// (shortest-remaining-first preemption, cause "remaining"); both durations must be
+	// known. 0 disables it.
+	RemainingRatio float64
+	// RemainingRule, when both durations are known, evicts a victim only when the
+	// preemptor is more urgent per unit of remaining work (Smith's rule, which orders
+	// work to minimise weighted completion time): w(preemptor) / remaining GPU-seconds of
+	// the preemptor ≥ w(victim) / remaining GPU-seconds of the victim. A victim about to
+	// finish is then left to finish.
+	RemainingRule bool
+}
+
+// DefaultPreemptConfig returns the defaults above.
+func DefaultPreemptConfig() PreemptConfig {
+	return PreemptConfig{GainRatio: 1, Backoff: true, RemainingRule: true}
+}
+
+// EvictionCost implements Handle: what stopping r at now costs, with the time it will have
+// stopped by.
+func (s *Scheduler) EvictionCost(r *RunningGang, now time.Time) EvictionCost {
+	return s.evictionCost(r.g, now)
+}
+
+// preemption is the PostFilter that evicts whole gangs for a blocked one, only when that
+// pays for itself:
+//   - victims: lower-priority gangs (cause "priority") or, for a gang of an under-share
+//     queue, gangs of over-share queues no more important than it ("fair-share reclaim");
+//     not NotPreemptible, past their protection (MinRunBeforePreempt, doubled per earlier
+//     eviction with Backoff), within their eviction budget, and, when durations are
+//     known, not more urgent than the preemptor by Smith's rule (RemainingRule);
+//   - chosen cheapest first by weighted cost (the cost model: lost work or the
+//     just-in-time save, restore, CUDA context, communicator set-up, times GPUs, times the
+//     class weight), added until the preemptor fits, then pruned of any that turn out
+//     unnecessary; nothing is evicted unless the freed capacity admits the preemptor;
+//   - carried out only when the gain, the preemptor's weighted GPUs times the wait it is
+//     spared (the longer of its wait so far and the wait until running gangs with known
+//     durations free room for it), is at least GainRatio times that cost. Otherwise the
+//     result says when the wait so far will make it worth it, so the cycle runs again then.
+type preemption struct{}
+
+func (preemption) Name() string { return PluginPreemption }
+
+type victim struct {
+	r        *RunningGang
+	shrinkTo int // > 0: shrink to this many members instead of evicting
+	cost     EvictionCost
+	w        float64 // class weight
+	wcost    float64 // cost.GPUSeconds × w
+	reason   string
+}
+
+func (preemption) PostFilter(h Handle, g *QueuedGang, now time.Time) *PostFilterResult {
+	cfg := h.Config()
+	pc := cfg.Preempt
+	under := cfg.FairShareReclaim && h.QueueRatio(g.Request.Queue) < 1
+	wp := cfg.classWeight(g.Request.Priority)
+	running := h.RunningGangs(now)
+	var cands []victim
+	for i := range running {
+		v := &running[i]
+		if v.NotPreemptible || v.Seq == g.Seq {
+			continue
+		}
+		wv := cfg.classWeight(v.Priority)
+		known := g.RemainingGPUSeconds > 0 && !v.ExpectedEnd.IsZero()
+		rv := 0.0 // the victim's expected remaining GPU-seconds
+		if known {
+			rv = v.ExpectedEnd.Sub(now).Seconds() * float64(v.MilliGPU) / Milli
+		}
+		reason := ""
+		switch {
+		case v.Priority < g.Request.Priority:
+			reason = "priority"
+		case under && v.Queue != g.Request.Queue && v.QueueRatio > 1 && v.Priority <= g.Request.Priority:
+			reason = "fair-share reclaim"
+		case pc.RemainingRatio > 0 && known && v.Priority <= g.Request.Priority && wp*rv >= pc.RemainingRatio*wv*g.RemainingGPUSeconds:
+			reason = "remaining"
+		default:
+			continue
+		}
+		if v.Members > v.Min {
+			// An elastic gang above its minimum is shrunk, never evicted whole; it is
+			// protected for MinRunBeforePreempt after its start or its last resize.
+			since := v.Started
+			if v.LastResized.After(since) {
+				since = v.LastResized
+			}
+			if now.Sub(since) >= cfg.MinRunBeforePreempt {
+				c := h.ShrinkCost(v, v.Min, now)
+				cands = append(cands, victim{r: v, shrinkTo: v.Min, cost: c, w: wv, wcost: c.GPUSeconds * wv, reason: reason})
+			}
+			continue
+		}
+		protect := cfg.MinRunBeforePreempt
+		if pc.Backoff {
+			protect <<= min(v.Evictions, 16)
+		}
+		if now.Sub(v.Started) < protect || (pc.MaxEvictions > 0 && v.Evictions >= pc.MaxEvictions) {
+			continue
+		}
+		if pc.RemainingRule && known && wp*rv < wv*g.RemainingGPUSeconds {
+			continue // the victim is as urgent per unit of work left: let it finish
+		}
+		c := h.EvictionCost(v, now)
+		cands = append(cands, victim{r: v, cost: c, w: wv, wcost: c.GPUSeconds * wv, reason: reason})
+	}
+	sortVictims(cands)
+	// With a topology wait, only room for a compact placement admits the gang (it would
+	// wait on in scattered room, and the evictions would be wasted). Without one, any room
+	// does, and the gang takes it as it is (Permit skipped).
+	compact := slices.Contains(cfg.resolved().Permit, PluginTopologyWait) && cfg.topologyWait(g.Request) > 0
+	found, chosen := chooseVictims(h, g, cands, now, compact)
+	if found == nil {
+		return nil
+	}
+	var wcost float64
+	for _, c := range chosen {
+		wcost += c.wcost
+	}
+	gpus := float64(g.Request.Min) * float64(g.Request.Member.TotalMilli()) / Milli
+	wait := g.Waited
+	if start, ok := shadowStart(h, g, false, now); ok && start.Sub(now) > wait {
+		wait = start.Sub(now)
+	}
+	if gain := wp * gpus * wait.Seconds(); gain < pc.GainRatio*wcost {
+		// Worth it once the wait so far alone pays for the evictions (ski rental).
+		worth := time.Duration(pc.GainRatio * wcost / (wp * gpus) * float64(time.Second))
+		return &PostFilterResult{RetryAt: now.Add(max(ceilSecond(worth-g.Waited), time.Second))}
+	}
+	res := evictionResult(g, found, chosen)
+	res.SkipPermit = !compact
+	return res
+}
+
+// ceilSecond rounds d up to a whole second.
+func ceilSecond(d time.Duration) time.Duration {
+	return (d + time.Second - 1).Truncate(time.Second)
+}
+
+// chooseVictims adds candidates, in the order given, until g fits, then drops the ones that
+// turn out unnecessary (most expensive first). It returns nil when evicting them all (or
+// the first that Config.MaxPreemptionVictims and MaxPreemptionTries allow) would not admit
+// g, or when g fits already (only a reservation holds it back).
+//
+// With compact set, only placements on the fewest machines count as admitting g (so that
+// its topology wait does not hold it back from the capacity freed for it).
+func chooseVictims(h Handle, g *QueuedGang, cands []victim, now time.Time, compact bool) (*Fit, []victim) {
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	cfg := h.Config()
+	t := h.NewTrial()
+	defer t.Discard()
+	if t.Fits(g, g.Request.Min, false) != nil {
+		return nil, nil
+	}
+	if len(cands) > cfg.MaxPreemptionVictims {
+		cands = cands[:cfg.MaxPreemptionVictims]
+	}
+	need := int64(g.Request.Min) * int64(g.Request.Member.TotalMilli())
+	var chosen []victim
+	var found *Fit
+	tries := 0
+	for _, c := range cands {
+		if c.shrinkTo > 0 {
+			t.Shrink(c.r, c.shrinkTo)
+		} else {
+			t.Evict(c.r)
+		}
+		chosen = append(chosen, c)
+		if t.FreeMilli() < need {
+			continue
+		}
+		if tries++; tries > cfg.MaxPreemptionTries {
+			break
+		}
+		if f := t.Fits(g, g.Request.Min, compact); f != nil {
+			found = f
+			break
+		}
+	}
+	if found == nil {
+		return nil, nil
+	}
+	for i := len(chosen) - 1; i >= 0 && len(chosen) > 1; i-- {
+		m := t.Mark()
+		if t.Retake(chosen[i].r) {
+			if f := t.Fits(g, g.Request.Min, compact); f != nil {
+				found = f
+				chosen = append(chosen[:i], chosen[i+1:]...)
+				continue
+			}
+		}
+		t.Rollback(m)
+	}
+	// Shrink no further than needed: give members back, the last released first, while g
+	// still fits.
+	kept := chosen[:0]
+	for i := range chosen {
+		c := &chosen[i]
+		for c.shrinkTo > 0 && c.shrinkTo < c.r.Members && tries < cfg.MaxPreemptionTries {
+			tries++
+			m := t.Mark()
+			if !t.RetakeLast(c.r) {
+				break
+			}
+			f := t.Fits(g, g.Request.Min, compact)
+			if f == nil {
+				t.Rollback(m)
+				t.rel[c.r.g] = shrinkMembers(c.r.g, c.shrinkTo)
+				break
+			}
+			found = f
+			c.shrinkTo++
+		}
+		if c.shrinkTo == c.r.Members {
+			continue // nothing of it was needed after all
+		}
+		if c.shrinkTo > 0 {
+			c.cost = h.ShrinkCost(c.r, c.shrinkTo, now)
+			c.wcost = c.cost.GPUSeconds * c.w
+		}
+		kept = append(kept, *c)
+	}
+	if len(kept) == 0 {
+		return nil, nil
+	}
+	return found, kept
+}
+
+// evictionResult turns chosen victims into the plugin's result.
+func evictionResult(g *QueuedGang, found *Fit, chosen []victim) *PostFilterResult {
+	res := &PostFilterResult{Nodes: found.Nodes}
+	for _, c := range chosen {
+		dl := c.cost.StopBy
+		if dl.After(res.ReadyAt) {
+			res.ReadyAt = dl
+		}
+		if c.shrinkTo > 0 {
+			rz := Resize{Gang: c.r.ID, From: c.r.Members, To: c.shrinkTo, For: g.Request.ID, Deadline: dl, Cost: c.cost, Cause: c.reason,
+				Reason: "shrink for " + g.Request.ID + " (" + c.reason + ")", RemoveIndex: shrinkMembers(c.r.g, c.shrinkTo)}
+			all := c.r.MemberPlacements()
+			for _, i := range rz.RemoveIndex {
+				rz.Remove = append(rz.Remove, all[i])
+			}
+			res.Resizes = append(res.Resizes, rz)
+			continue
+		}
+		res.Preemptions = append(res.Preemptions, Preemption{
+			Victim: c.r.ID, For: g.Request.ID, Deadline: dl, Cost: c.cost.GPUSeconds, Costs: c.cost, Reason: c.reason,
+		})
+	}
+	return res
+}
+
+// sortVictims orders candidates: shrinks of elastic gangs first, then cheapest (weighted
+// cost), then lowest priority, then latest arrival.
+func sortVictims(cands []victim) {
+	sort.Slice(cands, func(i, j int) bool {
+		if si, sj := cands[i].shrinkTo > 0, cands[j].shrinkTo > 0; si != sj {
+			return si
+		}
+		if cands[i].wcost != cands[j].wcost {
+			return cands[i].wcost < cands[j].wcost
+		}
+		if cands[i].r.Priority != cands[j].r.Priority {
+			return cands[i].r.Priority < cands[j].r.Priority
+		}
+		return cands[i].r.Seq > cands[j].r.Seq
+	})
+}
+
+// rankPreemption is the PostFilter of the size-based baselines: it evicts running gangs
+// that rank after the blocked gang (Tiresias: a gang of the first LAS queue evicts gangs
+// demoted to the second; SRTF: a gang evicts gangs with more expected work left),
+// cheapest first, whenever that admits it. It has no notion of priority classes and no
+// cost-benefit test: the baselines preempt as their papers do.
+type rankPreemption struct {
+	name  string
+	after func(g *QueuedGang, v *RunningGang, now time.Time) bool
+}
+
+func (p rankPreemption) Name() string { return p.name }
+
+func (p rankPreemption) PostFilter(h Handle, g *QueuedGang, now time.Time) *PostFilterResult {
+	var cands []victim
+	running := h.RunningGangs(now)
+	for i := range running {
+		v := &running[i]
+		if v.NotPreemptible || !p.after(g, v, now) {
+			continue
+		}
+		c := h.EvictionCost(v, now)
+		cands = append(cands, victim{r: v, cost: c, w: 1, wcost: c.GPUSeconds, reason: p.name})
+	}
+	sortVictims(cands)
+	found, chosen := chooseVictims(h, g, cands, now, false)
+	if found == nil {
+		return nil
+	}
+	res := evictionResult(g, found, chosen)
+	res.SkipPermit = true
+	return res
+}
+
+// lasAfter: v has left Tiresias' first queue (attained GPU-seconds, this run included, at
+// or above the threshold) while g is still in it.
+func lasAfter(threshold float64) func(g *QueuedGang, v *RunningGang, now time.Time) bool {
+	return func(g *QueuedGang, v *RunningGang, now time.Time) bool {
+		return g.Attained < threshold && v.AttainedGPUSeconds >= threshold
+	}
+}
+
+// srtfAfter: v has more expected GPU-seconds left than g (both known).
+func srtfAfter(g *QueuedGang, v *RunningGang, now time.Time) bool {
+	if g.RemainingGPUSeconds <= 0 || v.ExpectedEnd.IsZero() {
+		return false
+	}
+	return v.ExpectedEnd.Sub(now).Seconds()*float64(v.MilliGPU)/Milli > g.RemainingGPUSeconds
+}
+
+// shadowStart returns when running gangs with known durations, released in end order,
+// would leave room for g (the backfill shadow time), and false when they never would
+// within Config.MaxReservationTries placement attempts.
+func shadowStart(h Handle, g *QueuedGang, compact bool, now time.Time) (time.Time, bool) {
+	start, _ := shadowSearch(h, g, compact, now)
+	return start, !start.IsZero()
+}
