@@ -1,22 +1,26 @@
 package actors
 
 import (
-	"errors"
+	"context"
 	"fmt"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/proto/actorspb"
 )
 
-// Handler is what an actor kind implements. Receive is called one message at a time; what it
-// returns is the reply to a Call (ignored for Send). A panic fails the actor: its supervisor
-// restarts it (in a gang, the whole gang), and the pending call gets ErrActorFailed.
+// Handler is what an actor kind implements. Receive is called one message at a time with
+// the call's context (the caller's deadline; cancelled when the caller gives up, even from
+// another process); what it returns is the reply to a Call (ignored for Send). A panic fails
+// the actor: the pending call gets ErrActorFailed and the actor's group reports the failure.
 type Handler interface {
 	Receive(c *Context, msg any) (reply any, err error)
 }
 
-// Starter is implemented by handlers that set up state when their actor starts, including
-// after a restart (for example, restoring a checkpoint). An error fails the actor.
+// Starter is implemented by handlers that set up state when their actor starts (for
+// example, restoring a checkpoint). An error fails the actor.
 type Starter interface {
 	Started(c *Context) error
 }
@@ -26,20 +30,20 @@ type Stopper interface {
 	Stopped(c *Context)
 }
 
-// ErrActorFailed is returned to a caller whose call made the actor fail (panic).
-var ErrActorFailed = errors.New("actors: actor failed while handling the call")
-
-// crash is the message InjectFailure sends: the cell panics on it, as a crashing worker would.
+// crash is the message InjectFailure sends: the cell panics on it, as a crashing worker
+// would. It never leaves the process.
 type crash struct{ reason string }
 
-// Context is what a Handler sees of its actor: its address, its place in a gang, its logger.
-// It is valid only inside the Handler's methods.
+// Context is what a Handler sees of its actor: its address, its place in a group, its
+// logger, and the context of the message being handled. It is valid only inside the
+// Handler's methods.
 type Context struct {
-	sys  *System
-	self Ref
-	gang *Gang
-	rank int
-	log  *zap.Logger
+	sys   *System
+	self  Ref
+	group *Group
+	index int
+	log   *zap.Logger
+	ctx   context.Context
 }
 
 // Self is the actor's own Ref.
@@ -48,38 +52,43 @@ func (c *Context) Self() Ref { return c.self }
 // System is the actor system the actor lives on.
 func (c *Context) System() *System { return c.sys }
 
-// Gang is the actor's gang, or nil for a standalone actor.
-func (c *Context) Gang() *Gang { return c.gang }
+// Group is the actor's group, or nil for a standalone actor.
+func (c *Context) Group() *Group { return c.group }
 
-// Rank is the actor's index in its gang (0..size-1), or -1 for a standalone actor.
-func (c *Context) Rank() int { return c.rank }
+// Index is the actor's index in its group, or -1 for a standalone actor.
+func (c *Context) Index() int { return c.index }
 
 // Logger is the actor's logger, named after its id.
 func (c *Context) Logger() *zap.Logger { return c.log }
+
+// Context is the context of the message being handled: the caller's deadline and
+// cancellation for a call, a background context otherwise (Started, Send).
+func (c *Context) Context() context.Context {
+	if c.ctx == nil {
+		return context.Background()
+	}
+	return c.ctx
+}
 
 // cell adapts a Handler to protoactor's Actor.
 type cell struct {
 	sys     *System
 	h       Handler
-	gang    *Gang
-	rank    int
+	group   *Group
+	index   int
+	name    string
 	ctx     Context
 	started bool
-	counted bool // counted in the gang's live workers
 }
 
-func newCell(s *System, p Producer, g *Gang, rank int) *cell {
-	return &cell{sys: s, h: p(), gang: g, rank: rank}
+func newCell(s *System, p Producer, g *Group, index int, name string) *cell {
+	return &cell{sys: s, h: p(), group: g, index: index, name: name}
 }
 
 func (c *cell) Receive(pc actor.Context) {
 	switch m := pc.Message().(type) {
 	case *actor.Started:
-		if c.gang != nil && !c.counted {
-			c.counted = true
-			c.gang.workerAlive(+1)
-		}
-		c.ctx = Context{sys: c.sys, self: Ref{pid: pc.Self()}, gang: c.gang, rank: c.rank,
+		c.ctx = Context{sys: c.sys, self: Ref{pid: pc.Self()}, group: c.group, index: c.index,
 			log: c.sys.log.With(zap.String("actor", pc.Self().Id))}
 		if s, ok := c.h.(Starter); ok {
 			if err := s.Started(&c.ctx); err != nil {
@@ -87,47 +96,78 @@ func (c *cell) Receive(pc actor.Context) {
 			}
 		}
 		c.started = true
-		if c.gang != nil {
-			c.gang.workerStarted(c.rank)
+		if c.group != nil {
+			c.group.memberStarted(c.name)
 		}
 	case *actor.Stopping, *actor.Restarting:
 		if st, ok := c.h.(Stopper); ok && c.started {
 			c.started = false
 			st.Stopped(&c.ctx)
 		}
-		if _, restarting := m.(*actor.Restarting); restarting && c.gang != nil && c.counted {
-			c.counted = false // this incarnation ends; the next one counts itself at Started
-			c.gang.workerAlive(-1)
-		}
-	case *actor.Stopped:
-		if c.gang != nil && c.counted {
-			c.counted = false
-			c.gang.workerAlive(-1)
-		}
-	case *request:
+	case *actorspb.Request:
 		c.handleRequest(pc, m)
+	case *actorspb.Tell:
+		msg, err := c.sys.codec.Decode(m.Body)
+		if err != nil {
+			c.ctx.log.Warn("message dropped", zap.Error(err))
+			return
+		}
+		c.ctx.ctx = context.Background()
+		if _, err := c.h.Receive(&c.ctx, msg); err != nil {
+			c.ctx.log.Debug("message failed", zap.Error(err))
+		}
 	case *crash:
 		panic(fmt.Errorf("injected failure: %s", m.reason))
 	case actor.SystemMessage, actor.AutoReceiveMessage:
 	default:
-		if _, err := c.h.Receive(&c.ctx, m); err != nil {
-			c.ctx.log.Debug("message failed", zap.Error(err))
-		}
+		c.ctx.log.Warn("message of a foreign type dropped", zap.String("type", fmt.Sprintf("%T", m)))
 	}
 }
 
-func (c *cell) handleRequest(pc actor.Context, m *request) {
+func (c *cell) handleRequest(pc actor.Context, m *actorspb.Request) {
 	sender := pc.Sender()
+	reply := func(r *actorspb.Reply) {
+		if sender != nil {
+			r.CallId = m.CallId
+			pc.Send(sender, r)
+		}
+	}
+	msg, err := c.sys.codec.Decode(m.Body)
+	if err != nil {
+		reply(&actorspb.Reply{Error: errorToWire(fmt.Errorf("actor %s: request: %w", pc.Self().Id, err))})
+		return
+	}
+	var ctx context.Context
+	var cancel context.CancelCauseFunc
+	if m.DeadlineUnixNano != 0 {
+		dctx, dcancel := context.WithDeadline(context.Background(), time.Unix(0, m.DeadlineUnixNano))
+		ctx, cancel = context.WithCancelCause(dctx)
+		defer dcancel()
+	} else {
+		ctx, cancel = context.WithCancelCause(context.Background())
+	}
+	if m.Caller != "" {
+		c.sys.calls.add(m.Caller, cancel)
+		defer c.sys.calls.remove(m.Caller)
+	}
+	defer cancel(nil)
 	defer func() {
 		if r := recover(); r != nil {
-			if sender != nil {
-				pc.Send(sender, &response{err: fmt.Errorf("%w: %v", ErrActorFailed, r)})
-			}
+			reply(&actorspb.Reply{Error: errorToWire(fmt.Errorf("%w: %v", ErrActorFailed, r))})
 			panic(r) // let supervision handle it
 		}
 	}()
-	v, err := c.h.Receive(&c.ctx, m.msg)
-	if sender != nil {
-		pc.Send(sender, &response{val: v, err: err})
+	c.ctx.ctx = ctx
+	v, err := c.h.Receive(&c.ctx, msg)
+	c.ctx.ctx = nil
+	if err != nil {
+		reply(&actorspb.Reply{Error: errorToWire(err)})
+		return
 	}
+	body, err := c.sys.codec.Encode(v)
+	if err != nil {
+		reply(&actorspb.Reply{Error: errorToWire(fmt.Errorf("actor %s: reply: %w", pc.Self().Id, err))})
+		return
+	}
+	reply(&actorspb.Reply{Body: body})
 }

@@ -2,58 +2,103 @@ package actors
 
 import (
 	"context"
+	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/remote"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/atoll-run/atoll/internal/codec"
 )
 
-// Errors returned by this package. Check them with errors.Is.
+// Errors returned by this package. Check them with errors.Is. The ones a caller can get
+// from another process (ErrActorDead, ErrActorFailed, ErrUnknownKind, ErrShutdown) cross
+// the process boundary as codes, so errors.Is works on them there too.
 var (
 	// ErrUnknownKind: no actor kind of that name is registered on the System.
 	ErrUnknownKind = errors.New("actors: unknown actor kind")
 	// ErrDuplicateKind: a kind of that name is already registered.
 	ErrDuplicateKind = errors.New("actors: actor kind already registered")
-	// ErrActorDead: the target actor is stopped (or never existed at that address).
+	// ErrActorDead: the target actor is stopped (or never existed at that address), or its
+	// process is gone.
 	ErrActorDead = errors.New("actors: target actor is dead")
-	// ErrUnknownActor: a name that does not resolve to any actor.
+	// ErrActorFailed: the actor failed (panicked) while handling the call.
+	ErrActorFailed = errors.New("actors: actor failed while handling the call")
+	// ErrUnknownActor: a name or ref that does not resolve to any actor.
 	ErrUnknownActor = errors.New("actors: unknown actor")
-	// ErrGangFailed: the gang used up its restarts and was stopped.
-	ErrGangFailed = errors.New("actors: gang failed")
 	// ErrShutdown: the System is shut down.
 	ErrShutdown = errors.New("actors: system shut down")
-	// ErrInvalidSpec: a gang or job spec is malformed.
+	// ErrInvalidSpec: a group, job or system spec is malformed.
 	ErrInvalidSpec = errors.New("actors: invalid spec")
 )
 
-// Producer makes a fresh Handler for one actor incarnation; it is called again on restart.
+// Producer makes a fresh Handler for one actor incarnation.
 type Producer func() Handler
 
-// Config configures a System. The zero value works: calls without a context deadline get
-// DefaultCallTimeout, and logs go nowhere.
+// Config configures a System. The zero value works: an in-process system whose calls
+// still pass every message through the codec, with a 30 s default call deadline.
 type Config struct {
 	// Logger receives the System's logs and protoactor-go's own (through slog). Default: no-op.
 	Logger *zap.Logger
 	// DefaultCallTimeout bounds calls whose context has no deadline, so that nothing waits
 	// forever. Default 30 s.
 	DefaultCallTimeout time.Duration
+	// Codec encodes messages and replies. Default: codec.New().
+	Codec *codec.Codec
+	// Remote, when set, makes the system reachable from other processes (protoactor-go
+	// remote over gRPC).
+	Remote *RemoteConfig
+}
+
+// RemoteConfig configures protoactor-go remote for a System.
+type RemoteConfig struct {
+	// Listen is host:port to listen on. Default 127.0.0.1:0 (loopback, a free port).
+	Listen string
+	// Advertise is the address other processes use to reach this one, when it differs
+	// from the listening address (NAT, containers). Default: the listening address.
+	Advertise string
+	// ServerTLS and ClientTLS, when set, make every remote link mutually authenticated and
+	// encrypted: ServerTLS should require and verify client certificates.
+	ServerTLS, ClientTLS *tls.Config
+	// Token, when set, is the cluster secret every remote link must carry: a process that
+	// does not hold it cannot deliver a message to any actor here (it is refused before the
+	// message is decoded), and this system presents it to the others.
+	Token []byte
 }
 
 // DefaultCallTimeout is used when Config.DefaultCallTimeout is zero.
 const DefaultCallTimeout = 30 * time.Second
 
-// System owns one protoactor-go ActorSystem, the registry of actor kinds and the jobs.
-// All methods are safe for concurrent use.
+// CancellerID is the id of the process that takes Cancel messages on every System.
+const CancellerID = "atoll$cancel"
+
+// System owns one protoactor-go ActorSystem, the registry of actor kinds, the codec and
+// the jobs hosted here. All methods are safe for concurrent use.
 type System struct {
 	sys     *actor.ActorSystem
+	rem     *remote.Remote
 	log     *zap.Logger
 	timeout time.Duration
+	codec   *codec.Codec
+	calls   *inflight
+	remotes remoteCalls
 
 	mu    sync.RWMutex
 	kinds map[string]Producer
@@ -61,10 +106,10 @@ type System struct {
 	down  bool
 }
 
-// NewSystem starts an actor system.
+// NewSystem starts an actor system (and its remote listener when cfg.Remote is set).
 func NewSystem(cfg Config) (*System, error) {
 	if cfg.DefaultCallTimeout < 0 {
-		return nil, fmt.Errorf("actors: DefaultCallTimeout %v is negative", cfg.DefaultCallTimeout)
+		return nil, fmt.Errorf("%w: DefaultCallTimeout %v is negative", ErrInvalidSpec, cfg.DefaultCallTimeout)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -75,18 +120,144 @@ func NewSystem(cfg Config) (*System, error) {
 	if timeout == 0 {
 		timeout = DefaultCallTimeout
 	}
+	if cfg.Codec == nil {
+		cfg.Codec = codec.New()
+	}
 	handler := zapslog.NewHandler(log.Named("protoactor").Core())
 	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(handler)
 	}))
-	return &System{
+	s := &System{
 		sys:     sys,
 		log:     log,
 		timeout: timeout,
+		codec:   cfg.Codec,
+		calls:   newInflight(),
 		kinds:   map[string]Producer{},
 		jobs:    map[string]*Job{},
-	}, nil
+	}
+	if err := s.AddProcess(CancellerID, &cancelProcess{s: s}); err != nil {
+		return nil, err
+	}
+	if cfg.Remote != nil {
+		if err := s.startRemote(*cfg.Remote); err != nil {
+			sys.Shutdown()
+			return nil, err
+		}
+	}
+	return s, nil
 }
+
+func (s *System) startRemote(rc RemoteConfig) error {
+	if rc.Listen == "" {
+		rc.Listen = "127.0.0.1:0"
+	}
+	host, portS, err := net.SplitHostPort(rc.Listen)
+	if err != nil {
+		return fmt.Errorf("%w: remote listen address %q: %v", ErrInvalidSpec, rc.Listen, err)
+	}
+	port, err := strconv.Atoi(portS)
+	if err != nil || port < 0 || port > 65535 {
+		return fmt.Errorf("%w: remote listen port %q", ErrInvalidSpec, portS)
+	}
+	if port == 0 { // protoactor panics on a failed listen: pick a free port ourselves first
+		ln, err := net.Listen("tcp", rc.Listen)
+		if err != nil {
+			return fmt.Errorf("actors: remote listen %s: %w", rc.Listen, err)
+		}
+		port = ln.Addr().(*net.TCPAddr).Port
+		_ = ln.Close()
+	}
+	opts := []remote.ConfigOption{}
+	if rc.Advertise != "" {
+		opts = append(opts, remote.WithAdvertisedHost(rc.Advertise))
+	}
+	var serverOpts []grpc.ServerOption
+	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if rc.ServerTLS != nil {
+		serverOpts = append(serverOpts, grpc.Creds(credentials.NewTLS(rc.ServerTLS)))
+	}
+	if rc.ClientTLS != nil {
+		dialOpts = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(rc.ClientTLS))}
+	}
+	if len(rc.Token) > 0 {
+		want := "Bearer " + string(rc.Token)
+		check := func(ctx context.Context) error {
+			md, _ := metadata.FromIncomingContext(ctx)
+			got := ""
+			if v := md.Get("authorization"); len(v) == 1 {
+				got = v[0]
+			}
+			if subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+				s.log.Warn("unauthenticated remote link refused")
+				return status.Error(codes.Unauthenticated, "atoll: the cluster token is required")
+			}
+			return nil
+		}
+		serverOpts = append(serverOpts,
+			grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+				if err := check(ss.Context()); err != nil {
+					return err
+				}
+				return h(srv, ss)
+			}),
+			grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+				if err := check(ctx); err != nil {
+					return nil, err
+				}
+				return h(ctx, req)
+			}))
+		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(tokenCreds(want)))
+	}
+	if len(serverOpts) > 0 {
+		opts = append(opts, remote.WithServerOptions(serverOpts...))
+	}
+	opts = append(opts, remote.WithDialOptions(dialOpts...))
+	rcfg := remote.Configure(host, port, opts...)
+	// A process that is gone is reported by the runtime (its agent saw it exit); one failed
+	// connection attempt (then protoactor's fixed 2 s pause) is enough before its messages
+	// are answered as dead letters.
+	rcfg.MaxRetryCount = 1
+	r := remote.NewRemote(s.sys, rcfg)
+	var startErr error
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				startErr = fmt.Errorf("actors: remote listen %s:%d: %v", host, port, p)
+			}
+		}()
+		r.Start()
+	}()
+	if startErr != nil {
+		return startErr
+	}
+	s.rem = r
+	s.sys.EventStream.Subscribe(func(evt any) {
+		if e, ok := evt.(*remote.EndpointTerminatedEvent); ok {
+			s.remotes.failAll(e.Address)
+		}
+	})
+	s.log.Info("remote listening", zap.String("address", s.sys.Address()))
+	return nil
+}
+
+// tokenCreds presents the cluster token on every remote call.
+type tokenCreds string
+
+func (t tokenCreds) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": string(t)}, nil
+}
+
+func (tokenCreds) RequireTransportSecurity() bool { return false }
+
+// Address is the system's address: host:port when it is remote, "nonhost" otherwise.
+func (s *System) Address() string { return s.sys.Address() }
+
+// Remote reports whether other processes can reach this system.
+func (s *System) Remote() bool { return s.rem != nil }
+
+// Codec is the system's codec (register message types on it).
+func (s *System) Codec() *codec.Codec { return s.codec }
 
 // Register adds an actor kind by name. Names are unique per System.
 func (s *System) Register(kind string, p Producer) error {
@@ -117,7 +288,8 @@ func (s *System) Kinds() []string {
 	return out
 }
 
-func (s *System) producer(kind string) (Producer, error) {
+// Producer returns the producer of a registered kind.
+func (s *System) Producer(kind string) (Producer, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.down {
@@ -138,11 +310,11 @@ func (s *System) producer(kind string) (Producer, error) {
 // Spawn starts a single actor of the given kind under the system's root, named name
 // (empty: a generated name).
 func (s *System) Spawn(kind, name string) (Ref, error) {
-	p, err := s.producer(kind)
+	p, err := s.Producer(kind)
 	if err != nil {
 		return Ref{}, err
 	}
-	props := actor.PropsFromProducer(func() actor.Actor { return newCell(s, p, nil, -1) })
+	props := actor.PropsFromProducer(func() actor.Actor { return newCell(s, p, nil, -1, name) })
 	if name == "" {
 		return Ref{pid: s.sys.Root.Spawn(props), kind: kind}, nil
 	}
@@ -153,16 +325,15 @@ func (s *System) Spawn(kind, name string) (Ref, error) {
 	return Ref{pid: pid, kind: kind}, nil
 }
 
-// Stop stops an actor and waits until it has stopped or ctx ends.
+// Stop stops an actor of this system and waits until it has stopped or ctx ends.
 func (s *System) Stop(ctx context.Context, r Ref) error {
 	if r.pid == nil {
 		return fmt.Errorf("%w: empty ref", ErrUnknownActor)
 	}
-	f := s.sys.Root.StopFuture(r.pid)
-	return waitFuture(ctx, f)
+	return waitFuture(ctx, s.sys.Root.StopFuture(r.pid))
 }
 
-// Lookup resolves an actor by its id (Ref.ID) on this system.
+// Lookup resolves an actor of this system by its id (Ref.ID).
 func (s *System) Lookup(id string) (Ref, error) {
 	if _, ok := s.sys.ProcessRegistry.GetLocal(id); !ok {
 		return Ref{}, fmt.Errorf("%w: %q", ErrUnknownActor, id)
@@ -170,10 +341,29 @@ func (s *System) Lookup(id string) (Ref, error) {
 	return Ref{pid: actor.NewPID(s.sys.Address(), id)}, nil
 }
 
+// AddProcess registers a raw protoactor process under id: Atoll's routers (cancellation,
+// collectives), which must take messages while the actors they serve are busy.
+func (s *System) AddProcess(id string, p actor.Process) error {
+	if _, ok := s.sys.ProcessRegistry.Add(p, id); !ok {
+		return fmt.Errorf("%w: a process %q is already registered", ErrInvalidSpec, id)
+	}
+	return nil
+}
+
+// Tell sends a protobuf message as is (no codec envelope) to the process id of the system
+// at address: a router's message.
+func (s *System) Tell(address, id string, msg proto.Message) {
+	s.sys.Root.Send(actor.NewPID(address, id), msg)
+}
+
+// Protoactor is the protoactor-go ActorSystem underneath, for tools that compare with it
+// (the benchmarks). Atoll's own code goes through System's methods.
+func (s *System) Protoactor() *actor.ActorSystem { return s.sys }
+
 // Logger is the System's logger.
 func (s *System) Logger() *zap.Logger { return s.log }
 
-// Shutdown stops every job and the actor system. It is idempotent.
+// Shutdown stops every job and the actor system (and its remote). It is idempotent.
 func (s *System) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	if s.down {
@@ -191,6 +381,10 @@ func (s *System) Shutdown(ctx context.Context) error {
 		if err := j.Stop(ctx); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	s.calls.cancelAll()
+	if s.rem != nil {
+		s.rem.Shutdown(false)
 	}
 	s.sys.Shutdown()
 	return errors.Join(errs...)

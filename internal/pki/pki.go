@@ -1,0 +1,350 @@
+// Package pki is the cluster's certificate authority and the mutual TLS configurations of
+// its links. `atoll init` (and `atoll up`) create the CA: an ECDSA P-256 key and a
+// self-signed certificate in the cluster's directory; every process (head, agent, worker,
+// driver) holds a certificate of its own signed by it. The leader head signs a certificate
+// for each worker an agent starts (POST /v1/certs with a CSR, on an authenticated link).
+//
+// Every certificate names the same DNS name, ServerName, and every client asks for it: a
+// peer is authenticated by its chain to the cluster CA (and, inside the TLS link, by the
+// cluster token), not by its host name, so a process is reached at any address (loopback,
+// a container's name, a worker's random port) without certificates per address.
+package pki
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// ServerName is the DNS name every certificate of a cluster carries and every client
+// verifies.
+const ServerName = "atoll.cluster"
+
+// File names in a TLS directory.
+const (
+	CACertFile = "ca.crt"
+	CAKeyFile  = "ca.key"
+	CertFile   = "cert.crt"
+	KeyFile    = "cert.key"
+)
+
+// Lifetimes.
+const (
+	caLifetime   = 10 * 365 * 24 * time.Hour
+	certLifetime = 365 * 24 * time.Hour
+)
+
+// ErrKeyMode: a private key file others may read.
+var ErrKeyMode = errors.New("pki: private key readable by others")
+
+// CA is a cluster's certificate authority.
+type CA struct {
+	Cert    *x509.Certificate
+	CertPEM []byte
+	key     *ecdsa.PrivateKey
+}
+
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 126))
+	return n
+}
+
+// NewCA makes a CA named for the cluster.
+func NewCA(cluster string) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: "atoll cluster CA " + cluster},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(caLifetime),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &CA{Cert: cert, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), key: key}, nil
+}
+
+func keyPEM(k *ecdsa.PrivateKey) ([]byte, error) {
+	b, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: b}), nil
+}
+
+// Save writes the CA's certificate (ca.crt, 0644) and key (ca.key, 0600) into dir.
+func (ca *CA) Save(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	kp, err := keyPEM(ca.key)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, CACertFile), ca.CertPEM, 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, CAKeyFile), kp, 0o600)
+}
+
+// readKey reads a private key file, refusing one that others may read.
+func readKey(path string) ([]byte, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("%w: %s has mode %v (chmod 600)", ErrKeyMode, path, st.Mode().Perm())
+	}
+	return os.ReadFile(path)
+}
+
+// LoadCA reads a CA (ca.crt and ca.key) from dir.
+func LoadCA(dir string) (*CA, error) {
+	certPEM, err := os.ReadFile(filepath.Join(dir, CACertFile))
+	if err != nil {
+		return nil, fmt.Errorf("pki: the cluster CA: %w", err)
+	}
+	kp, err := readKey(filepath.Join(dir, CAKeyFile))
+	if err != nil {
+		return nil, err
+	}
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(kp)
+	if cb == nil || kb == nil {
+		return nil, fmt.Errorf("pki: %s: not PEM", dir)
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("pki: %s: %w", filepath.Join(dir, CACertFile), err)
+	}
+	key, err := x509.ParseECPrivateKey(kb.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("pki: %s: %w", filepath.Join(dir, CAKeyFile), err)
+	}
+	return &CA{Cert: cert, CertPEM: certPEM, key: key}, nil
+}
+
+func (ca *CA) sign(name string, pub any, hosts ...string) ([]byte, error) {
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(certLifetime),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		DNSNames:    []string{ServerName},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else if h != "" && h != ServerName {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, pub, ca.key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
+}
+
+// Issue makes a key and a certificate for a process named name (server and client use).
+// Hosts (IP addresses or DNS names) are added to ServerName, for clients that check the
+// host they dialed (a browser on a head's dashboard).
+func (ca *CA) Issue(name string, hosts ...string) (certPEM, keyPEMBytes []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	certPEM, err = ca.sign(name, &key.PublicKey, hosts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	kp, err := keyPEM(key)
+	return certPEM, kp, err
+}
+
+// SignCSR signs a certificate request (PEM) for a process named name; the request's own
+// subject is ignored.
+func (ca *CA) SignCSR(csrPEM []byte, name string) ([]byte, error) {
+	b, _ := pem.Decode(csrPEM)
+	if b == nil || b.Type != "CERTIFICATE REQUEST" {
+		return nil, errors.New("pki: not a PEM certificate request")
+	}
+	csr, err := x509.ParseCertificateRequest(b.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("pki: certificate request: %w", err)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return nil, fmt.Errorf("pki: certificate request: %w", err)
+	}
+	return ca.sign(name, csr.PublicKey)
+}
+
+// NewCSR makes a key and a certificate request for it.
+func NewCSR(name string) (csrPEM, keyPEMBytes []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: name}}, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	kp, err := keyPEM(key)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), kp, err
+}
+
+// WriteIdentity writes a TLS directory: ca.crt, cert.crt and cert.key (0600).
+func WriteIdentity(dir string, caPEM, certPEM, keyPEMBytes []byte) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, CACertFile), caPEM, 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, CertFile), certPEM, 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, KeyFile), keyPEMBytes, 0o600)
+}
+
+// Identity is a process's certificate and the cluster CA it trusts.
+type Identity struct {
+	CAPEM []byte
+	Pool  *x509.CertPool
+	Cert  tls.Certificate
+}
+
+// NewIdentity builds an identity from PEM bytes.
+func NewIdentity(caPEM, certPEM, keyPEMBytes []byte) (*Identity, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, errors.New("pki: the CA certificate is not PEM")
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEMBytes)
+	if err != nil {
+		return nil, fmt.Errorf("pki: certificate and key: %w", err)
+	}
+	return &Identity{CAPEM: caPEM, Pool: pool, Cert: cert}, nil
+}
+
+// LoadIdentity reads a TLS directory (ca.crt, cert.crt, cert.key with mode 0600).
+func LoadIdentity(dir string) (*Identity, error) {
+	caPEM, err := os.ReadFile(filepath.Join(dir, CACertFile))
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	certPEM, err := os.ReadFile(filepath.Join(dir, CertFile))
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	kp, err := readKey(filepath.Join(dir, KeyFile))
+	if err != nil {
+		return nil, err
+	}
+	return NewIdentity(caPEM, certPEM, kp)
+}
+
+// Server is the configuration of a listener: TLS 1.3, a client certificate from the
+// cluster CA required.
+func (id *Identity) Server() *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{id.Cert},
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: id.Pool, RootCAs: id.Pool, ServerName: ServerName}
+}
+
+// Client is the configuration of a dialer: TLS 1.3, this process's certificate, the
+// server's checked against the cluster CA for ServerName.
+func (id *Identity) Client() *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{id.Cert},
+		RootCAs: id.Pool, ClientCAs: id.Pool, ServerName: ServerName}
+}
+
+// IssueIdentity makes an identity for a process named name, signed by this CA (a head's
+// own: it holds the CA), valid also for hosts (see Issue).
+func (ca *CA) IssueIdentity(name string, hosts ...string) (*Identity, error) {
+	certPEM, kp, err := ca.Issue(name, hosts...)
+	if err != nil {
+		return nil, err
+	}
+	return NewIdentity(ca.CertPEM, certPEM, kp)
+}
+
+// BootstrapServer is the configuration of a listener that also admits a client without a
+// certificate (the head API, where a process holding the token asks for its certificate):
+// a certificate given is verified against the cluster CA, and the handler refuses every
+// other request that came without one.
+func (id *Identity) BootstrapServer() *tls.Config {
+	c := id.Server()
+	c.ClientAuth = tls.VerifyClientCertIfGiven
+	return c
+}
+
+// Trust is the configuration of a dialer that has no certificate yet: it checks the
+// server's against the cluster CA (caPEM) and presents none.
+func Trust(caPEM []byte) (*tls.Config, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, errors.New("pki: the CA certificate is not PEM")
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool, ServerName: ServerName}, nil
+}
+
+// ReadCACert reads a cluster CA certificate file (ca.crt) and checks that it is one.
+func ReadCACert(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("pki: the cluster CA certificate: %w", err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil || blk.Type != "CERTIFICATE" {
+		return nil, fmt.Errorf("pki: %s: not a PEM certificate", path)
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("pki: %s: %w", path, err)
+	}
+	if !c.IsCA {
+		return nil, fmt.Errorf("pki: %s: not a CA certificate", path)
+	}
+	return b, nil
+}
+
+// Verified reports whether a TLS connection state carries a client certificate verified
+// against the cluster CA, and the name it was issued to.
+func Verified(st *tls.ConnectionState) (string, bool) {
+	if st == nil || len(st.VerifiedChains) == 0 || len(st.VerifiedChains[0]) == 0 {
+		return "", false
+	}
+	return st.VerifiedChains[0][0].Subject.CommonName, true
+}
+
+// ValidName checks a process name for a certificate: 1 to 128 characters of letters,
+// digits and ". _ - / :".
+func ValidName(name string) error {
+	if name == "" || len(name) > 128 {
+		return fmt.Errorf("pki: certificate name %q: want 1 to 128 characters", name)
+	}
+	for _, r := range name {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-', r == '/', r == ':':
+		default:
+			return fmt.Errorf("pki: certificate name %q: character %q is not one of letters, digits and . _ - / :", name, r)
+		}
+	}
+	return nil
+}
