@@ -1,0 +1,880 @@
+// Package api holds what Atoll's processes say to each other through the heads: the records
+// the metadata log keeps for machines, jobs, gangs and workers, the head's HTTP API, and
+// the client every other process (agents, workers, drivers, the CLI) uses to reach it.
+//
+// Every record lives under one metadata table (a key prefix of store/meta):
+//
+//	nodes/<machine>                 Machine     written by the leader when an agent registers
+//	jobs/<job>                      Job         written by the leader on submission and stop
+//	gangs/<job>/<gang>              Gang        the gang's spec, state, generation and placement,
+//	                                            one record, so a gang and its placement commit
+//	                                            atomically
+//	actors/<job>/<gang>/<rank>      Worker      where a gang member runs (its actor system's
+//	                                            address), written when the worker is ready
+//	checkpoints/<job>/<gang>/<step> Checkpoint  a complete checkpoint's manifest
+//	objects/<id>                    (object)    the object directory (store/object)
+//	binaries/<sha256>               Binary      a job's executable, stored by content hash
+//	events/<seq>                    Event       the control plane's decisions, bounded (the
+//	                                            leader commits each with its decision)
+//
+// Agents and drivers watch these tables (GET /v1/watch); only the leader head writes the
+// first four, so its decisions are committed before anyone acts on them.
+package api
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/atoll-run/atoll/store/meta"
+	"github.com/atoll-run/atoll/topology"
+)
+
+// Tables, as store/meta names them.
+const (
+	TableMachines    = string(meta.TableNodes)
+	TableJobs        = string(meta.TableJobs)
+	TableGangs       = string(meta.TableGangs)
+	TableWorkers     = string(meta.TableActors)
+	TableCheckpoints = string(meta.TableCheckpoints)
+	TableObjects     = string(meta.TableObjects)
+	TableBinaries    = string(meta.TableBinaries)
+	TableEvents      = string(meta.TableEvents)
+	TableConfig      = string(meta.TableConfig)
+	// SchedulerConfigKey is the key of the SchedulerConfig record.
+	SchedulerConfigKey = TableConfig + "scheduler"
+)
+
+// Errors of the API. They cross HTTP as status codes and error kinds, so errors.Is works
+// on the client's side.
+var (
+	// ErrInvalid: a malformed request (bad name, negative size...).
+	ErrInvalid = errors.New("atoll: invalid request")
+	// ErrNeverFits: a gang that no state of the cluster could ever place.
+	ErrNeverFits = errors.New("atoll: gang can never fit on this cluster")
+	// ErrNoCapacity: a gang that does not fit now.
+	ErrNoCapacity = errors.New("atoll: not enough free capacity now")
+	// ErrSaturated: the cluster's queue is full (past its bound of pending gangs); the
+	// submission may be retried later (RetryAfter). Nothing queued was dropped.
+	ErrSaturated = errors.New("atoll: cluster saturated")
+	// ErrNotFound: no such job, gang, machine or worker.
+	ErrNotFound = errors.New("atoll: not found")
+	// ErrExists: a job or gang of that name already exists.
+	ErrExists = errors.New("atoll: already exists")
+	// ErrStale: a worker of a generation that has ended.
+	ErrStale = errors.New("atoll: stale generation")
+	// ErrUnavailable: no head answered as leader in time (retryable).
+	ErrUnavailable = errors.New("atoll: no leader head available")
+	// ErrUnauthenticated: the cluster refused our credentials.
+	ErrUnauthenticated = errors.New("atoll: not authenticated")
+)
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// CheckName validates a job, gang or machine name: 1 to 63 characters of [A-Za-z0-9._-],
+// starting with a letter or digit. Names become metadata keys, actor ids and file names.
+func CheckName(what, name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("%w: %s name %q: want 1-63 characters of [A-Za-z0-9._-] starting with a letter or digit", ErrInvalid, what, name)
+	}
+	return nil
+}
+
+// Duration is a time.Duration that reads and writes JSON as Go's duration text ("1.5s").
+type Duration time.Duration
+
+// MarshalText implements encoding.TextMarshaler.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("%w: duration %q: %v", ErrInvalid, b, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// AgentAddrs are where a machine's agent serves.
+type AgentAddrs struct {
+	// API is the agent's HTTP API (logs, object store for local workers, kills), host:port.
+	API string `json:"api"`
+	// Transfer is the object store's transfer server, host:port.
+	Transfer string `json:"transfer"`
+	// Serf is the agent's gossip address, host:port ("" without membership).
+	Serf string `json:"serf,omitempty"`
+}
+
+// Machine is one machine as its agent registered it.
+type Machine struct {
+	Name string `json:"name"`
+	// Rack is the machine's rack number (machines of a rack are placed together).
+	Rack int `json:"rack"`
+	// Spec is the machine's topology: declared (simulated) or discovered.
+	Spec *topology.MachineSpec `json:"spec"`
+	// Simulated says the GPUs are declared, not real hardware.
+	Simulated bool       `json:"simulated"`
+	Agent     AgentAddrs `json:"agent"`
+	// PID is the agent's process id, Host its host name.
+	PID  int    `json:"pid"`
+	Host string `json:"host"`
+	// Alive is false once the machine was declared dead (its agent failed or left).
+	Alive bool `json:"alive"`
+	// Incarnation counts registrations: an agent that restarts registers again, and
+	// whatever ran under its previous incarnation is gone.
+	Incarnation uint64    `json:"incarnation"`
+	Registered  time.Time `json:"registered"`
+	// Reason says why the machine is not alive.
+	Reason string `json:"reason,omitempty"`
+}
+
+// NumGPUs counts the machine's GPUs.
+func (m *Machine) NumGPUs() int {
+	if m.Spec == nil {
+		return 0
+	}
+	return len(m.Spec.GPUs)
+}
+
+// Resources is what one member of a gang (or one actor or task) asks for. The zero value
+// asks for nothing (a CPU-only member).
+type Resources struct {
+	// GPUs is the number of whole cards on one machine; with GPUMilli in 1..999, 1 card's
+	// share; with MIG, one MIG slice group of that profile.
+	GPUs     int    `json:"gpus,omitempty"`
+	GPUMilli int    `json:"gpu_milli,omitempty"`
+	MIG      string `json:"mig,omitempty"`
+	CPUMilli int64  `json:"cpu_milli,omitempty"`
+	MemMiB   int64  `json:"mem_mib,omitempty"`
+}
+
+// Payload is an encoded value (see internal/codec): constructor arguments travel this way.
+type Payload struct {
+	Type  string `json:"type"`
+	Codec int32  `json:"codec"`
+	Data  []byte `json:"data,omitempty"`
+}
+
+// GangSpec is what a driver asks for: Workers members of one actor kind, placed
+// all-or-nothing.
+type GangSpec struct {
+	Job  string `json:"job"`
+	Name string `json:"name"`
+	// Kind is the registered actor kind of every member; Args its constructor arguments.
+	Kind string   `json:"kind"`
+	Args *Payload `json:"args,omitempty"`
+	// Workers is the gang's size: its largest, for an elastic gang (MinWorkers > 0).
+	Workers int `json:"workers"`
+	// MinWorkers, when set (1..Workers), makes the gang elastic: it starts at MinWorkers when
+	// only that fits, grows toward Workers when capacity frees, and shrinks toward
+	// MinWorkers under pressure before anyone evicts it whole. Its program takes the
+	// changes at step boundaries (the SDK's Gang.Notices and Gang.Yield).
+	MinWorkers int       `json:"min_workers,omitempty"`
+	Resources  Resources `json:"resources"`
+	// SameIsland keeps every member inside one NVLink island.
+	SameIsland bool `json:"same_island,omitempty"`
+	// Strategy spreads or packs the members across machines (Ray's placement group
+	// strategies); empty: the scheduler's topology-aware placement.
+	Strategy Strategy `json:"strategy,omitempty"`
+	Priority int      `json:"priority,omitempty"`
+	// PriorityClass names one of the operator's priority classes (SchedulerConfig); its
+	// value is the gang's priority. Empty: Priority as given, or the default class's.
+	PriorityClass string `json:"priority_class,omitempty"`
+	Queue         string `json:"queue,omitempty"`
+	// NotPreemptible keeps the gang from being evicted or shrunk for another.
+	NotPreemptible bool `json:"not_preemptible,omitempty"`
+	// JustInTime says its program checkpoints when given a notice (the SDK sets it for a
+	// kind that implements Checkpointer): a preemption then loses no work.
+	JustInTime bool `json:"just_in_time,omitempty"`
+	// CheckpointEvery is the program's periodic checkpoint interval (0: none declared),
+	// for the cost of evicting it without a notice.
+	CheckpointEvery Duration `json:"checkpoint_every,omitempty"`
+	// Duration is the expected run time (0: unknown), for the queue order and backfill.
+	Duration Duration `json:"duration,omitempty"`
+	// AllReduceBytes is the size of the gang's typical AllReduce (its gradients).
+	AllReduceBytes int64 `json:"allreduce_bytes,omitempty"`
+	// Driver marks the gang of a submitted driver (`atoll submit`): its one member runs the
+	// job's executable as a driver (with the cluster's address, not as a worker), and its
+	// exiting with status 0 completes the gang.
+	Driver bool `json:"driver,omitempty"`
+	// MaxRestarts bounds restarts within RestartWindow; past it the gang fails and frees its
+	// GPUs. Backoff is the delay before the first restart, doubling up to MaxBackoff.
+	MaxRestarts   int      `json:"max_restarts"`
+	RestartWindow Duration `json:"restart_window,omitempty"`
+	Backoff       Duration `json:"backoff,omitempty"`
+	MaxBackoff    Duration `json:"max_backoff,omitempty"`
+}
+
+// Normalize fills defaults and validates the spec.
+func (s *GangSpec) Normalize() error {
+	if err := CheckName("job", s.Job); err != nil {
+		return err
+	}
+	if err := CheckName("gang", s.Name); err != nil {
+		return err
+	}
+	if s.Kind == "" {
+		return fmt.Errorf("%w: gang %q has no actor kind", ErrInvalid, s.Name)
+	}
+	r := s.Resources
+	switch {
+	case s.Workers <= 0:
+		return fmt.Errorf("%w: gang %q asks for %d workers, want at least 1", ErrInvalid, s.Name, s.Workers)
+	case s.Workers > 100000:
+		return fmt.Errorf("%w: gang %q asks for %d workers, over the bound of 100000", ErrInvalid, s.Name, s.Workers)
+	case s.MinWorkers < 0 || s.MinWorkers > s.Workers:
+		return fmt.Errorf("%w: gang %q min workers %d: want 1..%d (its workers), or 0 for a gang of fixed size", ErrInvalid, s.Name, s.MinWorkers, s.Workers)
+	case s.MinWorkers > 0 && (s.Strategy != "" || s.Driver):
+		return fmt.Errorf("%w: gang %q: an elastic gang (min workers %d) takes no strategy and is no driver", ErrInvalid, s.Name, s.MinWorkers)
+	case s.CheckpointEvery < 0 || s.Duration < 0:
+		return fmt.Errorf("%w: gang %q checkpoint interval and duration must not be negative", ErrInvalid, s.Name)
+	case r.GPUs < 0 || r.GPUMilli < 0 || r.GPUMilli > 1000 || r.CPUMilli < 0 || r.MemMiB < 0:
+		return fmt.Errorf("%w: gang %q resources %+v: negative or out of range", ErrInvalid, s.Name, r)
+	case r.GPUMilli > 0 && r.GPUMilli < 1000 && r.GPUs != 1:
+		return fmt.Errorf("%w: gang %q asks a %d-milli share of %d cards (a share is of one card)", ErrInvalid, s.Name, r.GPUMilli, r.GPUs)
+	case s.MaxRestarts < 0:
+		return fmt.Errorf("%w: gang %q max restarts %d is negative", ErrInvalid, s.Name, s.MaxRestarts)
+	case !s.Strategy.valid():
+		return fmt.Errorf("%w: gang %q strategy %q: want one of %q, %q, %q, %q or none", ErrInvalid, s.Name, s.Strategy,
+			StrategyPack, StrategySpread, StrategyStrictPack, StrategyStrictSpread)
+	case s.SameIsland && s.Strategy != "" && s.Strategy != StrategyPack:
+		return fmt.Errorf("%w: gang %q: SameIsland goes with no strategy or %q, not %q", ErrInvalid, s.Name, StrategyPack, s.Strategy)
+	case s.RestartWindow < 0 || s.Backoff < 0 || s.MaxBackoff < 0:
+		return fmt.Errorf("%w: gang %q restart window and backoffs must not be negative", ErrInvalid, s.Name)
+	}
+	if s.RestartWindow == 0 {
+		s.RestartWindow = Duration(time.Minute)
+	}
+	if s.Backoff == 0 {
+		s.Backoff = Duration(50 * time.Millisecond)
+	}
+	if s.MaxBackoff == 0 {
+		s.MaxBackoff = Duration(5 * time.Second)
+	}
+	if s.MaxBackoff < s.Backoff {
+		return fmt.Errorf("%w: gang %q max backoff %v below backoff %v", ErrInvalid, s.Name, time.Duration(s.MaxBackoff), time.Duration(s.Backoff))
+	}
+	return nil
+}
+
+// Strategy is how a gang's members are spread over machines, as Ray's placement groups
+// say it.
+type Strategy string
+
+// Placement strategies.
+const (
+	// StrategyPack puts the members on as few machines (and NVLink islands) as possible: the
+	// scheduler's topology-aware placement, which is also what no strategy gets.
+	StrategyPack Strategy = "pack"
+	// StrategySpread puts the members on as many machines as possible, more than one per
+	// machine only when the machines run out.
+	StrategySpread Strategy = "spread"
+	// StrategyStrictPack puts every member on one machine, or waits.
+	StrategyStrictPack Strategy = "strict-pack"
+	// StrategyStrictSpread puts every member on a different machine, or waits.
+	StrategyStrictSpread Strategy = "strict-spread"
+)
+
+func (s Strategy) valid() bool {
+	switch s {
+	case "", StrategyPack, StrategySpread, StrategyStrictPack, StrategyStrictSpread:
+		return true
+	}
+	return false
+}
+
+// Key is the gang's key in its table: "job/gang".
+func (s *GangSpec) Key() string { return s.Job + "/" + s.Name }
+
+// Elastic reports whether the gang resizes (MinWorkers set below Workers).
+func (s *GangSpec) Elastic() bool { return s.MinWorkers > 0 && s.MinWorkers < s.Workers }
+
+// GangState is where a gang is in its life.
+type GangState string
+
+// Gang states.
+const (
+	// GangPending: accepted, waiting for capacity (Reason says for what).
+	GangPending GangState = "pending"
+	// GangStarting: placed; its workers of Generation are starting.
+	GangStarting GangState = "starting"
+	// GangRunning: every worker of Generation is ready.
+	GangRunning GangState = "running"
+	// GangRestarting: a worker failed; the gang restarts as Generation at RestartAt.
+	GangRestarting GangState = "restarting"
+	// GangFailed: out of restarts (or a permanent error); its GPUs are free.
+	GangFailed GangState = "failed"
+	// GangStopped: stopped by its driver; its GPUs are free.
+	GangStopped GangState = "stopped"
+)
+
+// Live reports whether the gang holds (or waits for) capacity.
+func (s GangState) Live() bool {
+	return s == GangPending || s == GangStarting || s == GangRunning || s == GangRestarting
+}
+
+// Member is where one member (rank) of a gang runs.
+type Member struct {
+	Machine string `json:"machine"`
+	// GPUs are the member's card indices on its machine; UUIDs their UUIDs (NVML's, or
+	// "GPU-sim-..." on simulated machines).
+	GPUs  []int    `json:"gpus"`
+	UUIDs []string `json:"uuids,omitempty"`
+	// Islands are the global NVLink island ids of those cards (for display).
+	Islands  []int  `json:"islands,omitempty"`
+	Milli    int    `json:"milli,omitempty"`
+	MIG      string `json:"mig,omitempty"`
+	CPUMilli int64  `json:"cpu_milli,omitempty"`
+	MemMiB   int64  `json:"mem_mib,omitempty"`
+	// Removed marks a member an elastic gang shrank away: its slot stays (members keep
+	// their index for life) but nothing runs there.
+	Removed bool `json:"removed,omitempty"`
+	// GPUModel is the model of its cards (with SimulatedSuffix on a declared machine): the
+	// key of the scheduler's restart costs, which its worker measures and reports.
+	GPUModel string `json:"gpu_model,omitempty"`
+}
+
+// SimulatedSuffix marks the GPU model of a declared machine's simulated cards: their
+// restart costs (no CUDA context; the collective over loopback) are learnt apart from real
+// cards of the same model.
+const SimulatedSuffix = " (simulated)"
+
+// Placement is the scheduler's decision for one gang generation.
+type Placement struct {
+	// Members, by index (a worker's Rank in the records): for a gang of fixed size its
+	// rank; an elastic gang's grows are appended and its shrinks marked Removed, and a
+	// program's rank is the member's position in the gang's World.
+	Members []Member `json:"members"`
+	// Islands counts the distinct NVLink islands used; Machines lists the machines.
+	Islands  int      `json:"islands"`
+	Machines []string `json:"machines"`
+	// Scores are the placement's per-plugin scores and modeled AllReduce time.
+	Scores map[string]float64 `json:"scores,omitempty"`
+}
+
+// Gang is a gang's record.
+type Gang struct {
+	Spec GangSpec `json:"spec"`
+	// UID tells this gang from an earlier one of the same job and gang names (a job name is
+	// reused by a later submission).
+	UID   string    `json:"uid"`
+	State GangState `json:"state"`
+	// Generation counts incarnations: 0 at first start, +1 per restart.
+	Generation int `json:"generation"`
+	Restarts   int `json:"restarts"`
+	// Failures are the times of failures within the restart window.
+	Failures  []time.Time `json:"failures,omitempty"`
+	RestartAt time.Time   `json:"restart_at,omitempty"`
+	Placement *Placement  `json:"placement,omitempty"`
+	// World is the members the program works with now (an elastic gang's, as its driver
+	// last took a resize); empty means every member not Removed.
+	World *World `json:"world,omitempty"`
+	// Notice, when set, asks the gang to stop, shrink or take a grow (see Notice).
+	Notice *Notice `json:"notice,omitempty"`
+	// Preemptions counts the times the gang was preempted (stopped for another and queued
+	// again); Resizes the grows and shrinks it took.
+	Preemptions int `json:"preemptions,omitempty"`
+	Resizes     int `json:"resizes,omitempty"`
+	// Reason says why the gang waits, restarted, failed or stopped.
+	Reason  string    `json:"reason,omitempty"`
+	Created time.Time `json:"created"`
+	Updated time.Time `json:"updated"`
+}
+
+// Active lists the members that are not Removed, by index (all of them when the gang has
+// no placement yet: none).
+func (g *Gang) Active() []int {
+	if g.Placement == nil {
+		return nil
+	}
+	var out []int
+	for i, m := range g.Placement.Members {
+		if !m.Removed {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// Ranks is the program's view of the members: the World's members when one was taken,
+// else every active member; a program's rank is a member's position in it.
+func (g *Gang) Ranks() []int {
+	if g.World != nil && len(g.World.Members) > 0 {
+		return append([]int(nil), g.World.Members...)
+	}
+	return g.Active()
+}
+
+// World is the members an elastic gang's program works with (member indices, in rank
+// order) at Epoch, which counts the resizes its driver took in this generation.
+type World struct {
+	Epoch   int   `json:"epoch"`
+	Members []int `json:"members"`
+}
+
+// NoticeKind says what a notice asks.
+type NoticeKind string
+
+// Notice kinds.
+const (
+	// NoticePreempt: checkpoint and stop by the deadline; the gang queues again and
+	// resumes from its newest checkpoint when placed.
+	NoticePreempt NoticeKind = "preempt"
+	// NoticeDrain: the same, because its machine is drained (an operator, a spot
+	// interruption, a scale-down).
+	NoticeDrain NoticeKind = "drain"
+	// NoticeShrink: drop the members in Remove by the deadline; the others keep running.
+	NoticeShrink NoticeKind = "shrink"
+	// NoticeGrow: the members in Add are placed and starting; take them at the next step.
+	NoticeGrow NoticeKind = "grow"
+)
+
+// Notice asks a running gang to change: its driver takes it at a step boundary (a
+// just-in-time checkpoint first, for a stop) and answers (POST /v1/gangs/yield or
+// /v1/gangs/world); past Deadline the head acts alone: a stop loses the work since the
+// newest checkpoint, a shrink restarts the gang at its new size from it.
+type Notice struct {
+	Kind     NoticeKind `json:"kind"`
+	Issued   time.Time  `json:"issued"`
+	Deadline time.Time  `json:"deadline,omitempty"`
+	// For is the gang it makes room for ("job/gang"), Reason why.
+	For    string `json:"for,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// From and To are the sizes of a resize; Remove the members a shrink drops, Add those
+	// a grow adds (member indices).
+	From   int   `json:"from,omitempty"`
+	To     int   `json:"to,omitempty"`
+	Remove []int `json:"remove,omitempty"`
+	Add    []int `json:"add,omitempty"`
+	// Costs are the scheduler's estimate of what the eviction costs, in seconds.
+	Costs *EvictionCosts `json:"costs,omitempty"`
+}
+
+// EvictionCosts is the scheduler's estimate of what stopping a gang costs, in seconds (of
+// the whole gang: multiply by its GPUs for GPU-seconds).
+type EvictionCosts struct {
+	WorkLost    float64 `json:"work_lost"`
+	Checkpoint  float64 `json:"checkpoint"`
+	Restore     float64 `json:"restore"`
+	CUDAContext float64 `json:"cuda_context"`
+	// Communicator is the collective's set-up at the gang's size.
+	Communicator float64 `json:"communicator"`
+	GPUSeconds   float64 `json:"gpu_seconds"`
+}
+
+// Yield is a driver's answer to a stop notice (POST /v1/gangs/yield): its gang may stop
+// now. Checkpointed says a checkpoint was committed since the notice.
+type Yield struct {
+	Job          string `json:"job"`
+	Gang         string `json:"gang"`
+	UID          string `json:"uid"`
+	Generation   int    `json:"generation"`
+	Checkpointed bool   `json:"checkpointed"`
+	Step         int64  `json:"step,omitempty"`
+}
+
+// WorldChange is a driver taking a resize (POST /v1/gangs/world): the gang's program works
+// with Members from Epoch on (after a shrink, without the removed ones; after a grow, with
+// the new ones, ready).
+type WorldChange struct {
+	Job        string `json:"job"`
+	Gang       string `json:"gang"`
+	UID        string `json:"uid"`
+	Generation int    `json:"generation"`
+	Epoch      int    `json:"epoch"`
+	Members    []int  `json:"members"`
+}
+
+// CheckpointReport tells the head a gang committed a checkpoint (POST /v1/gangs/checkpointed):
+// the scheduler's cost of evicting it counts from there, and learns its size and save time.
+type CheckpointReport struct {
+	Job   string    `json:"job"`
+	Gang  string    `json:"gang"`
+	UID   string    `json:"uid"`
+	Step  int64     `json:"step"`
+	Bytes int64     `json:"bytes"`
+	Save  Duration  `json:"save"`
+	At    time.Time `json:"at"`
+}
+
+// CostReport is a measurement a worker made of what a restart costs on its GPU (POST
+// /v1/costs): the scheduler's cost model learns from it.
+type CostReport struct {
+	// Kind is "cuda_context" (creating a CUDA context on the worker's GPUs) or
+	// "communicator" (setting up the gang's collective).
+	Kind     string   `json:"kind"`
+	GPUModel string   `json:"gpu_model"`
+	Ranks    int      `json:"ranks"`
+	Measured Duration `json:"measured"`
+	Machine  string   `json:"machine,omitempty"`
+}
+
+// Worker is a gang member that is up: its actor is started (and restored) and takes calls.
+type Worker struct {
+	Job        string `json:"job"`
+	Gang       string `json:"gang"`
+	Rank       int    `json:"rank"`
+	Generation int    `json:"generation"`
+	// GangUID is the gang's (Gang.UID): records of an earlier gang of the same names are not
+	// this one's.
+	GangUID string `json:"gang_uid"`
+	Machine string `json:"machine"`
+	// Address is the worker's actor system (protoactor remote host:port, or "nonhost" for
+	// a worker inside the driver's process); ActorID its actor's id there.
+	Address string `json:"address"`
+	ActorID string `json:"actor_id"`
+	// Collective is the id of the worker's collective endpoint actor, on the same system.
+	Collective string `json:"collective,omitempty"`
+	// Transfer is where the worker serves its collective chunks (host:port), if it does.
+	Transfer string    `json:"transfer,omitempty"`
+	PID      int       `json:"pid"`
+	Started  time.Time `json:"started"`
+}
+
+// WorkerExit reports a worker that stopped without being asked to.
+type WorkerExit struct {
+	Job        string `json:"job"`
+	Gang       string `json:"gang"`
+	Rank       int    `json:"rank"`
+	Generation int    `json:"generation"`
+	Machine    string `json:"machine"`
+	Reason     string `json:"reason"`
+	// Permanent says a restart cannot help (an unknown kind, undecodable arguments): the
+	// gang fails at once.
+	Permanent bool `json:"permanent,omitempty"`
+	// Completed says a submitted driver finished (exit status 0): its gang is done.
+	Completed bool `json:"completed,omitempty"`
+}
+
+// JobState is where a job is.
+type JobState string
+
+// Job states.
+const (
+	JobRunning JobState = "running"
+	JobStopped JobState = "stopped"
+)
+
+// Binary is a job's executable, stored once in the object store by content hash.
+type Binary struct {
+	// SHA256 is the hex content hash; Object the object's id (the same bytes).
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+	Object string `json:"object"`
+}
+
+// Job is a job's record.
+type Job struct {
+	Name  string   `json:"name"`
+	State JobState `json:"state"`
+	// Driver names who submitted it (host and pid).
+	Driver    string    `json:"driver,omitempty"`
+	Submitted time.Time `json:"submitted"`
+	Stopped   time.Time `json:"stopped,omitempty"`
+	// Binary, Args and Env say how agents start the job's workers: the driver's own
+	// executable, with the driver's arguments and the environment variables it chose to pass
+	// (never secrets). A job without a Binary runs its workers inside the driver's process.
+	Binary *Binary  `json:"binary,omitempty"`
+	Args   []string `json:"args,omitempty"`
+	Env    []string `json:"env,omitempty"`
+	// Dir is the driver's working directory, where workers start.
+	Dir string `json:"dir,omitempty"`
+}
+
+// Checkpoint is a complete checkpoint of a gang: one object per rank, committed as a whole.
+type Checkpoint struct {
+	Job     string    `json:"job"`
+	Gang    string    `json:"gang"`
+	Step    int64     `json:"step"`
+	Objects []string  `json:"objects"`
+	Time    time.Time `json:"time"`
+}
+
+// CheckpointKey is a checkpoint's key in its table (sorted by step).
+func CheckpointKey(job, gang string, step int64) string {
+	return fmt.Sprintf("%s/%s/%020d", job, gang, step)
+}
+
+// WorkerKey is a worker's key in its table.
+func WorkerKey(job, gang string, rank int) string {
+	return fmt.Sprintf("%s/%s/%d", job, gang, rank)
+}
+
+// Load is a machine's measured use, each in [0, 1].
+type Load struct {
+	CPU float64 `json:"cpu"`
+	GPU float64 `json:"gpu"`
+	Mem float64 `json:"mem"`
+	Net float64 `json:"net"`
+	// GPUMeasured is false when GPU is derived from allocations (simulated GPUs).
+	GPUMeasured bool `json:"gpu_measured"`
+}
+
+// LoadReport is an agent's periodic sample.
+type LoadReport struct {
+	Machine     string    `json:"machine"`
+	Incarnation uint64    `json:"incarnation"`
+	Load        Load      `json:"load"`
+	At          time.Time `json:"at"`
+	// Store is the machine's object store and transfer plane use (nil from older agents).
+	Store *StoreUsage `json:"store,omitempty"`
+}
+
+// HeadInfo is one head as the cluster sees it.
+type HeadInfo struct {
+	ID      uint64 `json:"id"`
+	Address string `json:"address"`
+	Serf    string `json:"serf,omitempty"`
+	PID     int    `json:"pid,omitempty"`
+	Leader  bool   `json:"leader"`
+}
+
+// MachineStatus is a machine's line in the cluster status.
+type MachineStatus struct {
+	Name      string `json:"name"`
+	GPUs      int    `json:"gpus"`
+	FreeGPUs  int    `json:"free_gpus"`
+	Alive     bool   `json:"alive"`
+	PID       int    `json:"pid,omitempty"`
+	Simulated bool   `json:"simulated"`
+	Rack      int    `json:"rack"`
+	Load      *Load  `json:"load,omitempty"`
+	Agent     string `json:"agent,omitempty"`
+}
+
+// GangStatus is a gang's line in the cluster status.
+type GangStatus struct {
+	Job        string    `json:"job"`
+	Name       string    `json:"name"`
+	State      GangState `json:"state"`
+	Workers    int       `json:"workers"`
+	Ready      int       `json:"ready"`
+	Generation int       `json:"generation"`
+	Restarts   int       `json:"restarts"`
+	Machines   []string  `json:"machines,omitempty"`
+	Reason     string    `json:"reason,omitempty"`
+	// Queue is the gang's queue; GPUs the cards its placement holds.
+	Queue string `json:"queue,omitempty"`
+	GPUs  int    `json:"gpus,omitempty"`
+	// Priority is its resolved priority; MinWorkers..MaxWorkers its range when elastic.
+	Priority   int `json:"priority,omitempty"`
+	MinWorkers int `json:"min_workers,omitempty"`
+	MaxWorkers int `json:"max_workers,omitempty"`
+	// Preemptions and Resizes count what it went through; Notice is the one it is given.
+	Preemptions int     `json:"preemptions,omitempty"`
+	Resizes     int     `json:"resizes,omitempty"`
+	Notice      *Notice `json:"notice,omitempty"`
+}
+
+// Status is the cluster as the leader sees it (`atoll status --json`).
+type Status struct {
+	Leader   uint64          `json:"leader"`
+	Heads    []HeadInfo      `json:"heads"`
+	Machines []MachineStatus `json:"machines"`
+	Gangs    []GangStatus    `json:"gangs"`
+	Revision int64           `json:"revision"`
+	// Dashboard is the web dashboard's URL with its read-only login token (see
+	// DashboardToken), on the head that answered.
+	Dashboard string `json:"dashboard,omitempty"`
+	// Pools is the autoscaler's view, when the leader runs one (head --pools).
+	Pools *PoolsStatus `json:"pools,omitempty"`
+	// Queues are the operator's queues with what they hold and wait for.
+	Queues []QueueStatus `json:"queues,omitempty"`
+}
+
+// SchedulerConfig is the operator's configuration of the scheduler (GET and PUT
+// /v1/scheduler, `atoll queues`, `atoll head --queues FILE`), kept in the log.
+type SchedulerConfig struct {
+	// Queues share the cluster: each gang names one (GangSpec.Queue; DefaultQueue when it
+	// names none). A queue's path is slash-separated ("research/vision" is a child of
+	// "research"); parents not listed weigh 1.
+	Queues       []QueueSpec `json:"queues"`
+	DefaultQueue string      `json:"default_queue,omitempty"`
+	// PriorityClasses name priorities (as Kubernetes' PriorityClass): a gang names one
+	// (GangSpec.PriorityClass), the Default one applies to a gang that names none.
+	PriorityClasses []PriorityClass `json:"priority_classes,omitempty"`
+	// NoticeGrace is how long a gang given a stop or shrink notice has to checkpoint and
+	// answer before the head acts alone (default 30 s).
+	NoticeGrace Duration `json:"notice_grace,omitempty"`
+	// MinRunBeforePreempt protects a gang that started less than this long ago from being
+	// preempted (against thrashing; default 0: a higher class runs at once, as in
+	// Kubernetes and Volcano).
+	MinRunBeforePreempt Duration `json:"min_run_before_preempt,omitempty"`
+}
+
+// QueueSpec is one queue: Weight is its share of its parent's capacity among the active
+// siblings (dominant resource fairness); QuotaGPUs caps, in whole GPUs, what it holds while
+// other queues wait (0: its fair share only, borrowing idle capacity above it, which
+// under-share queues reclaim by preemption); Sensitivity in [0, 1] raises its gangs'
+// priority for latency.
+type QueueSpec struct {
+	Name        string  `json:"name"`
+	Weight      float64 `json:"weight"`
+	QuotaGPUs   int     `json:"quota_gpus,omitempty"`
+	Sensitivity float64 `json:"sensitivity,omitempty"`
+}
+
+// PriorityClass names a priority value; Default applies it to gangs that name no class.
+type PriorityClass struct {
+	Name    string `json:"name"`
+	Value   int    `json:"value"`
+	Default bool   `json:"default,omitempty"`
+}
+
+// Bounds of a SchedulerConfig.
+const (
+	MaxQueues          = 1000
+	MaxPriorityClasses = 100
+	MaxPriorityValue   = 1_000_000
+)
+
+// Validate checks a configuration and fills its defaults (the default queue "default",
+// created when not listed; a notice grace of 30 s). Errors name the entry and field.
+func (c *SchedulerConfig) Validate() error {
+	if len(c.Queues) > MaxQueues {
+		return fmt.Errorf("%w: %d queues, over the bound of %d", ErrInvalid, len(c.Queues), MaxQueues)
+	}
+	if len(c.PriorityClasses) > MaxPriorityClasses {
+		return fmt.Errorf("%w: %d priority classes, over the bound of %d", ErrInvalid, len(c.PriorityClasses), MaxPriorityClasses)
+	}
+	if c.DefaultQueue == "" {
+		c.DefaultQueue = "default"
+	}
+	seen := map[string]bool{}
+	for i, q := range c.Queues {
+		where := fmt.Sprintf("queues[%d] %q", i, q.Name)
+		if err := checkQueueName(q.Name); err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrInvalid, where, err)
+		}
+		switch {
+		case seen[q.Name]:
+			return fmt.Errorf("%w: %s is listed twice", ErrInvalid, where)
+		case !(q.Weight > 0 && q.Weight <= 1e6):
+			return fmt.Errorf("%w: %s: weight %v, want (0, 1e6]", ErrInvalid, where, q.Weight)
+		case q.QuotaGPUs < 0 || q.QuotaGPUs > 10_000_000:
+			return fmt.Errorf("%w: %s: quota_gpus %d, want 0..10000000", ErrInvalid, where, q.QuotaGPUs)
+		case !(q.Sensitivity >= 0 && q.Sensitivity <= 1):
+			return fmt.Errorf("%w: %s: sensitivity %v, want [0, 1]", ErrInvalid, where, q.Sensitivity)
+		}
+		seen[q.Name] = true
+	}
+	if !seen[c.DefaultQueue] {
+		if err := checkQueueName(c.DefaultQueue); err != nil {
+			return fmt.Errorf("%w: default_queue: %v", ErrInvalid, err)
+		}
+		c.Queues = append(c.Queues, QueueSpec{Name: c.DefaultQueue, Weight: 1})
+	}
+	classes, defaults := map[string]bool{}, 0
+	for i, p := range c.PriorityClasses {
+		where := fmt.Sprintf("priority_classes[%d] %q", i, p.Name)
+		if err := CheckName("priority class", p.Name); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		}
+		switch {
+		case classes[p.Name]:
+			return fmt.Errorf("%w: %s is listed twice", ErrInvalid, where)
+		case p.Value < -MaxPriorityValue || p.Value > MaxPriorityValue:
+			return fmt.Errorf("%w: %s: value %d, want within ±%d", ErrInvalid, where, p.Value, MaxPriorityValue)
+		}
+		classes[p.Name] = true
+		if p.Default {
+			defaults++
+		}
+	}
+	if defaults > 1 {
+		return fmt.Errorf("%w: %d priority classes are marked default, want at most one", ErrInvalid, defaults)
+	}
+	switch {
+	case c.NoticeGrace == 0:
+		c.NoticeGrace = Duration(30 * time.Second)
+	case c.NoticeGrace < Duration(100*time.Millisecond) || c.NoticeGrace > Duration(time.Hour):
+		return fmt.Errorf("%w: notice_grace %v, want 100ms..1h", ErrInvalid, time.Duration(c.NoticeGrace))
+	}
+	if c.MinRunBeforePreempt < 0 || c.MinRunBeforePreempt > Duration(24*time.Hour) {
+		return fmt.Errorf("%w: min_run_before_preempt %v, want 0..24h", ErrInvalid, time.Duration(c.MinRunBeforePreempt))
+	}
+	return nil
+}
+
+// checkQueueName checks a queue path: slash-separated names.
+func checkQueueName(name string) error {
+	if name == "" || len(name) > 200 {
+		return fmt.Errorf("queue name %q: want 1 to 200 characters", name)
+	}
+	for _, part := range strings.Split(name, "/") {
+		if err := CheckName("queue", part); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Priority resolves a gang's priority: its class's value when it names one, else its own
+// Priority, else the default class's value. It fails on an unknown class.
+func (c *SchedulerConfig) Priority(s GangSpec) (int, error) {
+	if s.PriorityClass != "" {
+		for _, p := range c.PriorityClasses {
+			if p.Name == s.PriorityClass {
+				return p.Value, nil
+			}
+		}
+		names := make([]string, 0, len(c.PriorityClasses))
+		for _, p := range c.PriorityClasses {
+			names = append(names, p.Name)
+		}
+		return 0, fmt.Errorf("%w: gang %q: priority class %q is not one of %v", ErrInvalid, s.Name, s.PriorityClass, names)
+	}
+	if s.Priority != 0 {
+		return s.Priority, nil
+	}
+	for _, p := range c.PriorityClasses {
+		if p.Default {
+			return p.Value, nil
+		}
+	}
+	return 0, nil
+}
+
+// QueueStatus is a queue's line in the cluster status.
+type QueueStatus struct {
+	Name      string  `json:"name"`
+	Weight    float64 `json:"weight"`
+	QuotaGPUs int     `json:"quota_gpus,omitempty"`
+	Pending   int     `json:"pending"`
+	Running   int     `json:"running"`
+	GPUs      int     `json:"gpus"`
+	// Share is the queue's use over its fair share (the scheduler's DRF ratio).
+	Share float64 `json:"share"`
+}
+
+// SaturatedError is a refusal for saturation, with the scheduler's hint of when to retry.
+type SaturatedError struct {
+	Msg        string
+	RetryAfter time.Duration
+}
+
+func (e *SaturatedError) Error() string { return e.Msg }
+
+// Is makes errors.Is(err, ErrSaturated) true.
+func (e *SaturatedError) Is(target error) bool { return target == ErrSaturated }
+
+// RetryAfter returns the retry hint of a saturation refusal.
+func RetryAfter(err error) (time.Duration, bool) {
+	var se *SaturatedError
+	if errors.As(err, &se) {
+		return se.RetryAfter, true
+	}
+	return 0, false
+}
+
+// DrainRequest asks the leader to drain a machine (POST /v1/machines/drain): it takes no new
+// gangs, and every gang on it is asked to checkpoint and stop by Deadline (default: the
+// notice grace from now), then queues again elsewhere.
+type DrainRequest struct {
+	Machine  string    `json:"machine"`
+	Deadline time.Time `json:"deadline,omitempty"`
+	Reason   string    `json:"reason,omitempty"`
+}

@@ -1,0 +1,122 @@
+package autoscale
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/internal/runtime/head"
+	"github.com/atoll-run/atoll/pools"
+	"github.com/atoll-run/atoll/pools/provider"
+)
+
+// fakeCtl is a control plane whose view the test sets; it records cordons.
+type fakeCtl struct {
+	mu      sync.Mutex
+	view    head.PoolView
+	cordons map[string]bool
+}
+
+func (f *fakeCtl) Leading() bool { return true }
+func (f *fakeCtl) PoolView() (head.PoolView, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.view, nil
+}
+func (f *fakeCtl) Cordon(_ context.Context, name string, on bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cordons[name] = on
+	return nil
+}
+
+// TestRunnerLifecycle drives the runner through a gang's life: it arrives pending on an
+// empty pool (two machines launched together), the machines register, the gang runs and
+// ends, the machines idle past the timeout, are cordoned (drained) and terminated.
+func TestRunnerLifecycle(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	set, err := pools.Parse([]byte(`{"pools": [{"name": "h100", "machine": "dgx-h100", "max": 4, "price_per_hour": 100,
+		"idle_timeout": "5m", "provider": {"type": "sim"}}]}`), "p.json", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := provider.NewSim(clock)
+	ctl := &fakeCtl{cordons: map[string]bool{}}
+	r, err := New(Config{Pools: set, Providers: map[string]Provider{"h100": sim}, Clock: clock}, ctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	g := api.Gang{Spec: api.GangSpec{Job: "j", Name: "g", Workers: 2, Resources: api.Resources{GPUs: 8}, MaxRestarts: 3}, State: api.GangPending, Created: now}
+	ctl.view = head.PoolView{Pending: []api.Gang{g}}
+	if err := r.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	list, _ := sim.List(ctx)
+	if len(list) != 2 {
+		t.Fatalf("launched %+v, want two machines for the 16-GPU gang", list)
+	}
+	st := r.Status()
+	if st.Pools[0].Launching != 2 || len(st.Events) != 2 || st.Events[0].Kind != "launch" || !strings.Contains(st.Events[0].Reason, "need 2 machines") {
+		t.Fatalf("status %+v", st)
+	}
+	// Still pending while they launch: nothing more is launched.
+	now = now.Add(time.Minute)
+	if err := r.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := sim.List(ctx); len(l) != 2 {
+		t.Fatalf("relaunched: %+v", l)
+	}
+	// They register; the gang runs on them.
+	g.State = api.GangRunning
+	var ms []head.PoolMachine
+	for _, in := range list {
+		ms = append(ms, head.PoolMachine{Name: in.Name, Alive: true, Gangs: map[string]int{"j/g": 1}})
+	}
+	ctl.view = head.PoolView{Machines: ms, Running: []api.Gang{g}}
+	now = now.Add(time.Minute)
+	if err := r.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The gang ends; the machines idle past the timeout.
+	for i := range ms {
+		ms[i].Gangs = map[string]int{}
+	}
+	ctl.view = head.PoolView{Machines: ms}
+	now = now.Add(time.Minute)
+	_ = r.Step(ctx)
+	now = now.Add(6 * time.Minute)
+	if err := r.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(ctl.cordons) != 2 {
+		t.Fatalf("cordons %v: want both machines drained", ctl.cordons)
+	}
+	if l, _ := sim.List(ctx); len(l) != 2 {
+		t.Fatalf("terminated in the decision that drained them: %+v", l)
+	}
+	now = now.Add(time.Second)
+	if err := r.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := sim.List(ctx); len(l) != 0 {
+		t.Fatalf("still running after the drain: %+v", l)
+	}
+	st = r.Status()
+	kinds := map[string]int{}
+	for _, e := range st.Events {
+		kinds[e.Kind]++
+	}
+	if kinds["drain"] != 2 || kinds["remove"] != 2 || len(st.Pools[0].Machines) != 0 {
+		t.Fatalf("events %+v", st.Events)
+	}
+	// Two machines from their launch to their removal (9m1s) at 100 USD/h.
+	if c := st.Pools[0].CostUSD; c < 30.05 || c > 30.07 {
+		t.Fatalf("cost so far %.2f, want 30.06", c)
+	}
+}

@@ -1,0 +1,119 @@
+package head
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/atoll-run/atoll/internal/runtime/api"
+)
+
+// PoolView is what the pools autoscaler (internal/runtime/autoscale) reads of the control
+// plane: the narrow hook of issue 12. It is taken under the controller's lock, after the
+// scheduling cycles that ran so far: the pending gangs are those the scheduler could not
+// place on the machines there are.
+type PoolView struct {
+	Now      time.Time
+	Machines []PoolMachine
+	// Pending are the gangs waiting for capacity; Running the placed, live ones.
+	Pending []api.Gang
+	Running []api.Gang
+}
+
+// PoolMachine is a registered machine as the autoscaler sees it.
+type PoolMachine struct {
+	Name  string
+	Alive bool
+	// Gangs maps the live gangs with members on it ("job/gang") to their member counts.
+	Gangs map[string]int
+	// LastCopies counts objects whose only copy is in this machine's store.
+	LastCopies int
+	Cordoned   bool
+}
+
+// PoolView returns the view, or the error of a replica that does not lead.
+func (c *Controller) PoolView() (PoolView, error) {
+	t, err := c.lockTerm()
+	if err != nil {
+		return PoolView{}, err
+	}
+	defer c.mu.Unlock()
+	v := PoolView{Now: c.cfg.Clock()}
+	byTransfer := map[string]string{}
+	idx := map[string]int{}
+	for name, m := range t.machines {
+		idx[name] = len(v.Machines)
+		v.Machines = append(v.Machines, PoolMachine{Name: name, Alive: m.rec.Alive, Gangs: map[string]int{}, Cordoned: c.cordoned[name]})
+		if m.rec.Agent.Transfer != "" {
+			byTransfer[m.rec.Agent.Transfer] = name
+		}
+	}
+	for _, g := range t.gangs {
+		switch {
+		case g.rec.State == api.GangPending:
+			v.Pending = append(v.Pending, g.rec)
+		case g.rec.State.Live() && g.rec.Placement != nil:
+			v.Running = append(v.Running, g.rec)
+			for _, m := range g.rec.Placement.Members {
+				if i, ok := idx[m.Machine]; ok {
+					v.Machines[i].Gangs[g.rec.Spec.Key()]++
+				}
+			}
+		}
+	}
+	for _, kv := range c.sm.Range(api.TableObjects) {
+		var rec struct {
+			Locations []string `json:"locations"`
+		}
+		if json.Unmarshal(kv.Value, &rec) != nil || len(rec.Locations) != 1 {
+			continue
+		}
+		if name, ok := byTransfer[rec.Locations[0]]; ok {
+			v.Machines[idx[name]].LastCopies++
+		}
+	}
+	sort.Slice(v.Machines, func(i, j int) bool { return v.Machines[i].Name < v.Machines[j].Name })
+	sort.Slice(v.Pending, func(i, j int) bool { return v.Pending[i].Spec.Key() < v.Pending[j].Spec.Key() })
+	sort.Slice(v.Running, func(i, j int) bool { return v.Running[i].Spec.Key() < v.Running[j].Spec.Key() })
+	return v, nil
+}
+
+// Cordon stops (on) or resumes (off) placing new gangs on a machine: the pools drain a
+// machine this way before removing it. Gangs already there keep running. The cordon is
+// the leader's, not the log's: a new leader's autoscaler cordons its draining machines
+// again.
+func (c *Controller) Cordon(ctx context.Context, name string, on bool) error {
+	t, err := c.lockTerm()
+	if err != nil {
+		return err
+	}
+	if t.machines[name] == nil {
+		c.mu.Unlock()
+		return fmt.Errorf("%w: machine %q", api.ErrNotFound, name)
+	}
+	if c.cordoned[name] == on {
+		c.mu.Unlock()
+		return nil
+	}
+	if c.cordoned == nil {
+		c.cordoned = map[string]bool{}
+	}
+	if on {
+		c.cordoned[name] = true
+	} else {
+		delete(c.cordoned, name)
+	}
+	work := c.rebuildLocked(t, c.cfg.Clock())
+	c.notifyLocked()
+	c.mu.Unlock()
+	return c.runCommits(ctx, t, work)
+}
+
+// SetPoolStatus gives the controller the pools runner's status, shown by Status.
+func (c *Controller) SetPoolStatus(f func() *api.PoolsStatus) {
+	c.mu.Lock()
+	c.poolStatus = f
+	c.mu.Unlock()
+}

@@ -1,0 +1,237 @@
+package provider
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DockerConfig configures the Docker provider.
+type DockerConfig struct {
+	// Socket is the Docker Engine's unix socket. Default /var/run/docker.sock.
+	Socket string
+	// Image is the agent image: deploy/Dockerfile's FROM-scratch atoll image. Required.
+	Image string
+	// Cluster labels the containers (atoll.cluster=<Cluster>) so that List sees only this
+	// cluster's. Required.
+	Cluster string
+	// Join is the heads' API URLs as the containers reach them (the agents' --join).
+	Join string
+	// Network is the container network (default "bridge"; "host" shares this machine's).
+	Network string
+	// Env is added to the agents' environment (ATOLL_TOKEN=... for the cluster secret, which
+	// the Engine keeps in the container's config: give a token file through Binds instead
+	// where that matters).
+	Env []string
+	// Binds are bind mounts ("host:container:ro"), e.g. a token file.
+	Binds []string
+	// StopTimeout is the grace docker stop gives an agent. Default 10 s.
+	StopTimeout time.Duration
+	// APIVersion is the Engine API version in request paths. Default v1.41 (Docker 20.10+).
+	APIVersion string
+	// Now is the clock for notices (default time.Now).
+	Now func() time.Time
+}
+
+// Docker runs each machine as an agent container through the Docker Engine API
+// (https://docs.docker.com/reference/api/engine/), over its unix socket.
+type Docker struct {
+	cfg DockerConfig
+	hc  *http.Client
+	notices
+}
+
+var _ Provider = (*Docker)(nil)
+var _ Interrupter = (*Docker)(nil)
+
+// Container labels.
+const (
+	labelCluster = "atoll.cluster"
+	labelPool    = "atoll.pool"
+	labelMachine = "atoll.machine"
+)
+
+// NewDocker returns a Docker provider.
+func NewDocker(cfg DockerConfig) (*Docker, error) {
+	if cfg.Socket == "" {
+		cfg.Socket = "/var/run/docker.sock"
+	}
+	if cfg.Network == "" {
+		cfg.Network = "bridge"
+	}
+	if cfg.StopTimeout == 0 {
+		cfg.StopTimeout = 10 * time.Second
+	}
+	if cfg.APIVersion == "" {
+		cfg.APIVersion = "v1.41"
+	}
+	if cfg.Image == "" || cfg.Cluster == "" || cfg.Join == "" {
+		return nil, fmt.Errorf("%w: the docker provider needs an image, a cluster label and the heads' address", ErrInvalid)
+	}
+	if !nameRE.MatchString(cfg.Cluster) {
+		return nil, fmt.Errorf("%w: cluster label %q", ErrInvalid, cfg.Cluster)
+	}
+	sock := cfg.Socket
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}
+	return &Docker{cfg: cfg, hc: &http.Client{Transport: tr}, notices: notices{now: cfg.Now}}, nil
+}
+
+// containerName is the container of a machine: <cluster>-<machine>.
+func (d *Docker) containerName(machine string) string { return d.cfg.Cluster + "-" + machine }
+
+// call does one Engine API request; out, when not nil, receives the JSON answer. It
+// returns the status code.
+func (d *Docker) call(ctx context.Context, method, path string, q url.Values, body, out any) (int, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return 0, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	u := "http://docker/" + d.cfg.APIVersion + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return 0, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := d.hc.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("%w: docker %s %s: %v", ErrUnavailable, method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if resp.StatusCode >= 400 {
+		var e struct {
+			Message string `json:"message"`
+		}
+		_ = json.Unmarshal(b, &e)
+		return resp.StatusCode, fmt.Errorf("provider: docker %s %s: %d %s", method, path, resp.StatusCode, strings.TrimSpace(e.Message))
+	}
+	if out != nil && len(b) > 0 {
+		if err := json.Unmarshal(b, out); err != nil {
+			return resp.StatusCode, fmt.Errorf("provider: docker %s %s: decode: %w", method, path, err)
+		}
+	}
+	return resp.StatusCode, nil
+}
+
+// Launch creates and starts one agent container per name.
+func (d *Docker) Launch(ctx context.Context, req LaunchRequest) error {
+	for _, name := range req.Names {
+		if !nameRE.MatchString(name) {
+			return fmt.Errorf("%w: machine name %q", ErrInvalid, name)
+		}
+	}
+	for _, name := range req.Names {
+		cname := d.containerName(name)
+		machine := req.Machine
+		binds := append([]string(nil), d.cfg.Binds...)
+		if strings.ContainsRune(machine, '/') || strings.HasSuffix(machine, ".json") {
+			abs, err := filepath.Abs(machine)
+			if err != nil {
+				return err
+			}
+			binds = append(binds, abs+":/etc/atoll/machine.json:ro")
+			machine = "/etc/atoll/machine.json"
+		}
+		cmd := []string{"agent", "--join", d.cfg.Join, "--name", name, "--machine", machine, "--rack", strconv.Itoa(req.Rack), "--dir", "/var/lib/atoll"}
+		if d.cfg.Network != "host" {
+			cmd = append(cmd, "--listen", "0.0.0.0:7070", "--transfer-listen", "0.0.0.0:7071", "--gossip", "0.0.0.0:7946", "--advertise", cname)
+		}
+		create := map[string]any{
+			"Image":  d.cfg.Image,
+			"Cmd":    cmd,
+			"Env":    d.cfg.Env,
+			"Labels": map[string]string{labelCluster: d.cfg.Cluster, labelPool: req.Pool, labelMachine: name},
+			"HostConfig": map[string]any{
+				"NetworkMode": d.cfg.Network,
+				"Binds":       binds,
+				"Tmpfs":       map[string]string{"/var/lib/atoll": "rw,size=1g", "/tmp": "rw"},
+				"ShmSize":     1 << 30,
+			},
+		}
+		code, err := d.call(ctx, http.MethodPost, "/containers/create", url.Values{"name": {cname}}, create, nil)
+		if err != nil && code != http.StatusConflict { // 409: it exists (a retried launch): start it
+			return err
+		}
+		if code, err := d.call(ctx, http.MethodPost, "/containers/"+cname+"/start", nil, nil, nil); err != nil && code != http.StatusNotModified {
+			return err
+		}
+	}
+	return nil
+}
+
+// Terminate stops and removes a machine's container.
+func (d *Docker) Terminate(ctx context.Context, name string) error {
+	cname := d.containerName(name)
+	q := url.Values{"t": {strconv.Itoa(int(d.cfg.StopTimeout / time.Second))}}
+	code, err := d.call(ctx, http.MethodPost, "/containers/"+cname+"/stop", q, nil, nil)
+	if code == http.StatusNotFound {
+		return nil
+	}
+	if err != nil && code != http.StatusNotModified {
+		return err
+	}
+	code, err = d.call(ctx, http.MethodDelete, "/containers/"+cname, url.Values{"force": {"1"}, "v": {"1"}}, nil, nil)
+	if code == http.StatusNotFound {
+		return nil
+	}
+	return err
+}
+
+// List returns this cluster's agent containers, running or not.
+func (d *Docker) List(ctx context.Context) ([]Instance, error) {
+	filters, _ := json.Marshal(map[string][]string{"label": {labelCluster + "=" + d.cfg.Cluster}})
+	var cs []struct {
+		ID      string            `json:"Id"`
+		State   string            `json:"State"`
+		Created int64             `json:"Created"`
+		Labels  map[string]string `json:"Labels"`
+	}
+	if _, err := d.call(ctx, http.MethodGet, "/containers/json", url.Values{"all": {"1"}, "filters": {string(filters)}}, nil, &cs); err != nil {
+		return nil, err
+	}
+	out := make([]Instance, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, Instance{Name: c.Labels[labelMachine], Pool: c.Labels[labelPool], Running: c.State == "running",
+			Started: time.Unix(c.Created, 0), Detail: "container " + c.ID[:min(12, len(c.ID))]})
+	}
+	return out, nil
+}
+
+// Interrupt injects an interruption notice for a machine of this cluster.
+func (d *Docker) Interrupt(name string, after time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := d.List(ctx)
+	if err != nil {
+		return err
+	}
+	known := false
+	for _, i := range l {
+		known = known || i.Name == name
+	}
+	return d.add(name, after, known)
+}
+
+// Notices returns the injected notices not yet returned.
+func (d *Docker) Notices() []Notice { return d.take() }
