@@ -1,35 +1,34 @@
 package sdk
 
 import (
+	"bytes"
 	"context"
+	"encoding/gob"
 	"errors"
 	"fmt"
+	"os"
+	"reflect"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/actors"
-	"github.com/atoll-run/atoll/runtime"
-)
-
-// Errors of the SDK, beside those of packages actors and runtime (which it returns wrapped).
-var (
-	// ErrNotInGang: a gang-only operation (AllReduce) on a standalone actor.
-	ErrNotInGang = errors.New("sdk: actor is not in a gang")
-	// ErrStale: the worker's gang incarnation has ended (a member failed); the call is from a
-	// worker that is about to restart.
-	ErrStale = errors.New("sdk: gang incarnation ended")
+	"github.com/atoll-run/atoll/internal/runtime/api"
 )
 
 // Actor is what an actor kind implements. Receive handles one message at a time; its return
-// values answer a Call. A panic fails the actor; in a gang every worker restarts together.
+// values answer a Call. ctx carries the call's deadline and is cancelled when the caller
+// gives up, even from another process. A panic fails the actor; in a gang every worker
+// restarts together (from the newest checkpoint).
 type Actor interface {
 	Receive(ctx *Context, msg any) (any, error)
 }
 
 // Checkpointer is implemented by workers whose state survives restarts: Checkpoint returns
-// the state to save (Gang.Checkpoint saves every worker's as one committed checkpoint), and
-// Restore is called with that state, at (re)start, when the gang has a checkpoint.
+// the state to save (Gang.Checkpoint saves every worker's as one committed checkpoint),
+// and Restore is called with that state at (re)start when the gang has a checkpoint.
 type Checkpointer interface {
 	Checkpoint() ([]byte, error)
 	Restore(state []byte) error
@@ -40,207 +39,444 @@ type Starter interface {
 	Start(ctx *Context) error
 }
 
-// ActorRef addresses an actor.
-type ActorRef struct{ ref actors.Ref }
+// follow is the generation of a ref that addresses whichever incarnation of a placed actor
+// is current (a handle, as Ray's actor handles are), not one incarnation.
+const follow = -1
 
-// ID is the actor's id, usable with Cluster.Actor.
+// ActorRef addresses an actor. It is a small value that crosses processes: put it in
+// messages, constructor arguments and objects.
+//
+// A gang worker's ref (Gang.Worker) belongs to one incarnation of its gang: a call through
+// it fails with ErrStale once that incarnation has ended. A placed actor's ref
+// (Job.SpawnActor, Lookup) is a handle: each call goes to the actor's current incarnation,
+// waiting while it restarts.
+type ActorRef struct {
+	ref     actors.Ref
+	job     string // a placed actor's or a gang worker's job and gang ("" for an actor of Cluster.Spawn)
+	gang    string
+	rank    int
+	gen     int // the incarnation addressed, or follow
+	machine string
+	pid     int
+	uid     string // a placed actor's gang's UID: the actor, not a later one of its name
+	g       *Gang  // this process's handle on the gang, when it has one
+}
+
+// ID is the actor's id in its process ("digits/dp.g0/w3": job, gang and generation,
+// worker).
 func (r ActorRef) ID() string { return r.ref.ID() }
 
-// String is a printable address.
-func (r ActorRef) String() string { return r.ref.String() }
-
-// Call sends req to the actor and waits for its reply of type Resp within ctx. It fails fast
-// when the actor is dead (actors.ErrActorDead) or unknown (actors.ErrUnknownActor).
-func Call[Resp any](ctx context.Context, c *Cluster, to ActorRef, req any) (Resp, error) {
-	return actors.Call[Resp](ctx, c.local.Actors, to.ref, req)
+// Name is the name Lookup finds a placed actor by ("job/name", or the name alone for a
+// detached actor), and "job/gang/rank" for a gang worker; "" for an actor of
+// Cluster.Spawn.
+func (r ActorRef) Name() string {
+	switch {
+	case r.job == "":
+		return ""
+	case r.gen == follow && isDetachedJob(r.job):
+		return r.gang
+	case r.gen == follow:
+		return r.job + "/" + r.gang
+	}
+	return fmt.Sprintf("%s/%s/%d", r.job, r.gang, r.rank)
 }
 
-// Future is a reply in flight.
-type Future[Resp any] struct{ f *actors.Future[Resp] }
-
-// Await waits for the reply within ctx.
-func (f Future[Resp]) Await(ctx context.Context) (Resp, error) { return f.f.Await(ctx) }
-
-// CallAsync sends req and returns at once with a Future for the reply.
-func CallAsync[Resp any](c *Cluster, to ActorRef, req any) Future[Resp] {
-	return Future[Resp]{f: actors.CallAsync[Resp](c.local.Actors, to.ref, req)}
+// String describes the actor as a person reads it: "worker 3 of gang digits/dp
+// (generation 0) on machine dgx-h100-1", "actor train/ps", "actor solo in process 4242".
+func (r ActorRef) String() string {
+	where := ""
+	if r.machine != "" {
+		where = " on machine " + r.machine
+	}
+	switch {
+	case r.IsZero() && r.job == "":
+		return "no actor"
+	case r.gen == follow:
+		return "actor " + r.Name() + where
+	case r.job != "":
+		return fmt.Sprintf("worker %d of gang %s/%s (generation %d)%s", r.rank, r.job, r.gang, r.gen, where)
+	case r.pid != 0:
+		return fmt.Sprintf("actor %s in process %d", r.ref.ID(), r.pid)
+	}
+	return "actor " + r.ref.String()
 }
 
-// Context is what an actor sees while it handles a message. It is valid only inside the
-// actor's methods.
+// IsZero reports whether the ref addresses nothing.
+func (r ActorRef) IsZero() bool { return r.ref.IsZero() && r.gen != follow }
+
+// actorRefWire is an ActorRef as it crosses a process.
+type actorRefWire struct {
+	Address, ID, Job, Gang, Machine, UID string
+	Rank, Gen, PID                       int
+}
+
+// GobEncode implements gob.GobEncoder: a ref crosses processes in messages and objects.
+func (r ActorRef) GobEncode() ([]byte, error) {
+	var buf bytes.Buffer
+	err := gob.NewEncoder(&buf).Encode(actorRefWire{Address: r.ref.Address(), ID: r.ref.ID(), Job: r.job, Gang: r.gang,
+		Machine: r.machine, UID: r.uid, Rank: r.rank, Gen: r.gen, PID: r.pid})
+	return buf.Bytes(), err
+}
+
+// GobDecode implements gob.GobDecoder.
+func (r *ActorRef) GobDecode(b []byte) error {
+	var w actorRefWire
+	if err := gob.NewDecoder(bytes.NewReader(b)).Decode(&w); err != nil {
+		return err
+	}
+	*r = ActorRef{job: w.Job, gang: w.Gang, machine: w.Machine, uid: w.UID, rank: w.Rank, gen: w.Gen, pid: w.PID}
+	if w.ID != "" {
+		r.ref = actors.NewRef(w.Address, w.ID)
+	}
+	return nil
+}
+
+// Caller is who makes a call: the driver (*Cluster) or an actor (*Context).
+type Caller interface {
+	conn() *conn
+}
+
+// Future is a result in flight: a call's reply or a task's result. It may be awaited any
+// number of times, from any number of goroutines; every Await sees the same result.
+type Future[Resp any] struct {
+	direct *actors.Future[Resp] // a call that went out at once
+
+	done chan struct{} // otherwise: completed by the goroutine that resolves it
+	once sync.Once
+	val  Resp
+	err  error
+}
+
+func newFuture[Resp any]() *Future[Resp] { return &Future[Resp]{done: make(chan struct{})} }
+
+func (f *Future[Resp]) complete(v Resp, err error) {
+	f.once.Do(func() {
+		f.val, f.err = v, err
+		close(f.done)
+	})
+}
+
+// Await waits for the result within ctx (ctx bounds only this wait; the call or task
+// itself is bounded by the context that started it).
+func (f *Future[Resp]) Await(ctx context.Context) (Resp, error) {
+	if f.direct != nil {
+		return f.direct.Await(ctx)
+	}
+	select {
+	case <-f.done:
+		return f.val, f.err
+	default:
+	}
+	select {
+	case <-f.done:
+		return f.val, f.err
+	case <-ctx.Done():
+		var zero Resp
+		return zero, fmt.Errorf("sdk: await: %w", ctx.Err())
+	}
+}
+
+// Done is closed once the result (or the error) is known.
+func (f *Future[Resp]) Done() <-chan struct{} {
+	if f.direct != nil {
+		return f.direct.Done()
+	}
+	return f.done
+}
+
+// Waitable is anything Wait can wait for: every *Future.
+type Waitable interface {
+	Done() <-chan struct{}
+}
+
+// Wait waits until n of the futures are ready (or ctx ends) and returns the indexes of the
+// ready ones and of the rest, in order, as Ray's ray.wait does. n larger than the number of
+// futures means all of them. Awaiting a ready future then returns at once.
+func Wait[W Waitable](ctx context.Context, futures []W, n int) (ready, pending []int, err error) {
+	n = min(n, len(futures))
+	cases := make([]reflect.SelectCase, 0, len(futures)+1)
+	idx := make([]int, 0, len(futures))
+	done := make([]bool, len(futures))
+	count := 0
+	for i, f := range futures {
+		select {
+		case <-f.Done():
+			done[i] = true
+			count++
+		default:
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(f.Done())})
+			idx = append(idx, i)
+		}
+	}
+	cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())})
+	for count < n {
+		chosen, _, _ := reflect.Select(cases)
+		if chosen == len(cases)-1 {
+			err = fmt.Errorf("sdk: wait for %d of %d futures (%d ready): %w", n, len(futures), count, ctx.Err())
+			break
+		}
+		done[idx[chosen]] = true
+		count++
+		cases = append(cases[:chosen], cases[chosen+1:]...)
+		idx = append(idx[:chosen], idx[chosen+1:]...)
+	}
+	for i := range futures {
+		if done[i] {
+			ready = append(ready, i)
+		} else {
+			pending = append(pending, i)
+		}
+	}
+	return ready, pending, err
+}
+
+// CallAsync sends req to the actor and returns at once with a Future for its reply of type
+// Resp. ctx bounds and cancels the call (the handler's context is cancelled with it).
+func CallAsync[Resp any](ctx context.Context, h Caller, to ActorRef, req any) *Future[Resp] {
+	c := h.conn()
+	if to.gen != follow {
+		return callIncarnation[Resp](ctx, c, to, req)
+	}
+	// A placed actor: its current incarnation, once it runs.
+	g := to.g
+	if g == nil {
+		g = c.follower(to.job, to.gang, to.uid)
+	}
+	if cur := g.Worker(to.rank); !cur.ref.IsZero() {
+		return callIncarnation[Resp](ctx, c, cur, req)
+	}
+	f := newFuture[Resp]()
+	go func() {
+		var zero Resp
+		if _, err := g.AwaitRunning(ctx, 0); err != nil {
+			f.complete(zero, fmt.Errorf("sdk: call %s: %w", to, err))
+			return
+		}
+		f.complete(callIncarnation[Resp](ctx, c, g.Worker(to.rank), req).Await(context.WithoutCancel(ctx)))
+	}()
+	return f
+}
+
+// callIncarnation calls one incarnation of an actor: a call to a gang worker ends with its
+// generation (ErrStale).
+func callIncarnation[Resp any](ctx context.Context, c *conn, to ActorRef, req any) *Future[Resp] {
+	if to.ref.IsZero() && to.job != "" {
+		f := newFuture[Resp]()
+		var zero Resp
+		f.complete(zero, fmt.Errorf("%w: %s is not ready (its gang is starting or restarting)", ErrActorDead, to))
+		return f
+	}
+	if to.g == nil || to.job == "" {
+		return &Future[Resp]{direct: actors.CallAsync[Resp](ctx, c.sys, to.ref, req)}
+	}
+	// A gang worker: the call ends with its incarnation (ErrStale). A worker whose process
+	// went away is most often one its agent stopped because the gang restarts: the caller
+	// learns it from the log within moments, and says ErrStale rather than ErrActorDead.
+	gctx := to.g.generationContext(to.gen)
+	cctx, ccancel := context.WithCancelCause(ctx)
+	if gctx.Err() != nil {
+		ccancel(to.g.endCause(to.gen))
+	}
+	stop := context.AfterFunc(gctx, func() { ccancel(to.g.endCause(to.gen)) })
+	inner := actors.CallAsync[Resp](cctx, c.sys, to.ref, req)
+	f := newFuture[Resp]()
+	go func() {
+		defer func() { stop(); ccancel(nil) }()
+		v, err := inner.Await(context.WithoutCancel(cctx))
+		if err != nil && errors.Is(err, ErrActorDead) && !errors.Is(err, ErrStale) {
+			t := time.NewTimer(staleGrace)
+			defer t.Stop()
+			select {
+			case <-gctx.Done():
+				err = fmt.Errorf("%w (%v)", to.g.endCause(to.gen), err)
+			case <-t.C:
+			case <-ctx.Done():
+			}
+		}
+		f.complete(v, err)
+	}()
+	return f
+}
+
+// Call sends req to the actor and waits for its reply of type Resp within ctx. It fails
+// fast with ErrActorDead when the actor is gone, and with ErrStale when it was a worker of
+// a gang incarnation that has ended.
+func Call[Resp any](ctx context.Context, h Caller, to ActorRef, req any) (Resp, error) {
+	return CallAsync[Resp](ctx, h, to, req).Await(context.WithoutCancel(ctx))
+}
+
+// Send delivers msg to the actor without waiting for a reply (to a placed actor: to its
+// current incarnation, if it runs).
+func Send(h Caller, to ActorRef, msg any) error {
+	if to.gen == follow {
+		g := to.g
+		if g == nil {
+			g = h.conn().follower(to.job, to.gang, to.uid)
+		}
+		to = g.Worker(to.rank)
+	}
+	return actors.Send(h.conn().sys, to.ref, msg)
+}
+
+// Member is where one gang member runs: Machine, GPUs (its cards' indices on the machine),
+// UUIDs (their UUIDs, "GPU-sim-..." when simulated), Islands (their NVLink islands), and
+// what it holds of them: Milli (a share of its card, 1000 for whole cards), MIG (its MIG
+// profile), CPUMilli and MemMiB.
+type Member = api.Member
+
+// Placement is where the scheduler put a gang: Members (by rank), Islands (how many NVLink
+// islands it spans), Machines (their names), and Scores (the scheduler's per-plugin
+// scores, "total", and "allreduce_us", the modeled AllReduce time of the placement).
+type Placement = api.Placement
+
+// Resources is what one gang member, placed actor or task asks for. The zero value asks
+// for nothing: a CPU-only member that reserves no CPU.
+type Resources struct {
+	// GPUs is the number of whole cards, on one machine. With GPUMilli in 1..999 (and GPUs
+	// 1): that share of one card, which other members share.
+	GPUs     int
+	GPUMilli int
+	// MIG is a MIG profile ("1g.10gb", "3g.40gb", ...): one slice group of a MIG-enabled card.
+	MIG string
+	// CPUMilli is CPU in thousandths of a core; MemMiB host memory.
+	CPUMilli int64
+	MemMiB   int64
+}
+
+// Context is what an actor sees while it handles a message: the message's context (its
+// caller's deadline and cancellation), its place in its gang, and the cluster (calls,
+// spawns, tasks, puts and gets go through it, from the actor's own process and machine).
+// It is valid only inside the actor's methods.
 type Context struct {
+	context.Context
 	ac      *actors.Context
-	cluster *Cluster
-	env     *gangEnv // nil for a standalone actor
-	gen     int
-	restore int64 // step of the checkpoint restored at start, -1 if none
+	c       *conn
+	w       *hosted // nil for an actor of Cluster.Spawn
+	restore int64
+	owner   string // who owns the objects it puts, when not the actor itself (a task's job)
 }
 
-// Rank is the worker's rank in its gang (0..Size-1), or -1 for a standalone actor.
-func (c *Context) Rank() int { return c.ac.Rank() }
+func (c *Context) conn() *conn { return c.c }
 
-// Size is the gang's size (1 for a standalone actor).
+func (c *Context) store() objectHost {
+	st := c.c.objects
+	if c.w != nil {
+		st = c.w.store
+	}
+	if c.owner != "" {
+		return ownedStore{objectHost: st, holder: c.owner}
+	}
+	return st
+}
+
+// Rank is the worker's rank in its gang (0..Size-1), or -1 for an actor of Cluster.Spawn.
+// An elastic gang's ranks change when it resizes (see Resizer).
+func (c *Context) Rank() int {
+	if c.w == nil {
+		return -1
+	}
+	return c.w.rank()
+}
+
+// Size is the gang's size (1 for a placed actor, a task or an actor of Cluster.Spawn): an
+// elastic gang's current size.
 func (c *Context) Size() int {
-	if c.env == nil {
+	if c.w == nil {
 		return 1
 	}
-	return c.env.size
+	_, members := c.w.world()
+	return len(members)
 }
 
 // Self is the actor's own address.
-func (c *Context) Self() ActorRef { return ActorRef{ref: c.ac.Self()} }
+func (c *Context) Self() ActorRef {
+	if c.w == nil {
+		return ActorRef{ref: c.ac.Self(), pid: os.Getpid()}
+	}
+	s := c.w.spec
+	return ActorRef{ref: c.ac.Self(), job: s.Job, gang: s.Gang, rank: s.Rank, gen: s.Generation, machine: s.Machine}
+}
+
+// Job is the job the actor belongs to: it spawns gangs, placed actors and tasks from inside
+// the actor. Nil for an actor of Cluster.Spawn, which belongs to no job.
+func (c *Context) Job() *Job {
+	if c.w == nil {
+		return nil
+	}
+	return &Job{c: c.c, name: c.w.spec.Job}
+}
 
 // Logger is the actor's logger.
 func (c *Context) Logger() *zap.Logger { return c.ac.Logger() }
 
-// Generation is the gang incarnation this worker belongs to (0, then +1 per restart).
-func (c *Context) Generation() int { return c.gen }
+// Generation is the gang incarnation this worker belongs to: 0 for a new gang, +1 per
+// restart (and a gang spawned again under an ended one's name goes on from its number).
+func (c *Context) Generation() int {
+	if c.w == nil {
+		return 0
+	}
+	return c.w.spec.Generation
+}
 
 // RestoredStep is the step of the checkpoint this worker was restored from, and whether it
 // was restored at all.
 func (c *Context) RestoredStep() (int64, bool) { return c.restore, c.restore >= 0 }
 
-// Placement is where this worker runs: its machine and its GPUs (simulated in the embedded
-// default). A standalone actor runs on the driver's machine with no GPU.
-func (c *Context) Placement() runtime.MemberPlacement {
-	if c.env == nil {
-		return runtime.MemberPlacement{Machine: 0, MachineName: c.cluster.Machines()[0].Name}
+// Placement is where this worker runs: its machine and its GPUs. An actor of
+// Cluster.Spawn runs in its driver's process, with no GPU.
+func (c *Context) Placement() Member {
+	if c.w == nil {
+		return Member{}
 	}
-	return c.env.placement.Members[c.Rank()]
+	return c.w.spec.Member
 }
 
-// AllReduce sums data element-wise across every worker of the gang, in place, with a ring
-// whose chunks move through the machines' object stores (shared memory on one machine, the
-// transfer plane between machines). Every worker
-// must call it with a slice of the same length. It fails with ErrStale when a gang member has
-// failed (the gang is restarting), and honours ctx.
+// AllReduce sums data element-wise across every worker of the gang, in place: a ring
+// between the workers (in memory between workers of one process, over the transfer plane
+// between processes). Every worker must call it with a slice of the same length. It fails
+// with ErrStale when a member has failed (the gang is restarting), names the ranks it waits
+// for when ctx ends first, and honours ctx.
 func (c *Context) AllReduce(ctx context.Context, data []float32) error {
-	if c.env == nil {
+	if c.w == nil {
 		return ErrNotInGang
 	}
-	ring, err := c.env.ring(c.gen)
-	if err != nil {
-		return err
-	}
-	if err := ring.AllReduce(ctx, c.Rank(), data); err != nil {
-		if errors.Is(err, runtime.ErrAborted) {
-			return fmt.Errorf("%w: %w", ErrStale, err)
-		}
-		return err
-	}
-	return nil
+	return c.w.allReduce(ctx, data)
 }
 
-func (c *Context) host() (*runtime.Local, int, string) {
-	return c.cluster.local, c.Placement().Machine, c.ac.Self().ID()
-}
-
-// gangEnv is what the workers of one gang share.
-type gangEnv struct {
-	local     *runtime.Local
-	job, gang string
-	size      int
-	placement runtime.Placement
-
-	mu    sync.Mutex
-	rings map[int]*runtime.Ring // by generation
-	dead  int                   // generations below this are over
-}
-
-func (e *gangEnv) ring(gen int) (*runtime.Ring, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if gen < e.dead {
-		return nil, fmt.Errorf("%w: generation %d", ErrStale, gen)
-	}
-	r, ok := e.rings[gen]
+// Spawn starts an actor of a kind in this process (the driver's), named name (unique
+// among this process's actors; empty: a generated name), with its constructor arguments
+// (nil: the zero value). It can call, put and get like any actor, and other processes
+// reach it through its ref; it ends with this process. Job.SpawnActor places an actor on a
+// machine of the cluster instead, with resources, restarts and a name others look up.
+func (c *Cluster) Spawn(ctx context.Context, kind, name string, args any) (ActorRef, error) {
+	kd, ok := c.c.s.kinds[kind]
 	if !ok {
-		machines := make([]int, e.size)
-		for i, m := range e.placement.Members {
-			machines[i] = m.Machine
-		}
-		r = runtime.NewRingOver(e.size, e.local.RingPlane(fmt.Sprintf("%s/%s/%d", e.job, e.gang, gen), machines))
-		e.rings[gen] = r
+		return ActorRef{}, fmt.Errorf("sdk: spawn %q: %w: %q", name, ErrUnknownKind, kind)
 	}
-	return r, nil
-}
-
-// endGeneration aborts every ring of generations before next.
-func (e *gangEnv) endGeneration(next int) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for g, r := range e.rings {
-		if g < next {
-			r.Abort()
-			delete(e.rings, g)
-		}
-	}
-	e.dead = max(e.dead, next)
-}
-
-// checkpointReq asks a worker for its state.
-type checkpointReq struct{ step int64 }
-
-// cell adapts a user Actor to actors.Handler.
-type cell struct {
-	user    Actor
-	cluster *Cluster
-	ctx     Context
-}
-
-func (w *cell) Started(ac *actors.Context) error {
-	w.ctx = Context{ac: ac, cluster: w.cluster, restore: -1}
-	if g := ac.Gang(); g != nil {
-		w.ctx.env, _ = g.Data().(*gangEnv)
-		w.ctx.gen = g.Generation()
-	}
-	if cp, ok := w.user.(Checkpointer); ok && w.ctx.env != nil {
-		if err := w.restore(cp); err != nil {
-			return err
-		}
-	}
-	if s, ok := w.user.(Starter); ok {
-		return s.Start(&w.ctx)
-	}
-	return nil
-}
-
-func (w *cell) restore(cp Checkpointer) error {
-	env := w.ctx.env
-	ctx := context.Background()
-	m, ok, err := w.cluster.local.LatestCheckpoint(ctx, env.job, env.gang)
-	if err != nil || !ok {
-		return err
-	}
-	rank := w.ctx.Rank()
-	if rank >= len(m.Objects) {
-		return fmt.Errorf("sdk: checkpoint at step %d has %d parts, rank %d has none", m.Step, len(m.Objects), rank)
-	}
-	view, release, err := w.cluster.local.GetObject(ctx, w.ctx.Placement().Machine, m.Objects[rank])
+	p, err := encodePayload(c.c.s.codec, args)
 	if err != nil {
-		return fmt.Errorf("sdk: restore rank %d from step %d: %w", rank, m.Step, err)
+		return ActorRef{}, fmt.Errorf("sdk: spawn %q arguments: %w", name, err)
 	}
-	defer release()
-	if err := cp.Restore(view); err != nil {
-		return fmt.Errorf("sdk: restore rank %d from step %d: %w", rank, m.Step, err)
+	a, err := kd.make(p)
+	if err != nil {
+		return ActorRef{}, err
 	}
-	w.ctx.restore = m.Step
-	w.ctx.Logger().Info("restored from checkpoint", zap.Int64("step", m.Step))
-	return nil
+	j, err := c.c.sys.Job("actors")
+	if err != nil {
+		return ActorRef{}, err
+	}
+	if name == "" {
+		name = fmt.Sprintf("%s-%d", kind, spawnSeq.Add(1))
+	}
+	g, err := j.SpawnGroup(ctx, actors.GroupSpec{Name: name, Members: []actors.MemberSpec{{Name: "a", Kind: kind, Index: -1,
+		Producer: func() actors.Handler { return &cell{c: c.c, user: a} }}}})
+	if err != nil {
+		return ActorRef{}, err
+	}
+	if err := g.AwaitStarted(ctx); err != nil {
+		return ActorRef{}, err
+	}
+	return ActorRef{ref: g.Member(0), pid: os.Getpid()}, nil
 }
 
-func (w *cell) Receive(_ *actors.Context, msg any) (any, error) {
-	if req, ok := msg.(checkpointReq); ok {
-		cp, ok := w.user.(Checkpointer)
-		if !ok {
-			return nil, fmt.Errorf("sdk: actor %T does not implement Checkpointer", w.user)
-		}
-		state, err := cp.Checkpoint()
-		if err != nil {
-			return nil, fmt.Errorf("sdk: checkpoint at step %d: %w", req.step, err)
-		}
-		l, machine, owner := w.ctx.host()
-		return l.PutObject(context.Background(), machine, owner, state)
-	}
-	return w.user.Receive(&w.ctx, msg)
-}
+var spawnSeq atomic.Int64

@@ -1,22 +1,104 @@
-// Package sdk is the Go API a training program uses to run on Atoll.
+// Package sdk is the Go API a program uses to run on Atoll: tasks, actors, gangs of workers
+// on GPUs, objects, and waiting on any of them. A program needs no other Atoll package.
 //
-// A program starts (or, later, connects to) a cluster, registers its actor kinds by name,
-// submits a job, spawns gangs of workers on GPUs, calls them, passes objects, and lets the
-// workers AllReduce and checkpoint:
+// # Starting
 //
-//	c, _ := sdk.Local(ctx)                                   // embedded cluster, simulated GPUs
-//	defer c.Shutdown(ctx)
-//	_ = c.Register("trainer", func() sdk.Actor { return &Trainer{} })
-//	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "digits"})
-//	g, _ := job.SpawnGang(ctx, sdk.GangSpec{Name: "dp", Kind: "trainer", Workers: 8, GPUsPerWorker: 1, SameIsland: true, MaxRestarts: 3})
-//	ref, _ := sdk.Put(ctx, c, dataset)                        // typed object refs
-//	loss, _ := sdk.Call[float64](ctx, c, g.Worker(0), Step{Data: ref})
-//	_ = g.Checkpoint(ctx, step)                               // Checkpoint() on every worker, committed as one
+// Start connects to the cluster named by ATOLL_ADDRESS (or WithAddress) and otherwise starts
+// the embedded default (Local): three heads and four simulated 8-GPU machines in this
+// process. The same program runs unchanged on both. Go cannot ship closures to other
+// processes, so a program declares its actor kinds and tasks by name when it starts, and on
+// a cluster the agents run this same executable as its workers: Start then serves the
+// worker and never returns.
 //
-// Inside a worker, Receive gets a *Context: its rank, its GPUs, AllReduce among the gang, and
-// Put/Get on its machine's store. A worker that implements Checkpointer is restored from the
-// gang's newest complete checkpoint whenever the gang restarts.
+//	var square = sdk.Task("square", func(ctx *sdk.Context, x int) (int, error) { return x * x, nil })
 //
-// Go cannot ship closures to other processes, so actor kinds are registered by name in the
-// program, and the same binary runs the driver and the workers.
+//	func main() {
+//		ctx := context.Background()
+//		c, err := sdk.Start(ctx,
+//			sdk.Tasks(square),
+//			sdk.Kind("counter", func() sdk.Actor { return &Counter{} }, Incr{}),
+//			sdk.KindOf("trainer", NewTrainer, Step{})) // NewTrainer(args TrainerArgs) sdk.Actor
+//		if err != nil { ... }
+//		defer c.Shutdown(ctx)
+//		job, err := c.Submit(ctx, sdk.JobSpec{Name: "demo"})
+//		...
+//	}
+//
+// # Tasks
+//
+// A task is a stateless function run on a worker of the cluster with its resources (one
+// CPU by default), as Ray's remote functions are. Remote returns a Future at once; a task
+// whose worker fails runs again elsewhere (TaskOptions.MaxRetries); an error the function
+// returns is its result. Task workers are pooled per job and shape of resources, reused, and
+// stopped when idle.
+//
+//	var fs []*sdk.Future[int]
+//	for i := range 100 {
+//		fs = append(fs, square.Remote(ctx, job, i))
+//	}
+//	gpu := train.With(sdk.TaskOptions{Resources: sdk.Resources{GPUs: 1, GPUMilli: 250}}) // a quarter GPU
+//	score, err := gpu.Remote(ctx, job, trial).Await(ctx)
+//
+// # Futures and Wait
+//
+// A Future (a call's reply or a task's result) can be awaited any number of times, from any
+// goroutine. Wait returns the first n ready, as ray.wait does:
+//
+//	ready, pending, err := sdk.Wait(ctx, fs, 10)
+//	for _, i := range ready {
+//		v, err := fs[i].Await(ctx) // at once
+//	}
+//
+// Cancelling the context given to Remote or CallAsync cancels the run: the handler's or
+// function's Context is cancelled too, in whatever process it runs.
+//
+// # Actors
+//
+// An actor is a value of a registered kind that handles one message at a time (Receive).
+// Job.SpawnActor places one on a machine with its resources and restarts it on failure;
+// its ref is a handle whose calls go to its current incarnation. Detached actors outlive
+// their job and driver; any driver finds them with Lookup. Refs cross processes: pass them
+// in messages and constructor arguments. Inside Receive, the *Context is a context.Context
+// carrying the caller's deadline and cancellation, and a Caller and Host of its own: an
+// actor calls, spawns, runs tasks (Context.Job), puts and gets.
+//
+//	ps, err := job.SpawnActor(ctx, sdk.ActorSpec{Name: "ps", Kind: "ps", Resources: sdk.Resources{CPUMilli: 2000}})
+//	n, err := sdk.Call[int](ctx, c, ps, Incr{})
+//	reg, err := job.SpawnActor(ctx, sdk.ActorSpec{Name: "registry", Kind: "registry", Detached: true})
+//	same, err := sdk.Lookup(ctx, otherDriver, "registry")
+//
+// # Gangs
+//
+// A gang is Workers actors placed all-or-nothing (whole GPUs, a share of one, a MIG slice,
+// CPU and memory each; SameIsland or a Strategy: Pack, Spread, StrictPack, StrictSpread),
+// restarted all-for-one when one fails, from the gang's newest checkpoint (workers that
+// implement Checkpointer). Calls to a worker of an ended incarnation fail with ErrStale; a
+// gang that used up its restarts fails with ErrGangFailed and frees its GPUs; Stop frees
+// them at once.
+//
+//	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "dp", Kind: "trainer", Args: TrainerArgs{Data: ref},
+//		Workers: 16, GPUsPerWorker: 1, MaxRestarts: 3})
+//	loss, err := sdk.Call[float64](ctx, c, g.Worker(0), Step{N: 1}) // inside: ctx.AllReduce(ctx, grads)
+//	err = g.Checkpoint(ctx, step)                                 // every worker's state, committed as one
+//	parts, step, err := g.ReadCheckpoint(ctx, -1)                 // and read back
+//
+// # Objects
+//
+// Put stores an immutable value in the cluster's object store and returns a typed Ref that
+// crosses processes; Get fetches it (pulling it to the caller's machine), View lends its
+// bytes without copying. An object belongs to who put it and goes with it (a driver's when
+// it disconnects, a worker's when its incarnation ends, a task's when its job stops) unless
+// Detached; Free drops it at once. Objects larger than their store are stored in parts that
+// spill to disk.
+//
+//	ref, err := sdk.Put(ctx, c, dataset)
+//	data, err := sdk.Get(ctx, workerCtx, ref)
+//
+// # Errors
+//
+// Every error wraps one of the sentinels below (ErrStale, ErrNoCapacity, ErrUnknownKind,
+// ...), across processes too; a cancelled context's error satisfies errors.Is(err,
+// context.Canceled).
+//
+// Tests can run a program on a cluster of real processes with package sdktest.
 package sdk

@@ -12,32 +12,62 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/atoll-run/atoll/actors"
-	"github.com/atoll-run/atoll/runtime"
 	"github.com/atoll-run/atoll/sdk"
 )
+
+// testOptions are the kinds and tasks of this test program: its worker processes (on a
+// cluster of processes) register them as the driver does.
+func testOptions() []sdk.Option {
+	return []sdk.Option{
+		sdk.Kind("summer", func() sdk.Actor { return summer{} }, sumReq{}),
+		sdk.Kind("echo", func() sdk.Actor { return echo{} }),
+		sdk.Kind("fetcher", func() sdk.Actor { return fetcher{} }, sdk.Ref[point]{}),
+		sdk.Kind("sizer", func() sdk.Actor { return sizer{} }, sdk.Ref[[]byte]{}),
+		sdk.Kind("keeper", func() sdk.Actor { return &keeper{} }, tick{}),
+		sdk.KindOf("greeter", func(a greeting) sdk.Actor { return greeter{a} }, tick{}),
+		sdk.KindOf("forwarder", func(a forwardArgs) sdk.Actor { return forwarder{a} }, tick{}),
+		sdk.Kind("stepper", func() sdk.Actor { return &stepper{} }, stepReq{}, stateReq{}),
+		sdk.Tasks(square, where, crashOnce, failing, putBytes, spawnFromTask),
+	}
+}
+
+func TestMain(m *testing.M) {
+	if sdk.InWorker() { // an agent started this test binary as a worker: serve it
+		_, err := sdk.Start(context.Background(), testOptions()...)
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
 
 func newCluster(t *testing.T, opts ...sdk.Option) *sdk.Cluster {
 	t.Helper()
 	ctx := context.Background()
-	c, err := sdk.Local(ctx, append([]sdk.Option{sdk.WithLogger(zaptest.NewLogger(t)), sdk.WithCallTimeout(10 * time.Second)}, opts...)...)
+	c, err := sdk.Local(ctx, append(append([]sdk.Option{sdk.WithLogger(zaptest.NewLogger(t)), sdk.WithCallTimeout(10 * time.Second)},
+		testOptions()...), opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Shutdown(ctx) })
+	t.Cleanup(func() {
+		if err := c.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
 	return c
 }
+
+type sumReq struct{ N int }
 
 // summer AllReduces a vector made from its rank and returns the result.
 type summer struct{}
 
 func (summer) Receive(c *sdk.Context, msg any) (any, error) {
-	n := msg.(int)
+	n := msg.(sumReq).N
 	v := make([]float32, n)
 	for i := range v {
 		v[i] = float32(c.Rank() + i)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(c, 10*time.Second)
 	defer cancel()
 	err := c.AllReduce(ctx, v)
 	return v, err
@@ -46,9 +76,6 @@ func (summer) Receive(c *sdk.Context, msg any) (any, error) {
 func TestGangPlacementAndAllReduce(t *testing.T) {
 	c := newCluster(t)
 	ctx := context.Background()
-	if err := c.Register("summer", func() sdk.Actor { return summer{} }); err != nil {
-		t.Fatal(err)
-	}
 	job, err := c.Submit(ctx, sdk.JobSpec{Name: "j"})
 	if err != nil {
 		t.Fatal(err)
@@ -59,30 +86,68 @@ func TestGangPlacementAndAllReduce(t *testing.T) {
 		if err != nil {
 			t.Fatalf("gang %d: %v", i, err)
 		}
-		if p := g.Placement(); len(p.Islands) != 1 || len(p.GPUs()) != 8 {
-			t.Fatalf("gang %d placed on islands %v with GPUs %v; want one island of 8", i, p.Islands, p.GPUs())
+		if p := g.Placement(); p.Islands != 1 || len(p.Members) != 8 || len(p.Machines) != 1 {
+			t.Fatalf("gang %d placed on %d islands, machines %v; want one island of 8", i, p.Islands, p.Machines)
 		}
 		gangs = append(gangs, g)
 	}
-	seen := map[int]bool{}
+	seen := map[string]bool{}
 	for _, g := range gangs {
-		if seen[g.Placement().Islands[0]] {
-			t.Fatalf("two gangs share island %d", g.Placement().Islands[0])
+		m := g.Placement().Machines[0]
+		if seen[m] {
+			t.Fatalf("two gangs share machine %s", m)
 		}
-		seen[g.Placement().Islands[0]] = true
+		seen[m] = true
 	}
-	if c.FreeGPUs() != 0 {
-		t.Fatalf("free GPUs = %d, want 0", c.FreeGPUs())
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	_, err = job.SpawnGang(ctx, sdk.GangSpec{Name: "late", Kind: "summer", Workers: 1, GPUsPerWorker: 1})
-	if !errors.Is(err, runtime.ErrNoCapacity) {
-		t.Fatalf("gang on a full cluster: %v, want ErrNoCapacity", err)
+	for _, m := range st.Machines {
+		if m.FreeGPUs != 0 {
+			t.Fatalf("machine %s has %d free GPUs, want 0", m.Name, m.FreeGPUs)
+		}
 	}
-	// AllReduce across the gang's workers.
+	// A gang on a full cluster waits in its queue (with the scheduler's reason) instead of
+	// being refused, and starts when a gang ends; a wait cut short withdraws it.
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	if _, err := job.SpawnGang(short, sdk.GangSpec{Name: "late", Kind: "summer", Workers: 1, GPUsPerWorker: 1}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("gang on a full cluster, waited 300 ms: %v, want the deadline", err)
+	}
+	cancelShort()
+	type spawned struct {
+		g   *sdk.Gang
+		err error
+	}
+	late := make(chan spawned, 1)
+	go func() {
+		g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "late", Kind: "summer", Workers: 1, GPUsPerWorker: 1})
+		late <- spawned{g, err}
+	}()
+	for waiting := false; !waiting; {
+		st, err := c.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, gs := range st.Gangs {
+			waiting = waiting || (gs.Name == "late" && gs.State == "pending" && gs.Reason != "")
+		}
+		select {
+		case r := <-late:
+			t.Fatalf("the gang on a full cluster returned before any capacity freed: %v, %v", r.g, r.err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := gangs[3].Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-late; r.err != nil || r.g.Placement().Machines[0] != gangs[3].Placement().Machines[0] {
+		t.Fatalf("the waiting gang after a gang stopped: %v on %v, want it on the freed machine", r.err, r.g)
+	}
 	g := gangs[1]
-	fs := make([]sdk.Future[[]float32], g.Size())
+	fs := make([]*sdk.Future[[]float32], g.Size())
 	for r := range fs {
-		fs[r] = sdk.CallAsync[[]float32](c, g.Worker(r), 5)
+		fs[r] = sdk.CallAsync[[]float32](ctx, c, g.Worker(r), sumReq{N: 5})
 	}
 	for r, f := range fs {
 		v, err := f.Await(ctx)
@@ -95,48 +160,60 @@ func TestGangPlacementAndAllReduce(t *testing.T) {
 			}
 		}
 	}
-	if err := job.Stop(ctx); err != nil {
+	// A gang stops and frees its GPUs; the job stops the rest.
+	if err := gangs[0].Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if c.FreeGPUs() != 32 {
-		t.Fatalf("after the job stopped, free GPUs = %d, want 32", c.FreeGPUs())
+	if _, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "after", Kind: "summer", Workers: 8, GPUsPerWorker: 1, SameIsland: true}); err != nil {
+		t.Fatalf("after a gang stopped its island must be free: %v", err)
+	}
+	if err := job.Stop(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 
 func TestBadRequestsAreRejectedWithReasons(t *testing.T) {
 	c := newCluster(t)
 	ctx := context.Background()
-	_ = c.Register("summer", func() sdk.Actor { return summer{} })
-	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "bad"})
+	job, err := c.Submit(ctx, sdk.JobSpec{Name: "bad"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name string
 		spec sdk.GangSpec
 		want error
 		text string
 	}{
-		{"larger than cluster", sdk.GangSpec{Name: "a", Kind: "summer", Workers: 40, GPUsPerWorker: 1}, runtime.ErrNeverFits, "needs 40 GPUs (40 x 1) but the whole cluster has 32"},
-		{"larger than island", sdk.GangSpec{Name: "a", Kind: "summer", Workers: 9, GPUsPerWorker: 1, SameIsland: true}, runtime.ErrNeverFits, "largest island has 8"},
-		{"zero GPUs", sdk.GangSpec{Name: "a", Kind: "summer", Workers: 2, GPUsPerWorker: 0}, runtime.ErrInvalidRequest, "0 GPUs per member"},
-		{"negative GPUs", sdk.GangSpec{Name: "a", Kind: "summer", Workers: 2, GPUsPerWorker: -1}, runtime.ErrInvalidRequest, "-1 GPUs per member"},
-		{"zero workers", sdk.GangSpec{Name: "a", Kind: "summer", Workers: 0, GPUsPerWorker: 1}, runtime.ErrInvalidRequest, "0 members"},
-		{"too many GPUs per worker", sdk.GangSpec{Name: "a", Kind: "summer", Workers: 1, GPUsPerWorker: 9}, runtime.ErrNeverFits, "largest machine has 8"},
-		{"unknown kind", sdk.GangSpec{Name: "a", Kind: "nobody", Workers: 1, GPUsPerWorker: 1}, actors.ErrUnknownKind, `"nobody"`},
+		{"larger than cluster", sdk.GangSpec{Name: "a", Kind: "summer", Workers: 40, GPUsPerWorker: 1}, sdk.ErrNeverFits, "40"},
+		{"larger than island", sdk.GangSpec{Name: "a", Kind: "summer", Workers: 9, GPUsPerWorker: 1, SameIsland: true}, sdk.ErrNeverFits, "island"},
+		{"negative GPUs", sdk.GangSpec{Name: "a", Kind: "summer", Workers: 2, GPUsPerWorker: -1}, sdk.ErrInvalid, "negative"},
+		{"zero workers", sdk.GangSpec{Name: "a", Kind: "summer", Workers: 0, GPUsPerWorker: 1}, sdk.ErrInvalid, "0 workers"},
+		{"too many GPUs per worker", sdk.GangSpec{Name: "a", Kind: "summer", Workers: 1, GPUsPerWorker: 9}, sdk.ErrNeverFits, "9"},
+		{"unknown kind", sdk.GangSpec{Name: "a", Kind: "nobody", Workers: 1, GPUsPerWorker: 1}, sdk.ErrUnknownKind, `"nobody"`},
+		{"bad name", sdk.GangSpec{Name: "../a", Kind: "summer", Workers: 1, GPUsPerWorker: 1}, sdk.ErrInvalid, "[A-Za-z0-9._-]"},
+		{"unserializable args", sdk.GangSpec{Name: "a", Kind: "greeter", Workers: 1, Args: func() {}}, sdk.ErrUnserializable, "func"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := job.SpawnGang(ctx, tc.spec)
 			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
 				t.Fatalf("err = %v; want %v mentioning %q", err, tc.want, tc.text)
 			}
-			if c.FreeGPUs() != 32 {
-				t.Fatalf("a rejected gang holds GPUs: %d free", c.FreeGPUs())
-			}
 		})
 	}
-	if _, err := c.Spawn("nobody", ""); !errors.Is(err, actors.ErrUnknownKind) {
-		t.Fatalf("spawn unknown kind: %v", err)
+	st, _ := c.Status(ctx)
+	for _, m := range st.Machines {
+		if m.FreeGPUs != m.GPUs {
+			t.Fatalf("a rejected gang holds GPUs on %s: %d of %d free", m.Name, m.FreeGPUs, m.GPUs)
+		}
 	}
-	if _, err := c.Actor("job-bad/gang-zz/w0"); !errors.Is(err, actors.ErrUnknownActor) {
-		t.Fatalf("lookup unknown actor: %v", err)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := job.SpawnGang(cancelled, sdk.GangSpec{Name: "c", Kind: "summer", Workers: 1, GPUsPerWorker: 1}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("SpawnGang with a cancelled context: %v", err)
+	}
+	if _, err := sdk.Put(cancelled, c, []byte("x")); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Put with a cancelled context: %v", err)
 	}
 	dir := t.TempDir()
 	path := filepath.Join(dir, "cluster.json")
@@ -147,10 +224,8 @@ func TestBadRequestsAreRejectedWithReasons(t *testing.T) {
 	if _, err := sdk.Local(ctx, sdk.WithSpec("4xdgx-h1000")); err == nil || !strings.Contains(err.Error(), "dgx-h1000") {
 		t.Fatalf("unknown machine type: %v", err)
 	}
-	bad := runtime.SimulatedCluster(1, 4, "x", "y")
-	bad.Machines[0].GPUs[2].Island = 7
-	if _, err := sdk.Local(ctx, sdk.WithCluster(bad)); !errors.Is(err, runtime.ErrInvalidRequest) || !strings.Contains(err.Error(), "island 7") {
-		t.Fatalf("malformed cluster: %v", err)
+	if _, err := sdk.Local(ctx, sdk.Kind("k", func() sdk.Actor { return echo{} }, struct{ f func() }{})); !errors.Is(err, sdk.ErrUnserializable) {
+		t.Fatalf("a message type that cannot cross processes: %v", err)
 	}
 }
 
@@ -161,7 +236,6 @@ func (echo) Receive(_ *sdk.Context, msg any) (any, error) { return msg, nil }
 func TestCallStoppedActorFailsFast(t *testing.T) {
 	c := newCluster(t)
 	ctx := context.Background()
-	_ = c.Register("echo", func() sdk.Actor { return echo{} })
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "s"})
 	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "e", Kind: "echo", Workers: 2, GPUsPerWorker: 1})
 	if err != nil {
@@ -174,12 +248,8 @@ func TestCallStoppedActorFailsFast(t *testing.T) {
 	if err := job.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
-	if _, err := sdk.Call[string](ctx, c, w, "hi"); !errors.Is(err, actors.ErrActorDead) {
-		t.Fatalf("call to stopped worker: %v", err)
-	}
-	if time.Since(start) > 2*time.Second {
-		t.Fatal("a call to a stopped actor must fail fast")
+	if _, err := sdk.Call[string](ctx, c, w, "hi"); !errors.Is(err, sdk.ErrStale) && !errors.Is(err, sdk.ErrActorDead) {
+		t.Fatalf("call to a stopped worker: %v, want ErrStale or ErrActorDead", err)
 	}
 }
 
@@ -192,7 +262,7 @@ type point struct {
 type fetcher struct{}
 
 func (fetcher) Receive(c *sdk.Context, msg any) (any, error) {
-	return sdk.Get(context.Background(), c, msg.(sdk.Ref[point]))
+	return sdk.Get(c, c, msg.(sdk.Ref[point]))
 }
 
 func TestObjectsTypedAcrossMachines(t *testing.T) {
@@ -210,7 +280,6 @@ func TestObjectsTypedAcrossMachines(t *testing.T) {
 		t.Fatalf("float32 Get = %v, %v", got, err)
 	}
 	// A worker on another machine pulls the driver's object to its own machine.
-	_ = c.Register("fetcher", func() sdk.Actor { return fetcher{} })
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "o"})
 	if _, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "fill", Kind: "fetcher", Workers: 8, GPUsPerWorker: 1, SameIsland: true}); err != nil {
 		t.Fatal(err)
@@ -219,8 +288,9 @@ func TestObjectsTypedAcrossMachines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m := g.Placement().Members[0].Machine; m == 0 {
-		t.Fatalf("fetcher placed on machine 0; the test needs another machine")
+	ms, _ := c.Machines(ctx)
+	if m := g.Placement().Members[0].Machine; m == ms[0].Name {
+		t.Fatalf("fetcher placed on %s, the driver's machine; the test needs another", m)
 	}
 	got, err := sdk.Call[point](ctx, c, g.Worker(0), r)
 	if err != nil || got.Tag != "p" {
@@ -229,10 +299,12 @@ func TestObjectsTypedAcrossMachines(t *testing.T) {
 	if err := sdk.Free(ctx, c, r); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sdk.Get(ctx, c, r); !errors.Is(err, runtime.ErrUnknownObject) {
+	if _, err := sdk.Get(ctx, c, r); !errors.Is(err, sdk.ErrUnknownObject) {
 		t.Fatalf("Get after Free: %v", err)
 	}
 }
+
+type tick struct{}
 
 // keeper checkpoints a counter.
 type keeper struct{ n int }
@@ -241,13 +313,9 @@ func (k *keeper) Receive(*sdk.Context, any) (any, error) { k.n++; return k.n, ni
 func (k *keeper) Checkpoint() ([]byte, error)            { return []byte{byte(k.n)}, nil }
 func (k *keeper) Restore(b []byte) error                 { k.n = int(b[0]); return nil }
 
-func TestDecisionsAreCommittedToThePaxosLog(t *testing.T) {
+func TestRestartRestoresFromTheCommittedCheckpoint(t *testing.T) {
 	c := newCluster(t)
 	ctx := context.Background()
-	if _, ok := c.Runtime().Meta().(*runtime.LogMeta); !ok {
-		t.Fatalf("the embedded head's metadata store is %T, want the Paxos log", c.Runtime().Meta())
-	}
-	_ = c.Register("keeper", func() sdk.Actor { return &keeper{} })
 	job, err := c.Submit(ctx, sdk.JobSpec{Name: "logged"})
 	if err != nil {
 		t.Fatal(err)
@@ -257,31 +325,104 @@ func TestDecisionsAreCommittedToThePaxosLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	for r := 0; r < 2; r++ {
-		if _, err := sdk.Call[int](ctx, c, g.Worker(r), "tick"); err != nil {
+		if _, err := sdk.Call[int](ctx, c, g.Worker(r), tick{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := g.Checkpoint(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	m := c.Runtime().Meta()
-	for _, want := range []struct{ table, prefix string }{
-		{runtime.TableMachines, "dgx-h100-"}, {runtime.TableJobs, "logged"}, {runtime.TableGangs, "logged/k"},
-		{runtime.TablePlacements, "logged/k"}, {runtime.TableCheckpoints, "logged/k/"}, {runtime.TableObjects, ""},
-	} {
-		kvs, err := m.List(ctx, want.table, want.prefix)
-		if err != nil || len(kvs) == 0 {
-			t.Errorf("metadata log has no %s%s* (%v)", want.table, want.prefix, err)
+	for r := 0; r < 2; r++ { // progress after the checkpoint, lost by the restart
+		if _, err := sdk.Call[int](ctx, c, g.Worker(r), tick{}); err != nil {
+			t.Fatal(err)
 		}
 	}
-	// A gang restart restores every worker from the committed checkpoint.
-	if err := g.Kill(0, "test"); err != nil {
+	old := g.Worker(1)
+	if err := g.Kill(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
+	if gen, err := g.AwaitRunning(ctx, 1); err != nil || gen != 1 {
+		t.Fatalf("after the kill: generation %d, %v", gen, err)
+	}
+	if g.Restarts() != 1 {
+		t.Fatalf("restarts = %d", g.Restarts())
+	}
+	if n, err := sdk.Call[int](ctx, c, g.Worker(1), tick{}); err != nil || n != 2 {
+		t.Fatalf("after restore from the checkpoint (n=1), a tick gives %d, %v; want 2", n, err)
+	}
+	if _, err := sdk.Call[int](ctx, c, old, tick{}); !errors.Is(err, sdk.ErrStale) {
+		t.Fatalf("a call to a worker of the ended generation: %v, want ErrStale", err)
+	}
+	// Past MaxRestarts the gang fails and frees its GPUs.
+	if err := g.Kill(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.AwaitRunning(ctx, 2); !errors.Is(err, sdk.ErrGangFailed) {
+		t.Fatalf("a gang past its restarts: %v, want ErrGangFailed", err)
+	}
+	if _, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "k2", Kind: "keeper", Workers: 32, GPUsPerWorker: 1}); err != nil {
+		t.Fatalf("the failed gang's GPUs must be free: %v", err)
+	}
+}
+
+type greeting struct{ Name string }
+
+type greeter struct{ g greeting }
+
+func (g greeter) Receive(*sdk.Context, any) (any, error) { return "hello " + g.g.Name, nil }
+
+func TestConstructorArguments(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "a"})
+	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "g", Kind: "greeter", Workers: 2, Args: greeting{"atoll"}, MaxRestarts: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := sdk.Call[string](ctx, c, g.Worker(1), tick{}); err != nil || s != "hello atoll" {
+		t.Fatalf("greeting = %q, %v", s, err)
+	}
+	_ = g.Kill(ctx, 0)
 	if _, err := g.AwaitRunning(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := sdk.Call[int](ctx, c, g.Worker(1), "tick"); err != nil || n != 2 {
-		t.Fatalf("after restore from the checkpoint (n=1), a tick gives %d, %v; want 2", n, err)
+	if s, err := sdk.Call[string](ctx, c, g.Worker(0), tick{}); err != nil || s != "hello atoll" {
+		t.Fatalf("a restarted worker keeps its arguments: %q, %v", s, err)
+	}
+	a, err := c.Spawn(ctx, "greeter", "solo", greeting{"solo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := sdk.Call[string](ctx, c, a, tick{}); err != nil || s != "hello solo" {
+		t.Fatalf("standalone actor: %q, %v", s, err)
 	}
 }
+
+func TestWait(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "w"})
+	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "e", Kind: "echo", Workers: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fs []sdk.Waitable
+	for r := 0; r < 4; r++ {
+		fs = append(fs, sdk.CallAsync[string](ctx, c, g.Worker(r), "x"))
+	}
+	ready, pending, err := sdk.Wait(ctx, fs, 4)
+	if err != nil || len(ready) != 4 || len(pending) != 0 {
+		t.Fatalf("Wait all: %v %v %v", ready, pending, err)
+	}
+	never := make(chan struct{})
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	ready, pending, err = sdk.Wait(short, append(fs[:1:1], waitable(never)), 2)
+	if !errors.Is(err, context.DeadlineExceeded) || len(ready) != 1 || len(pending) != 1 || pending[0] != 1 {
+		t.Fatalf("Wait with one never ready: %v %v %v", ready, pending, err)
+	}
+}
+
+type waitable chan struct{}
+
+func (w waitable) Done() <-chan struct{} { return w }

@@ -8,11 +8,13 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/topology"
 )
 
 // Options configure a training run. DefaultOptions is what `atoll demo` runs.
@@ -39,14 +41,31 @@ type Options struct {
 	Progress io.Writer
 	// Logger receives the cluster's logs.
 	Logger *zap.Logger
-	// ClusterOptions configure the embedded cluster.
+	// ClusterOptions configure the cluster: the embedded default's machines, or the address
+	// of a running cluster (sdk.WithAddress; ATOLL_ADDRESS does the same).
 	ClusterOptions []sdk.Option
+	// MaxFailedSteps bounds the steps in a row that may fail (each then waits for the gang
+	// to recover) before the run gives up with the last error.
+	MaxFailedSteps int
+	// Hooks let the caller follow the run (the CLI's dashboard and progress reports).
+	Hooks Hooks
+}
+
+// Hooks are called as a run goes; each is optional and must not block for long (but
+// Finished, which may keep the cluster up as long as it likes).
+type Hooks struct {
+	// Started: the gang is placed (job "digits", gang "dp").
+	Started func(ctx context.Context, c *sdk.Cluster, job, gang string)
+	// Step: a training step completed with this mean minibatch loss.
+	Step func(step int64, loss float64)
+	// Finished: training is over; the cluster is still up until it returns.
+	Finished func(ctx context.Context)
 }
 
 // DefaultOptions: 8 workers, 300 steps, a crash at step 130 (checkpoints every 25 steps).
 func DefaultOptions() Options {
 	return Options{Steps: 300, Workers: 8, Hidden: 32, Batch: 32, LR: 0.1, Momentum: 0.9,
-		CheckpointEvery: 25, KillAtStep: 130, KillRank: 3, Seed: 1}
+		CheckpointEvery: 25, KillAtStep: 130, KillRank: 3, Seed: 1, MaxFailedSteps: 20}
 }
 
 // Result is the summary of a run; its JSON is `atoll demo --json`'s output.
@@ -75,6 +94,15 @@ type Result struct {
 	TrainExamples   int       `json:"train_examples"`
 	TestExamples    int       `json:"test_examples"`
 	ModelParameters int       `json:"model_parameters"`
+	// WorkerPIDs are the worker processes' ids by rank (the driver's own in the embedded
+	// default, whose workers live in its process); MachinesUsed the machines of the gang.
+	WorkerPIDs   []int    `json:"worker_pids"`
+	MachinesUsed []string `json:"machines_used"`
+	// Embedded says the run used the embedded default (no address).
+	Embedded bool `json:"embedded"`
+
+	where                      string
+	islandCount, largestIsland int
 }
 
 // Placed is where one worker runs.
@@ -94,14 +122,27 @@ type Score struct {
 	Value float64 `json:"value"`
 }
 
-// Run starts an embedded cluster, trains the MLP on the digits data with a gang of workers
-// inside one NVLink island, crashes one worker part-way (the gang restarts from its newest
-// checkpoint), and returns the summary.
+// Kinds are this program's actor kinds: a worker process (started by an agent, running
+// this same program) must register them exactly as the driver does.
+func Kinds() []sdk.Option {
+	return []sdk.Option{sdk.KindOf("digits-worker", newWorker, stepMsg{}, stateReq{}, evalReq{})}
+}
+
+// Run starts (or connects to) a cluster, trains the MLP on the digits data with a gang of
+// workers inside one NVLink island, crashes one worker part-way (the gang restarts from its
+// newest checkpoint), and returns the summary. In a worker process it serves the worker and
+// never returns.
 func Run(ctx context.Context, o Options) (Result, error) {
 	start := time.Now()
 	if o.Workers <= 0 || o.Steps <= 0 || o.Batch <= 0 || o.Hidden <= 0 || o.CheckpointEvery <= 0 {
 		return Result{}, fmt.Errorf("digits: workers %d, steps %d, batch %d, hidden %d, checkpoint every %d: all must be positive",
 			o.Workers, o.Steps, o.Batch, o.Hidden, o.CheckpointEvery)
+	}
+	if o.KillAtStep >= 0 && (o.KillRank < 0 || o.KillRank >= o.Workers) {
+		return Result{}, fmt.Errorf("digits: kill rank %d is not a rank of a gang of %d workers", o.KillRank, o.Workers)
+	}
+	if o.MaxFailedSteps <= 0 {
+		o.MaxFailedSteps = 20
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -110,38 +151,39 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
-	train, test, err := Load(o.Seed, 0.2)
-	if err != nil {
-		return Result{}, err
-	}
-	c, err := sdk.Local(ctx, append([]sdk.Option{sdk.WithLogger(o.Logger)}, o.ClusterOptions...)...)
+	c, err := sdk.Start(ctx, append(append([]sdk.Option{sdk.WithLogger(o.Logger)}, Kinds()...), o.ClusterOptions...)...)
 	if err != nil {
 		return Result{}, err
 	}
 	defer func() { _ = c.Shutdown(context.WithoutCancel(ctx)) }()
-
-	dataRef := new(sdk.Ref[[2]Dataset])
-	if err := c.Register("digits-worker", func() sdk.Actor { return &worker{opts: &o, dataRef: dataRef} }); err != nil {
+	train, test, err := Load(o.Seed, 0.2)
+	if err != nil {
 		return Result{}, err
 	}
 	sets, err := sdk.Put(ctx, c, [2]Dataset{train, test})
 	if err != nil {
 		return Result{}, err
 	}
-	*dataRef = sets
-
 	job, err := c.Submit(ctx, sdk.JobSpec{Name: "digits"})
 	if err != nil {
 		return Result{}, err
 	}
-	gang, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "dp", Kind: "digits-worker", Workers: o.Workers, GPUsPerWorker: 1,
-		SameIsland: true, MaxRestarts: 3, Backoff: 20 * time.Millisecond, AllReduceBytes: int64(4 * NumParams(o.Hidden))})
+	defer func() { _ = job.Stop(context.WithoutCancel(ctx)) }()
+	args := workerArgs{Data: sets, Hidden: o.Hidden, Batch: o.Batch, LR: o.LR, Momentum: o.Momentum, Seed: o.Seed}
+	gang, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "dp", Kind: "digits-worker", Args: args, Workers: o.Workers, GPUsPerWorker: 1,
+		SameIsland: o.Workers <= 8, MaxRestarts: 3, Backoff: 20 * time.Millisecond, AllReduceBytes: int64(4 * NumParams(o.Hidden))})
 	if err != nil {
 		return Result{}, err
 	}
-	res := describe(c, gang)
+	res, err := describe(ctx, c, gang)
+	if err != nil {
+		return res, err
+	}
 	res.Steps, res.TrainExamples, res.TestExamples, res.ModelParameters = o.Steps, train.Len(), test.Len(), NumParams(o.Hidden)
-	printPlacement(progress, c, res)
+	printPlacement(progress, res)
+	if o.Hooks.Started != nil {
+		o.Hooks.Started(ctx, c, job.Name(), gang.Name())
+	}
 
 	first, err := sdk.Call[evalReply](ctx, c, gang.Worker(0), evalReq{})
 	if err != nil {
@@ -151,7 +193,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 
 	live := newProgressLine(progress, o.Steps)
 	var step int64
-	var samples int
+	var samples, failed int
 	trainStart := time.Now()
 	for step < int64(o.Steps) {
 		if int(step) == o.KillAtStep && res.Restarts == 0 {
@@ -166,6 +208,10 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 		loss, n, err := trainStep(ctx, c, gang, step)
 		if err != nil {
+			failed++
+			if failed > o.MaxFailedSteps {
+				return res, fmt.Errorf("digits: %d steps in a row failed; the last at step %d: %w", failed, step, err)
+			}
 			recovered, rerr := resync(ctx, c, gang)
 			if rerr != nil {
 				return res, fmt.Errorf("digits: step %d failed (%v) and the gang did not recover: %w", step, err, rerr)
@@ -173,15 +219,31 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			step = recovered
 			continue
 		}
+		failed = 0
 		step++
 		samples += n
 		if step%int64(o.CheckpointEvery) == 0 {
 			if err := gang.Checkpoint(ctx, step); err != nil {
-				return res, err
+				// A machine lost while its workers saved: the last complete checkpoint
+				// stands, and the gang (restarting) resumes from it.
+				failed++
+				if failed > o.MaxFailedSteps {
+					return res, fmt.Errorf("digits: checkpoint at step %d: %w", step, err)
+				}
+				live.note(fmt.Sprintf("checkpoint at step %d failed (%v); going on from the last complete one", step, err))
+				recovered, rerr := resync(ctx, c, gang)
+				if rerr != nil {
+					return res, fmt.Errorf("digits: checkpoint at step %d failed (%v) and the gang did not recover: %w", step, err, rerr)
+				}
+				step = recovered
+				continue
 			}
 			res.Checkpoints++
 		}
 		live.update(step, loss, float64(samples)/time.Since(trainStart).Seconds(), gang.Restarts())
+		if o.Hooks.Step != nil {
+			o.Hooks.Step(step, loss)
+		}
 	}
 	live.done()
 	last, err := sdk.Call[evalReply](ctx, c, gang.Worker(0), evalReq{})
@@ -192,15 +254,21 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	res.Restarts = gang.Restarts()
 	res.SamplesPerSec = float64(samples) / time.Since(trainStart).Seconds()
 	res.WallSeconds = time.Since(start).Seconds()
-	return res, job.Stop(ctx)
+	for _, w := range gang.Workers() {
+		res.WorkerPIDs = append(res.WorkerPIDs, w.PID)
+	}
+	if o.Hooks.Finished != nil {
+		o.Hooks.Finished(ctx)
+	}
+	return res, nil
 }
 
 // trainStep runs one synchronous step on every worker and returns the mean minibatch loss.
 func trainStep(ctx context.Context, c *sdk.Cluster, g *sdk.Gang, step int64) (float64, int, error) {
 	gen := g.Generation()
-	fs := make([]sdk.Future[stepResult], g.Size())
+	fs := make([]*sdk.Future[stepResult], g.Size())
 	for r := range fs {
-		fs[r] = sdk.CallAsync[stepResult](c, g.Worker(r), stepMsg{Gen: gen, Step: step})
+		fs[r] = sdk.CallAsync[stepResult](ctx, c, g.Worker(r), stepMsg{Gen: gen, Step: step})
 	}
 	var loss float64
 	var n int
@@ -225,7 +293,7 @@ func trainStep(ctx context.Context, c *sdk.Cluster, g *sdk.Gang, step int64) (fl
 func crashAndRecover(ctx context.Context, c *sdk.Cluster, g *sdk.Gang, rank int, live *progressLine) (int64, error) {
 	gen := g.Generation()
 	live.note(fmt.Sprintf("killing worker %d (injected crash) — the gang restarts all-for-one from its newest checkpoint", rank))
-	if err := g.Kill(rank, "demo: worker killed"); err != nil {
+	if err := g.Kill(ctx, rank); err != nil {
 		return 0, err
 	}
 	if _, err := g.AwaitRunning(ctx, gen+1); err != nil {
@@ -272,62 +340,78 @@ func resync(ctx context.Context, c *sdk.Cluster, g *sdk.Gang) (int64, error) {
 	return 0, fmt.Errorf("digits: workers of gang %q do not agree on a step", g.Name())
 }
 
-func describe(c *sdk.Cluster, g *sdk.Gang) Result {
-	topo := c.Topology()
+func describe(ctx context.Context, c *sdk.Cluster, g *sdk.Gang) (Result, error) {
+	topo, err := c.Topology(ctx)
+	if err != nil {
+		return Result{}, err
+	}
 	p := g.Placement()
-	res := Result{GPUsTotal: topo.NumGPUs(), Machines: len(topo.Machines), GangSize: g.Size(), IslandsUsed: len(p.Islands), Placer: p.Placer}
+	res := Result{GPUsTotal: topo.NumGPUs(), Machines: len(topo.Machines), GangSize: g.Size(), IslandsUsed: p.Islands,
+		Placer: "gang", MachinesUsed: p.Machines, Embedded: c.Embedded()}
 	for _, m := range topo.Machines {
 		res.SimulatedGPUs = res.SimulatedGPUs || m.Simulated
 	}
-	// Islands: the gang's GPUs grouped by the NVLink island they sit in.
-	byIsland := map[int][]int{}
-	for _, g := range p.GPUs() {
-		gpu, _ := topo.GPU(g)
-		byIsland[gpu.Island] = append(byIsland[gpu.Island], g)
+	byName := map[string]*topology.Machine{}
+	for _, m := range topo.Machines {
+		byName[m.Name] = m
 	}
-	for _, is := range p.Islands {
+	byIsland := map[int][]int{}
+	var islands []int
+	var gpus []int
+	for r, m := range p.Members {
+		tm := byName[m.Machine]
+		var global []int
+		for _, gi := range m.GPUs {
+			if tm != nil && gi < len(tm.GPUs) {
+				id := tm.GPUs[gi].ID
+				global = append(global, id)
+				is := topo.IslandOf(id)
+				if _, ok := byIsland[is]; !ok {
+					islands = append(islands, is)
+				}
+				byIsland[is] = append(byIsland[is], id)
+			}
+		}
+		gpus = append(gpus, global...)
+		res.Placement = append(res.Placement, Placed{Rank: r, Machine: m.Machine, GPUs: global, Island: m.Islands})
+	}
+	for _, is := range islands {
 		res.Islands = append(res.Islands, byIsland[is])
 	}
-	for r, m := range p.Members {
-		res.Placement = append(res.Placement, Placed{Rank: r, Machine: m.MachineName, GPUs: m.GPUs, Island: m.Islands})
+	res.IslandsUsed = len(islands)
+	res.where = topo.DescribePlacement(gpus)
+	res.islandCount, res.largestIsland = len(topo.Islands()), 0
+	for _, is := range topo.Islands() {
+		res.largestIsland = max(res.largestIsland, len(is))
 	}
 	for k, v := range p.Scores {
 		res.Scores = append(res.Scores, Score{Name: k, Value: v})
 	}
 	sort.Slice(res.Scores, func(i, j int) bool { return res.Scores[i].Name < res.Scores[j].Name })
-	return res
+	return res, nil
 }
 
-func printPlacement(w io.Writer, c *sdk.Cluster, r Result) {
-	topo := c.Topology()
+func printPlacement(w io.Writer, r Result) {
 	kind := "real"
 	if r.SimulatedGPUs {
 		kind = "simulated"
 	}
 	fmt.Fprintf(w, "cluster: %d machines, %d %s GPUs, %d NVLink islands (largest %d)\n",
-		r.Machines, r.GPUsTotal, kind, len(topo.Islands), topo.LargestIsland())
-	where := fmt.Sprintf("%d island(s)", r.IslandsUsed)
-	if topo.Topology != nil {
-		var gpus []int
-		for _, p := range r.Placement {
-			gpus = append(gpus, p.GPUs...)
-		}
-		where = topo.Topology.DescribePlacement(gpus)
-	}
-	fmt.Fprintf(w, "gang dp: %d workers x 1 GPU, placed by %s: %s\n", r.GangSize, r.Placer, where)
+		r.Machines, r.GPUsTotal, kind, r.islandCount, r.largestIsland)
+	fmt.Fprintf(w, "gang dp: %d workers x 1 GPU, placed by the gang scheduler: %s\n", r.GangSize, r.where)
 	scores := map[string]float64{}
 	for _, s := range r.Scores {
 		scores[s.Name] = s.Value
 	}
 	var parts []string
-	for _, s := range r.Scores {
-		if wt, ok := scores[s.Name+"_weight"]; ok {
-			parts = append(parts, fmt.Sprintf("%s %.2f×%.1f", s.Name, s.Value, wt))
+	for _, name := range []string{"topology", "fragmentation", "load", "binpack"} {
+		if v, ok := scores[name]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.2f", name, v))
 		}
 	}
 	if len(parts) > 0 {
-		fmt.Fprintf(w, "  scores: %s = %.2f; modeled AllReduce of the gradients %.0f µs; spans %.0f island(s), %.0f machine(s), %.0f rack(s)\n",
-			strings.Join(parts, " + "), scores["total"], scores["allreduce_us"], scores["islands_crossed"], scores["machines_crossed"], scores["racks_crossed"])
+		fmt.Fprintf(w, "  scores: %s; total %.2f; modeled AllReduce of the gradients %.0f µs; spans %d island(s), %.0f machine(s), %.0f rack(s)\n",
+			strings.Join(parts, ", "), scores["total"], scores["allreduce_us"], r.IslandsUsed, scores["machines_crossed"], scores["racks_crossed"])
 	}
 	for _, p := range r.Placement {
 		fmt.Fprintf(w, "  rank %d -> %s GPU %v (island %v)\n", p.Rank, p.Machine, p.GPUs, p.Island)
@@ -338,6 +422,7 @@ func printPlacement(w io.Writer, c *sdk.Cluster, r Result) {
 // progressLine draws a live status line on a terminal, or a line every tenth of the run
 // elsewhere.
 type progressLine struct {
+	mu    sync.Mutex // two gangs' trainers may share it (the scenarios)
 	w     io.Writer
 	total int
 	tty   bool
@@ -355,6 +440,8 @@ func newProgressLine(w io.Writer, total int) *progressLine {
 }
 
 func (p *progressLine) update(step int64, loss, rate float64, restarts int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	const width = 30
 	filled := int(step) * width / p.total
 	bar := strings.Repeat("█", filled) + strings.Repeat("·", width-filled)
@@ -370,6 +457,8 @@ func (p *progressLine) update(step int64, loss, rate float64, restarts int) {
 }
 
 func (p *progressLine) note(s string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.tty {
 		fmt.Fprint(p.w, "\r\033[K")
 	}

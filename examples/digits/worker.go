@@ -29,10 +29,20 @@ type (
 	}
 )
 
+// workerArgs are a worker's constructor arguments: the runtime keeps them and gives them to
+// every incarnation, in whatever process it runs.
+type workerArgs struct {
+	Data          sdk.Ref[[2]Dataset]
+	Hidden, Batch int
+	LR, Momentum  float32
+	Seed          uint64
+}
+
+func newWorker(a workerArgs) sdk.Actor { return &worker{opts: a} }
+
 // worker is one data-parallel rank: it holds a replica of the model and a shard of the data.
 type worker struct {
-	opts    *Options
-	dataRef *sdk.Ref[[2]Dataset]
+	opts workerArgs
 
 	train, test Dataset // the whole sets; the shard is train rows rank, rank+size, ...
 	shard       []int
@@ -45,6 +55,7 @@ type worker struct {
 var (
 	_ sdk.Checkpointer = (*worker)(nil)
 	_ sdk.Starter      = (*worker)(nil)
+	_ sdk.Resizer      = (*worker)(nil)
 )
 
 func (w *worker) Checkpoint() ([]byte, error) {
@@ -62,21 +73,37 @@ func (w *worker) Restore(data []byte) error {
 }
 
 func (w *worker) Start(c *sdk.Context) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(c, time.Minute)
 	defer cancel()
-	sets, err := sdk.Get(ctx, c, *w.dataRef)
+	sets, err := sdk.Get(ctx, c, w.opts.Data)
 	if err != nil {
 		return fmt.Errorf("digits: worker %d: load data: %w", c.Rank(), err)
 	}
 	w.train, w.test = sets[0], sets[1]
-	for i := c.Rank(); i < w.train.Len(); i += c.Size() {
-		w.shard = append(w.shard, i)
-	}
+	w.reshard(c)
 	if w.model == nil { // not restored: every rank starts from the same seeded weights
 		w.model = NewMLP(w.opts.Hidden, w.opts.Seed)
 		w.velocity = make([]float32, len(w.model.Params))
 	}
 	w.grad = make([]float32, len(w.model.Params))
+	return nil
+}
+
+// reshard takes the rows of this rank: rank, rank+size, ... (none for a member that is not
+// in its gang's world yet: a grow's new member, until its driver takes it in).
+func (w *worker) reshard(c *sdk.Context) {
+	w.shard = w.shard[:0]
+	if c.Rank() < 0 {
+		return
+	}
+	for i := c.Rank(); i < w.train.Len(); i += c.Size() {
+		w.shard = append(w.shard, i)
+	}
+}
+
+// Resized re-shards the data when an elastic gang's size changes.
+func (w *worker) Resized(c *sdk.Context) error {
+	w.reshard(c)
 	return nil
 }
 
@@ -111,7 +138,7 @@ func (w *worker) doStep(c *sdk.Context) (stepResult, error) {
 	}
 	clear(w.grad)
 	loss, correct := w.model.Gradient(w.train, batch, w.grad)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(c, 30*time.Second)
 	defer cancel()
 	if err := c.AllReduce(ctx, w.grad); err != nil {
 		return stepResult{}, err

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/sdk/sdktest"
+)
+
+func TestMain(m *testing.M) {
+	if sdk.InWorker() { // an agent started this test binary as a worker: serve it
+		_, err := sdk.Start(context.Background(), kinds()...)
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
+
+// reference is the final parameters' hash of a run without failure, on the embedded default.
+func reference(t *testing.T) string {
+	t.Helper()
+	o := DefaultOptions()
+	o.KillAt = -1
+	o.Cluster = []sdk.Option{sdk.WithLogger(zaptest.NewLogger(t))}
+	res, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Restarts != 0 || res.RestoredStep != -1 {
+		t.Fatalf("a run without failure restarted %d times", res.Restarts)
+	}
+	return res.FinalSHA256
+}
+
+func check(t *testing.T, res Result, want string) {
+	t.Helper()
+	if res.Restarts != 1 || res.RestoredStep != 30 || res.RanksVerified != 16 {
+		t.Errorf("%d restarts, restored step %d verified on %d ranks; want 1 restart from step 30, 16 ranks verified",
+			res.Restarts, res.RestoredStep, res.RanksVerified)
+	}
+	if len(res.Machines) != 2 {
+		t.Errorf("gang on machines %v, want two", res.Machines)
+	}
+	if res.FinalSHA256 != want {
+		t.Errorf("final parameters %s after the failure, %s without: the recovery was not exact", res.FinalSHA256, want)
+	}
+	if res.Accuracy < 0.8 {
+		t.Errorf("accuracy %.3f", res.Accuracy)
+	}
+}
+
+func TestExactRecoveryOnTheEmbeddedDefault(t *testing.T) {
+	want := reference(t)
+	o := DefaultOptions()
+	o.Cluster = []sdk.Option{sdk.WithLogger(zaptest.NewLogger(t))}
+	res, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, res, want)
+}
+
+// TestExactRecoveryOnAClusterOfProcesses runs the same program, unchanged, on a cluster of
+// processes (atoll up): 16 worker processes on two machines, one SIGKILLed by its agent.
+func TestExactRecoveryOnAClusterOfProcesses(t *testing.T) {
+	cl := sdktest.Up(t, 2, "")
+	want := reference(t)
+	o := DefaultOptions()
+	o.Cluster = []sdk.Option{sdk.WithLogger(zaptest.NewLogger(t)), sdk.WithAddress(cl.Address)}
+	res, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, res, want)
+	pids := map[int]bool{}
+	for _, p := range res.WorkerPIDs {
+		pids[p] = true
+	}
+	if len(pids) != 16 || pids[os.Getpid()] {
+		t.Errorf("worker pids %v: want 16 worker processes", res.WorkerPIDs)
+	}
+}

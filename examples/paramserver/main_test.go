@@ -1,0 +1,40 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/atoll-run/atoll/sdk"
+)
+
+func TestMain(m *testing.M) {
+	if sdk.InWorker() { // an agent started this test binary as a worker: serve it
+		_, err := sdk.Start(context.Background(), kinds()...)
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
+
+func TestParameterServerTrains(t *testing.T) {
+	o := DefaultOptions()
+	o.Rounds = 4
+	o.Cluster = []sdk.Option{sdk.WithLogger(zaptest.NewLogger(t))}
+	res, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Updates != int64(o.Workers*o.Rounds*o.StepsPerRound) {
+		t.Errorf("%d updates, want one per worker step: %d", res.Updates, o.Workers*o.Rounds*o.StepsPerRound)
+	}
+	if !(res.FinalLoss < res.InitialLoss/3) || res.Accuracy < 0.85 {
+		t.Errorf("test loss %.3f -> %.3f, accuracy %.3f: the model did not learn", res.InitialLoss, res.FinalLoss, res.Accuracy)
+	}
+	if len(res.Machines) != o.Workers {
+		t.Errorf("spread workers on machines %v, want %d machines", res.Machines, o.Workers)
+	}
+}

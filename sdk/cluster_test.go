@@ -1,0 +1,169 @@
+package sdk_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/sdk/sdktest"
+)
+
+// These tests run on a cluster of real processes (sdktest.Up: `atoll up`): the agents run
+// this test binary as the job's workers (TestMain serves them).
+
+func connect(t *testing.T, cl *sdktest.Cluster) *sdk.Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := sdk.Connect(ctx, cl.Address, append([]sdk.Option{sdk.WithLogger(zaptest.NewLogger(t)), sdk.WithCallTimeout(30 * time.Second)},
+		testOptions()...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestClusterTasksDetachedActorsAndObjectOwners(t *testing.T) {
+	cl := sdktest.Up(t, 2, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c1 := connect(t, cl)
+	job, err := c1.Submit(ctx, sdk.JobSpec{Name: "first"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Tasks run in worker processes, on their resources.
+	var fs []*sdk.Future[int]
+	for i := 0; i < 6; i++ {
+		fs = append(fs, square.Remote(ctx, job, i))
+	}
+	for i, f := range fs {
+		if v, err := f.Await(ctx); err != nil || v != i*i {
+			t.Fatalf("task %d: %d, %v", i, v, err)
+		}
+	}
+	if v, err := crashOnce.Remote(ctx, job, 1).Await(ctx); err != nil || v != 2 {
+		t.Fatalf("a task whose worker process crashed once: %d, %v", v, err)
+	}
+	m, err := where.With(sdk.TaskOptions{Resources: sdk.Resources{GPUs: 2}}).Remote(ctx, job, struct{}{}).Await(ctx)
+	if err != nil || len(m.GPUs) != 2 {
+		t.Fatalf("a two-GPU task ran on %+v, %v", m, err)
+	}
+	// A detached actor and a detached object outlive the driver; its other objects do not.
+	reg, err := job.SpawnActor(ctx, sdk.ActorSpec{Name: "registry", Kind: "keeper", Detached: true, Resources: sdk.Resources{CPUMilli: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := sdk.Call[int](ctx, c1, reg, tick{}); err != nil || n != 1 {
+		t.Fatalf("tick: %d, %v", n, err)
+	}
+	kept, err := sdk.Put(ctx, c1, []byte("kept"), sdk.Detached())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := sdk.Put(ctx, c1, []byte("gone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c1.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	c2 := connect(t, cl)
+	defer c2.Shutdown(context.Background())
+	found, err := sdk.Lookup(ctx, c2, "registry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := sdk.Call[int](ctx, c2, found, tick{}); err != nil || n != 2 {
+		t.Fatalf("the detached actor from another driver: %d, %v", n, err)
+	}
+	if b, err := sdk.Get(ctx, c2, kept); err != nil || string(b) != "kept" {
+		t.Fatalf("a detached object after its driver left: %q, %v", b, err)
+	}
+	if _, err := sdk.Get(ctx, c2, gone); err == nil {
+		t.Fatalf("a driver's object outlived the driver")
+	}
+	st, err := c2.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range st.Gangs {
+		if g.Job == "first" && g.State == "running" {
+			t.Fatalf("gang %s of the first driver's job runs after the driver left", g.Name)
+		}
+	}
+	if err := sdk.StopActor(ctx, c2, found); err != nil {
+		t.Fatal(err)
+	}
+	if err := sdk.Free(ctx, c2, kept); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestClusterCollectiveFailureIsStaleOnEveryRank crashes one rank of a 16-worker gang across
+// two machines in the middle of an AllReduce, several times: every surviving rank must
+// answer ErrStale, whichever machine it is on.
+func TestClusterCollectiveFailureIsStaleOnEveryRank(t *testing.T) {
+	cl := sdktest.Up(t, 2, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	c := connect(t, cl)
+	defer c.Shutdown(context.Background())
+	job, err := c.Submit(ctx, sdk.JobSpec{Name: "stale"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "g", Kind: "stepper", Workers: 16, GPUsPerWorker: 1, MaxRestarts: 10,
+		Backoff: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms := g.Placement().Machines; len(ms) != 2 {
+		t.Fatalf("gang on machines %v, want two", ms)
+	}
+	pids := map[int]bool{}
+	for _, w := range g.Workers() {
+		pids[w.PID] = true
+	}
+	if len(pids) != 16 || pids[os.Getpid()] {
+		t.Fatalf("%d worker processes, want 16 besides this one", len(pids))
+	}
+	step := func(crash int) []error {
+		fs := make([]*sdk.Future[[]float32], g.Size())
+		for r := range fs {
+			fs[r] = sdk.CallAsync[[]float32](ctx, c, g.Worker(r), stepReq{Crash: crash})
+		}
+		errs := make([]error, len(fs))
+		for r, f := range fs {
+			v, err := f.Await(ctx)
+			if err == nil && (len(v) != 2 || v[0] != 120 || v[1] != 16) {
+				err = errors.New("wrong sum")
+			}
+			errs[r] = err
+		}
+		return errs
+	}
+	for round := 0; round < 3; round++ {
+		gen := g.Generation()
+		for r, err := range step(-1) {
+			if err != nil {
+				t.Fatalf("round %d: a step without failure: rank %d: %v", round, r, err)
+			}
+		}
+		crash := 3 + 5*round // ranks on either machine
+		for r, err := range step(crash) {
+			if r != crash && !errors.Is(err, sdk.ErrStale) {
+				t.Errorf("round %d: rank %d (machine %s) after rank %d crashed: %v; want ErrStale", round, r, g.Placement().Members[r].Machine, crash, err)
+			}
+		}
+		if _, err := g.AwaitRunning(ctx, gen+1); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

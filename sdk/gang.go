@@ -1,0 +1,779 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/actors"
+	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/store/meta"
+	"github.com/atoll-run/atoll/store/object"
+)
+
+// Job is a submitted job: the root of its gangs, placed actors and tasks. A driver's jobs
+// stop when it shuts down.
+type Job struct {
+	c    *conn
+	name string
+}
+
+// Name is the job's name.
+func (j *Job) Name() string { return j.name }
+
+// Strategy is how a gang's members spread over machines, as Ray's placement group
+// strategies say it.
+type Strategy string
+
+// Placement strategies (GangSpec.Strategy).
+const (
+	// Pack puts the members on as few machines and NVLink islands as it can: the scheduler's
+	// topology-aware placement, also what no strategy gets.
+	Pack = Strategy(api.StrategyPack)
+	// Spread puts the members on as many machines as it can.
+	Spread = Strategy(api.StrategySpread)
+	// StrictPack puts every member on one machine, or the gang does not start.
+	StrictPack = Strategy(api.StrategyStrictPack)
+	// StrictSpread puts every member on a different machine, or the gang does not start.
+	StrictSpread = Strategy(api.StrategyStrictSpread)
+)
+
+// GangSpec describes a gang of workers placed all-or-nothing.
+type GangSpec struct {
+	// Name is unique within the job: 1-63 characters of [A-Za-z0-9._-].
+	Name string
+	// Kind is the registered actor kind of every worker; Args its constructor arguments
+	// (of the type its KindOf declared), kept by the runtime and given again on restart.
+	Kind string
+	Args any
+	// Workers is the gang's size: its largest, for an elastic gang.
+	Workers int
+	// MinWorkers, when set (1..Workers-1), makes the gang elastic: it starts with MinWorkers
+	// when only that fits, grows toward Workers when capacity frees and shrinks toward
+	// MinWorkers when a more important gang needs room, before anyone evicts it whole. Its
+	// driver takes each change at a step boundary (Notices, Yield); its workers learn their
+	// new rank and size there (Context.Rank, Size, and Resizer).
+	MinWorkers int
+	// GPUsPerWorker is how many whole GPUs each worker gets, on one machine; Resources
+	// asks for more (a share of a card, a MIG profile, CPU, memory) and wins when set.
+	// Neither: CPU-only workers.
+	GPUsPerWorker int
+	Resources     Resources
+	// SameIsland keeps the whole gang inside one NVLink island (AllReduce on NVLink).
+	SameIsland bool
+	// Strategy spreads or packs the workers over machines (Pack, Spread, StrictPack,
+	// StrictSpread); empty: the scheduler's topology-aware placement (Pack).
+	Strategy Strategy
+	// Priority orders gangs for the scheduler (higher first); PriorityClass names one of
+	// the operator's classes instead (atoll queues). A gang of a higher priority preempts
+	// lower ones when it does not fit (unless they are NotPreemptible): they are given a
+	// notice (Notices), checkpoint, stop, and queue again.
+	Priority      int
+	PriorityClass string
+	// Queue is the operator's queue the gang waits in (empty: the default queue).
+	Queue string
+	// NotPreemptible keeps the gang from being preempted or shrunk for another.
+	NotPreemptible bool
+	// CheckpointOnNotice says the driver takes its notices: on a stop notice it checkpoints
+	// at once (Checkpoint) and yields (Yield), so a preemption loses no work; the scheduler
+	// counts the save, not the lost work, in what evicting it costs.
+	CheckpointOnNotice bool
+	// CheckpointEvery is how often the driver checkpoints (for what a stop without notice
+	// loses); Duration the expected run time (0: unknown), for the queue order.
+	CheckpointEvery, Duration time.Duration
+	// AllReduceBytes is the size of the gang's gradients, for the scheduler's modeled
+	// AllReduce time of each candidate placement. Zero: the scheduler's default.
+	AllReduceBytes int64
+	// MaxRestarts bounds gang restarts within RestartWindow (default 1 minute); past it the
+	// gang fails and frees its GPUs. Backoff is the delay before the first restart (default
+	// 50 ms), doubling per restart in the window.
+	MaxRestarts            int
+	RestartWindow, Backoff time.Duration
+	// KeepCheckpoints is how many complete checkpoints to keep (default 2).
+	KeepCheckpoints int
+	// Resume starts the gang from the newest checkpoint an ended gang of the same name
+	// left (in this job): the way to carry training on after a driver stopped. Without it
+	// those checkpoints are freed, and the gang starts afresh.
+	Resume bool
+}
+
+// Gang is a gang of workers: this process's view of its record in the cluster's log,
+// kept up to date.
+type Gang struct {
+	c    *conn
+	job  string
+	name string
+	key  string
+	size int
+	keep int
+
+	mu      sync.Mutex
+	rec     api.Gang
+	workers map[int]api.Worker // by member index
+	changed chan struct{}
+	gens    map[int]genCtx
+	// notices delivers the notices given to the gang (Notices); seen is the newest one's
+	// issue time. lastCkpt and lastStep are this process's newest checkpoint of it.
+	notices  chan Notice
+	seen     time.Time
+	lastCkpt time.Time
+	lastStep int64
+	stop     context.CancelFunc
+	done     chan struct{}
+}
+
+type genCtx struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// newGang returns a handle on a gang that follows its record and workers in the log until
+// stop (or the end of the process's connection).
+func (c *conn) newGang(job, name string, size, keep int, rec api.Gang) *Gang {
+	g := &Gang{c: c, job: job, name: name, key: job + "/" + name, size: size, keep: keep, rec: rec, workers: map[int]api.Worker{},
+		changed: make(chan struct{}), gens: map[int]genCtx{}, done: make(chan struct{}), notices: make(chan Notice, 16)}
+	wctx, cancel := context.WithCancel(c.life)
+	g.stop = cancel
+	c.mu.Lock()
+	c.gangs[g] = true
+	c.mu.Unlock()
+	go g.follow(wctx)
+	return g
+}
+
+// follower is this process's handle on a placed actor's gang (the gang of that UID), made
+// on first use.
+func (c *conn) follower(job, name, uid string) *Gang {
+	key := job + "/" + name
+	c.mu.Lock()
+	for g := range c.gangs {
+		if g.key == key && g.size > 0 && g.uid() == uid {
+			c.mu.Unlock()
+			return g
+		}
+	}
+	c.mu.Unlock()
+	return c.newGang(job, name, 1, 0, api.Gang{UID: uid})
+}
+
+// uid is the UID of the gang the handle follows.
+func (g *Gang) uid() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.rec.UID
+}
+
+// SpawnGang asks the scheduler for the gang's GPUs (all members or none), then waits until
+// every worker has started (and been restored from the gang's newest checkpoint, if any).
+// A gang that does not fit now waits in its queue, with the scheduler's reason (State,
+// Reason), until it is placed or ctx ends (then it is withdrawn). A gang that can never fit
+// fails with ErrNeverFits, with the scheduler's numbers; a submission past the cluster's
+// bound of waiting gangs with ErrSaturated (RetryAfter says when to try again).
+func (j *Job) SpawnGang(ctx context.Context, spec GangSpec) (*Gang, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("sdk: spawn gang %q: %w", spec.Name, err)
+	}
+	c := j.c
+	if spec.KeepCheckpoints == 0 {
+		spec.KeepCheckpoints = 2
+	}
+	if spec.KeepCheckpoints < 0 {
+		return nil, fmt.Errorf("%w: gang %q KeepCheckpoints %d is negative", ErrInvalid, spec.Name, spec.KeepCheckpoints)
+	}
+	if _, ok := c.s.kinds[spec.Kind]; !ok {
+		return nil, fmt.Errorf("sdk: gang %q: %w: %q (give it with sdk.Kind to Start/Local/Connect)", spec.Name, ErrUnknownKind, spec.Kind)
+	}
+	args, err := encodePayload(c.s.codec, spec.Args)
+	if err != nil {
+		return nil, fmt.Errorf("sdk: gang %q arguments: %w", spec.Name, err)
+	}
+	res := spec.Resources
+	if res == (Resources{}) {
+		res.GPUs = spec.GPUsPerWorker
+	}
+	as := api.GangSpec{Job: j.name, Name: spec.Name, Kind: spec.Kind, Args: args, Workers: spec.Workers, MinWorkers: spec.MinWorkers, Resources: api.Resources(res),
+		SameIsland: spec.SameIsland, Strategy: api.Strategy(spec.Strategy), Priority: spec.Priority, PriorityClass: spec.PriorityClass, Queue: spec.Queue,
+		NotPreemptible: spec.NotPreemptible, JustInTime: spec.CheckpointOnNotice, CheckpointEvery: api.Duration(spec.CheckpointEvery), Duration: api.Duration(spec.Duration),
+		AllReduceBytes: spec.AllReduceBytes, MaxRestarts: spec.MaxRestarts,
+		RestartWindow: api.Duration(spec.RestartWindow), Backoff: api.Duration(spec.Backoff)}
+	if err := as.Normalize(); err != nil {
+		return nil, err
+	}
+	if !spec.Resume {
+		if err := c.dropEndedCheckpoints(ctx, j.name, spec.Name); err != nil {
+			return nil, fmt.Errorf("sdk: gang %q: the checkpoints of an ended gang of its name: %w", spec.Name, err)
+		}
+	}
+	rec, err := c.client.SpawnGang(ctx, as)
+	if err != nil {
+		if ctx.Err() != nil { // the answer may have been lost after the admission: withdraw
+			_ = c.client.StopGang(context.WithoutCancel(ctx), j.name, spec.Name)
+		}
+		return nil, err
+	}
+	g := c.newGang(j.name, spec.Name, spec.Workers, spec.KeepCheckpoints, rec)
+	if _, err := g.AwaitRunning(ctx, rec.Generation); err != nil {
+		if ctx.Err() != nil {
+			_ = c.client.StopGang(context.WithoutCancel(ctx), j.name, spec.Name) // free its GPUs
+		}
+		g.stop()
+		return nil, fmt.Errorf("sdk: gang %q did not start: %w", spec.Name, err)
+	}
+	return g, nil
+}
+
+// Gang returns a handle on a gang of the job by name (one spawned earlier, by this process
+// or another, or a placed actor's), following its record from now on. It fails with
+// ErrNotFound when the job has no such gang.
+func (j *Job) Gang(ctx context.Context, name string) (*Gang, error) {
+	var rec api.Gang
+	found, err := j.c.client.Get(ctx, api.TableGangs+j.name+"/"+name, &rec)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("%w: gang %s/%s", ErrNotFound, j.name, name)
+	}
+	return j.c.newGang(j.name, name, rec.Spec.Workers, 2, rec), nil
+}
+
+// follow keeps the gang's record and workers up to date from the log.
+func (g *Gang) follow(ctx context.Context) {
+	defer close(g.done)
+	c := g.c
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			_ = c.client.Watch(ctx, api.TableGangs+g.key, func(reset bool, l api.Listing, evs []meta.Event) error {
+				for _, kv := range l.KVs {
+					g.setRecord(kv.Key, kv.Value)
+				}
+				for _, ev := range evs {
+					if ev.Type == meta.EventPut {
+						g.setRecord(ev.KV.Key, ev.KV.Value)
+					}
+				}
+				return nil
+			})
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			_ = c.client.Watch(ctx, api.TableWorkers+g.key+"/", func(reset bool, l api.Listing, evs []meta.Event) error {
+				for _, kv := range l.KVs {
+					g.setWorker(kv.Value)
+				}
+				for _, ev := range evs {
+					if ev.Type == meta.EventPut {
+						g.setWorker(ev.KV.Value)
+					}
+				}
+				return nil
+			})
+		}
+	}()
+	wg.Wait()
+	g.mu.Lock()
+	for _, gc := range g.gens {
+		gc.cancel()
+	}
+	g.mu.Unlock()
+	c.mu.Lock()
+	delete(c.gangs, g)
+	c.mu.Unlock()
+}
+
+func (g *Gang) setRecord(key string, v []byte) {
+	if key != api.TableGangs+g.key {
+		return // another gang whose name starts with this one's
+	}
+	var rec api.Gang
+	if json.Unmarshal(v, &rec) != nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if rec.UID != g.rec.UID || rec.Generation < g.rec.Generation {
+		return
+	}
+	g.rec = rec
+	for gen, gc := range g.gens {
+		if gen < rec.Generation || !rec.State.Live() {
+			gc.cancel()
+			delete(g.gens, gen)
+		}
+	}
+	if n := rec.Notice; n != nil && n.Issued.After(g.seen) {
+		g.seen = n.Issued
+		select {
+		case g.notices <- noticeOf(rec):
+		default:
+			g.c.log.Warn("a gang notice was not taken: its channel is full", zap.String("gang", g.key), zap.String("kind", string(n.Kind)))
+		}
+	}
+	close(g.changed)
+	g.changed = make(chan struct{})
+}
+
+func (g *Gang) setWorker(v []byte) {
+	var w api.Worker
+	if json.Unmarshal(v, &w) != nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if w.GangUID != g.rec.UID {
+		return // a worker of an earlier gang of the same names
+	}
+	if old, ok := g.workers[w.Rank]; ok && old.Generation > w.Generation {
+		return
+	}
+	g.workers[w.Rank] = w
+	close(g.changed)
+	g.changed = make(chan struct{})
+}
+
+// generationContext is a context cancelled when generation gen of the gang ends.
+func (g *Gang) generationContext(gen int) context.Context {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gc, ok := g.gens[gen]; ok {
+		return gc.ctx
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if gen < g.rec.Generation || !g.rec.State.Live() {
+		cancel()
+		return ctx
+	}
+	g.gens[gen] = genCtx{ctx, cancel}
+	return ctx
+}
+
+// endCause is why generation gen of the gang ended: ErrStale, with ErrStopped or
+// ErrGangFailed when the gang ended for good.
+func (g *Gang) endCause(gen int) error {
+	g.mu.Lock()
+	rec := g.rec
+	g.mu.Unlock()
+	switch rec.State {
+	case api.GangStopped:
+		return fmt.Errorf("%w: %w: gang %s: %s", ErrStale, ErrStopped, g.key, rec.Reason)
+	case api.GangFailed:
+		return fmt.Errorf("%w: %w: gang %s: %s", ErrStale, ErrGangFailed, g.key, rec.Reason)
+	}
+	return fmt.Errorf("%w: gang %s generation %d ended", ErrStale, g.key, gen)
+}
+
+// Name is the gang's name.
+func (g *Gang) Name() string { return g.name }
+
+// Size is the number of workers: an elastic gang's current size (its world, as its driver
+// last took a resize).
+func (g *Gang) Size() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.ranksLocked())
+}
+
+// ranksLocked maps ranks to member indices: the gang's world, or 0..size-1 before it is
+// placed.
+func (g *Gang) ranksLocked() []int {
+	if r := g.rec.Ranks(); len(r) > 0 {
+		return r
+	}
+	out := make([]int, g.size)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// member is the member index of a rank (-1 when there is no such rank).
+func (g *Gang) member(rank int) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	r := g.ranksLocked()
+	if rank < 0 || rank >= len(r) {
+		return -1
+	}
+	return r[rank]
+}
+
+// Worker is the address of the worker of the given rank in the gang's current incarnation
+// (a zero ActorRef when that worker is not ready).
+func (g *Gang) Worker(rank int) ActorRef {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.workerLocked(rank)
+}
+
+func (g *Gang) workerLocked(rank int) ActorRef {
+	ranks := g.ranksLocked()
+	if rank < 0 || rank >= len(ranks) {
+		return ActorRef{g: g, job: g.job, gang: g.name, rank: rank, gen: g.rec.Generation}
+	}
+	return g.memberRefLocked(ranks[rank])
+}
+
+// memberRefLocked is the address of a member (by index) of the current incarnation.
+func (g *Gang) memberRefLocked(m int) ActorRef {
+	w, ok := g.workers[m]
+	if !ok || w.Generation != g.rec.Generation {
+		return ActorRef{g: g, job: g.job, gang: g.name, rank: m, gen: g.rec.Generation}
+	}
+	return ActorRef{ref: actors.NewRef(w.Address, w.ActorID), g: g, job: g.job, gang: g.name, rank: m, gen: w.Generation,
+		machine: w.Machine, pid: w.PID}
+}
+
+// Placement is where the scheduler put the gang (its current incarnation).
+func (g *Gang) Placement() Placement {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.rec.Placement == nil {
+		return Placement{}
+	}
+	return *g.rec.Placement
+}
+
+// Restarts counts gang restarts so far.
+func (g *Gang) Restarts() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.rec.Restarts
+}
+
+// Generation is the gang's current incarnation: 0 for a new gang, +1 per restart (a gang
+// spawned again under an ended one's name goes on from its number).
+func (g *Gang) Generation() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.rec.Generation
+}
+
+// State is the gang's state: pending, starting, running, restarting, failed or stopped.
+func (g *Gang) State() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return string(g.rec.State)
+}
+
+// Err is non-nil once the gang has failed for good (wrapping ErrGangFailed, with the
+// reason).
+func (g *Gang) Err() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.rec.State == api.GangFailed {
+		return fmt.Errorf("%w: %s: %s", ErrGangFailed, g.key, g.rec.Reason)
+	}
+	return nil
+}
+
+// AwaitRunning waits until the gang runs in generation minGen or later (every worker
+// started, restored and ready), and returns that generation. It fails when the gang fails
+// or stops, or ctx ends.
+func (g *Gang) AwaitRunning(ctx context.Context, minGen int) (int, error) {
+	for {
+		g.mu.Lock()
+		rec, ch := g.rec, g.changed
+		ranks := g.ranksLocked()
+		ready := 0
+		for _, m := range ranks {
+			if w, ok := g.workers[m]; ok && w.Generation == rec.Generation {
+				ready++
+			}
+		}
+		g.mu.Unlock()
+		switch {
+		case rec.State == api.GangFailed:
+			return rec.Generation, fmt.Errorf("%w: %s: %s", ErrGangFailed, g.key, rec.Reason)
+		case rec.State == api.GangStopped:
+			return rec.Generation, fmt.Errorf("%w: gang %s: %s", ErrStopped, g.key, rec.Reason)
+		case rec.State == api.GangRunning && rec.Generation >= minGen && ready == len(ranks):
+			return rec.Generation, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return rec.Generation, fmt.Errorf("sdk: gang %s is %s in generation %d (%d of %d workers ready; %s): %w",
+				g.key, rec.State, rec.Generation, ready, len(ranks), rec.Reason, ctx.Err())
+		}
+	}
+}
+
+// Kill crashes one worker, as its process dying would (in the embedded default its actor
+// crashes; on a cluster its agent kills its process): the gang restarts all-for-one from
+// its newest checkpoint. For tests and demonstrations.
+func (g *Gang) Kill(ctx context.Context, rank int) error {
+	c := g.c
+	c.mu.Lock()
+	h := c.hosted[workerKey(g.job, g.name, g.member(rank))]
+	c.mu.Unlock()
+	if h != nil {
+		return h.Kill()
+	}
+	p := g.Placement()
+	m := g.member(rank)
+	if m < 0 || m >= len(p.Members) {
+		return fmt.Errorf("%w: gang %s has no rank %d", ErrInvalid, g.key, rank)
+	}
+	machine := p.Members[m].Machine
+	rank = m // the agent knows its workers by member index
+	u, err := c.agentURL(ctx, func(m api.Machine) bool { return m.Name == machine })
+	if err != nil {
+		return fmt.Errorf("sdk: kill rank %d on %s: %w", rank, machine, err)
+	}
+	return c.agentCall(ctx, u, fmt.Sprintf("/v1/workers/kill?job=%s&gang=%s&rank=%d", g.job, g.name, rank), nil)
+}
+
+// Checkpoint asks every worker for its state (Checkpointer.Checkpoint), stores each in its
+// machine's object store, and commits them as one checkpoint at step: only a checkpoint
+// whose every part is stored is ever restored from. Older checkpoints beyond
+// KeepCheckpoints are freed.
+func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
+	c := g.c
+	start := time.Now()
+	futures := make([]*Future[string], g.Size())
+	for r := range futures {
+		futures[r] = CallAsync[string](ctx, c, g.Worker(r), checkpointReq{Step: step})
+	}
+	ids := make([]string, g.Size())
+	var errs []error
+	for r, f := range futures {
+		id, err := f.Await(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rank %d: %w", r, err))
+		}
+		ids[r] = id
+	}
+	if err := errors.Join(errs...); err != nil {
+		for _, id := range ids {
+			if oid, perr := object.ParseID(id); perr == nil {
+				_ = c.freeEverywhere(context.WithoutCancel(ctx), c.objects, oid)
+			}
+		}
+		return fmt.Errorf("sdk: checkpoint of gang %q at step %d: %w", g.name, step, err)
+	}
+	if err := g.replicate(ctx, ids); err != nil {
+		for _, id := range ids {
+			if oid, perr := object.ParseID(id); perr == nil {
+				_ = c.freeEverywhere(context.WithoutCancel(ctx), c.objects, oid)
+			}
+		}
+		return fmt.Errorf("sdk: checkpoint of gang %q at step %d: %w", g.name, step, err)
+	}
+	cp := api.Checkpoint{Job: g.job, Gang: g.name, Step: step, Objects: ids, Time: time.Now()}
+	b, _ := json.Marshal(cp)
+	if _, err := c.client.Meta().Put(ctx, api.TableCheckpoints+api.CheckpointKey(cp.Job, cp.Gang, step), b); err != nil {
+		return fmt.Errorf("sdk: commit checkpoint of gang %q at step %d: %w", g.name, step, err)
+	}
+	g.mu.Lock()
+	g.lastCkpt, g.lastStep = cp.Time, step
+	uid := g.rec.UID
+	g.mu.Unlock()
+	// The leader counts an eviction's lost work from here, and learns what a save costs.
+	if err := c.client.ReportCheckpoint(ctx, api.CheckpointReport{Job: g.job, Gang: g.name, UID: uid, Step: step, At: cp.Time,
+		Save: api.Duration(time.Since(start))}); err != nil {
+		c.log.Debug("could not report a checkpoint to the leader", zap.String("gang", g.key), zap.Error(err))
+	}
+	return g.prune(ctx)
+}
+
+// replicate copies every part of a checkpoint to a second machine (another than the one
+// that wrote it), so that a gang restarts from it even when a machine of its is lost.
+func (g *Gang) replicate(ctx context.Context, ids []string) error {
+	c := g.c
+	ms, err := c.machines(ctx)
+	if err != nil {
+		return err
+	}
+	var alive []api.Machine
+	for _, m := range ms {
+		if m.Alive {
+			alive = append(alive, m)
+		}
+	}
+	if len(alive) < 2 {
+		return nil // nowhere else to keep a copy
+	}
+	p := g.Placement()
+	g.mu.Lock()
+	ranks := g.ranksLocked()
+	g.mu.Unlock()
+	holder := fmt.Sprintf("checkpoint/%s/%s", g.job, g.name)
+	errs := make([]error, len(ids))
+	var wg sync.WaitGroup
+	for r, id := range ids {
+		if r >= len(ranks) || ranks[r] >= len(p.Members) {
+			break
+		}
+		writer := p.Members[ranks[r]].Machine
+		// The next alive machine after the writer's, in name order.
+		at := 0
+		for i, m := range alive {
+			if m.Name == writer {
+				at = i
+			}
+		}
+		target := alive[(at+1+r/len(alive))%len(alive)]
+		if target.Name == writer {
+			target = alive[(at+1)%len(alive)]
+		}
+		wg.Add(1)
+		go func(r int, id string, m api.Machine) {
+			defer wg.Done()
+			oid, err := object.ParseID(id)
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			if l := c.local(m.Agent.Transfer); l != nil {
+				errs[r] = l.Replicate(ctx, oid, holder)
+				return
+			}
+			errs[r] = c.agentCall(ctx, m.Agent.API, "/v1/objects/replicate", agentObjectRef{ID: id, Holder: holder})
+		}(r, id, target)
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			return fmt.Errorf("replicate rank %d's part: %w", r, err)
+		}
+	}
+	return nil
+}
+
+// prune keeps the newest KeepCheckpoints checkpoints and frees the others' objects.
+func (g *Gang) prune(ctx context.Context) error {
+	return g.c.dropCheckpoints(ctx, g.job, g.name, g.keep)
+}
+
+// dropEndedCheckpoints frees the checkpoints that an ended gang of this name left (none
+// when a gang of the name is live: spawning it again fails).
+func (c *conn) dropEndedCheckpoints(ctx context.Context, job, name string) error {
+	var rec api.Gang
+	found, err := c.client.Get(ctx, api.TableGangs+job+"/"+name, &rec)
+	if err != nil || (found && rec.State.Live()) {
+		return err
+	}
+	return c.dropCheckpoints(ctx, job, name, 0)
+}
+
+// dropCheckpoints keeps a gang's newest keep checkpoints and frees the others.
+func (c *conn) dropCheckpoints(ctx context.Context, job, name string, keep int) error {
+	kvs, err := c.client.Meta().Range(ctx, api.TableCheckpoints+job+"/"+name+"/")
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for i := 0; i < len(kvs)-keep; i++ {
+		var cp api.Checkpoint
+		if err := json.Unmarshal(kvs[i].Value, &cp); err != nil {
+			errs = append(errs, fmt.Errorf("checkpoint %s: %w", kvs[i].Key, err))
+			continue
+		}
+		if _, err := c.client.Meta().Delete(ctx, kvs[i].Key); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, id := range cp.Objects {
+			if oid, err := object.ParseID(id); err == nil {
+				if err := c.freeEverywhere(ctx, c.objects, oid); err != nil && !errors.Is(err, ErrUnknownObject) {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ReadCheckpoint returns the contents of the gang's complete checkpoint at step (a negative
+// step: the newest), one part per rank as each worker's Checkpointer.Checkpoint returned
+// it, and the step it read. It fails with ErrNotFound when there is no such checkpoint.
+func (g *Gang) ReadCheckpoint(ctx context.Context, step int64) ([][]byte, int64, error) {
+	c := g.c
+	var cp api.Checkpoint
+	if step < 0 {
+		latest, ok, err := c.latestCheckpoint(ctx, g.job, g.name)
+		if err != nil {
+			return nil, 0, err
+		}
+		if !ok {
+			return nil, 0, fmt.Errorf("%w: gang %s has no checkpoint", ErrNotFound, g.key)
+		}
+		cp = latest
+	} else {
+		found, err := c.client.Get(ctx, api.TableCheckpoints+api.CheckpointKey(g.job, g.name, step), &cp)
+		if err != nil {
+			return nil, 0, err
+		}
+		if !found {
+			return nil, 0, fmt.Errorf("%w: gang %s has no checkpoint at step %d", ErrNotFound, g.key, step)
+		}
+	}
+	parts := make([][]byte, len(cp.Objects))
+	for r, id := range cp.Objects {
+		b, err := Get(ctx, c, Ref[[]byte]{ID: id})
+		if err != nil {
+			return nil, cp.Step, fmt.Errorf("sdk: checkpoint of gang %s at step %d, rank %d: %w", g.key, cp.Step, r, err)
+		}
+		parts[r] = b
+	}
+	return parts, cp.Step, nil
+}
+
+// LatestCheckpoint is the step of the gang's newest complete checkpoint.
+func (g *Gang) LatestCheckpoint(ctx context.Context) (int64, bool, error) {
+	cp, ok, err := g.c.latestCheckpoint(ctx, g.job, g.name)
+	return cp.Step, ok, err
+}
+
+// Stop stops the gang's workers and frees its GPUs.
+func (g *Gang) Stop(ctx context.Context) error {
+	err := g.c.client.StopGang(ctx, g.job, g.name)
+	g.stop()
+	return err
+}
+
+// Stop stops the job's gangs, placed actors and task workers (freeing their GPUs), frees
+// the objects its tasks put, and stops the job. Detached actors live on.
+func (j *Job) Stop(ctx context.Context) error {
+	c := j.c
+	c.closePool(j.name)
+	err := c.client.StopJob(ctx, j.name)
+	c.mu.Lock()
+	var mine []*Gang
+	for g := range c.gangs {
+		if g.job == j.name {
+			mine = append(mine, g)
+		}
+	}
+	c.mu.Unlock()
+	for _, g := range mine {
+		g.stop()
+	}
+	return errors.Join(err, c.freeOwnedBy(ctx, jobOwner(j.name)))
+}
+
+// WorkerInfo is where a gang member runs: its machine, its process, its actor.
+type WorkerInfo = api.Worker
+
+// Workers describes the workers of the gang's current incarnation that are ready, by rank.
+func (g *Gang) Workers() []WorkerInfo {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []WorkerInfo
+	for _, m := range g.ranksLocked() {
+		if w, ok := g.workers[m]; ok && w.Generation == g.rec.Generation {
+			out = append(out, w)
+		}
+	}
+	return out
+}

@@ -1,0 +1,524 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/internal/codec"
+	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/proto/actorspb"
+)
+
+// Tasks are stateless functions run on workers of the cluster, as Ray's remote functions
+// are. A job keeps a pool of task workers per shape of resources: each is a gang of one
+// worker of the built-in kind taskKind, placed by the scheduler like any gang, spawned when
+// tasks wait and none is idle, reused by the next task, and stopped after it has been idle
+// for a while (WithTaskIdle) or with its job. A task whose worker fails (its process dies,
+// or the task panics) runs again on another worker, up to its MaxRetries; an error the
+// function returns is the task's result and is not retried.
+
+// taskKind is the actor kind of task workers; every program registers it.
+const taskKind = "atoll.task"
+
+// DefaultTaskRetries is how many times a task runs again after its worker failed, unless
+// TaskOptions says otherwise (Ray's max_retries default).
+const DefaultTaskRetries = 3
+
+// DefaultTaskResources is what a task holds unless TaskOptions says otherwise: one CPU
+// (Ray's num_cpus=1 default).
+var DefaultTaskResources = Resources{CPUMilli: 1000}
+
+// TaskOptions are how a task runs.
+type TaskOptions struct {
+	// Resources is what each run holds on its worker (zero: DefaultTaskResources).
+	Resources Resources
+	// MaxRetries is how many times a run whose worker failed starts again on another
+	// worker; 0: DefaultTaskRetries, negative: never.
+	MaxRetries int
+}
+
+func (o TaskOptions) normalized() TaskOptions {
+	if o.Resources == (Resources{}) {
+		o.Resources = DefaultTaskResources
+	}
+	switch {
+	case o.MaxRetries == 0:
+		o.MaxRetries = DefaultTaskRetries
+	case o.MaxRetries < 0:
+		o.MaxRetries = 0
+	}
+	return o
+}
+
+// TaskFunc is a task: a function of arguments A to a result R, registered by name, that
+// runs on a worker of the cluster. Declare it once (a package-level variable is the usual
+// place), give it to Start/Local/Connect with Tasks, and run it with Remote.
+type TaskFunc[A, R any] struct {
+	name string
+	fn   func(ctx *Context, args A) (R, error)
+	opts TaskOptions
+}
+
+// Task declares a task named name (unique in the program) that runs fn. fn gets the
+// worker's Context (calls, puts and gets; what it puts belongs to the task's job, so a
+// result stored as an object outlives the task worker) and the arguments; its result and
+// its error are the task's. A and R must cross processes (see Put).
+func Task[A, R any](name string, fn func(ctx *Context, args A) (R, error)) *TaskFunc[A, R] {
+	return &TaskFunc[A, R]{name: name, fn: fn}
+}
+
+// Name is the task's name.
+func (t *TaskFunc[A, R]) Name() string { return t.name }
+
+// With returns the task with other options (resources, retries), as Ray's .options().
+func (t *TaskFunc[A, R]) With(o TaskOptions) *TaskFunc[A, R] {
+	c := *t
+	c.opts = o
+	return &c
+}
+
+// TaskDef is a task declared with Task, for Tasks.
+type TaskDef interface {
+	register(s *settings) error
+}
+
+// taskEntry is a registered task as a worker runs it.
+type taskEntry struct {
+	run func(ctx *Context, args *actorspb.Payload) (any, error)
+}
+
+func (t *TaskFunc[A, R]) register(s *settings) error {
+	if t == nil || t.name == "" || t.fn == nil {
+		return fmt.Errorf("sdk: Tasks: a task needs a name and a function")
+	}
+	if _, dup := s.tasks[t.name]; dup {
+		return fmt.Errorf("sdk: task %q registered twice", t.name)
+	}
+	var zero A
+	if reflect.TypeFor[A]().Kind() != reflect.Interface {
+		if err := s.codec.Register(zero); err != nil {
+			return fmt.Errorf("sdk: task %q arguments: %w", t.name, err)
+		}
+	}
+	if rt := reflect.TypeFor[R](); rt.Kind() != reflect.Interface {
+		if err := codec.Check(rt); err != nil {
+			return fmt.Errorf("sdk: task %q result: %w", t.name, err)
+		}
+	}
+	fn := t.fn
+	s.tasks[t.name] = &taskEntry{run: func(ctx *Context, p *actorspb.Payload) (any, error) {
+		var a A
+		if err := codec.DecodeInto(p, &a); err != nil {
+			return nil, fmt.Errorf("sdk: task %q arguments: %w", t.name, err)
+		}
+		return fn(ctx, a)
+	}}
+	return nil
+}
+
+// Tasks registers tasks (declared with Task) with the program: the driver runs them with
+// Remote, and the task workers (this same program) find them by name.
+func Tasks(ts ...TaskDef) Option {
+	return func(s *settings) error {
+		for _, t := range ts {
+			if t == nil {
+				return fmt.Errorf("sdk: Tasks(nil)")
+			}
+			if err := t.register(s); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// taskReq asks a task worker to run a task.
+type taskReq struct {
+	Task string
+	Args api.Payload
+}
+
+// taskRunner is the actor of a task worker.
+type taskRunner struct{}
+
+func (taskRunner) Receive(ctx *Context, msg any) (any, error) {
+	req, ok := msg.(taskReq)
+	if !ok {
+		return nil, fmt.Errorf("sdk: a task worker got %T", msg)
+	}
+	t := ctx.c.s.tasks[req.Task]
+	if t == nil {
+		known := make([]string, 0, len(ctx.c.s.tasks))
+		for k := range ctx.c.s.tasks {
+			known = append(known, k)
+		}
+		sort.Strings(known)
+		return nil, fmt.Errorf("%w: %q is not a task of this program (its tasks: %v): give it with sdk.Tasks to Start/Local/Connect", ErrUnknownTask, req.Task, known)
+	}
+	if ctx.w != nil {
+		ctx.owner = jobOwner(ctx.w.spec.Job)
+		defer func() { ctx.owner = "" }()
+	}
+	return t.run(ctx, &actorspb.Payload{Type: req.Args.Type, Codec: actorspb.Codec(req.Args.Codec), Data: req.Args.Data})
+}
+
+// taskDeadline bounds a task whose context has none: tasks, unlike calls, run as long as
+// they need.
+const taskDeadline = 30 * 24 * time.Hour
+
+// Remote runs the task on a worker of the job's cluster and returns at once with a Future
+// for its result. ctx bounds and cancels the run (the function's Context is cancelled with
+// it, in whatever process it runs). Remote works from a driver and from inside an actor
+// (Context.Job).
+func (t *TaskFunc[A, R]) Remote(ctx context.Context, j *Job, args A) *Future[R] {
+	f := newFuture[R]()
+	var zero R
+	if j == nil {
+		f.complete(zero, fmt.Errorf("%w: task %q: no job (an actor of Cluster.Spawn has none)", ErrInvalid, t.name))
+		return f
+	}
+	c := j.c
+	if _, ok := c.s.tasks[t.name]; !ok {
+		f.complete(zero, fmt.Errorf("sdk: task %q: %w: give it with sdk.Tasks to Start/Local/Connect", t.name, ErrUnknownTask))
+		return f
+	}
+	p, err := c.s.codec.Encode(args)
+	if err != nil {
+		f.complete(zero, fmt.Errorf("sdk: task %q arguments: %w", t.name, err))
+		return f
+	}
+	req := taskReq{Task: t.name, Args: api.Payload{Type: p.Type, Codec: int32(p.Codec), Data: p.Data}}
+	opts := t.opts.normalized()
+	pool := c.pool(j.name)
+	go func() {
+		if _, ok := ctx.Deadline(); !ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, taskDeadline)
+			defer cancel()
+		}
+		var failures []string
+		for {
+			s, err := pool.acquire(ctx, opts.Resources)
+			if err != nil {
+				f.complete(zero, fmt.Errorf("sdk: task %q: %w", t.name, err))
+				return
+			}
+			var v R
+			gen, err := s.g.AwaitRunning(ctx, s.minGen)
+			if err == nil {
+				to := s.g.Worker(0)
+				gen = to.gen
+				v, err = Call[R](ctx, c, to, req)
+			}
+			failed := workerFailure(err) && ctx.Err() == nil
+			pool.release(s, failed, gen)
+			if !failed {
+				if err != nil {
+					err = fmt.Errorf("sdk: task %q: %w", t.name, callErr(err))
+				}
+				f.complete(v, err)
+				return
+			}
+			failures = append(failures, err.Error())
+			if len(failures) > opts.MaxRetries {
+				f.complete(zero, fmt.Errorf("sdk: task %q: its worker failed %d times (MaxRetries %d); the last time: %w", t.name, len(failures), opts.MaxRetries, err))
+				return
+			}
+			c.log.Info("task worker failed; the task runs again", zap.String("task", t.name), zap.Int("attempt", len(failures)+1), zap.Error(err))
+		}
+	}()
+	return f
+}
+
+// callErr is the error a call's handler returned, without the call's own wrapping (which
+// names the task worker's actor).
+func callErr(err error) error {
+	if inner := errors.Unwrap(err); inner != nil && strings.HasPrefix(err.Error(), "call ") {
+		return inner
+	}
+	return err
+}
+
+// workerFailure reports whether a task's error came from its worker failing (a retry may
+// succeed) rather than from the task's function.
+func workerFailure(err error) bool {
+	return err != nil && (errors.Is(err, ErrStale) || errors.Is(err, ErrActorDead) || errors.Is(err, ErrActorFailed) ||
+		errors.Is(err, ErrGangFailed) || errors.Is(err, ErrStopped))
+}
+
+// taskPool is a job's task workers in this process, by shape of resources.
+type taskPool struct {
+	c    *conn
+	job  string
+	idle time.Duration
+	life context.Context
+	end  context.CancelFunc
+
+	mu     sync.Mutex
+	shapes map[string]*shape
+	seq    int
+	closed bool
+}
+
+// shape is the task workers of one shape of resources.
+type shape struct {
+	key      string
+	res      Resources
+	idle     []*slot // oldest first
+	slots    map[*slot]bool
+	waiting  []*waiter
+	spawning int
+	retry    *time.Timer
+	backoff  time.Duration
+}
+
+// slot is one task worker.
+type slot struct {
+	sh        *shape
+	g         *Gang
+	minGen    int // the generation it must reach (after a failure) before it takes a task
+	idleSince time.Time
+}
+
+type waiter struct{ ch chan grant }
+
+type grant struct {
+	s   *slot
+	err error
+}
+
+// maxSpawning bounds the task workers of one shape being started at once.
+const maxSpawning = 16
+
+func (c *conn) pool(job string) *taskPool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.pools[job]
+	if p == nil {
+		p = &taskPool{c: c, job: job, idle: c.s.taskIdle, shapes: map[string]*shape{}}
+		p.life, p.end = context.WithCancel(c.life)
+		c.pools[job] = p
+		go p.reap()
+	}
+	return p
+}
+
+// closePool ends a job's task pool: waiting tasks fail with ErrStopped (its workers stop
+// with the job).
+func (c *conn) closePool(job string) {
+	c.mu.Lock()
+	p := c.pools[job]
+	delete(c.pools, job)
+	c.mu.Unlock()
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.closed = true
+	for _, sh := range p.shapes {
+		for _, w := range sh.waiting {
+			w.ch <- grant{err: fmt.Errorf("%w: job %s", ErrStopped, job)}
+		}
+		sh.waiting = nil
+		if sh.retry != nil {
+			sh.retry.Stop()
+		}
+	}
+	p.mu.Unlock()
+	p.end()
+}
+
+func shapeKey(r Resources) string {
+	var parts []string
+	switch {
+	case r.MIG != "":
+		parts = append(parts, "mig"+r.MIG)
+	case r.GPUs > 0 && r.GPUMilli > 0 && r.GPUMilli < 1000:
+		parts = append(parts, fmt.Sprintf("g%dm", r.GPUMilli))
+	case r.GPUs > 0:
+		parts = append(parts, fmt.Sprintf("g%d", r.GPUs))
+	}
+	if r.CPUMilli > 0 {
+		parts = append(parts, fmt.Sprintf("c%d", r.CPUMilli))
+	}
+	if r.MemMiB > 0 {
+		parts = append(parts, fmt.Sprintf("r%d", r.MemMiB))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, "-")
+}
+
+// acquire takes an idle task worker of the shape, starting one when none is idle, and
+// waits for it.
+func (p *taskPool) acquire(ctx context.Context, res Resources) (*slot, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	key := shapeKey(res)
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("%w: job %s", ErrStopped, p.job)
+	}
+	sh := p.shapes[key]
+	if sh == nil {
+		sh = &shape{key: key, res: res, slots: map[*slot]bool{}}
+		p.shapes[key] = sh
+	}
+	if n := len(sh.idle); n > 0 {
+		s := sh.idle[n-1] // the most recently used: the others may go idle for good
+		sh.idle = sh.idle[:n-1]
+		p.mu.Unlock()
+		return s, nil
+	}
+	w := &waiter{ch: make(chan grant, 1)}
+	sh.waiting = append(sh.waiting, w)
+	p.growLocked(sh)
+	p.mu.Unlock()
+	select {
+	case g := <-w.ch:
+		return g.s, g.err
+	case <-ctx.Done():
+		p.mu.Lock()
+		for i, o := range sh.waiting {
+			if o == w {
+				sh.waiting = append(sh.waiting[:i], sh.waiting[i+1:]...)
+				break
+			}
+		}
+		p.mu.Unlock()
+		select {
+		case g := <-w.ch: // granted meanwhile: give it back
+			if g.s != nil {
+				p.release(g.s, false, 0)
+			}
+		default:
+		}
+		return nil, ctx.Err()
+	}
+}
+
+// growLocked starts task workers for the tasks that wait and will get none.
+func (p *taskPool) growLocked(sh *shape) {
+	if p.closed || sh.retry != nil {
+		return
+	}
+	for need := len(sh.waiting) - sh.spawning; need > 0 && sh.spawning < maxSpawning; need-- {
+		sh.spawning++
+		p.seq++
+		go p.spawn(sh, fmt.Sprintf("task-%s-%d", sh.key, p.seq))
+	}
+}
+
+func (p *taskPool) spawn(sh *shape, name string) {
+	g, err := (&Job{c: p.c, name: p.job}).SpawnGang(p.life, GangSpec{Name: name, Kind: taskKind, Workers: 1, Resources: sh.res,
+		MaxRestarts: 3, Backoff: 10 * time.Millisecond})
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	sh.spawning--
+	switch {
+	case err == nil && p.closed:
+		go func() { _ = g.Stop(context.Background()) }()
+	case err == nil:
+		sh.backoff = 0
+		s := &slot{sh: sh, g: g}
+		sh.slots[s] = true
+		p.giveLocked(s)
+	case p.closed:
+	case errors.Is(err, ErrNoCapacity) || errors.Is(err, ErrExists) || errors.Is(err, api.ErrUnavailable):
+		// Not now: the workers it has serve the queue, and it tries to grow again later.
+		sh.backoff = min(max(2*sh.backoff, 50*time.Millisecond), 2*time.Second)
+		if sh.retry == nil && len(sh.waiting) > sh.spawning {
+			sh.retry = time.AfterFunc(sh.backoff, func() {
+				p.mu.Lock()
+				sh.retry = nil
+				p.growLocked(sh)
+				p.mu.Unlock()
+			})
+		}
+	default: // it can never run (ErrNeverFits, bad resources): the tasks waiting fail
+		if len(sh.slots) == 0 {
+			for _, w := range sh.waiting {
+				w.ch <- grant{err: fmt.Errorf("a task worker with %+v: %w", sh.res, err)}
+			}
+			sh.waiting = nil
+		}
+	}
+}
+
+// giveLocked hands a task worker to the first task waiting, or keeps it idle.
+func (p *taskPool) giveLocked(s *slot) {
+	sh := s.sh
+	if len(sh.waiting) > 0 {
+		w := sh.waiting[0]
+		sh.waiting = sh.waiting[1:]
+		w.ch <- grant{s: s}
+		return
+	}
+	s.idleSince = time.Now()
+	sh.idle = append(sh.idle, s)
+}
+
+// release gives a task worker back after a run in generation gen; failed says its worker
+// failed during it (its gang restarts it, and it takes no task before its next generation
+// runs).
+func (p *taskPool) release(s *slot, failed bool, gen int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if failed {
+		s.minGen = max(s.minGen, gen+1)
+	}
+	state := api.GangState(s.g.State())
+	if p.closed || state == api.GangFailed || state == api.GangStopped {
+		delete(s.sh.slots, s)
+		p.growLocked(s.sh)
+		return
+	}
+	p.giveLocked(s)
+}
+
+// reap stops the task workers idle for longer than the pool's idle time.
+func (p *taskPool) reap() {
+	t := time.NewTicker(max(p.idle/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-p.life.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		var stale []*slot
+		p.mu.Lock()
+		for _, sh := range p.shapes {
+			keep := sh.idle[:0]
+			for _, s := range sh.idle {
+				if now.Sub(s.idleSince) >= p.idle {
+					stale = append(stale, s)
+					delete(sh.slots, s)
+				} else {
+					keep = append(keep, s)
+				}
+			}
+			sh.idle = keep
+		}
+		p.mu.Unlock()
+		for _, s := range stale {
+			ctx, cancel := context.WithTimeout(p.life, 10*time.Second)
+			if err := s.g.Stop(ctx); err != nil && p.life.Err() == nil {
+				p.c.log.Warn("could not stop an idle task worker", zap.String("gang", s.g.key), zap.Error(err))
+			}
+			cancel()
+		}
+	}
+}

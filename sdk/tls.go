@@ -1,0 +1,88 @@
+package sdk
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+
+	"github.com/atoll-run/atoll/actors"
+	"github.com/atoll-run/atoll/internal/coll"
+	"github.com/atoll-run/atoll/internal/pki"
+	"github.com/atoll-run/atoll/internal/runtime/agent"
+	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/store/transfer"
+)
+
+// A cluster whose heads are https runs mutual TLS on every link: each process (driver,
+// worker) gets a certificate of its own from the heads, with the cluster token, over TLS
+// that checks the heads against the cluster CA's certificate; its key never leaves the
+// process. A cluster whose heads are http runs on the token alone (the embedded default,
+// where every link is loopback inside one process).
+
+// clusterIdentity gets this process its certificate when the heads are https, and nil
+// when they are http.
+func clusterIdentity(ctx context.Context, heads []string, token string, caPEM []byte, name string) (*pki.Identity, error) {
+	secure, err := api.Secure(heads)
+	if err != nil || !secure {
+		return nil, err
+	}
+	if len(caPEM) == 0 {
+		return nil, fmt.Errorf("%w: the heads are https but no cluster CA certificate was given (the address's ca=PATH, or %s)", ErrInvalid, agent.CACertEnv)
+	}
+	return api.RequestIdentity(ctx, heads, token, caPEM, name)
+}
+
+// readCA reads the cluster CA certificate a connecting process was given: caFile, or the
+// file $ATOLL_CA_CERT names; nil when neither is set.
+func readCA(caFile string) ([]byte, error) {
+	if caFile == "" {
+		caFile = os.Getenv(agent.CACertEnv)
+	}
+	if caFile == "" {
+		return nil, nil
+	}
+	b, err := pki.ReadCACert(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	return b, nil
+}
+
+// remoteConfig is the actor system's remote configuration: the token, and mutual TLS with
+// an identity.
+func remoteConfig(listen string, token []byte, id *pki.Identity) *actors.RemoteConfig {
+	rc := &actors.RemoteConfig{Listen: listen, Token: token}
+	if id != nil {
+		rc.ServerTLS, rc.ClientTLS = id.Server(), id.Client()
+	}
+	return rc
+}
+
+// secureLinks puts an identity on the client of the heads, the collective plane and an
+// object store node's configuration (any may be nil).
+func secureLinks(id *pki.Identity, cc *api.ClientConfig, plane *coll.Plane, nc *transfer.NodeConfig) {
+	if id == nil {
+		return
+	}
+	if cc != nil {
+		cc.TLS = id.Client()
+	}
+	if plane != nil {
+		plane.UseTLS(id.Server(), id.Client())
+	}
+	if nc != nil {
+		nc.Server.TLS, nc.Client.TLS = id.Server(), id.Client()
+	}
+}
+
+// httpClient is a client of an agent's API, with this process's certificate when it has
+// one.
+func httpClient(id *pki.Identity) *http.Client {
+	if id == nil {
+		return &http.Client{}
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = id.Client()
+	return &http.Client{Transport: tr}
+}

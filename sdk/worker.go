@@ -1,0 +1,553 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/actors"
+	"github.com/atoll-run/atoll/internal/coll"
+	"github.com/atoll-run/atoll/internal/cudactx"
+	"github.com/atoll-run/atoll/internal/runtime/agent"
+	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/store/meta"
+	"github.com/atoll-run/atoll/store/object"
+)
+
+// hosted is one gang worker hosted by this process: in a worker process (the only one), or
+// in the driver's process in the embedded default.
+type hosted struct {
+	c     *conn
+	spec  agent.WorkerSpec
+	store objectHost
+	log   *zap.Logger
+	group *actors.Group
+	name  string
+	ref   actors.Ref
+
+	permanent bool // its actor could not be made (unknown kind, bad arguments)
+
+	mu     sync.Mutex
+	member *coll.Member
+	done   chan struct{}
+	err    error
+	ended  bool
+	// epoch and members are the gang's world as this worker's program sees it (member
+	// indices in rank order): an elastic gang's changes at each resize its driver takes.
+	epoch   int
+	members []int
+}
+
+var _ agent.Handle = (*hosted)(nil)
+
+// permanentError marks an error a restart cannot cure.
+type permanentError struct{ error }
+
+func (permanentError) Permanent() bool { return true }
+func (e permanentError) Unwrap() error { return e.error }
+
+// host starts the worker's actor (restored from the gang's newest checkpoint), then tells
+// the leader it is ready.
+func (c *conn) host(ctx context.Context, spec agent.WorkerSpec, store objectHost) (*hosted, error) {
+	kd := c.s.kinds[spec.Kind]
+	if kd == nil {
+		known := make([]string, 0, len(c.s.kinds))
+		for k := range c.s.kinds {
+			known = append(known, k)
+		}
+		return nil, permanentError{fmt.Errorf("%w: %q is not a kind of this program (its kinds: %v): give it with sdk.Kind to Start/Local/Connect", ErrUnknownKind, spec.Kind, known)}
+	}
+	job, err := c.sys.Job(spec.Job)
+	if err != nil {
+		return nil, err
+	}
+	h := &hosted{c: c, spec: spec, store: store, done: make(chan struct{}),
+		log: c.log.With(zap.String("job", spec.Job), zap.String("gang", spec.Gang), zap.Int("rank", spec.Rank), zap.Int("generation", spec.Generation))}
+	h.initWorld()
+	prod := func() actors.Handler {
+		a, err := kd.make(spec.Args)
+		if err != nil {
+			h.permanent = true
+		}
+		return &cell{h: h, c: c, user: a, makeErr: err}
+	}
+	c.mu.Lock()
+	c.hosted[workerKey(spec.Job, spec.Gang, spec.Rank)] = h
+	c.mu.Unlock()
+	gname := fmt.Sprintf("%s.g%d", spec.Gang, spec.Generation)
+	h.group, err = job.EnsureGroup(ctx, actors.GroupSpec{Name: gname, OnFailure: func(f actors.Failure) {
+		c.mu.Lock()
+		w := c.hosted[workerKey(spec.Job, spec.Gang, f.Index)]
+		c.mu.Unlock()
+		if w != nil && w.spec.Generation == spec.Generation {
+			w.exit(fmt.Errorf("worker %d failed: %v", f.Index, f.Reason))
+		}
+	}})
+	if err != nil {
+		h.forget()
+		return nil, err
+	}
+	h.name = fmt.Sprintf("w%d", spec.Rank)
+	ref, err := h.group.Add(ctx, actors.MemberSpec{Name: h.name, Kind: spec.Kind, Producer: prod, Index: spec.Rank})
+	if err == nil {
+		err = h.group.AwaitMember(ctx, h.name)
+	}
+	if err != nil {
+		_ = h.group.StopMember(context.WithoutCancel(ctx), h.name)
+		h.forget()
+		if h.permanent {
+			return nil, permanentError{err}
+		}
+		return nil, err
+	}
+	h.ref = ref
+	w := api.Worker{Job: spec.Job, Gang: spec.Gang, Rank: spec.Rank, Generation: spec.Generation, GangUID: spec.GangUID, Machine: spec.Machine,
+		Address: c.sys.Address(), ActorID: ref.ID(), PID: os.Getpid(), Started: time.Now()}
+	if err := c.client.WorkerReady(ctx, w); err != nil {
+		h.stop()
+		return nil, err
+	}
+	h.log.Debug("worker ready", zap.String("actor", w.ActorID), zap.String("address", w.Address))
+	if h.rank() == 0 && spec.Member.GPUModel != "" && !spec.Driver {
+		go h.measureCUDA()
+	}
+	return h, nil
+}
+
+// measureCUDA measures what creating a CUDA context costs on the worker's GPU and reports
+// it: nothing on a simulated GPU (there is no context to create: 0 is what a restart pays
+// for it there), the driver's own time on a real one (with -tags nvml; a build without
+// says so in the log and reports nothing).
+func (h *hosted) measureCUDA() {
+	if h.spec.Simulated {
+		h.reportCost("cuda_context", 1, 0)
+		return
+	}
+	r, err := cudactx.Measure()
+	if err != nil {
+		h.log.Info("the CUDA context's cost is not measured here: the scheduler keeps its default", zap.Error(err))
+		return
+	}
+	h.log.Info("CUDA context measured", zap.Duration("create", r.Create), zap.Duration("destroy", r.Destroy), zap.String("device", r.Device))
+	h.reportCost("cuda_context", 1, r.Total())
+}
+
+// reportCost gives the leader a measured restart cost of this worker's GPU model.
+func (h *hosted) reportCost(kind string, ranks int, d time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := h.c.client.ReportCost(ctx, api.CostReport{Kind: kind, GPUModel: h.spec.Member.GPUModel, Ranks: ranks, Measured: api.Duration(d), Machine: h.spec.Machine})
+	if err != nil {
+		h.log.Debug("could not report a measured cost", zap.String("kind", kind), zap.Error(err))
+	}
+}
+
+func workerKey(job, gang string, rank int) string { return fmt.Sprintf("%s/%s/%d", job, gang, rank) }
+
+// exit ends the worker because it failed.
+func (h *hosted) exit(err error) {
+	h.mu.Lock()
+	if h.ended {
+		h.mu.Unlock()
+		return
+	}
+	h.ended, h.err = true, err
+	h.mu.Unlock()
+	h.log.Warn("worker failed", zap.Error(err))
+	h.teardown()
+	close(h.done)
+}
+
+// stop ends the worker on request.
+func (h *hosted) stop() {
+	h.mu.Lock()
+	if h.ended {
+		h.mu.Unlock()
+		return
+	}
+	h.ended, h.err = true, errors.New("stopped")
+	h.mu.Unlock()
+	h.teardown()
+	close(h.done)
+}
+
+func (h *hosted) teardown() {
+	s := h.spec
+	epoch, _ := h.world()
+	h.c.plane.End(s.Job, s.Gang, ringID(s.Generation, epoch))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = h.group.StopMember(ctx, h.name)
+	if h.forget() == 0 {
+		_ = h.group.Stop(ctx) // the generation's last worker in this process
+	}
+}
+
+// forget unregisters the worker and returns how many workers of its generation this
+// process still hosts.
+func (h *hosted) forget() int {
+	s := h.spec
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	if h.c.hosted[workerKey(s.Job, s.Gang, s.Rank)] == h {
+		delete(h.c.hosted, workerKey(s.Job, s.Gang, s.Rank))
+	}
+	n := 0
+	for _, o := range h.c.hosted {
+		if o.spec.Job == s.Job && o.spec.Gang == s.Gang && o.spec.Generation == s.Generation {
+			n++
+		}
+	}
+	return n
+}
+
+// PID implements agent.Handle.
+func (h *hosted) PID() int { return os.Getpid() }
+
+// Done implements agent.Handle.
+func (h *hosted) Done() <-chan struct{} { return h.done }
+
+// Err implements agent.Handle.
+func (h *hosted) Err() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+// Stop implements agent.Handle.
+func (h *hosted) Stop(context.Context, time.Duration) error { h.stop(); return nil }
+
+// Kill implements agent.Handle: the worker's actor crashes, as its process dying would.
+func (h *hosted) Kill() error { return h.group.InjectMemberFailure(h.name, "killed") }
+
+// ring returns the worker's ring member for its current world, joining it once every
+// member of that world is ready (their addresses are in the workers table).
+func (h *hosted) ring(ctx context.Context) (*coll.Member, error) {
+	h.mu.Lock()
+	m, epoch, world := h.member, h.epoch, h.members
+	h.mu.Unlock()
+	if m != nil {
+		return m, nil
+	}
+	s := h.spec
+	rank := slices.Index(world, s.Rank)
+	if rank < 0 {
+		return nil, fmt.Errorf("%w: member %d is not in its gang's world %v", ErrStale, s.Rank, world)
+	}
+	n := len(world)
+	errReady := errors.New("ready")
+	got := map[int]api.Worker{}
+	take := func(v []byte) error {
+		var w api.Worker
+		if json.Unmarshal(v, &w) != nil {
+			return nil
+		}
+		switch {
+		case w.GangUID != s.GangUID: // a worker of an earlier gang of the same names
+		case w.Generation > s.Generation:
+			return fmt.Errorf("%w: the gang is in generation %d, this worker is of %d", ErrStale, w.Generation, s.Generation)
+		case w.Generation == s.Generation && slices.Contains(world, w.Rank):
+			got[w.Rank] = w
+		}
+		if len(got) == n {
+			return errReady
+		}
+		return nil
+	}
+	err := h.c.client.Watch(ctx, api.TableWorkers+s.Job+"/"+s.Gang+"/", func(reset bool, l api.Listing, evs []meta.Event) error {
+		for _, kv := range l.KVs {
+			if err := take(kv.Value); err != nil {
+				return err
+			}
+		}
+		for _, ev := range evs {
+			if ev.Type == meta.EventPut {
+				if err := take(ev.KV.Value); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if !errors.Is(err, errReady) {
+		var missing []int
+		for r, m := range world {
+			if _, ok := got[m]; !ok {
+				missing = append(missing, r)
+			}
+		}
+		return nil, fmt.Errorf("sdk: allreduce: ranks %v of generation %d never became ready: %w", missing, s.Generation, err)
+	}
+	peers := make([]coll.Peer, n)
+	for r, m := range world {
+		peers[r] = coll.Peer{Address: got[m].Address}
+	}
+	start := time.Now()
+	m, err = h.c.plane.Join(s.Job, s.Gang, ringID(s.Generation, epoch), rank, peers)
+	if err != nil {
+		return nil, err
+	}
+	// A first collective of one value forms the ring (every member connects to its
+	// neighbour), as a communicator's initialization does: its time is the set-up a restart
+	// or a resize pays, which the scheduler's cost model learns.
+	if err := m.AllReduce(ctx, []float32{0}); err != nil {
+		return nil, err
+	}
+	if rank == 0 && n > 1 && s.Member.GPUModel != "" {
+		h.reportCost("communicator", n, time.Since(start))
+	}
+	h.mu.Lock()
+	if h.member == nil && h.epoch == epoch {
+		h.member = m
+	}
+	h.mu.Unlock()
+	return m, nil
+}
+
+func (h *hosted) allReduce(ctx context.Context, data []float32) error {
+	m, err := h.ring(ctx)
+	if err != nil {
+		return err
+	}
+	if err := m.AllReduce(ctx, data); err != nil {
+		if errors.Is(err, coll.ErrAborted) {
+			return fmt.Errorf("%w: %w", ErrStale, err)
+		}
+		if ctx.Err() == nil && h.generationEnds(ctx, staleGrace) {
+			// A member died under the collective (its chunk is lost with its process): the
+			// gang restarts, and every surviving rank says so the same way.
+			return fmt.Errorf("%w: a member of generation %d failed during the collective: %w", ErrStale, h.spec.Generation, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// staleGrace bounds how long a failed collective waits to learn whether its gang's
+// generation ended (the leader commits a restart within milliseconds of a worker's exit,
+// within seconds of a machine's loss).
+const staleGrace = 15 * time.Second
+
+// generationEnds reports whether the worker's generation ends (the gang restarts, stops or
+// fails) within d or ctx, as the log says.
+func (h *hosted) generationEnds(ctx context.Context, d time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	s := h.spec
+	ended := errors.New("ended")
+	err := h.c.client.Watch(ctx, api.TableGangs+s.Job+"/"+s.Gang, func(_ bool, l api.Listing, evs []meta.Event) error {
+		check := func(v []byte) error {
+			var g api.Gang
+			if json.Unmarshal(v, &g) == nil && (g.Generation > s.Generation || !g.State.Live()) {
+				return ended
+			}
+			return nil
+		}
+		for _, kv := range l.KVs {
+			if kv.Key == api.TableGangs+s.Job+"/"+s.Gang {
+				if err := check(kv.Value); err != nil {
+					return err
+				}
+			}
+		}
+		for _, ev := range evs {
+			if ev.Type == meta.EventPut && ev.KV.Key == api.TableGangs+s.Job+"/"+s.Gang {
+				if err := check(ev.KV.Value); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	return errors.Is(err, ended)
+}
+
+// checkpointReq asks a worker for its state; the reply is the object id holding it.
+type checkpointReq struct{ Step int64 }
+
+// cell adapts a user Actor to actors.Handler.
+type cell struct {
+	h       *hosted
+	c       *conn
+	user    Actor
+	makeErr error
+	ctx     Context
+}
+
+func (w *cell) Started(ac *actors.Context) error {
+	if w.makeErr != nil {
+		return w.makeErr
+	}
+	w.ctx = Context{Context: context.Background(), ac: ac, c: w.c, w: w.h, restore: -1}
+	if cp, ok := w.user.(Checkpointer); ok && w.h != nil {
+		if err := w.restore(cp); err != nil {
+			return err
+		}
+	}
+	if s, ok := w.user.(Starter); ok {
+		return s.Start(&w.ctx)
+	}
+	return nil
+}
+
+func (w *cell) restore(cp Checkpointer) error {
+	s := w.h.spec
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m, ok, err := w.c.latestCheckpoint(ctx, s.Job, s.Gang)
+	if err != nil || !ok {
+		return err
+	}
+	// A checkpoint has one part per rank of the world it was taken in. A rank the checkpoint
+	// has no part for (an elastic gang restarted larger) takes rank 0's: the state of a
+	// data-parallel gang is the same on every rank.
+	part := max(w.h.rank(), 0)
+	if part >= len(m.Objects) {
+		part = 0
+	}
+	if len(m.Objects) == 0 {
+		return fmt.Errorf("sdk: checkpoint at step %d has no parts", m.Step)
+	}
+	id, err := object.ParseID(m.Objects[part])
+	if err != nil {
+		return err
+	}
+	b, release, err := w.h.store.get(ctx, id)
+	if err != nil {
+		return fmt.Errorf("sdk: restore rank %d from step %d: %w", s.Rank, m.Step, err)
+	}
+	defer release()
+	if err := cp.Restore(b); err != nil {
+		return fmt.Errorf("sdk: restore rank %d from step %d: %w", s.Rank, m.Step, err)
+	}
+	w.ctx.restore = m.Step
+	w.ctx.Logger().Info("restored from checkpoint", zap.Int64("step", m.Step))
+	return nil
+}
+
+func (w *cell) Receive(ac *actors.Context, msg any) (any, error) {
+	w.ctx.Context = ac.Context()
+	defer func() { w.ctx.Context = context.Background() }()
+	if req, ok := msg.(worldReq); ok {
+		return struct{}{}, w.takeWorld(req)
+	}
+	if req, ok := msg.(checkpointReq); ok {
+		cp, ok := w.user.(Checkpointer)
+		if !ok {
+			return nil, fmt.Errorf("sdk: actor %T does not implement Checkpointer", w.user)
+		}
+		state, err := cp.Checkpoint()
+		if err != nil {
+			return nil, fmt.Errorf("sdk: checkpoint at step %d: %w", req.Step, err)
+		}
+		s := w.h.spec // the gang's checkpoints outlive this incarnation: pruning frees them
+		id, err := w.ctx.store().putAs(w.ctx.Context, fmt.Sprintf("checkpoint/%s/%s", s.Job, s.Gang), state)
+		if err != nil {
+			return nil, err
+		}
+		return id.String(), nil
+	}
+	return w.user.Receive(&w.ctx, msg)
+}
+
+// latestCheckpoint reads a gang's newest complete checkpoint.
+func (c *conn) latestCheckpoint(ctx context.Context, job, gang string) (api.Checkpoint, bool, error) {
+	kvs, err := c.client.Meta().Range(ctx, api.TableCheckpoints+job+"/"+gang+"/")
+	if err != nil || len(kvs) == 0 {
+		return api.Checkpoint{}, false, err
+	}
+	var cp api.Checkpoint
+	if err := json.Unmarshal(kvs[len(kvs)-1].Value, &cp); err != nil {
+		return api.Checkpoint{}, false, fmt.Errorf("sdk: checkpoint %s: %w", kvs[len(kvs)-1].Key, err)
+	}
+	return cp, true, nil
+}
+
+// ExitPermanent is a worker process's exit status when a restart cannot help (an unknown
+// kind, undecodable arguments, an unreadable spec): its agent reports the gang failed.
+const ExitPermanent = agent.ExitPermanent
+
+// runWorker serves one worker in this process, started by an agent, and exits.
+func runWorker(s settings) {
+	os.Exit(serveWorker(s))
+}
+
+func serveWorker(s settings) int {
+	spec, err := agent.ReadWorkerSpec(os.Getenv(agent.WorkerEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return ExitPermanent
+	}
+	log := s.log
+	if !s.logSet { // a worker's stderr is its log file on its agent
+		if l, err := zap.NewProduction(); err == nil {
+			log = l
+		}
+	}
+	log = log.With(zap.String("job", spec.Job), zap.String("gang", spec.Gang), zap.Int("rank", spec.Rank), zap.Int("generation", spec.Generation))
+	defer log.Sync()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	id, err := clusterIdentity(sctx, spec.Heads, spec.Token, []byte(spec.CACert), "worker/"+spec.Key())
+	if err != nil {
+		log.Error("no certificate from the heads", zap.Error(err))
+		return 1
+	}
+	cc := api.ClientConfig{Heads: spec.Heads, Token: spec.Token, Logger: log}
+	secureLinks(id, &cc, nil, nil)
+	client, err := api.NewClient(sctx, cc)
+	if err != nil {
+		log.Error("cannot reach the heads", zap.Error(err))
+		return 1
+	}
+	host, _, err := net.SplitHostPort(spec.Transfer)
+	if err != nil || host == "" {
+		host = "127.0.0.1"
+	}
+	sys, err := actors.NewSystem(actors.Config{Logger: log, DefaultCallTimeout: s.callTimeout, Codec: s.codec,
+		Remote: remoteConfig(net.JoinHostPort(host, "0"), []byte(spec.Token), id)})
+	if err != nil {
+		log.Error("actor system", zap.Error(err))
+		return 1
+	}
+	defer sys.Shutdown(context.Background())
+	plane, err := coll.NewPlane(sys, []byte(spec.Token), host, log)
+	if err != nil {
+		log.Error("collectives", zap.Error(err))
+		return 1
+	}
+	defer plane.Close()
+	secureLinks(id, nil, plane, nil)
+	store := &agentStore{url: spec.Agent, token: spec.Token, holder: spec.Holder, transfer: spec.Transfer, hc: httpClient(id)}
+	go store.renew(ctx, 2*time.Second)
+	c := &conn{s: s, log: log.Named("sdk"), client: client, sys: sys, plane: plane, token: spec.Token, owner: spec.Holder, objects: store, agents: store.hc}
+	c.init()
+	h, err := c.host(sctx, spec, store)
+	if err != nil {
+		log.Error("worker did not start", zap.Error(err))
+		var p interface{ Permanent() bool }
+		if errors.As(err, &p) && p.Permanent() {
+			return ExitPermanent
+		}
+		return 1
+	}
+	select {
+	case <-ctx.Done(): // asked to stop
+		h.stop()
+		return 0
+	case <-h.done:
+		return 1
+	}
+}
