@@ -17,7 +17,11 @@ func newBenchSchedCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "sched",
 		Short: "Measure gang placements per second and cycle latency on a synthetic cluster",
+		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := opt.Validate(); err != nil {
+				return fmt.Errorf("%w (flags --nodes, --gangs, --churn-cycles, --baseline-gangs)", err)
+			}
 			res, err := sim.RunSchedBench(cmd.Context(), opt)
 			if err != nil {
 				return err
@@ -31,10 +35,10 @@ func newBenchSchedCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&opt.Nodes, "nodes", 10000, "machines of 8 GPUs (racks of 8)")
-	f.IntVar(&opt.Gangs, "gangs", 10000, "pending gangs of 1-64 one-GPU members")
-	f.IntVar(&opt.ChurnCycles, "churn-cycles", 50, "steady-state cycles after the fill, 2% of gangs replaced each")
-	f.IntVar(&opt.BaselineGangs, "baseline-gangs", 100, "gangs placed by the full-scan baseline in the same run")
+	f.IntVar(&opt.Nodes, "nodes", 10000, "machines of 8 GPUs (racks of 8), 1-100,000")
+	f.IntVar(&opt.Gangs, "gangs", 10000, "pending gangs of 1-64 one-GPU members, 1-1,000,000")
+	f.IntVar(&opt.ChurnCycles, "churn-cycles", 50, "steady-state cycles after the fill, 2% of gangs replaced each, 0-100,000")
+	f.IntVar(&opt.BaselineGangs, "baseline-gangs", 100, "gangs placed by the full-scan baseline in the same run, 0-1,000,000")
 	f.Uint64Var(&opt.Seed, "seed", 1, "workload seed")
 	f.BoolVar(&jsonOut, "json", false, "print one JSON object on stdout")
 	return cmd

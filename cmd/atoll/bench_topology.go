@@ -61,11 +61,8 @@ func newBenchTopologyCmd() *cobra.Command {
 			var after runtime.MemStats
 			runtime.GC()
 			runtime.ReadMemStats(&after)
-			if gang > big.NumGPUs() {
-				gang = big.NumGPUs()
-			}
-			if gang < 2 {
-				return fmt.Errorf("bench topology: gang of %d GPUs: need at least 2", gang)
+			if gang < 2 || gang > big.NumGPUs() {
+				return fmt.Errorf("bench topology: --gang %d: want 2..%d (the GPUs of %s)", gang, big.NumGPUs(), spec)
 			}
 			const linkCalls = 2_000_000
 			linkNs := func(c *topology.Cluster) float64 {

@@ -8,24 +8,25 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
-	"github.com/atoll-run/atoll/store/storebench"
+	benchstore "github.com/atoll-run/atoll/internal/bench/store"
 )
 
 // newBenchStoreCmd is `atoll bench store`: the object store and transfer plane
 // against memcpy, plain reads and bare loopback TCP, measured in the same run.
 func newBenchStoreCmd() *cobra.Command {
-	cfg := storebench.DefaultConfig()
+	cfg := benchstore.DefaultConfig()
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "store",
 		Short: "Benchmark object store puts/gets and a two-process pull against memcpy and bare TCP",
+		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			exe, err := os.Executable()
 			if err != nil {
 				return err
 			}
 			cfg.ServeCmd = []string{exe, "store-serve"}
-			res, err := storebench.Run(cmd.Context(), cfg, zap.NewNop())
+			res, err := benchstore.Run(cmd.Context(), cfg, zap.NewNop())
 			if err != nil {
 				return err
 			}
@@ -43,6 +44,13 @@ func newBenchStoreCmd() *cobra.Command {
 			fmt.Fprintf(out, "bare tcp          %8.2f GB/s  (median; best %.2f)\n", res.TCPGBps, res.TCPBestGBps)
 			fmt.Fprintf(out, "pull ratio        %8.2f       (median of pairs [q1 %.2f, q3 %.2f], target >= 0.8)\n", res.PullRatio, res.PullRatioLo, res.PullRatioHi)
 			fmt.Fprintf(out, "receiver cpu      %8.3f s/GB pull, %.3f s/GB bare tcp\n", res.PullCPUPerGB, res.TCPCPUPerGB)
+			fmt.Fprintf(out, "4 KiB pull        %8.0f us    pooled connections, median of %d (%.0f pulls/s)\n", res.SmallPullPooledUS, res.SmallPulls, res.SmallPullsPooledPS)
+			fmt.Fprintf(out, "4 KiB pull, dial  %8.0f us    a new connection per pull (%.0f pulls/s); pooling is %.1fx faster\n", res.SmallPullDialUS, res.SmallPullsDialPS, res.SmallPullSpeedup)
+			if res.TLS {
+				fmt.Fprintf(out, "pull, mutual TLS  %8.2f GB/s  (plain %.2f GB/s in the same pairs; tls/plain %.2f [q1 %.2f, q3 %.2f]; receiver cpu %.3f s/GB)\n",
+					res.PullTLSGBps, res.PullPlainGBps, res.TLSRatio, res.TLSRatioLo, res.TLSRatioHi, res.PullTLSCPUPerGB)
+				fmt.Fprintf(out, "4 KiB pull, TLS   %8.0f us    pooled; %.0f us dialing (and handshaking) every pull\n", res.SmallPullTLSPooledUS, res.SmallPullTLSDialUS)
+			}
 			fmt.Fprintf(out, "1 KiB puts        %8.0f /s    (target >= 50000)\n", res.SmallPutsPerS)
 			fmt.Fprintf(out, "1 KiB gets        %8.0f /s\n", res.SmallGetsPerS)
 			for _, s := range res.Sizes {
@@ -65,25 +73,23 @@ func newBenchStoreCmd() *cobra.Command {
 	f.IntVar(&cfg.Streams, "streams", 0, "puller connections (default: the transfer default)")
 	f.IntVar(&cfg.Depth, "depth", 0, "chunk reads in flight per connection (default: the transfer default)")
 	f.BoolVar(&cfg.Sendfile, "sendfile", false, "the serving process sends chunks with sendfile(2) instead of writev")
+	f.BoolVar(&cfg.TLS, "tls", false, "also pull over mutual TLS (throwaway CA), paired with plain pulls")
+	f.IntVar(&cfg.SmallPulls, "small-pulls", cfg.SmallPulls, "4 KiB pulls timed with pooled connections, and as many dialing every pull")
 	f.IntVar(&cfg.SmallCount, "small-count", cfg.SmallCount, "number of 1 KiB objects")
 	return cmd
 }
 
-// newStoreServeCmd is the hidden serving side of the benchmark's pull.
+// newStoreServeCmd is the hidden serving side of the benchmark's pulls. Its
+// configuration, the token among it, comes as one JSON line on stdin: a secret
+// on the command line would show in ps.
 func newStoreServeCmd() *cobra.Command {
-	var size int64
-	var token string
-	var sendfile bool
-	cmd := &cobra.Command{
+	return &cobra.Command{
 		Use:    "store-serve",
-		Short:  "Serve one object from a fresh store until stdin closes (used by bench store)",
+		Short:  "Serve objects from a fresh store until stdin closes (used by bench store; configured on stdin)",
 		Hidden: true,
+		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return storebench.Serve(cmd.Context(), size, token, sendfile, os.Stdin, cmd.OutOrStdout(), zap.NewNop())
+			return benchstore.Serve(cmd.Context(), os.Stdin, cmd.OutOrStdout(), zap.NewNop())
 		},
 	}
-	cmd.Flags().Int64Var(&size, "size", 1<<20, "object size in bytes")
-	cmd.Flags().StringVar(&token, "token", "", "cluster token, hex")
-	cmd.Flags().BoolVar(&sendfile, "sendfile", false, "send chunks with sendfile(2)")
-	return cmd
 }

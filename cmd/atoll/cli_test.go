@@ -75,3 +75,26 @@ func TestBenchActorsJSONContract(t *testing.T) {
 		}
 	}
 }
+
+func TestBadArgumentsAreRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "nosuch"}, `unknown command "nosuch"`},
+		{[]string{"nosuch"}, `unknown command "nosuch"`},
+		{[]string{"bench", "actors", "--pairs", "-1,8"}, "pairs entry 1 is -1"},
+		{[]string{"bench", "actors", "--duration", "-1s"}, "duration -1s"},
+		{[]string{"demo", "extra"}, "unknown command"},
+		{[]string{"up"}, "--dir is required"},
+		{[]string{"up", "--dir", t.TempDir(), "--heads", "2"}, "--heads 2"},
+		{[]string{"up", "--dir", t.TempDir(), "--machine", "../../x"}, "--machine"},
+		{[]string{"status", "--dir", t.TempDir()}, "not a running cluster's directory"},
+		{[]string{"logs", "../job"}, "job name"},
+	} {
+		_, err := runCLI(t, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("atoll %v: %v, want an error mentioning %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"slices"
@@ -17,8 +15,9 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
-	"github.com/atoll-run/atoll/store/meta"
-	"github.com/atoll-run/atoll/store/paxos"
+	"github.com/atoll-run/atoll/internal/pki"
+	"github.com/atoll-run/atoll/internal/runtime/head"
+	"github.com/atoll-run/atoll/sdk"
 )
 
 // parsePeers parses "1=host:port,2=host:port".
@@ -59,7 +58,47 @@ func parseIDs(s string) ([]uint64, error) {
 	return out, nil
 }
 
-// newHeadCmd is `atoll head`: run one metadata replica (Paxos + meta state machine).
+// readToken reads the cluster secret from a file (mode 0600 checked) or, failing that, from
+// $ATOLL_TOKEN_FILE or $ATOLL_TOKEN. Secrets never come from the command line, where `ps`
+// would show them.
+func readToken(file string) ([]byte, error) {
+	if file == "" {
+		file = os.Getenv("ATOLL_TOKEN_FILE")
+	}
+	if file != "" {
+		return sdk.ReadTokenFile(file)
+	}
+	if t := os.Getenv("ATOLL_TOKEN"); t != "" {
+		if len(t) < 16 {
+			return nil, fmt.Errorf("$ATOLL_TOKEN has %d bytes, want at least 16", len(t))
+		}
+		return []byte(t), nil
+	}
+	return nil, errors.New("no cluster token: pass --token-file (mode 0600), or set ATOLL_TOKEN_FILE or ATOLL_TOKEN")
+}
+
+// loopback reports whether a listen address is on the loopback interface.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func gossipAddrOrNone(g string) []string {
+	if g == "" || g == "none" {
+		return nil
+	}
+	return []string{g}
+}
+
+// newHeadCmd is `atoll head`: one head of the cluster: a replica of the Paxos metadata log
+// and, while it leads, the control plane (scheduler, gangs, restarts, membership).
 func newHeadCmd() *cobra.Command {
 	var (
 		id           uint64
@@ -67,24 +106,36 @@ func newHeadCmd() *cobra.Command {
 		peersFlag    string
 		clientListen string
 		dataDir      string
-		token        string
+		tokenFile    string
 		noFsync      bool
 		tick         time.Duration
 		join         bool
 		initialFlag  string
+		gossip       string
+		gossipJoin   string
+		heartbeat    time.Duration
+		advertise    string
+		caDir        string
+		insecure     bool
+		poolsOpt     poolsOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "head",
-		Short: "Run one head replica: a Paxos metadata log replica with its client API",
+		Short: "Run one head: a replica of the Paxos metadata log and, on the leader, the control plane",
+		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if token == "" {
-				token = os.Getenv("ATOLL_TOKEN")
-			}
-			if token == "" {
-				return errors.New("head: no cluster token: pass --token or set ATOLL_TOKEN")
+			token, err := readToken(tokenFile)
+			if err != nil {
+				return fmt.Errorf("head: %w", err)
 			}
 			if dataDir == "" {
 				return errors.New("head: --data-dir is required")
+			}
+			if id == 0 || id > 65535 {
+				return fmt.Errorf("head: --id %d: want a replica id in 1..65535", id)
+			}
+			if tick < time.Millisecond || tick > time.Second {
+				return fmt.Errorf("head: --tick %v: want 1ms..1s (an election takes 10-20 ticks)", tick)
 			}
 			peers, err := parsePeers(peersFlag)
 			if err != nil {
@@ -92,6 +143,9 @@ func newHeadCmd() *cobra.Command {
 			}
 			if listen == "" {
 				listen = peers[id]
+			}
+			if listen == "" {
+				return fmt.Errorf("head: --id %d is not in --peers %q and no --listen was given: where should it listen?", id, peersFlag)
 			}
 			if _, ok := peers[id]; !ok {
 				peers[id] = listen
@@ -115,53 +169,82 @@ func newHeadCmd() *cobra.Command {
 				return err
 			}
 			defer logger.Sync()
-			tr, err := paxos.NewTCPTransport(paxos.TCPConfig{ID: id, Listen: listen, Peers: peers, Token: []byte(token), Logger: logger})
-			if err != nil {
-				return fmt.Errorf("head: %w", err)
+			var gj []string
+			for _, a := range strings.Split(gossipJoin, ",") {
+				if a = strings.TrimSpace(a); a != "" {
+					gj = append(gj, a)
+				}
 			}
-			defer tr.Close()
-			w, err := paxos.OpenWAL(dataDir, paxos.WALOptions{NoSync: noFsync, Logger: logger})
-			if err != nil {
-				return fmt.Errorf("head: %w", err)
+			if gossip == "none" {
+				gossip = ""
 			}
-			rc := paxos.DefaultReplicaConfig(id, ids)
-			rc.Node.Join = join
-			rc.TickInterval = tick
-			rc.Logger = logger
-			sm := meta.NewStateMachine(0)
-			rep, err := paxos.StartReplica(rc, w, tr, sm)
-			if err != nil {
-				w.Close()
-				return fmt.Errorf("head: %w", err)
+			if caDir == "" {
+				caDir = os.Getenv("ATOLL_CA_DIR")
 			}
-			defer rep.Close()
-			ln, err := net.Listen("tcp", clientListen)
-			if err != nil {
-				return fmt.Errorf("head: client API listen %s: %w", clientListen, err)
+			var ca *pki.CA
+			switch {
+			case caDir != "" && insecure:
+				return errors.New("head: --ca-dir and --insecure-no-tls contradict each other")
+			case caDir != "":
+				if ca, err = pki.LoadCA(caDir); err != nil {
+					return fmt.Errorf("head: --ca-dir: %w", err)
+				}
+			case !insecure:
+				for _, a := range append([]string{clientListen, listen}, gossipAddrOrNone(gossip)...) {
+					if !loopback(a) {
+						return fmt.Errorf("head: %s is not a loopback address and the head has no cluster CA: give --ca-dir (atoll init --dir D creates D/tls), or --insecure-no-tls to serve with the token alone, in clear", a)
+					}
+				}
 			}
-			srv := &http.Server{Handler: &meta.Handler{Replica: rep, SM: sm, Token: token, Logger: logger}, ReadHeaderTimeout: 5 * time.Second}
-			go srv.Serve(ln)
-			fmt.Fprintf(cmd.OutOrStdout(), "client-api http://%s\n", ln.Addr())
-			logger.Info("head replica running", zap.Uint64("id", id), zap.String("listen", tr.Addr().String()),
-				zap.String("client_api", ln.Addr().String()), zap.String("data_dir", dataDir), zap.Bool("fsync", !noFsync))
+			scheme := "http"
+			if ca != nil {
+				scheme = "https"
+			}
+			var apiAdv, gossipAdv string
+			if advertise != "" {
+				_, port, err := net.SplitHostPort(clientListen)
+				if err != nil || port == "0" {
+					return fmt.Errorf("head: --advertise needs a fixed --client-listen port (got %q)", clientListen)
+				}
+				apiAdv = scheme + "://" + net.JoinHostPort(advertise, port)
+				if _, gp, err := net.SplitHostPort(gossip); err == nil && gp != "0" {
+					gossipAdv = net.JoinHostPort(advertise, gp)
+				}
+			}
+			h, err := head.Start(head.Config{ID: id, Peers: peers, Initial: ids, Join: join, DataDir: dataDir, NoSync: noFsync, Tick: tick,
+				APIListen: clientListen, APIAdvertise: apiAdv, Token: token, CA: ca, Gossip: gossip, GossipJoin: gj, GossipAdvertise: gossipAdv,
+				Controller: head.ControllerConfig{HeartbeatTimeout: heartbeat}, Logger: logger})
+			if err != nil {
+				return err
+			}
+			defer h.Close()
+			fmt.Fprintf(cmd.OutOrStdout(), "client-api %s\n", h.Address())
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			if err := startPools(ctx, h.Controller(), poolsOpt, dataDir, h.Address(), logger); err != nil {
+				return fmt.Errorf("head: %w", err)
+			}
 			<-ctx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			return srv.Shutdown(sctx)
+			return nil
 		},
 	}
 	f := cmd.Flags()
 	f.Uint64Var(&id, "id", 0, "this replica's id (1..65535), one of --peers")
 	f.StringVar(&listen, "listen", "", "address for replica-to-replica traffic (default: this id's --peers address)")
 	f.StringVar(&peersFlag, "peers", "", "every replica as id=host:port,... (this one included)")
-	f.StringVar(&clientListen, "client-listen", "127.0.0.1:0", "address of the HTTP client API")
+	f.StringVar(&clientListen, "client-listen", "127.0.0.1:0", "address of the HTTP API (clients, agents, workers)")
 	f.StringVar(&dataDir, "data-dir", "", "directory of this replica's WAL")
-	f.StringVar(&token, "token", "", "cluster token (default $ATOLL_TOKEN)")
+	f.StringVar(&tokenFile, "token-file", "", "file holding the cluster token, mode 0600 (default $ATOLL_TOKEN_FILE, or $ATOLL_TOKEN)")
 	f.BoolVar(&noFsync, "no-fsync", false, "do not fsync the WAL (unsafe: acknowledged writes may be lost on power loss)")
-	f.DurationVar(&tick, "tick", 10*time.Millisecond, "Paxos tick (election timeout is 10-20 ticks)")
+	f.DurationVar(&tick, "tick", 10*time.Millisecond, "Paxos tick, 1ms..1s (election timeout is 10-20 ticks)")
 	f.BoolVar(&join, "join", false, "this replica is being added to a running group (POST /v1/members/add at the leader): it learns the log and votes once a configuration including it is chosen; always restart it with --join")
 	f.StringVar(&initialFlag, "initial-members", "", "ids of the group's first configuration, comma-separated (default: every id in --peers); keep it the same across restarts")
+	f.StringVar(&gossip, "gossip", "127.0.0.1:0", "address to gossip on with the agents (serf membership and failure detection); \"none\" turns it off")
+	f.StringVar(&gossipJoin, "gossip-join", "", "other heads' gossip addresses, comma-separated")
+	f.StringVar(&advertise, "advertise", "", "host the other machines reach this head at, when it listens on 0.0.0.0 (a container's name)")
+	f.StringVar(&caDir, "ca-dir", "", "the cluster CA's directory (ca.crt, ca.key; atoll init creates it): Paxos links and the API are mutual TLS, and the head signs the certificates of processes that hold the token (default $ATOLL_CA_DIR)")
+	f.BoolVar(&insecure, "insecure-no-tls", false, "serve without TLS, on the token alone (links in clear): only for a trusted network; without a CA and without this flag a head listens on loopback only")
+	poolsOpt.flags(cmd)
+	f.DurationVar(&heartbeat, "heartbeat-timeout", 10*time.Second, "declare a machine dead after this long without its agent's load reports (a backstop to gossip)")
 	return cmd
 }

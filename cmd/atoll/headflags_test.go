@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"strings"
 	"testing"
 )
@@ -38,13 +39,39 @@ func TestHeadRefusesWithoutTokenOrDir(t *testing.T) {
 	t.Setenv("ATOLL_TOKEN", "")
 	for _, args := range [][]string{
 		{"head", "--id", "1", "--peers", "1=127.0.0.1:0", "--data-dir", t.TempDir()},
-		{"head", "--id", "1", "--peers", "1=127.0.0.1:0", "--token", "secret-token"},
-		{"head", "--id", "1", "--peers", "1=", "--token", "secret-token", "--data-dir", t.TempDir()},
+		{"head", "--id", "1", "--peers", "1=127.0.0.1:0", "--token", "secret-token-0123456789"}, // no such flag: secrets stay off the command line
+		{"head", "--id", "1", "--peers", "1=", "--data-dir", t.TempDir()},
 	} {
 		root := newRootCmd()
 		root.SetArgs(args)
 		if err := root.Execute(); err == nil {
 			t.Errorf("atoll %v: no error", args)
+		}
+	}
+}
+
+// A head that would serve beyond loopback needs the cluster CA (mutual TLS), or the explicit
+// --insecure-no-tls; a CA directory that is not one is refused.
+func TestHeadRefusesClearLinksBeyondLoopback(t *testing.T) {
+	t.Setenv("ATOLL_TOKEN", "secret-token-0123456789")
+	t.Setenv("ATOLL_CA_DIR", "")
+	bad := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"head", "--id", "1", "--peers", "1=127.0.0.1:0", "--client-listen", "0.0.0.0:0", "--data-dir", t.TempDir()}, "--insecure-no-tls"},
+		{[]string{"head", "--id", "1", "--peers", "1=0.0.0.0:0", "--data-dir", t.TempDir()}, "not a loopback address"},
+		{[]string{"head", "--id", "1", "--peers", "1=127.0.0.1:0", "--gossip", "0.0.0.0:0", "--data-dir", t.TempDir()}, "--ca-dir"},
+		{[]string{"head", "--id", "1", "--peers", "1=127.0.0.1:0", "--ca-dir", bad, "--data-dir", t.TempDir()}, "the cluster CA"},
+		{[]string{"head", "--id", "1", "--peers", "1=127.0.0.1:0", "--ca-dir", bad, "--insecure-no-tls", "--data-dir", t.TempDir()}, "contradict"},
+	} {
+		root := newRootCmd()
+		root.SetArgs(tc.args)
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		if err := root.Execute(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("atoll %v: %v, want an error mentioning %q", tc.args, err, tc.want)
 		}
 	}
 }

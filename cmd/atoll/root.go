@@ -1,6 +1,10 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+)
 
 // newRootCmd builds the command tree. Each command lives in its own file.
 func newRootCmd() *cobra.Command {
@@ -13,9 +17,17 @@ func newRootCmd() *cobra.Command {
 	bench := &cobra.Command{
 		Use:   "bench",
 		Short: "Run a benchmark against its baseline, measured in the same run",
+		Args:  noSubcommand,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	bench.AddCommand(
 		newBenchActorsCmd(),
+		newBenchAutoscaleCmd(),
+		newBenchActorsPeerCmd(),
+		newBenchAllReduceCmd(),
+		newBenchFailoverCmd(),
+		newBenchGangStartCmd(),
+		newBenchRingPeerCmd(),
 		newBenchMetaCmd(),
 		newBenchSchedCmd(),
 		newBenchStoreCmd(),
@@ -23,11 +35,33 @@ func newRootCmd() *cobra.Command {
 	)
 	root.AddCommand(
 		bench,
+		newAddressCmd(),
+		newAgentCmd(),
+		newDashboardCmd(),
 		newDemoCmd(),
+		newDownCmd(),
+		newEventsCmd(),
 		newHeadCmd(),
+		newInitCmd(),
+		newKillWorkerCmd(),
+		newLogsCmd(),
+		newStatusCmd(),
+		newSubmitCmd(),
+		newUpCmd(),
 		newSimCmd(),
 		newStoreServeCmd(),
 		newTopologyCmd(),
 	)
+	root.Args = noSubcommand
+	root.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
 	return root
+}
+
+// noSubcommand refuses arguments that name no subcommand (`atoll bench nosuch` is an
+// error, not the help and exit 0).
+func noSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("unknown command %q for %q (see %s --help)", args[0], cmd.CommandPath(), cmd.CommandPath())
+	}
+	return nil
 }

@@ -17,15 +17,17 @@ import (
 func newSimCmd() *cobra.Command {
 	var (
 		mode, nodesPath, podsPath, loadsStr, jobsPath, clusterSpec, policies string
+		poolsPath                                                            string
 		seeds, maxJobs                                                       int
 		jsonOut, skipBad                                                     bool
 		window                                                               time.Duration
 		prioSeed                                                             uint64
-		cpuStrand                                                            float64
+		cpuStrand, elasticShare, saturate                                    float64
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
 		Short: "Replay GPU cluster traces through the gang scheduler (FGD packing or dynamic arrivals)",
+		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			sk := &sim.Skipper{}
@@ -43,10 +45,17 @@ func newSimCmd() *cobra.Command {
 				var loads []float64
 				for _, f := range strings.Split(loadsStr, ",") {
 					v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
-					if err != nil || v <= 0 {
-						return fmt.Errorf("sim: --load %q: want positive numbers like 1.0,1.3", f)
+					if err != nil || !(v > 0 && v <= sim.MaxFGDLoad) {
+						return fmt.Errorf("sim: --load %q: want numbers in (0, %v] like 1.0,1.3", f, sim.MaxFGDLoad)
 					}
 					loads = append(loads, v)
+				}
+				opt := sim.FGDOptions{Loads: loads, Seeds: seeds, CPUStrandFactor: cpuStrand}
+				if policies != "" {
+					opt.Policies = strings.Split(policies, ",")
+				}
+				if err := opt.Validate(); err != nil {
+					return fmt.Errorf("%w (flags --load, --seeds, --cpu-strand, --policies)", err)
 				}
 				nodes, err := sim.LoadOpenbNodes(nodesPath, skipBad, sk)
 				if err != nil {
@@ -55,10 +64,6 @@ func newSimCmd() *cobra.Command {
 				pods, err := sim.LoadOpenbPods(podsPath, skipBad, sk)
 				if err != nil {
 					return err
-				}
-				opt := sim.FGDOptions{Loads: loads, Seeds: seeds, CPUStrandFactor: cpuStrand}
-				if policies != "" {
-					opt.Policies = strings.Split(policies, ",")
 				}
 				start := time.Now()
 				res, err := sim.RunFGD(ctx, nodes, pods, opt)
@@ -78,9 +83,12 @@ func newSimCmd() *cobra.Command {
 				if jobsPath == "" || clusterSpec == "" {
 					return fmt.Errorf("sim: --mode dynamic needs --jobs and --cluster")
 				}
-				opt := sim.DynamicOptions{MaxJobs: maxJobs, Window: window, PrioritySeed: prioSeed}
+				opt := sim.DynamicOptions{MaxJobs: maxJobs, Window: window, PrioritySeed: prioSeed, ElasticShare: elasticShare, SaturateLoad: saturate}
 				if policies != "" {
 					opt.Policies = strings.Split(policies, ",")
+				}
+				if err := opt.Validate(); err != nil {
+					return fmt.Errorf("%w (flags --max-jobs, --window, --elastic-share, --saturate, --policies)", err)
 				}
 				start := time.Now()
 				res, err := sim.RunDynamicFiles(ctx, jobsPath, clusterSpec, skipBad, sk, opt)
@@ -90,14 +98,22 @@ func newSimCmd() *cobra.Command {
 				fmt.Fprintf(os.Stderr, "dynamic: done in %s\n", time.Since(start).Round(time.Millisecond))
 				out = map[string]any{"results": res}
 				if !jsonOut {
-					fmt.Printf("%-8s %6s %10s %10s %10s %12s %10s %12s %6s %8s\n", "policy", "util%", "qdelay", "p50", "p99", "hi-qdelay", "jct", "allreduce", "preem", "lostGPUh")
+					fmt.Printf("%-8s %6s %10s %10s %10s %10s %10s %10s %10s %9s %6s %6s %7s\n", "policy", "util%", "qdelay", "hi-qdelay", "hi-q p50", "jct", "jct high", "jct norm", "jct low", "allred ms", "preem", "lost%", "goodp%")
 					for _, r := range res {
-						fmt.Printf("%-8s %6.1f %10.0f %10.0f %10.0f %12.0f %10.0f %12.4f %6d %8.1f\n", r.Policy, r.UtilPct, r.QueueDelay.Mean, r.QueueDelay.P50, r.QueueDelay.P99, r.HighPrioQueueDelay.Mean, r.JCT.Mean, r.AllReduce.Mean, r.Preemptions, r.LostGPUHours)
+						c := r.JCTByClass
+						fmt.Printf("%-8s %6.1f %10.0f %10.0f %10.0f %10.0f %10.0f %10.0f %10.0f %9.2f %6d %6.2f %7.2f\n", r.Policy, r.UtilPct, r.QueueDelay.Mean, r.HighPrioQueueDelay.Mean, r.HighPrioQueueDelay.P50,
+							r.JCT.Mean, c["high"].Mean, c["normal"].Mean, c["low"].Mean, r.AllReduce.Mean*1000, r.Preemptions, r.LostPct, r.GoodputPct)
 					}
 					return nil
 				}
+			case "pools":
+				res, err := runPoolsSim(ctx, jobsPath, poolsPath, maxJobs, policies, skipBad, sk, jsonOut)
+				if err != nil || res == nil {
+					return err
+				}
+				out = res
 			default:
-				return fmt.Errorf("sim: --mode %q: want fgd or dynamic", mode)
+				return fmt.Errorf("sim: --mode %q: want fgd, dynamic or pools", mode)
 			}
 			enc := json.NewEncoder(os.Stdout)
 			return enc.Encode(out)
@@ -107,14 +123,17 @@ func newSimCmd() *cobra.Command {
 	f.StringVar(&mode, "mode", "fgd", "fgd (static packing, FGD ATC'23 protocol) or dynamic (arrivals and departures)")
 	f.StringVar(&nodesPath, "nodes", "", "openb node list CSV (fgd mode)")
 	f.StringVar(&podsPath, "pods", "", "openb pod list CSV (fgd mode)")
-	f.StringVar(&loadsStr, "load", "1.0,1.3", "arrived GPU requests as a share of cluster GPUs, comma-separated (fgd mode)")
-	f.IntVar(&seeds, "seeds", 10, "seeds per policy (fgd mode; seeds 42, 43, ...)")
+	f.StringVar(&loadsStr, "load", "1.0,1.3", "arrived GPU requests as a share of cluster GPUs, comma-separated, each in (0, 10] (fgd mode)")
+	f.IntVar(&seeds, "seeds", 10, "seeds per policy, 1-1000 (fgd mode; seeds 42, 43, ...)")
+	f.StringVar(&poolsPath, "pools", "", "pool file (pools mode; default: built-in on-demand and spot DGX H100 pools, docs/pools.md)")
 	f.StringVar(&jobsPath, "jobs", "", "job trace CSV, ITP or Philly, detected from the header (dynamic mode)")
 	f.StringVar(&clusterSpec, "cluster", "", "cluster spec file or shorthand COUNTxMACHINE/RACK, e.g. 64xdgx-h100/8 (dynamic mode)")
-	f.IntVar(&maxJobs, "max-jobs", 0, "replay at most this many jobs from the start of the trace (0 = all)")
-	f.DurationVar(&window, "window", 0, "replay only jobs submitted within this time from the first (0 = all)")
+	f.IntVar(&maxJobs, "max-jobs", 0, "replay at most this many jobs from the start of the trace (0 = all; at most 10,000,000)")
+	f.DurationVar(&window, "window", 0, "replay only jobs submitted within this time from the first (0 = all; not negative)")
+	f.Float64Var(&elasticShare, "elastic-share", 0, "make this share (0-1) of the multi-GPU jobs elastic: ceil(GPUs/2)..GPUs members, work scaling linearly (dynamic mode)")
+	f.Float64Var(&saturate, "saturate", 0, "compress arrivals so the work offered is this many times what the cluster can do in the arrival window (0 = off, at most 100; dynamic mode)")
 	f.Uint64Var(&prioSeed, "priority-seed", 1, "seed of the priority-class assignment for traces without priorities")
-	f.Float64Var(&cpuStrand, "cpu-strand", 0, "scale of the atoll policy's CPU-stranding ratio, times the CPU per GPU of the GPU pods seen so far (fgd mode; 0 = default 1, negative = off)")
+	f.Float64Var(&cpuStrand, "cpu-strand", 0, "scale of the atoll policy's CPU-stranding ratio, times the CPU per GPU of the GPU pods seen so far, within ±1000 (fgd mode; 0 = default 1, negative = off)")
 	f.StringVar(&policies, "policies", "", "comma-separated policies (default: all of the mode)")
 	f.BoolVar(&jsonOut, "json", false, "print one JSON object on stdout")
 	f.BoolVar(&skipBad, "skip-bad-rows", false, "skip unparsable trace rows (reported on stderr) instead of failing")

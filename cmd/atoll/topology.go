@@ -13,13 +13,14 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/atoll-run/atoll/internal/topoview"
 	"github.com/atoll-run/atoll/topology"
 )
 
 // topologyJSON is what `atoll topology --format json` prints: the cluster summary, plus the
 // discovery report with --discover.
 type topologyJSON struct {
-	topology.Summary
+	topoview.Summary
 	Discovery *topology.DiscoveryReport `json:"discovery,omitempty"`
 }
 
@@ -48,8 +49,9 @@ counts are machines, so for gb200-nvl72 they are trays: "gb200-nvl72" alone is o
 NVL72 rack, "36xgb200-nvl72" two),
 or a JSON spec file (one machine or a cluster; see docs/topology.md).
 
---discover reads this machine through NVML, sysfs and rdmamap. Without an NVIDIA driver (or
-in a CGO_ENABLED=0 build) it says so in one line and prints the CPU/NUMA/NIC part.`,
+--discover reads this machine through NVML, sysfs and rdmamap. NVML is compiled in only by
+"go build -tags nvml" (with cgo), the build for GPU machines; without it, or without an NVIDIA
+driver, it says so in one line and prints the CPU/NUMA/NIC part.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
@@ -62,6 +64,12 @@ in a CGO_ENABLED=0 build) it says so in one line and prints the CPU/NUMA/NIC par
 			}
 			if asJSON {
 				format = "json"
+			}
+			if limit < 0 {
+				return fmt.Errorf("topology: --limit %d: want 0 (the default) or a positive number", limit)
+			}
+			if discover && timeout <= 0 {
+				return fmt.Errorf("topology: --timeout %v: want a positive duration", timeout)
 			}
 			switch format {
 			case "text", "json", "dot":
@@ -133,9 +141,9 @@ func printTopology(w io.Writer, c *topology.Cluster, rep *topology.DiscoveryRepo
 	case "json":
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(topologyJSON{Summary: c.Summary(), Discovery: rep})
+		return enc.Encode(topologyJSON{Summary: topoview.Summarize(c), Discovery: rep})
 	case "dot":
-		return c.WriteDOT(w, limit)
+		return topoview.WriteDOT(w, c, limit)
 	}
 	if rep != nil {
 		for _, l := range rep.Lines() {
@@ -145,7 +153,7 @@ func printTopology(w io.Writer, c *topology.Cluster, rep *topology.DiscoveryRepo
 		}
 		fmt.Fprintln(w)
 	}
-	return c.WriteText(w, limit)
+	return topoview.WriteText(w, c, limit)
 }
 
 // placementJSON is what `atoll topology --allreduce ... --json` prints.
@@ -193,7 +201,7 @@ func printPlacement(w io.Writer, c *topology.Cluster, idList, size, format strin
 	return nil
 }
 
-// parseIDList reads "0-7,16,18-19".
+// parseIDList reads "0-7,16,18-19": at most topology.MaxGPUs ids in all.
 func parseIDList(s string) ([]int, error) {
 	var ids []int
 	for _, part := range strings.Split(s, ",") {
@@ -209,8 +217,8 @@ func parseIDList(s string) ([]int, error) {
 				return nil, fmt.Errorf("topology: --allreduce %q: %q is not a range low-high", s, part)
 			}
 		}
-		if b-a > topology.MaxGPUs {
-			return nil, fmt.Errorf("topology: --allreduce %q: range %q too large", s, part)
+		if b-a >= topology.MaxGPUs-len(ids) {
+			return nil, fmt.Errorf("topology: --allreduce %.64q: more than %d GPU ids (at %q)", s, topology.MaxGPUs, part)
 		}
 		for i := a; i <= b; i++ {
 			ids = append(ids, i)
@@ -232,9 +240,10 @@ func parseBytes(s string) (int64, error) {
 			break
 		}
 	}
+	const maxBytes = 1 << 50 // 1 PiB: estimates stay far from time.Duration's limit
 	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("topology: --bytes %q: want a positive size like 4096, 64MiB or 1GiB", s)
+	if err != nil || n <= 0 || n > maxBytes/mult {
+		return 0, fmt.Errorf("topology: --bytes %q: want a positive size up to 1PiB, like 4096, 64MiB or 1GiB", s)
 	}
 	return n * mult, nil
 }

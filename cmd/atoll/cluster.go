@@ -1,0 +1,773 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/atoll-run/atoll/internal/pki"
+	"github.com/atoll-run/atoll/internal/runtime/agent"
+	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/pools"
+	"github.com/atoll-run/atoll/sdk"
+)
+
+// clusterFile is what `atoll up` writes in its directory: how to reach the cluster and the
+// processes it started.
+type clusterFile struct {
+	Address   string `json:"address"`
+	TokenFile string `json:"token_file"`
+	// CACert is the cluster CA's certificate (empty when the cluster runs without TLS).
+	CACert  string     `json:"ca_cert,omitempty"`
+	Machine string     `json:"machine"`
+	Heads   []procInfo `json:"heads"`
+	Agents  []procInfo `json:"agents"`
+	Started time.Time  `json:"started"`
+}
+
+type procInfo struct {
+	ID     uint64 `json:"id,omitempty"`
+	Name   string `json:"name"`
+	API    string `json:"api,omitempty"`
+	Paxos  string `json:"paxos,omitempty"`
+	Gossip string `json:"gossip,omitempty"`
+	PID    int    `json:"pid"`
+	Log    string `json:"log"`
+}
+
+const (
+	clusterFileName = "cluster.json"
+	tokenFileName   = "token"
+)
+
+func readClusterFile(dir string) (*clusterFile, error) {
+	b, err := os.ReadFile(filepath.Join(dir, clusterFileName))
+	if err != nil {
+		return nil, fmt.Errorf("%s is not a running cluster's directory (atoll up --dir %s starts one): %w", dir, dir, err)
+	}
+	var cf clusterFile
+	if err := json.Unmarshal(b, &cf); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, clusterFileName), err)
+	}
+	return &cf, nil
+}
+
+// alive reports whether a process runs (a zombie, dead but not yet reaped by its parent,
+// does not).
+func alive(pid int) bool {
+	if pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true // no /proc: trust the signal
+	}
+	// The state follows the command name in parentheses: "pid (comm) S ...".
+	if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) {
+		return b[i+2] != 'Z' && b[i+2] != 'X'
+	}
+	return true
+}
+
+// clusterAddress resolves --dir or --address (or $ATOLL_ADDRESS) to an address with its
+// token file.
+func clusterAddress(dir, address string) (string, *clusterFile, error) {
+	switch {
+	case dir != "" && address != "":
+		return "", nil, errors.New("give --dir or --address, not both")
+	case dir != "":
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			return "", nil, err
+		}
+		cf, err := readClusterFile(abs)
+		if err != nil {
+			return "", nil, err
+		}
+		addr := cf.Address + ";token-file=" + cf.TokenFile
+		if cf.CACert != "" {
+			addr += ";ca=" + cf.CACert
+		}
+		return addr, cf, nil
+	case address != "":
+		return address, nil, nil
+	case os.Getenv("ATOLL_ADDRESS") != "":
+		return os.Getenv("ATOLL_ADDRESS"), nil, nil
+	}
+	return "", nil, errors.New("which cluster? give --dir DIR (of atoll up) or --address (or set ATOLL_ADDRESS)")
+}
+
+// dialed is a connection of a command to a cluster: a client of its heads, its token, and
+// an HTTP client for its agents' APIs (with this command's certificate when the cluster
+// runs mutual TLS).
+type dialed struct {
+	*api.Client
+	token string
+	hc    *http.Client
+}
+
+// dialCluster connects to the heads at an address. When they are https, the command first
+// gets a certificate of its own from them (with the token, checking them against the
+// cluster CA of the address's ca=PATH or $ATOLL_CA_CERT).
+func dialCluster(ctx context.Context, address string) (*dialed, error) {
+	a, err := sdk.ParseClusterAddress(address)
+	if err != nil {
+		return nil, err
+	}
+	token, err := readToken(a.TokenFile)
+	if err != nil {
+		return nil, err
+	}
+	cc := api.ClientConfig{Heads: a.Heads, Token: string(token)}
+	d := &dialed{token: string(token), hc: &http.Client{}}
+	secure, err := api.Secure(a.Heads)
+	if err != nil {
+		return nil, err
+	}
+	if secure {
+		caFile := a.CAFile
+		if caFile == "" {
+			caFile = os.Getenv(agent.CACertEnv)
+		}
+		if caFile == "" {
+			return nil, fmt.Errorf("the heads are https: give the cluster CA's certificate (the address's ;ca=PATH, or %s)", agent.CACertEnv)
+		}
+		caPEM, err := pki.ReadCACert(caFile)
+		if err != nil {
+			return nil, err
+		}
+		host, _ := os.Hostname()
+		id, err := api.RequestIdentity(ctx, a.Heads, string(token), caPEM, fmt.Sprintf("cli/%s/%d", host, os.Getpid()))
+		if err != nil {
+			return nil, err
+		}
+		cc.TLS = id.Client()
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = id.Client()
+		d.hc = &http.Client{Transport: tr}
+	}
+	if d.Client, err = api.NewClient(ctx, cc); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// newSecret is 32 random bytes in hex: a cluster token.
+func newSecret() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// initDir creates a cluster directory with its token (mode 0600) and its CA (tls/ca.crt,
+// tls/ca.key mode 0600), keeping those that exist. It returns the token file and the CA
+// directory.
+func initDir(dir string) (tokenFile, caDir string, err error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", "", err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return "", "", err
+	}
+	tf := filepath.Join(dir, tokenFileName)
+	if _, err := os.Stat(tf); err == nil {
+		if _, err := sdk.ReadTokenFile(tf); err != nil {
+			return "", "", err
+		}
+	} else if err := os.WriteFile(tf, []byte(newSecret()+"\n"), 0o600); err != nil {
+		return "", "", err
+	}
+	caDir = filepath.Join(dir, "tls")
+	if _, err := os.Stat(filepath.Join(caDir, pki.CACertFile)); err == nil {
+		if _, err := pki.LoadCA(caDir); err != nil {
+			return "", "", err
+		}
+		return tf, caDir, nil
+	}
+	ca, err := pki.NewCA(filepath.Base(dir))
+	if err != nil {
+		return "", "", err
+	}
+	return tf, caDir, ca.Save(caDir)
+}
+
+func newInitCmd() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "init",
+		Short: "Create a cluster directory with its secret (the token file, mode 0600) and its certificate authority (tls/)",
+		Long: `init creates a cluster directory: the token every process proves it holds (token, mode 0600),
+and the cluster's certificate authority (tls/ca.crt, and tls/ca.key mode 0600). Heads hold the
+CA (atoll head --ca-dir DIR/tls): every link between processes is mutual TLS, and a process that
+holds the token gets its own certificate from the heads when it starts (agents, workers,
+drivers and commands need only tls/ca.crt, with --ca-cert or the address's ;ca=PATH).
+Existing files are kept.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dir == "" {
+				return errors.New("init: --dir is required")
+			}
+			tf, caDir, err := initDir(dir)
+			if err != nil {
+				return fmt.Errorf("init: %w", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "cluster secret in %s (mode 0600): give it to heads and agents with --token-file\n", tf)
+			fmt.Fprintf(cmd.OutOrStdout(), "cluster CA in %s: heads take --ca-dir %s; agents and clients --ca-cert %s\n", caDir, caDir, filepath.Join(caDir, pki.CACertFile))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", "", "the cluster directory to create")
+	return cmd
+}
+
+func freeAddrs(n int) ([]string, error) {
+	var lns []net.Listener
+	var out []string
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	for i := 0; i < n; i++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		out = append(out, ln.Addr().String())
+	}
+	return out, nil
+}
+
+// spawn starts a detached process of this executable (its own session, so that it outlives
+// `atoll up`), with its output in a log file.
+func spawn(logPath string, env []string, args ...string) (int, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(exe, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	pid := cmd.Process.Pid
+	go func() { _ = cmd.Wait() }() // reap it if it dies while `atoll up` runs
+	return pid, nil
+}
+
+func newUpCmd() *cobra.Command {
+	var (
+		dir, machine string
+		agents       int
+		heads        int
+		asJSON       bool
+		insecure     bool
+		timeout      time.Duration
+		poolFile     string
+	)
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Start a local multi-process cluster (heads and agents) in a directory, and leave it running",
+		Long: `up starts --heads head processes (the Paxos metadata log and the control plane) and --agents
+agent processes of declared machines (--machine, simulated GPUs) on this machine, waits until
+the heads have a leader and every agent has registered, and returns with the cluster running.
+The directory holds the cluster's secret (token, mode 0600), its address, the processes' data
+and logs. atoll down --dir stops it; atoll address --dir prints its address.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dir == "" {
+				return errors.New("up: --dir is required")
+			}
+			if poolFile != "" {
+				if _, err := pools.LoadFile(poolFile); err != nil {
+					return fmt.Errorf("up: %w", err)
+				}
+			}
+			cf, st, err := startCluster(cmd.Context(), dir, heads, agents, machine, !insecure, timeout, poolFile)
+			if err != nil {
+				return fmt.Errorf("up: %w", err)
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(cf)
+			}
+			abs, _ := filepath.Abs(dir)
+			fmt.Fprintf(cmd.OutOrStdout(), "cluster up in %s: %d heads (leader %d), %d agents of %s\naddress: %s\n",
+				abs, heads, st.Leader, agents, machine, cf.Address)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dir, "dir", "", "the cluster's directory (created with its secret if new)")
+	f.IntVar(&agents, "agents", 4, "agent processes (one per declared machine)")
+	f.IntVar(&heads, "heads", 3, "head processes (1, 3 or 5)")
+	f.StringVar(&machine, "machine", "dgx-h100", "the machine each agent declares: a built-in machine or a spec file of one machine (simulated GPUs)")
+	f.BoolVar(&asJSON, "json", false, "print the cluster file as JSON")
+	f.DurationVar(&timeout, "timeout", time.Minute, "how long to wait for the cluster to be ready")
+	f.BoolVar(&insecure, "insecure-no-tls", false, "run every link on the token alone, in clear (default: mutual TLS with the cluster's CA)")
+	f.StringVar(&poolFile, "pools", "", "a pool file: the leader adds and removes agents with the work (local provider; docs/pools.md)")
+	return cmd
+}
+
+// startCluster starts heads and agents as detached processes of this executable with their
+// state in dir, and waits until the heads lead and every agent has registered. A pool file
+// (poolFile, at most one) makes the heads run the pools autoscaler with the local provider.
+func startCluster(ctx context.Context, dir string, heads, agents int, machine string, secure bool, timeout time.Duration, poolFile ...string) (*clusterFile, api.Status, error) {
+	var st api.Status
+	if agents < 0 || agents > 256 {
+		return nil, st, fmt.Errorf("--agents %d: want 0..256", agents)
+	}
+	if heads != 1 && heads != 3 && heads != 5 {
+		return nil, st, fmt.Errorf("--heads %d: want 1, 3 or 5", heads)
+	}
+	if _, _, err := machineSpec(ctx, machine); err != nil {
+		return nil, st, err
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, st, err
+	}
+	if cf, err := readClusterFile(abs); err == nil {
+		for _, p := range append(cf.Heads, cf.Agents...) {
+			if alive(p.PID) {
+				return nil, st, fmt.Errorf("a cluster already runs in %s (%s pid %d): atoll down --dir %s first", abs, p.Name, p.PID, dir)
+			}
+		}
+	}
+	tf, caDir, err := initDir(abs)
+	if err != nil {
+		return nil, st, err
+	}
+	for _, d := range []string{"logs", "heads", "agents"} {
+		if err := os.MkdirAll(filepath.Join(abs, d), 0o700); err != nil {
+			return nil, st, err
+		}
+	}
+	addrs, err := freeAddrs(3 * heads)
+	if err != nil {
+		return nil, st, err
+	}
+	cf := &clusterFile{TokenFile: tf, Machine: machine, Started: time.Now()}
+	scheme := "http://"
+	env := []string{"ATOLL_TOKEN_FILE=" + tf}
+	headArgs := []string{"--insecure-no-tls"}
+	var clientTLS *tls.Config
+	if secure {
+		scheme = "https://"
+		cf.CACert = filepath.Join(caDir, pki.CACertFile)
+		env = append(env, agent.CACertEnv+"="+cf.CACert)
+		headArgs = []string{"--ca-dir", caDir}
+		// `up` itself is a client of the heads: it holds the CA, so it issues its own
+		// certificate.
+		ca, err := pki.LoadCA(caDir)
+		if err != nil {
+			return nil, st, err
+		}
+		id, err := ca.IssueIdentity(fmt.Sprintf("cli/up/%d", os.Getpid()))
+		if err != nil {
+			return nil, st, err
+		}
+		clientTLS = id.Client()
+	}
+	var peers, urls, gossips []string
+	for i := 0; i < heads; i++ {
+		peers = append(peers, fmt.Sprintf("%d=%s", i+1, addrs[i]))
+		urls = append(urls, scheme+addrs[heads+i])
+		gossips = append(gossips, addrs[2*heads+i])
+	}
+	cf.Address = api.FormatAddress(urls)
+	fail := func(err error) (*clusterFile, api.Status, error) {
+		stopProcs(cf, 5*time.Second)
+		return nil, st, err
+	}
+	for i := 0; i < heads; i++ {
+		id := i + 1
+		logPath := filepath.Join(abs, "logs", fmt.Sprintf("head-%d.log", id))
+		var others []string
+		for j, g := range gossips {
+			if j != i {
+				others = append(others, g)
+			}
+		}
+		args := append([]string{"head", "--id", strconv.Itoa(id), "--peers", strings.Join(peers, ","),
+			"--client-listen", addrs[heads+i], "--data-dir", filepath.Join(abs, "heads", strconv.Itoa(id)),
+			"--gossip", gossips[i], "--gossip-join", strings.Join(others, ",")}, headArgs...)
+		if len(poolFile) > 0 && poolFile[0] != "" {
+			args = append(args, poolHeadArgs(poolFile[0], abs, cf.Address)...)
+		}
+		pid, err := spawn(logPath, env, args...)
+		if err != nil {
+			return fail(fmt.Errorf("start head %d: %w", id, err))
+		}
+		cf.Heads = append(cf.Heads, procInfo{ID: uint64(id), Name: fmt.Sprintf("head-%d", id), API: urls[i], Paxos: addrs[i], Gossip: gossips[i], PID: pid, Log: logPath})
+	}
+	if err := writeClusterFile(abs, cf); err != nil {
+		return fail(err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	client, err := api.NewClient(ctx, api.ClientConfig{Heads: urls, Token: mustToken(tf), TLS: clientTLS})
+	if err == nil {
+		_, err = waitStatus(ctx, client, func(api.Status) bool { return true })
+	}
+	if err != nil {
+		return fail(fmt.Errorf("the heads did not elect a leader in %v (logs in %s): %w", timeout, filepath.Join(abs, "logs"), err))
+	}
+	for i := 0; i < agents; i++ {
+		name := fmt.Sprintf("node-%d", i)
+		logPath := filepath.Join(abs, "logs", name+".log")
+		pid, err := spawn(logPath, env, "agent", "--join", cf.Address, "--name", name, "--machine", machine,
+			"--dir", filepath.Join(abs, "agents", name))
+		if err != nil {
+			return fail(fmt.Errorf("start agent %s: %w", name, err))
+		}
+		cf.Agents = append(cf.Agents, procInfo{Name: name, PID: pid, Log: logPath})
+	}
+	if err := writeClusterFile(abs, cf); err != nil {
+		return fail(err)
+	}
+	st, err = waitStatus(ctx, client, func(st api.Status) bool {
+		n := 0
+		for _, m := range st.Machines {
+			if m.Alive {
+				n++
+			}
+		}
+		return n >= agents
+	})
+	if err != nil {
+		return fail(fmt.Errorf("the agents did not register in %v (logs in %s): %w", timeout, filepath.Join(abs, "logs"), err))
+	}
+	for i := range cf.Agents {
+		for _, m := range st.Machines {
+			if m.Name == cf.Agents[i].Name {
+				cf.Agents[i].API = m.Agent
+			}
+		}
+	}
+	return cf, st, writeClusterFile(abs, cf)
+}
+
+func mustToken(path string) string {
+	t, err := sdk.ReadTokenFile(path)
+	if err != nil {
+		return ""
+	}
+	return string(t)
+}
+
+func writeClusterFile(dir string, cf *clusterFile) error {
+	b, err := json.MarshalIndent(cf, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, clusterFileName+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, clusterFileName))
+}
+
+// waitStatus polls the leader's status until ok holds or ctx ends.
+func waitStatus(ctx context.Context, c *api.Client, ok func(api.Status) bool) (api.Status, error) {
+	var last error
+	for {
+		st, err := c.Status(ctx)
+		if err == nil && ok(st) {
+			return st, nil
+		}
+		if err != nil {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			if last == nil {
+				last = ctx.Err()
+			}
+			return st, last
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// stopProcs stops the agents, then the heads: SIGTERM, then SIGKILL after grace.
+func stopProcs(cf *clusterFile, grace time.Duration) []string {
+	var notes []string
+	for _, group := range [][]procInfo{cf.Agents, cf.Heads} {
+		for _, p := range group {
+			if alive(p.PID) {
+				_ = syscall.Kill(p.PID, syscall.SIGTERM)
+			}
+		}
+		deadline := time.Now().Add(grace)
+		for _, p := range group {
+			for alive(p.PID) && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if alive(p.PID) {
+				_ = syscall.Kill(p.PID, syscall.SIGKILL)
+				notes = append(notes, fmt.Sprintf("%s (pid %d) killed after %v", p.Name, p.PID, grace))
+				for end := time.Now().Add(2 * time.Second); alive(p.PID) && time.Now().Before(end); {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+		}
+	}
+	return notes
+}
+
+func newDownCmd() *cobra.Command {
+	var dir string
+	var grace time.Duration
+	cmd := &cobra.Command{
+		Use:   "down",
+		Short: "Stop every process `atoll up` started in a directory",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dir == "" {
+				return errors.New("down: --dir is required")
+			}
+			cf, err := readClusterFile(dir)
+			if err != nil {
+				return fmt.Errorf("down: %w", err)
+			}
+			cf.Agents = append(cf.Agents, poolAgents(dir)...)
+			for _, n := range stopProcs(cf, grace) {
+				fmt.Fprintln(cmd.ErrOrStderr(), "down:", n)
+			}
+			n := 0
+			for _, p := range append(cf.Heads, cf.Agents...) {
+				if alive(p.PID) {
+					return fmt.Errorf("down: %s (pid %d) is still running", p.Name, p.PID)
+				}
+				n++
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "stopped %d processes; the directory %s keeps the data and logs\n", n, dir)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", "", "the cluster's directory")
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long each process has to stop before it is killed")
+	return cmd
+}
+
+func newAddressCmd() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "address",
+		Short: "Print a cluster's address (for ATOLL_ADDRESS): its heads' URLs and its token file",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dir == "" {
+				return errors.New("address: --dir is required")
+			}
+			addr, _, err := clusterAddress(dir, "")
+			if err != nil {
+				return fmt.Errorf("address: %w", err)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), addr)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", "", "the cluster's directory")
+	return cmd
+}
+
+func newStatusCmd() *cobra.Command {
+	var dir, address string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show a cluster: its heads (and leader), machines and gangs",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			addr, cf, err := clusterAddress(dir, address)
+			if err != nil {
+				return fmt.Errorf("status: %w", err)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 15*time.Second)
+			defer cancel()
+			c, err := dialCluster(ctx, addr)
+			if err != nil {
+				return fmt.Errorf("status: %w", err)
+			}
+			st, err := c.Status(ctx)
+			if err != nil {
+				return fmt.Errorf("status: %w", err)
+			}
+			st.Heads = headsOf(ctx, c, st.Leader)
+			if cf != nil {
+				for i := range st.Heads {
+					for _, h := range cf.Heads {
+						if h.API == st.Heads[i].Address {
+							st.Heads[i].PID = h.PID
+						}
+					}
+				}
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(st)
+			}
+			printStatus(cmd.OutOrStdout(), st)
+			printPools(cmd.OutOrStdout(), st.Pools)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
+	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.BoolVar(&asJSON, "json", false, "print JSON: leader, heads, machines, gangs")
+	return cmd
+}
+
+// headsOf asks every head for its id and role.
+func headsOf(ctx context.Context, c *dialed, leader uint64) []api.HeadInfo {
+	var out []api.HeadInfo
+	for _, u := range c.Heads() {
+		h := api.HeadInfo{Address: u}
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, u+"/v1/status", nil)
+		req.Header.Set("Authorization", "Bearer "+c.token)
+		resp, err := c.hc.Do(req)
+		cancel()
+		if err == nil {
+			var st struct {
+				ID uint64 `json:"id"`
+			}
+			_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st)
+			resp.Body.Close()
+			h.ID = st.ID
+		}
+		h.Leader = h.ID != 0 && h.ID == leader
+		out = append(out, h)
+	}
+	return out
+}
+
+func printStatus(w io.Writer, st api.Status) {
+	fmt.Fprintf(w, "leader: head %d\n", st.Leader)
+	if st.Dashboard != "" {
+		fmt.Fprintf(w, "dashboard: %s\n", st.Dashboard)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "HEAD\tADDRESS\tPID\tROLE")
+	for _, h := range st.Heads {
+		role, id := "follower", strconv.FormatUint(h.ID, 10)
+		if h.Leader {
+			role = "leader"
+		}
+		if h.ID == 0 {
+			role, id = "unreachable", "?"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", id, h.Address, pidText(h.PID), role)
+	}
+	fmt.Fprintln(tw, "\nMACHINE\tGPUS\tFREE\tALIVE\tPID\tGPU KIND\tLOAD (cpu/mem)")
+	for _, m := range st.Machines {
+		kind := "real"
+		if m.Simulated {
+			kind = "simulated"
+		}
+		load := "-"
+		if m.Load != nil {
+			load = fmt.Sprintf("%.0f%%/%.0f%%", 100*m.Load.CPU, 100*m.Load.Mem)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%v\t%s\t%s\t%s\n", m.Name, m.GPUs, m.FreeGPUs, m.Alive, pidText(m.PID), kind, load)
+	}
+	fmt.Fprintln(tw, "\nGANG\tSTATE\tQUEUE\tREADY\tGEN\tRESTARTS\tMACHINES\tREASON")
+	for _, g := range st.Gangs {
+		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%d/%d\t%d\t%d\t%s\t%s\n", g.Job, g.Name, g.State, queueName(g.Queue), g.Ready, g.Workers, g.Generation, g.Restarts,
+			strings.Join(g.Machines, ","), g.Reason)
+	}
+	printQueues(tw, st)
+	_ = tw.Flush()
+}
+
+func pidText(pid int) string {
+	if pid == 0 {
+		return "-"
+	}
+	return strconv.Itoa(pid)
+}
+
+func newKillWorkerCmd() *cobra.Command {
+	var dir, address, gang string
+	var rank int
+	cmd := &cobra.Command{
+		Use:   "kill-worker JOB",
+		Short: "SIGKILL one worker process of a job, as a crash would (a failure drill: its gang restarts from its checkpoint)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			job := args[0]
+			if err := api.CheckName("job", job); err != nil {
+				return fmt.Errorf("kill-worker: %w", err)
+			}
+			addr, _, err := clusterAddress(dir, address)
+			if err != nil {
+				return fmt.Errorf("kill-worker: %w", err)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+			defer cancel()
+			c, err := dialCluster(ctx, addr)
+			if err != nil {
+				return fmt.Errorf("kill-worker: %w", err)
+			}
+			g, _, err := c.Gang(ctx, job, gang)
+			if err != nil {
+				return fmt.Errorf("kill-worker: %w", err)
+			}
+			if g.Placement == nil || rank < 0 || rank >= len(g.Placement.Members) {
+				return fmt.Errorf("kill-worker: gang %s/%s has no placed rank %d (it is %s)", job, gang, rank, g.State)
+			}
+			var m api.Machine
+			if ok, err := c.Get(ctx, api.TableMachines+g.Placement.Members[rank].Machine, &m); err != nil || !ok {
+				return fmt.Errorf("kill-worker: machine of rank %d: %v", rank, err)
+			}
+			q := url.Values{"job": {job}, "gang": {gang}, "rank": {strconv.Itoa(rank)}}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, m.Agent.API+"/v1/workers/kill?"+q.Encode(), nil)
+			req.Header.Set("Authorization", "Bearer "+c.token)
+			resp, err := c.hc.Do(req)
+			if err != nil {
+				return fmt.Errorf("kill-worker: agent of %s: %w", m.Name, err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("kill-worker: agent of %s: %s", m.Name, strings.TrimSpace(string(b)))
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "killed rank %d of %s/%s on %s: %s", rank, job, gang, m.Name, b)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
+	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&gang, "gang", "", "the gang")
+	f.IntVar(&rank, "rank", 0, "the worker's rank")
+	return cmd
+}

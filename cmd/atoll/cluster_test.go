@@ -1,0 +1,393 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/atoll-run/atoll/internal/pki"
+	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/store/transfer"
+)
+
+// The cluster tests run real processes: `atoll up` starts heads and agents, and the agents
+// start worker processes. A test that drives a job itself (through sdk.Connect) is the
+// job's program, so the agents run this test binary as its workers: TestMain serves them.
+
+type tick struct{}
+
+// counter counts ticks and checkpoints its count.
+type counter struct{ N int }
+
+func (c *counter) Receive(*sdk.Context, any) (any, error) { c.N++; return c.N, nil }
+func (c *counter) Checkpoint() ([]byte, error)            { return []byte{byte(c.N)}, nil }
+func (c *counter) Restore(b []byte) error                 { c.N = int(b[0]); return nil }
+
+func testKinds() []sdk.Option {
+	return []sdk.Option{sdk.Kind("counter", func() sdk.Actor { return &counter{} }, tick{})}
+}
+
+func TestMain(m *testing.M) {
+	if sdk.InWorker() { // an agent started this binary as a worker: serve it (never returns)
+		_, err := sdk.Start(context.Background(), testKinds()...)
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
+
+// upCluster starts a cluster of real processes and stops it when the test ends.
+func upCluster(t *testing.T, agents int) (bin, dir string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a cluster of processes")
+	}
+	tmp := t.TempDir()
+	bin = buildAtoll(t, tmp)
+	dir = filepath.Join(tmp, "cluster")
+	out, err := exec.Command(bin, "up", "--dir", dir, "--agents", fmt.Sprint(agents), "--machine", "dgx-h100").CombinedOutput()
+	if err != nil {
+		t.Fatalf("atoll up: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command(bin, "down", "--dir", dir, "--grace", "5s").CombinedOutput(); err != nil {
+			t.Errorf("atoll down: %v\n%s", err, out)
+		}
+		if t.Failed() {
+			logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
+			for _, l := range logs {
+				b, _ := os.ReadFile(l)
+				if len(b) > 4000 {
+					b = b[len(b)-4000:]
+				}
+				t.Logf("--- %s (tail)\n%s", filepath.Base(l), b)
+			}
+		}
+	})
+	return bin, dir
+}
+
+func TestClusterUpStatusDemoDown(t *testing.T) {
+	bin, dir := upCluster(t, 4)
+	out, err := exec.Command(bin, "status", "--dir", dir, "--json").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Leader uint64 `json:"leader"`
+		Heads  []struct {
+			ID      uint64 `json:"id"`
+			Address string `json:"address"`
+			PID     int    `json:"pid"`
+			Leader  bool   `json:"leader"`
+		} `json:"heads"`
+		Machines []struct {
+			Name     string `json:"name"`
+			GPUs     int    `json:"gpus"`
+			FreeGPUs int    `json:"free_gpus"`
+			Alive    bool   `json:"alive"`
+			PID      int    `json:"pid"`
+		} `json:"machines"`
+		Gangs []json.RawMessage `json:"gangs"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, out)
+	}
+	leaders := 0
+	for _, h := range st.Heads {
+		if h.Leader {
+			leaders++
+			if h.ID != st.Leader {
+				t.Errorf("head %d marked leader, status leader %d", h.ID, st.Leader)
+			}
+		}
+		if h.PID == 0 || !alive(h.PID) {
+			t.Errorf("head %d pid %d is not a live process", h.ID, h.PID)
+		}
+	}
+	if len(st.Heads) != 3 || leaders != 1 || len(st.Machines) != 4 {
+		t.Fatalf("status: %d heads, %d leaders, %d machines\n%s", len(st.Heads), leaders, len(st.Machines), out)
+	}
+	for _, m := range st.Machines {
+		if m.GPUs != 8 || m.FreeGPUs != 8 || !m.Alive || !alive(m.PID) {
+			t.Errorf("machine %+v", m)
+		}
+	}
+	addr, err := exec.Command(bin, "address", "--dir", dir).Output()
+	if err != nil || !strings.Contains(string(addr), "token-file=") || !strings.Contains(string(addr), ";ca=") || !strings.HasPrefix(string(addr), "https://") {
+		t.Fatalf("address: %q %v", addr, err)
+	}
+	checkLinksAreMutualTLS(t, strings.TrimSpace(string(addr)))
+	// The demo on the cluster: 16 workers, one process each, across two machines.
+	demo := exec.Command(bin, "demo", "--dir", dir, "--workers", "16", "--steps", "80", "--kill-at", "37", "--json")
+	demo.Stderr = os.Stderr
+	out, err = demo.Output()
+	if err != nil {
+		t.Fatalf("demo --dir: %v\n%s", err, out)
+	}
+	var res struct {
+		WorkerPIDs   []int    `json:"worker_pids"`
+		MachinesUsed []string `json:"machines_used"`
+		Restarts     int      `json:"restarts"`
+		Restored     int      `json:"restored_from_step"`
+		Accuracy     float64  `json:"accuracy"`
+		Embedded     bool     `json:"embedded"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("demo --json: %v\n%s", err, out)
+	}
+	pids := map[int]bool{}
+	for _, p := range res.WorkerPIDs {
+		pids[p] = true
+	}
+	if len(res.WorkerPIDs) != 16 || len(pids) != 16 || pids[demo.Process.Pid] {
+		t.Errorf("worker pids %v: want 16 distinct worker processes", res.WorkerPIDs)
+	}
+	if len(res.MachinesUsed) != 2 || res.Embedded {
+		t.Errorf("machines used %v (embedded %v): want 2 machines of the cluster", res.MachinesUsed, res.Embedded)
+	}
+	if res.Restarts != 1 || res.Restored != 25 || res.Accuracy < 0.85 {
+		t.Errorf("demo: %d restarts, restored from %d, accuracy %.3f", res.Restarts, res.Restored, res.Accuracy)
+	}
+	// A driver submitted to the cluster runs there (as `ray job submit`): the digits example
+	// program, built on its own, trains and exits; its output is its agent's log.
+	digits := filepath.Join(t.TempDir(), "digits")
+	if out, err := exec.Command("go", "build", "-o", digits, "../../examples/digits/cmd/digits").CombinedOutput(); err != nil {
+		t.Fatalf("build the digits example: %v\n%s", err, out)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err = exec.CommandContext(sctx, bin, "submit", "--dir", dir, "--name", "digits-driver", "--wait", "--", digits).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "completed") {
+		t.Fatalf("atoll submit --wait: %v\n%s", err, out)
+	}
+	logs, err := exec.Command(bin, "logs", "digits-driver", "--dir", dir).CombinedOutput()
+	if err != nil || !strings.Contains(string(logs), "test accuracy") {
+		t.Fatalf("atoll logs of the submitted driver: %v\n%s", err, logs)
+	}
+}
+
+// TestClusterSurvivesFailures drives a gang on a cluster of processes through a worker
+// SIGKILL, an agent SIGKILL and a SIGKILL of the leader head, and checks that it restarts
+// from its checkpoint (on other machines when its machine is lost) and that nothing
+// committed is lost.
+func TestClusterSurvivesFailures(t *testing.T) {
+	_, dir := upCluster(t, 3)
+	cf, err := readClusterFile(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	addr, _, err := clusterAddress(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sdk.Connect(ctx, addr, testKinds()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Shutdown(context.Background())
+	job, err := c.Submit(ctx, sdk.JobSpec{Name: "survivor"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "g", Kind: "counter", Workers: 4, GPUsPerWorker: 1, SameIsland: true, MaxRestarts: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tickAll := func(want int) {
+		t.Helper()
+		for r := 0; r < 4; r++ {
+			n, err := sdk.Call[int](ctx, c, g.Worker(r), tick{})
+			if err != nil || n != want {
+				t.Fatalf("rank %d tick: %d, %v; want %d", r, n, err, want)
+			}
+		}
+	}
+	tickAll(1)
+	if err := g.Checkpoint(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	tickAll(2) // lost by each restart below
+
+	// 1. A worker process is killed: the gang restarts all-for-one from the checkpoint.
+	w := g.Workers()
+	if len(w) != 4 || w[0].PID == os.Getpid() {
+		t.Fatalf("workers %+v: want 4 worker processes", w)
+	}
+	start := time.Now()
+	if err := syscall.Kill(w[2].PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.AwaitRunning(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("worker SIGKILL -> gang running again in %v", time.Since(start))
+	tickAll(2)
+
+	// 2. The agent of the gang's machine is killed: serf declares it dead, and the gang
+	// restarts on another machine from its checkpoint.
+	lost := g.Placement().Machines[0]
+	var agentPID int
+	for _, a := range cf.Agents {
+		if a.Name == lost {
+			agentPID = a.PID
+		}
+	}
+	start = time.Now()
+	if err := syscall.Kill(agentPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	gen, err := g.AwaitRunning(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("agent SIGKILL -> gang running on %v in %v (generation %d)", g.Placement().Machines, time.Since(start), gen)
+	if slices.Contains(g.Placement().Machines, lost) {
+		t.Fatalf("gang still placed on the lost machine %s", lost)
+	}
+	tickAll(2)
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range st.Machines {
+		if m.Name == lost && m.Alive {
+			t.Fatalf("machine %s of the killed agent is still alive in the status", lost)
+		}
+	}
+
+	// 3. The leader head is killed: another head leads, the gang keeps running (its
+	// workers are not restarted), and every acknowledged decision is still there.
+	var leaderPID int
+	for _, h := range cf.Heads {
+		if h.ID == st.Leader {
+			leaderPID = h.PID
+		}
+	}
+	genBefore := g.Generation()
+	start = time.Now()
+	if err := syscall.Kill(leaderPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Checkpoint(ctx, 3); err != nil { // a commit through the new leader
+		t.Fatal(err)
+	}
+	t.Logf("leader SIGKILL -> commit through the new leader after %v", time.Since(start))
+	tickAll(3)
+	if g.Generation() != genBefore {
+		t.Fatalf("the gang restarted (generation %d -> %d) when only the leader head died", genBefore, g.Generation())
+	}
+	g2, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "after", Kind: "counter", Workers: 2, GPUsPerWorker: 1, MaxRestarts: 1})
+	if err != nil {
+		t.Fatalf("the new leader schedules: %v", err)
+	}
+	if n, err := sdk.Call[int](ctx, c, g2.Worker(1), tick{}); err != nil || n != 1 {
+		t.Fatalf("new gang: %d %v", n, err)
+	}
+	step, ok, err := g.LatestCheckpoint(ctx)
+	if err != nil || !ok || step != 3 {
+		t.Fatalf("latest checkpoint %d %v %v; want 3", step, ok, err)
+	}
+	st2, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st2.Leader == st.Leader || st2.Leader == 0 {
+		t.Fatalf("leader %d after the old leader %d was killed", st2.Leader, st.Leader)
+	}
+	found := 0
+	for _, gs := range st2.Gangs {
+		if gs.Job == "survivor" && (gs.Name == "g" || gs.Name == "after") && gs.State == api.GangRunning {
+			found++
+		}
+	}
+	if found != 2 {
+		t.Fatalf("gangs after the failover: %+v", st2.Gangs)
+	}
+	if err := job.Stop(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+}
+
+// checkLinksAreMutualTLS checks that a cluster of `atoll up` serves nothing to a process
+// without a certificate of its CA: not the heads' API in clear, not an agent's API with the
+// token alone, not an agent's transfer plane with the token alone.
+func checkLinksAreMutualTLS(t *testing.T, address string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d, err := dialCluster(ctx, address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := d.List(ctx, api.TableMachines)
+	if err != nil || len(l.KVs) == 0 {
+		t.Fatalf("machines: %v (%d)", err, len(l.KVs))
+	}
+	a, _ := sdk.ParseClusterAddress(address)
+	caPEM, err := pki.ReadCACert(a.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trust, _ := pki.Trust(caPEM)
+	get := func(hc *http.Client, u string) (int, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		req.Header.Set("Authorization", "Bearer "+d.token)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	tokenOnly := &http.Client{Transport: &http.Transport{TLSClientConfig: trust}}
+	for _, h := range a.Heads {
+		if code, _ := get(http.DefaultClient, "http://"+strings.TrimPrefix(h, "https://")+"/v1/status"); code == http.StatusOK {
+			t.Errorf("head %s answered in clear", h)
+		}
+		if code, _ := get(tokenOnly, h+"/v1/status"); code == http.StatusOK {
+			t.Errorf("head %s answered a client without a certificate", h)
+		}
+	}
+	for _, kv := range l.KVs {
+		var m api.Machine
+		if err := json.Unmarshal(kv.Value, &m); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(m.Agent.API, "https://") {
+			t.Errorf("agent of %s at %s: want https", m.Name, m.Agent.API)
+		}
+		if code, err := get(tokenOnly, m.Agent.API+"/v1/workers"); err == nil && code == http.StatusOK {
+			t.Errorf("agent of %s answered a client without a certificate", m.Name)
+		}
+		if code, _ := get(d.hc, m.Agent.API+"/v1/workers"); code != http.StatusOK {
+			t.Errorf("agent of %s refused a certified client: %d", m.Name, code)
+		}
+		cc := transfer.DefaultClientConfig()
+		cc.Token = []byte(d.token)
+		cl, err := transfer.NewClient(cc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dctx, dcancel := context.WithTimeout(ctx, 3*time.Second)
+		if c, err := cl.Dial(dctx, m.Agent.Transfer); err == nil {
+			c.Close()
+			t.Errorf("the transfer plane of %s took a connection without TLS", m.Name)
+		}
+		dcancel()
+		cl.Close()
+	}
+}

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestComposeClusterSurvivesFailures brings up deploy/compose.yaml (three heads, four
+// agents and a driver in containers built FROM scratch), then kills a worker process, an
+// agent's container and the leader head's container while the driver trains, and checks
+// that the training finishes with its accuracy. It needs Docker and docker-compose.
+func TestComposeClusterSurvivesFailures(t *testing.T) {
+	if testing.Short() {
+		t.Skip("brings up a cluster of containers")
+	}
+	if err := exec.Command("docker", "info").Run(); err != nil {
+		t.Skipf("Docker is not available here (docker info: %v): the compose cluster test needs it", err)
+	}
+	if _, err := exec.LookPath("docker-compose"); err != nil {
+		t.Skip("docker-compose is not installed: the compose cluster test needs it")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	build := exec.Command("go", "build", "-o", filepath.Join(dir, "atoll"), ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("static build: %v\n%s", err, out)
+	}
+	for _, f := range []string{"Dockerfile", "compose.yaml"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	project := fmt.Sprintf("atolltest%d", os.Getpid())
+	image := "atoll:" + project
+	cluster := filepath.Join(dir, "cluster")
+	if _, _, err := initDir(cluster); err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), "ATOLL_CLUSTER="+cluster, "ATOLL_IMAGE="+image, "DEMO_STEPS=2000", "DEMO_WORKERS=8")
+	run := func(name string, args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Dir, cmd.Env = dir, env
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		return out.String(), err
+	}
+	compose := func(args ...string) (string, error) {
+		return run("docker-compose", append([]string{"-p", project, "-f", filepath.Join(dir, "compose.yaml")}, args...)...)
+	}
+	if out, err := run("docker", "build", "-q", "-t", image, dir); err != nil {
+		t.Fatalf("docker build: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := compose("logs", "--tail", "40")
+			t.Logf("compose logs:\n%s", out)
+		}
+		c, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		down := exec.CommandContext(c, "docker-compose", "-p", project, "-f", filepath.Join(dir, "compose.yaml"), "down", "-v", "-t", "2")
+		down.Env = env
+		_ = down.Run()
+		_ = exec.CommandContext(c, "docker", "rmi", "-f", image).Run()
+	})
+	if out, err := compose("up", "-d"); err != nil {
+		t.Fatalf("compose up: %v\n%s", err, out)
+	}
+	container := func(service string) string {
+		out, err := compose("ps", "-q", service)
+		if err != nil {
+			t.Fatalf("compose ps %s: %v\n%s", service, err, out)
+		}
+		return strings.TrimSpace(out)
+	}
+	killed := map[string]bool{}
+	address := "https://head1:7080,https://head2:7080,https://head3:7080"
+	type status struct {
+		Leader   uint64 `json:"leader"`
+		Machines []struct {
+			Name  string `json:"name"`
+			Alive bool   `json:"alive"`
+		} `json:"machines"`
+		Gangs []struct {
+			Job, Name, State string
+			Generation       int
+			Machines         []string
+		} `json:"gangs"`
+	}
+	// statusOf asks a live head's container for the cluster's status.
+	statusOf := func() (status, error) {
+		var st status
+		var last error
+		for _, h := range []string{"head1", "head2", "head3"} {
+			if killed[h] {
+				continue
+			}
+			out, err := run("docker", "exec", container(h), "/atoll", "status", "--address", address+";ca=/cluster/tls/ca.crt", "--json")
+			if err != nil {
+				last = fmt.Errorf("%v: %s", err, out)
+				continue
+			}
+			if err := json.Unmarshal([]byte(out), &st); err != nil {
+				last = err
+				continue
+			}
+			return st, nil
+		}
+		return st, last
+	}
+	// awaitGang waits until digits/dp runs in at least generation gen.
+	awaitGang := func(gen int, why string) (machines []string) {
+		t.Helper()
+		deadline := time.Now().Add(3 * time.Minute)
+		for time.Now().Before(deadline) {
+			st, err := statusOf()
+			if err == nil {
+				for _, g := range st.Gangs {
+					if g.Job == "digits" && g.Name == "dp" && g.State == "running" && g.Generation >= gen {
+						return g.Machines
+					}
+				}
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		t.Fatalf("the gang did not run in generation %d %s", gen, why)
+		return nil
+	}
+	awaitGang(1, "after the demo's own injected crash")
+	// A worker process is killed.
+	if out, err := run("docker", "exec", container("head1"), "/atoll", "kill-worker", "digits", "--gang", "dp", "--rank", "5", "--address", address+";ca=/cluster/tls/ca.crt"); err != nil {
+		t.Fatalf("kill-worker: %v\n%s", err, out)
+	}
+	machines := awaitGang(2, "after a worker was killed")
+	// An agent's container is killed: its gang moves to other machines.
+	lost := machines[0]
+	if out, err := run("docker", "kill", container(lost)); err != nil {
+		t.Fatalf("docker kill %s: %v\n%s", lost, err, out)
+	}
+	killed[lost] = true
+	machines = awaitGang(3, "after an agent's container was killed")
+	if slices.Contains(machines, lost) {
+		t.Fatalf("the gang still runs on the killed machine %s: %v", lost, machines)
+	}
+	// The leader head's container is killed: another head leads, the training goes on.
+	st, err := statusOf()
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := fmt.Sprintf("head%d", st.Leader)
+	if out, err := run("docker", "kill", container(leader)); err != nil {
+		t.Fatalf("docker kill %s: %v\n%s", leader, err, out)
+	}
+	killed[leader] = true
+	deadline := time.Now().Add(time.Minute)
+	for {
+		st2, err := statusOf()
+		if err == nil && st2.Leader != 0 && st2.Leader != st.Leader {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new leader after %s was killed: %v", leader, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// The driver finishes the training.
+	if out, err := run("docker", "wait", container("driver")); err != nil || strings.TrimSpace(out) != "0" {
+		logs, _ := run("docker", "logs", "--tail", "20", container("driver"))
+		t.Fatalf("the driver exited with %q (%v):\n%s", strings.TrimSpace(out), err, logs)
+	}
+	logs, err := run("docker", "logs", container("driver"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Accuracy     float64  `json:"accuracy"`
+		Restarts     int      `json:"restarts"`
+		MachinesUsed []string `json:"machines_used"`
+		Steps        int      `json:"steps"`
+	}
+	lines := strings.Split(strings.TrimSpace(logs), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		t.Fatalf("driver output: %v\n%s", err, logs)
+	}
+	if res.Accuracy < 0.85 || res.Restarts < 3 || res.Steps != 2000 {
+		t.Fatalf("training: accuracy %.3f, %d restarts, %d steps", res.Accuracy, res.Restarts, res.Steps)
+	}
+	t.Logf("trained to %.1f%% accuracy through %d restarts (worker, agent and leader killed); last on %v", 100*res.Accuracy, res.Restarts, res.MachinesUsed)
+}

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/atoll-run/atoll/internal/runtime/api"
+)
+
+func newSubmitCmd() *cobra.Command {
+	var dir, address, name string
+	var env []string
+	var wait bool
+	cmd := &cobra.Command{
+		Use:   "submit [flags] -- PROGRAM [ARGS...]",
+		Short: "Run a driver program on the cluster (as `ray job submit` does): your terminal can go away",
+		Long: `submit stores PROGRAM (an executable built for the cluster's machines, e.g. with go build) in
+the cluster's object store, and the leader places it as a one-member driver gang: an agent runs
+it with the cluster's address and token (ATOLL_ADDRESS, ATOLL_TOKEN_FILE), so its sdk.Start
+connects, and its own jobs run their workers as usual. Its output is its agent's log: atoll
+logs JOB --follow. The driver's gang completes when it exits with status 0, and fails
+otherwise.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if name == "" {
+				name = "submit-" + time.Now().UTC().Format("20060102-150405")
+			}
+			if err := api.CheckName("job", name); err != nil {
+				return fmt.Errorf("submit: %w", err)
+			}
+			for _, e := range env {
+				if k, _, ok := strings.Cut(e, "="); !ok || k == "" || strings.HasPrefix(k, "ATOLL_") {
+					return fmt.Errorf("submit: --env %q: want NAME=value (and no ATOLL_ variable: the agent sets those)", e)
+				}
+			}
+			program, err := os.ReadFile(args[0])
+			if err != nil {
+				return fmt.Errorf("submit: the program: %w", err)
+			}
+			addr, _, err := clusterAddress(dir, address)
+			if err != nil {
+				return fmt.Errorf("submit: %w", err)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
+			defer cancel()
+			c, err := dialCluster(ctx, addr)
+			if err != nil {
+				return fmt.Errorf("submit: %w", err)
+			}
+			bin, err := storeProgram(ctx, c, program, name)
+			if err != nil {
+				return fmt.Errorf("submit: %w", err)
+			}
+			if _, err := c.SubmitJob(ctx, api.Job{Name: name, Binary: bin, Args: args[1:], Env: env, Driver: "atoll submit"}); err != nil {
+				return fmt.Errorf("submit: %w", err)
+			}
+			g, err := c.SpawnGang(ctx, api.GangSpec{Job: name, Name: "driver", Kind: "atoll$driver", Workers: 1, Driver: true,
+				Resources: api.Resources{CPUMilli: 1000}})
+			if err != nil {
+				return fmt.Errorf("submit: %w", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "submitted %s: its driver runs on %s\nfollow it: atoll logs %s --follow\n", name, g.Placement.Machines[0], name)
+			if !wait {
+				return nil
+			}
+			for {
+				g, _, err := c.Gang(cmd.Context(), name, "driver")
+				if err != nil {
+					return err
+				}
+				switch g.State {
+				case api.GangStopped:
+					fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", name, g.Reason)
+					return nil
+				case api.GangFailed:
+					return fmt.Errorf("submit: %s failed: %s", name, g.Reason)
+				}
+				select {
+				case <-cmd.Context().Done():
+					return cmd.Context().Err()
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
+	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&name, "name", "", "the job's name (default submit-<time>)")
+	f.StringArrayVar(&env, "env", nil, "NAME=value for the driver's environment (repeatable; never secrets: they are stored in the log)")
+	f.BoolVar(&wait, "wait", false, "wait until the driver finishes")
+	return cmd
+}
+
+// storeProgram puts the program into an alive agent's object store (it outlives this
+// command) and records it by content hash.
+func storeProgram(ctx context.Context, c *dialed, program []byte, job string) (*api.Binary, error) {
+	sum := sha256.Sum256(program)
+	l, err := c.List(ctx, api.TableMachines)
+	if err != nil {
+		return nil, err
+	}
+	var agentURL string
+	for _, kv := range l.KVs {
+		var m api.Machine
+		if json.Unmarshal(kv.Value, &m) == nil && m.Alive {
+			agentURL = m.Agent.API
+			break
+		}
+	}
+	if agentURL == "" {
+		return nil, errors.New("no machine is alive to keep the program")
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, agentURL+"/v1/objects/put?holder="+url.QueryEscape("submit/"+job), bytes.NewReader(program))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("store the program on %s: %s", agentURL, strings.TrimSpace(string(body)))
+	}
+	var ref struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(body, &ref); err != nil {
+		return nil, err
+	}
+	b := &api.Binary{SHA256: hex.EncodeToString(sum[:]), Size: int64(len(program)), Object: ref.ID}
+	rec, _ := json.Marshal(b)
+	if _, err := c.Meta().Put(ctx, api.TableBinaries+b.SHA256, rec); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
