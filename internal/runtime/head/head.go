@@ -85,7 +85,7 @@ type Head struct {
 	cancelRequests context.CancelFunc
 	gossip         *member.Member
 	id             *pki.Identity // this head's certificate (nil without TLS)
-	obs            *observer // the dashboard and /metrics (dashboard.go)
+	obs            *observer     // the dashboard and /metrics (dashboard.go)
 }
 
 // Start starts a head: it opens the WAL, starts the replica, the controller and the API.

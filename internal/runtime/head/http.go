@@ -126,7 +126,9 @@ func NewAPI(ctl *Controller, rep *paxos.Replica, sm *meta.StateMachine, token st
 		conf, err := a.ctl.SchedulerConfig()
 		a.answer(w, r, conf, err)
 	})
-	m.HandleFunc("PUT /v1/scheduler", post(a, func(ctx context.Context, conf api.SchedulerConfig) (any, error) { return ctl.SetSchedulerConfig(ctx, conf) }))
+	m.HandleFunc("PUT /v1/scheduler", post(a, func(ctx context.Context, conf api.SchedulerConfig) (any, error) {
+		return ctl.SetSchedulerConfig(ctx, conf)
+	}))
 	m.HandleFunc("POST /v1/progress", post(a, func(_ context.Context, p api.Progress) (any, error) { return nil, ctl.ReportProgress(p) }))
 	a.mux = m
 	return a

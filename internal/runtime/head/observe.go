@@ -118,7 +118,7 @@ func (o *ctlObs) sawLeader(id uint64) {
 }
 
 func (o *ctlObs) cycleTook(d time.Duration) { o.cycle.Observe(d.Seconds()) }
-func (o *ctlObs) saturated()                 { o.saturations.Inc() }
+func (o *ctlObs) saturated()                { o.saturations.Inc() }
 func (o *ctlObs) gangWaited(d time.Duration) {
 	if d >= 0 {
 		o.wait.Observe(d.Seconds())
