@@ -136,16 +136,21 @@ func (g *Gang) takeWorld(ctx context.Context, n Notice, members []int, state str
 		return err
 	}
 	req := worldReq{Epoch: epoch, Members: members}
-	futures := make([]*Future[struct{}], len(members))
+	refs := make([]ActorRef, len(members))
 	g.mu.Lock()
+	for i, m := range members {
+		refs[i] = g.memberRefLocked(m)
+	}
+	g.mu.Unlock()
+	// The calls go out with g.mu released: a call looks up its incarnation under it.
+	futures := make([]*Future[struct{}], len(members))
 	for i, m := range members {
 		r := req
 		if slices.Contains(n.add, m) {
 			r.Restore = state
 		}
-		futures[i] = CallAsync[struct{}](ctx, c, g.memberRefLocked(m), r)
+		futures[i] = CallAsync[struct{}](ctx, c, refs[i], r)
 	}
-	g.mu.Unlock()
 	var errs []error
 	for i, f := range futures {
 		if _, err := f.Await(ctx); err != nil {
