@@ -212,6 +212,40 @@ func TestEvictionCost(t *testing.T) {
 	}
 }
 
+// TestCheckpointMeasured: a measured checkpoint replaces the request's save time, and its
+// restore is estimated from it unless declared.
+func TestCheckpointMeasured(t *testing.T) {
+	now := epoch.Add(time.Hour)
+	s, err := New(DefaultConfig(), testSnapshot(1, 8, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.gangs["jit"] = &gangState{req: Request{Checkpoint: Checkpoint{JustInTime: true, Save: time.Second}}, start: epoch, milli: 1000, members: 1, gpuModel: "H100",
+		allocs: []alloc{{gpus: []int{0}}}}
+	s.gangs["declared"] = &gangState{req: Request{Checkpoint: Checkpoint{JustInTime: true, Restore: 7 * time.Second}}, start: epoch, milli: 1000, members: 1, gpuModel: "H100",
+		allocs: []alloc{{gpus: []int{1}}}}
+	before := s.evictionCost(s.gangs["jit"], now)
+	if err := s.CheckpointMeasured("jit", 4*time.Second, 0, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	after := s.evictionCost(s.gangs["jit"], now)
+	if after.Save != 4*time.Second || after.Restore != 4*time.Second {
+		t.Fatalf("after a 4 s checkpoint: save %s, restore %s; want 4s and 4s (estimated)", after.Save, after.Restore)
+	}
+	if d := after.GPUSeconds - before.GPUSeconds; math.Abs(d-7) > 1e-6 {
+		t.Fatalf("cost grew by %.3f GPU-s, want 7 (3 s more save, 4 s restore)", d)
+	}
+	if err := s.CheckpointMeasured("declared", 2*time.Second, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if c := s.evictionCost(s.gangs["declared"], now); c.Save != 2*time.Second || c.Restore != 7*time.Second {
+		t.Fatalf("declared restore: save %s, restore %s; want 2s and the declared 7s", c.Save, c.Restore)
+	}
+	if err := s.CheckpointMeasured("nobody", time.Second, 0, 0); !errors.Is(err, ErrUnknownGang) {
+		t.Fatalf("unknown gang: %v, want ErrUnknownGang", err)
+	}
+}
+
 // TestVictimChoice: among several lower-priority gangs, the cheapest set that admits the
 // preemptor is evicted, and never more than needed.
 func TestVictimChoice(t *testing.T) {

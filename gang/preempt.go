@@ -28,11 +28,15 @@ type PreemptConfig struct {
 	// the preemptor ≥ w(victim) / remaining GPU-seconds of the victim. A victim about to
 	// finish is then left to finish.
 	RemainingRule bool
+	// RetryResolution is the granularity of the time at which a preemption that does not
+	// pay for itself yet is tried again (rounded up to a multiple of it, at least one
+	// step). Default 1 s, the traces' resolution; a live cluster uses a finer one.
+	RetryResolution time.Duration
 }
 
 // DefaultPreemptConfig returns the defaults above.
 func DefaultPreemptConfig() PreemptConfig {
-	return PreemptConfig{GainRatio: 1, Backoff: true, RemainingRule: true}
+	return PreemptConfig{GainRatio: 1, Backoff: true, RemainingRule: true, RetryResolution: time.Second}
 }
 
 // EvictionCost implements Handle: what stopping r at now costs, with the time it will have
@@ -145,16 +149,20 @@ func (preemption) PostFilter(h Handle, g *QueuedGang, now time.Time) *PostFilter
 	if gain := wp * gpus * wait.Seconds(); gain < pc.GainRatio*wcost {
 		// Worth it once the wait so far alone pays for the evictions (ski rental).
 		worth := time.Duration(pc.GainRatio * wcost / (wp * gpus) * float64(time.Second))
-		return &PostFilterResult{RetryAt: now.Add(max(ceilSecond(worth-g.Waited), time.Second))}
+		step := pc.RetryResolution
+		if step <= 0 {
+			step = time.Second
+		}
+		return &PostFilterResult{RetryAt: now.Add(max(ceilTo(worth-g.Waited, step), step))}
 	}
 	res := evictionResult(g, found, chosen)
 	res.SkipPermit = !compact
 	return res
 }
 
-// ceilSecond rounds d up to a whole second.
-func ceilSecond(d time.Duration) time.Duration {
-	return (d + time.Second - 1).Truncate(time.Second)
+// ceilTo rounds d up to a multiple of step.
+func ceilTo(d, step time.Duration) time.Duration {
+	return (d + step - 1).Truncate(step)
 }
 
 // chooseVictims adds candidates, in the order given, until g fits, then drops the ones that

@@ -140,6 +140,10 @@ type trainer struct {
 	// onStep, if set, runs after each step (the scenario's script).
 	onStep func(step int64) error
 
+	loss    float64   // the last step's training loss
+	samples int64     // samples trained on
+	began   time.Time // when run began
+
 	res          GangResult
 	checkpointed bool
 	shrunkTo     *int
@@ -151,6 +155,7 @@ type trainer struct {
 
 func (t *trainer) run(ctx context.Context) error {
 	failed := 0
+	t.began = time.Now()
 	t.sizes = append(t.sizes, t.g.Size())
 	for t.step < t.steps {
 		select {
@@ -161,7 +166,7 @@ func (t *trainer) run(ctx context.Context) error {
 			continue
 		default:
 		}
-		_, _, err := trainStep(ctx, t.c, t.g, t.step)
+		loss, n, err := trainStep(ctx, t.c, t.g, t.step)
 		if err != nil {
 			failed++
 			if failed > t.o.MaxFailedSteps {
@@ -177,6 +182,7 @@ func (t *trainer) run(ctx context.Context) error {
 			continue
 		}
 		failed = 0
+		t.loss, t.samples = loss, t.samples+int64(n)
 		t.step++
 		if t.step%int64(t.o.CheckpointEvery) == 0 {
 			if err := t.g.Checkpoint(ctx, t.step); err != nil {
@@ -198,8 +204,11 @@ func (t *trainer) take(ctx context.Context, n sdk.Notice) error {
 	if start.IsZero() {
 		start = time.Now()
 	}
-	t.notice = string(n.Kind) + ": " + n.Reason
-	t.live.note(fmt.Sprintf("%s: notice %s", t.name, t.notice))
+	text := string(n.Kind) + ": " + n.Reason
+	if t.notice == "" && n.Kind != sdk.NoticeGrow {
+		t.notice = text // the first notice that took something away
+	}
+	t.live.note(fmt.Sprintf("%s: notice %s", t.name, text))
 	switch n.Kind {
 	case sdk.NoticePreempt, sdk.NoticeDrain:
 		t.costs = n.Costs
@@ -238,6 +247,15 @@ func (t *trainer) take(ctx context.Context, n sdk.Notice) error {
 		t.record(n, start)
 	}
 	return nil
+}
+
+// progress shows the run on the live line.
+func (t *trainer) progress(step int64) {
+	rate := 0.0
+	if d := time.Since(t.began).Seconds(); d > 0 {
+		rate = float64(t.samples) / d
+	}
+	t.live.update(step, t.loss, rate, t.g.Restarts())
 }
 
 func (t *trainer) record(n sdk.Notice, start time.Time) {
@@ -365,7 +383,7 @@ func RunPreempt(ctx context.Context, o ScenarioOptions) (PreemptResult, error) {
 	}
 	done := make(chan highDone, 1)
 	victim.onStep = func(step int64) error {
-		live.update(step, 0, 0, g.Restarts())
+		victim.progress(step)
 		if step == int64(o.ArriveAt) {
 			live.note(fmt.Sprintf("a high-priority gang of 8 GPUs (one island) arrives at the low gang's step %d", step))
 			go func() {
@@ -449,7 +467,7 @@ func RunElastic(ctx context.Context, o ScenarioOptions) (ElasticResult, error) {
 	done := make(chan highDone, 1)
 	freedAt, arrived := int64(-1), false
 	t.onStep = func(step int64) error {
-		live.update(step, 0, 0, g.Restarts())
+		t.progress(step)
 		switch {
 		case freedAt < 0 && step == int64(o.ArriveAt)/2:
 			live.note(fmt.Sprintf("the other gang finishes at step %d: its %d GPUs free", step, blocker.Size()))

@@ -58,6 +58,9 @@ func DefaultSchedulerConfig() gang.Config {
 	c.TopologyWait = 0
 	c.TopologyWaitUnforeseen = 0
 	c.MinRunBeforePreempt = 0
+	// A preemption that pays for itself within milliseconds is carried out then, not at
+	// the next whole second.
+	c.Preempt.RetryResolution = 10 * time.Millisecond
 	return c
 }
 
@@ -615,6 +618,7 @@ func (c *Controller) adoptLocked(t *term, e *gangEntry, now time.Time) error {
 	}
 	if ck, ok := t.ckpt[e.rec.Spec.Key()]; ok {
 		_ = t.sched.Checkpointed(e.rec.Spec.Key(), ck.at)
+		_ = t.sched.CheckpointMeasured(e.rec.Spec.Key(), ck.save, 0, ck.bytes)
 	}
 	return nil
 }

@@ -210,6 +210,10 @@ func (c *Controller) resizeLocked(t *term, r gang.Resize, now time.Time) []commi
 	rec.Updated = now
 	key := r.Gang
 	if len(r.Add) > 0 {
+		if rec.World == nil || len(rec.World.Members) == 0 {
+			// The program works with the members it has until it takes the grow.
+			rec.World = &api.World{Members: rec.Active()}
+		}
 		added := c.placementLocked(t, gang.Placement{Gang: key, Members: r.Add})
 		var idx []int
 		for _, m := range added.Members {
@@ -424,6 +428,7 @@ func (c *Controller) CheckpointReported(r api.CheckpointReport) error {
 	t.ckpt[key] = ckptInfo{at: at, step: r.Step, bytes: r.Bytes, save: time.Duration(r.Save)}
 	if t.sched != nil {
 		_ = t.sched.Checkpointed(key, at)
+		_ = t.sched.CheckpointMeasured(key, time.Duration(r.Save), 0, r.Bytes)
 	}
 	return nil
 }
