@@ -45,7 +45,7 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 		excl, exclKey := s.exclusionKeyed(g, now)
 		sk := shapeKeyModels{g.req.Member, strings.Join(g.req.GPUModels, "|"), exclKey}
 		if f, ok := c.failed[sk]; ok && g.req.Min >= c.failedMin[sk] && !s.cfg.StrictFIFO {
-			s.setWaiting(g, f)
+			s.addWaiting(&d, g, f) // the reason of the gang of its shape that was tried
 			continue
 		}
 		d.Attempts++
@@ -200,6 +200,12 @@ type queuedHeap struct {
 func (h *queuedHeap) Len() int { return len(h.gs) }
 func (h *queuedHeap) Less(i, j int) bool {
 	a, b := h.gs[i], h.gs[j]
+	if a.UnderShare != b.UnderShare && a.Class == b.Class {
+		// Fair share between queues: within a class, a gang whose queue holds less than
+		// its fair share goes before one whose queue would borrow (Volcano's proportion,
+		// Kueue's fair sharing). One queue alone is never over its share.
+		return a.UnderShare
+	}
 	if h.less(a, b) {
 		return true
 	}
@@ -235,6 +241,7 @@ func (s *Scheduler) queuedView(g *gangState, now time.Time) QueuedGang {
 		Request: &g.req, Seq: g.seq, Submitted: g.submit,
 		Class: s.effClass(g, now), Dynamic: s.dynamicPriority(g),
 		Attained: g.attained, Evictions: g.evictions, FitSince: g.fitSince, g: g,
+		UnderShare: g.q.ratio(s.c) < 1,
 	}
 	if !g.queued.IsZero() && now.After(g.queued) {
 		v.Waited = now.Sub(g.queued)

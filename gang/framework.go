@@ -127,6 +127,9 @@ type QueuedGang struct {
 	FitSince time.Time
 	// Evictions counts how often the gang was preempted.
 	Evictions int
+	// UnderShare says its queue holds less than its fair share (DRF): within a priority
+	// class such gangs are taken first, whatever the QueueSort.
+	UnderShare bool
 
 	g *gangState
 }

@@ -226,8 +226,16 @@ func queueName(q string) string {
 	return q
 }
 
-// printQueues adds the queues' table to `atoll status`: gangs pending and holding GPUs.
+// printQueues adds the queues' table to `atoll status`: gangs pending and holding GPUs,
+// with each queue's weight and share when the head reports its queues.
 func printQueues(w io.Writer, st api.Status) {
+	if len(st.Queues) > 0 {
+		fmt.Fprintln(w, "\nQUEUE\tWEIGHT\tPENDING\tRUNNING\tGPUS HELD\tSHARE")
+		for _, q := range st.Queues {
+			fmt.Fprintf(w, "%s\t%g\t%d\t%d\t%d\t%.2f\n", q.Name, q.Weight, q.Pending, q.Running, q.GPUs, q.Share)
+		}
+		return
+	}
 	type queue struct{ pending, running, gpus int }
 	qs := map[string]*queue{}
 	var names []string

@@ -703,6 +703,9 @@ type SchedulerConfig struct {
 	// preempted (against thrashing; default 0: a higher class runs at once, as in
 	// Kubernetes and Volcano).
 	MinRunBeforePreempt Duration `json:"min_run_before_preempt,omitempty"`
+	// MaxPending is the backpressure bound: past this many gangs waiting, a submission is
+	// refused as saturated with a retry hint (0: the default, 2,000).
+	MaxPending int `json:"max_pending,omitempty"`
 }
 
 // QueueSpec is one queue: Weight is its share of its parent's capacity among the active
@@ -736,6 +739,9 @@ const (
 func (c *SchedulerConfig) Validate() error {
 	if len(c.Queues) > MaxQueues {
 		return fmt.Errorf("%w: %d queues, over the bound of %d", ErrInvalid, len(c.Queues), MaxQueues)
+	}
+	if c.MaxPending < 0 || c.MaxPending > 1_000_000 {
+		return fmt.Errorf("%w: max_pending %d, want 0 (the default, 2000) to 1000000", ErrInvalid, c.MaxPending)
 	}
 	if len(c.PriorityClasses) > MaxPriorityClasses {
 		return fmt.Errorf("%w: %d priority classes, over the bound of %d", ErrInvalid, len(c.PriorityClasses), MaxPriorityClasses)

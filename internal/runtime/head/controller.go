@@ -82,6 +82,9 @@ func (c *Controller) schedulerConfig(conf api.SchedulerConfig) gang.Config {
 	g.DefaultQueue = conf.DefaultQueue
 	g.CheckpointGrace = time.Duration(conf.NoticeGrace)
 	g.MinRunBeforePreempt = time.Duration(conf.MinRunBeforePreempt)
+	if conf.MaxPending > 0 {
+		g.MaxPending = conf.MaxPending
+	}
 	return g
 }
 

@@ -151,9 +151,9 @@ func (c *Controller) evictLocked(t *term, e *gangEntry, checkpointed bool, step 
 	rec.State, rec.Placement, rec.World, rec.Notice, rec.RestartAt, rec.Updated = api.GangPending, nil, nil, nil, time.Time{}, now
 	resume := "the newest checkpoint"
 	if checkpointed && step > 0 {
-		resume = fmt.Sprintf("its checkpoint of step %d, taken on notice", step)
+		resume = fmt.Sprintf("its checkpoint of step %d, taken since the notice", step)
 	} else if !checkpointed {
-		resume = "its newest checkpoint (none was taken on notice)"
+		resume = "its newest checkpoint (none was taken since the notice)"
 	}
 	rec.Reason = fmt.Sprintf("%s", kind)
 	if forGang != "" {
