@@ -38,7 +38,9 @@ func awaitGang(t *testing.T, c *api.Client, job, name, what string, ok func(api.
 	}
 }
 
-func placed(g api.Gang) bool  { return g.Placement != nil && g.State.Live() && g.State != api.GangPending }
+func placed(g api.Gang) bool {
+	return g.Placement != nil && g.State.Live() && g.State != api.GangPending
+}
 func pending(g api.Gang) bool { return g.State == api.GangPending }
 
 func setup(t *testing.T, machines int, conf api.SchedulerConfig, jobs ...string) *api.Client {
