@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestClusterSchedulerCarriedOut runs the scheduler's decisions on a cluster of real
+// processes (3 heads, 4 agents, one process per worker): the operator's queues from a
+// file, the preempt scenario with an elastic victim (shrink, then grow) and with a fixed
+// one (a just-in-time checkpoint, a stop, a requeue and a resume), the elastic scenario
+// (grow, shrink, grow without a restart), and a drain whose deadline the program misses
+// (it is stopped anyway and resumes from its newest checkpoint).
+func TestClusterSchedulerCarriedOut(t *testing.T) {
+	bin, dir := upCluster(t, 4)
+	run := func(args ...string) []byte {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Stderr = os.Stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("atoll %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return out
+	}
+
+	// Queues from a file; a bad file names where it is bad.
+	conf := filepath.Join(t.TempDir(), "queues.json")
+	os.WriteFile(conf, []byte(`{"queues": [{"name": "research", "weight": 2}, {"name": "prod", "weight": 1, "quota_gpus": 16}],
+ "default_queue": "research", "priority_classes": [{"name": "low", "value": 0, "default": true}, {"name": "high", "value": 1}],
+ "notice_grace": "5s"}`), 0o600)
+	run("queues", "--dir", dir, "--set", conf)
+	var q struct {
+		Config struct {
+			DefaultQueue string `json:"default_queue"`
+			NoticeGrace  string `json:"notice_grace"`
+		} `json:"config"`
+		Queues []struct {
+			Name   string  `json:"name"`
+			Weight float64 `json:"weight"`
+		} `json:"queues"`
+	}
+	if err := json.Unmarshal(run("queues", "--dir", dir, "--json"), &q); err != nil {
+		t.Fatal(err)
+	}
+	if q.Config.DefaultQueue != "research" || q.Config.NoticeGrace != "5s" || len(q.Queues) != 2 || q.Queues[0].Weight != 2 {
+		t.Fatalf("queues --json after --set: %+v", q)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.json")
+	os.WriteFile(bad, []byte("{\"queues\": [\n  {\"name\": \"x\" \"weight\": 1}]}"), 0o600)
+	if out, err := exec.Command(bin, "queues", "--dir", dir, "--set", bad).CombinedOutput(); err == nil || !strings.Contains(string(out), "bad.json:2:") {
+		t.Fatalf("queues --set of a malformed file: %v\n%s; want an error naming bad.json:2:col", err, out)
+	}
+
+	// preempt, elastic victim: shrunk for the high-priority gang, grown back after it.
+	var p map[string]any
+	if err := json.Unmarshal(run("demo", "--dir", dir, "--scenario", "preempt", "--json"), &p); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"high_prio_wait_s", "victim_checkpointed", "victim_steps_lost", "victim_shrunk_to", "victim_resumed", "cost_s",
+		"victim_final_loss", "victim_accuracy", "high_final_loss", "high_accuracy"} {
+		if _, ok := p[k]; !ok {
+			t.Errorf("preempt --json has no %q", k)
+		}
+	}
+	costs, _ := p["cost_s"].(map[string]any)
+	for _, k := range []string{"work_lost", "checkpoint", "restore", "cuda_context"} {
+		if _, ok := costs[k]; !ok {
+			t.Errorf("preempt --json cost_s has no %q: %v", k, costs)
+		}
+	}
+	if p["embedded"] != false || p["victim_shrunk_to"] != 24.0 || p["victim_resumed"] != true || p["victim_checkpointed"] != true ||
+		p["victim_steps_lost"].(float64) > 1 || p["victim_accuracy"].(float64) < 0.9 || p["high_accuracy"].(float64) < 0.9 {
+		t.Fatalf("preempt on the cluster: %v", p)
+	}
+	if rs := p["victim"].(map[string]any)["resizes"].([]any); len(rs) != 2 {
+		t.Fatalf("victim resizes %v: want a shrink and a grow", rs)
+	}
+
+	// preempt, fixed victim: checkpointed on notice, stopped, queued, resumed.
+	p = nil
+	if err := json.Unmarshal(run("demo", "--dir", dir, "--scenario", "preempt", "--victim-fixed", "--json"), &p); err != nil {
+		t.Fatal(err)
+	}
+	victim := p["victim"].(map[string]any)
+	if p["victim_shrunk_to"] != nil || p["victim_resumed"] != true || p["victim_checkpointed"] != true || p["victim_steps_lost"].(float64) > 1 ||
+		victim["preemptions"] != 1.0 || victim["restarts"] != 0.0 || p["victim_accuracy"].(float64) < 0.9 {
+		t.Fatalf("preempt --victim-fixed on the cluster: %v", p)
+	}
+	if c := p["cost_s"].(map[string]any); c["checkpoint"].(float64) <= 0 || c["restore"].(float64) <= 0 {
+		t.Fatalf("a fixed victim's costs %v: want the measured checkpoint and its restore", c)
+	}
+
+	// elastic: 8 -> 32 when the other gang ends, 32 -> 24 for the high-priority one, back to
+	// 32; none of it a restart.
+	var e struct {
+		Resizes []struct {
+			From, To int
+			Kind     string
+		} `json:"resizes"`
+		Restarts int     `json:"restarts"`
+		Sizes    []int   `json:"sizes"`
+		Accuracy float64 `json:"accuracy"`
+	}
+	if err := json.Unmarshal(run("demo", "--dir", dir, "--scenario", "elastic", "--json"), &e); err != nil {
+		t.Fatal(err)
+	}
+	if len(e.Resizes) != 3 || e.Restarts != 0 || len(e.Sizes) != 4 || e.Sizes[0] != 8 || e.Sizes[1] != 32 || e.Sizes[2] != 24 || e.Sizes[3] != 32 || e.Accuracy < 0.9 {
+		t.Fatalf("elastic on the cluster: %+v", e)
+	}
+
+	// A drain the program does not answer (the plain demo reads no notices): its gang is
+	// stopped at the deadline, queued again and resumed elsewhere from its checkpoint.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	demo := exec.CommandContext(ctx, bin, "demo", "--dir", dir, "--workers", "8", "--steps", "4000", "--kill-at", "-1", "--json")
+	demo.Stderr = os.Stderr
+	outc := make(chan []byte, 1)
+	errc := make(chan error, 1)
+	go func() {
+		out, err := demo.Output()
+		outc <- out
+		errc <- err
+	}()
+	var on string
+	for on == "" {
+		var st struct {
+			Gangs []struct {
+				Job      string   `json:"job"`
+				State    string   `json:"state"`
+				Machines []string `json:"machines"`
+			} `json:"gangs"`
+		}
+		if err := json.Unmarshal(run("status", "--dir", dir, "--json"), &st); err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range st.Gangs {
+			if g.Job == "digits" && g.State == "running" && len(g.Machines) == 1 {
+				on = g.Machines[0]
+			}
+		}
+		select {
+		case err := <-errc:
+			t.Fatalf("the demo ended before it was drained: %v\n%s", err, <-outc)
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			t.Fatal("the demo's gang never ran")
+		}
+	}
+	run("drain", on, "--dir", dir, "--within", "500ms", "--reason", "test")
+	if err := <-errc; err != nil {
+		t.Fatalf("the drained demo: %v\n%s", err, <-outc)
+	}
+	var d struct {
+		Accuracy float64 `json:"accuracy"`
+	}
+	if err := json.Unmarshal(<-outc, &d); err != nil {
+		t.Fatal(err)
+	}
+	evs := string(run("events", "--dir", dir, "--job", "digits"))
+	if !strings.Contains(evs, "gang_notice") || !strings.Contains(evs, "drain (its deadline passed)") || d.Accuracy < 0.9 {
+		t.Fatalf("drained demo: accuracy %.3f; events:\n%s", d.Accuracy, evs)
+	}
+}
