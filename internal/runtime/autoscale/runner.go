@@ -32,6 +32,9 @@ type Controller interface {
 	Leading() bool
 	PoolView() (head.PoolView, error)
 	Cordon(ctx context.Context, name string, on bool) error
+	// Drain gives every gang on a machine a drain notice (checkpoint, stop, queue again
+	// elsewhere) due by deadline, and cordons it.
+	Drain(ctx context.Context, machine string, deadline time.Time, reason string) error
 }
 
 // Provider is what the runner needs of a pool's provider.
@@ -306,8 +309,8 @@ func (r *Runner) observeLocked(v head.PoolView, notices []provider.Notice, now t
 }
 
 // gangOf is the core's view of a runtime gang. A gang that may be restarted (MaxRestarts
-// above 0) restarts from its newest checkpoint when it loses a machine, so it is treated as
-// tolerating interruption; the runtime has no per-gang "preemptible" flag yet.
+// above 0) and is not marked NotPreemptible tolerates interruption: a notice stops it with
+// a just-in-time checkpoint and it resumes elsewhere.
 func gangOf(g api.Gang) pools.Gang {
 	r := g.Spec.Resources
 	gpus := r.GPUs
@@ -315,7 +318,7 @@ func gangOf(g api.Gang) pools.Gang {
 		gpus = 1
 	}
 	return pools.Gang{ID: g.Spec.Key(), Size: g.Spec.Workers, Member: pools.Member{GPUs: gpus, CPUMilli: r.CPUMilli, MemMiB: r.MemMiB},
-		SameIsland: g.Spec.SameIsland, Tolerant: g.Spec.MaxRestarts > 0, Priority: g.Spec.Priority, Arrived: g.Created}
+		SameIsland: g.Spec.SameIsland, Tolerant: g.Spec.MaxRestarts > 0 && !g.Spec.NotPreemptible, Priority: g.Spec.Priority, Arrived: g.Created}
 }
 
 // act carries a decision out: launches, drains (cordons), removals; preemptions are
@@ -361,10 +364,19 @@ func (r *Runner) act(ctx context.Context, d pools.Decision, now time.Time) error
 		r.event(api.PoolEvent{Time: now, Kind: "drain", Pool: dr.Pool, Machine: dr.Machine, Reason: dr.Reason})
 		r.mu.Unlock()
 	}
+	// A spot interruption's gangs get the notice every planned stop takes: a just-in-time
+	// checkpoint, a stop, a requeue on other machines (one drain per machine).
+	drained := map[string]bool{}
 	for _, p := range d.Preemptions {
+		if !drained[p.Machine] {
+			drained[p.Machine] = true
+			if err := r.ctl.Drain(ctx, p.Machine, p.Deadline, p.Reason); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		r.mu.Lock()
 		r.event(api.PoolEvent{Time: now, Kind: "preempt", Machine: p.Machine, Gang: p.Gang,
-			Reason: p.Reason + " (by " + p.Deadline.UTC().Format(time.RFC3339) + "; until the notice path lands the gang restarts from its newest checkpoint when the machine goes)"})
+			Reason: p.Reason + " (notice given: checkpoint and stop by " + p.Deadline.UTC().Format(time.RFC3339) + ", then resume elsewhere)"})
 		r.mu.Unlock()
 	}
 	for _, rm := range d.Removes {

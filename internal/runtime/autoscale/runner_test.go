@@ -18,6 +18,7 @@ type fakeCtl struct {
 	mu      sync.Mutex
 	view    head.PoolView
 	cordons map[string]bool
+	drains  map[string]time.Time // machine -> the deadline its gangs were given
 }
 
 func (f *fakeCtl) Leading() bool { return true }
@@ -25,6 +26,13 @@ func (f *fakeCtl) PoolView() (head.PoolView, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.view, nil
+}
+func (f *fakeCtl) Drain(_ context.Context, machine string, deadline time.Time, _ string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.drains[machine] = deadline
+	f.cordons[machine] = true
+	return nil
 }
 func (f *fakeCtl) Cordon(_ context.Context, name string, on bool) error {
 	f.mu.Lock()
@@ -45,7 +53,7 @@ func TestRunnerLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	sim := provider.NewSim(clock)
-	ctl := &fakeCtl{cordons: map[string]bool{}}
+	ctl := &fakeCtl{cordons: map[string]bool{}, drains: map[string]time.Time{}}
 	r, err := New(Config{Pools: set, Providers: map[string]Provider{"h100": sim}, Clock: clock}, ctl)
 	if err != nil {
 		t.Fatal(err)
@@ -118,5 +126,53 @@ func TestRunnerLifecycle(t *testing.T) {
 	// Two machines from their launch to their removal (9m1s) at 100 USD/h.
 	if c := st.Pools[0].CostUSD; c < 30.05 || c > 30.07 {
 		t.Fatalf("cost so far %.2f, want 30.06", c)
+	}
+}
+
+// TestSpotInterruptionDrainsItsGangs: a spot interruption notice gives the gangs on the
+// machine the drain notice (checkpoint, stop, resume elsewhere) due before the machine goes.
+func TestSpotInterruptionDrainsItsGangs(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	set, err := pools.Parse([]byte(`{"pools": [{"name": "spot", "machine": "dgx-h100", "max": 2, "price_per_hour": 30, "capacity": "spot",
+		"provider": {"type": "sim"}}]}`), "p.json", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := provider.NewSim(clock)
+	ctl := &fakeCtl{cordons: map[string]bool{}, drains: map[string]time.Time{}}
+	r, err := New(Config{Pools: set, Providers: map[string]Provider{"spot": sim}, Clock: clock}, ctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	g := api.Gang{Spec: api.GangSpec{Job: "j", Name: "g", Workers: 1, Resources: api.Resources{GPUs: 8}, MaxRestarts: 3}, State: api.GangPending, Created: now}
+	ctl.view = head.PoolView{Pending: []api.Gang{g}}
+	if err := r.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	list, _ := sim.List(ctx)
+	if len(list) != 1 {
+		t.Fatalf("launched %+v, want one spot machine", list)
+	}
+	g.State = api.GangRunning
+	ctl.view = head.PoolView{Machines: []head.PoolMachine{{Name: list[0].Name, Alive: true, Gangs: map[string]int{"j/g": 1}}}, Running: []api.Gang{g}}
+	now = now.Add(time.Minute)
+	if err := r.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(ctl.drains) != 0 {
+		t.Fatalf("drained %v before any notice", ctl.drains)
+	}
+	if err := sim.Interrupt(list[0].Name, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(time.Second)
+	if err := r.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dl, ok := ctl.drains[list[0].Name]
+	if !ok || dl.IsZero() || !dl.After(now.Add(-time.Second)) || !dl.Before(now.Add(2*time.Minute)) {
+		t.Fatalf("drains %v: want %s drained with a deadline before it goes at %s", ctl.drains, list[0].Name, now.Add(2*time.Minute))
 	}
 }
