@@ -60,6 +60,66 @@ func TestDemoJSONContract(t *testing.T) {
 	}
 }
 
+// TestDemoScenariosJSONContract: the scenarios on the embedded default print the fields
+// their issue names, and carry them out (a shrink and a grow, no restart).
+func TestDemoScenariosJSONContract(t *testing.T) {
+	out, err := runCLI(t, "demo", "--scenario", "preempt", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p map[string]any
+	if err := json.Unmarshal([]byte(out), &p); err != nil {
+		t.Fatalf("demo --scenario preempt --json: %v\n%s", err, out)
+	}
+	for _, k := range []string{"high_prio_wait_s", "victim_checkpointed", "victim_steps_lost", "victim_shrunk_to", "victim_resumed", "cost_s",
+		"victim_final_loss", "victim_accuracy", "high_final_loss", "high_accuracy"} {
+		if _, ok := p[k]; !ok {
+			t.Errorf("preempt --json lacks %q", k)
+		}
+	}
+	if p["embedded"] != true || p["victim_shrunk_to"] != 24.0 || p["victim_checkpointed"] != true || p["victim_steps_lost"].(float64) > 1 || p["victim_accuracy"].(float64) < 0.9 {
+		t.Errorf("preempt: %v", p)
+	}
+	out, err = runCLI(t, "demo", "--scenario", "elastic", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e struct {
+		Resizes []struct {
+			From    *int     `json:"from"`
+			To      *int     `json:"to"`
+			Seconds *float64 `json:"seconds"`
+		} `json:"resizes"`
+		Restarts *int     `json:"restarts"`
+		Accuracy *float64 `json:"accuracy"`
+	}
+	if err := json.Unmarshal([]byte(out), &e); err != nil {
+		t.Fatalf("demo --scenario elastic --json: %v\n%s", err, out)
+	}
+	if len(e.Resizes) != 3 || e.Restarts == nil || *e.Restarts != 0 || e.Accuracy == nil || *e.Accuracy < 0.9 {
+		t.Fatalf("elastic: %s", out)
+	}
+	for _, r := range e.Resizes {
+		if r.From == nil || r.To == nil || r.Seconds == nil || *r.Seconds <= 0 {
+			t.Fatalf("elastic resize without from, to or seconds: %s", out)
+		}
+	}
+}
+
+// TestDemoSmallGang: a gang smaller than the default crash rank still trains and restarts.
+func TestDemoSmallGang(t *testing.T) {
+	out, err := runCLI(t, "demo", "--json", "--workers", "2", "--steps", "60", "--kill-at", "33")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct {
+		Restarts int `json:"restarts"`
+	}
+	if err := json.Unmarshal([]byte(out), &m); err != nil || m.Restarts != 1 {
+		t.Fatalf("demo --workers 2: %v %s", err, out)
+	}
+}
+
 func TestBenchActorsJSONContract(t *testing.T) {
 	out, err := runCLI(t, "bench", "actors", "--json", "--duration", "50ms", "--rounds", "1")
 	if err != nil {
