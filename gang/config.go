@@ -169,6 +169,10 @@ type Config struct {
 	// than they save; measured in BENCHMARKS.md). Reservations for gangs waiting for a
 	// compact placement (TopologyWait) are not delayed.
 	BackfillAfter time.Duration
+	// Growable says machines may be added to the cluster (autoscaling pools): a gang
+	// larger than the cluster now is queued, not refused as never fitting (the pools judge
+	// what no machine they can add would hold).
+	Growable bool
 	// QuotaAdmission admits a gang only while its queue is within its quota (Kueue-like).
 	QuotaAdmission bool
 	// StrictFIFO stops the cycle at the first gang that does not fit (FIFO baseline).

@@ -299,7 +299,7 @@ func (s *Scheduler) Submit(req Request, now time.Time) (SubmitStatus, error) {
 		err := fmt.Errorf("gang: submit %s to queue %q: %w", req.ID, req.Queue, ErrUnknownQueue)
 		return SubmitStatus{State: Rejected, Reason: err.Error()}, err
 	}
-	if reason := s.neverFits(&req); reason != "" {
+	if reason := s.neverFits(&req); reason != "" && !s.cfg.Growable {
 		err := fmt.Errorf("gang: submit %s: %s: %w", req.ID, reason, ErrNeverFits)
 		return SubmitStatus{State: Rejected, Reason: reason}, err
 	}

@@ -34,7 +34,14 @@ all-for-one from its newest checkpoint. The GPUs are simulated: no GPU is needed
            NVLink island arrives and must run now: the low one checkpoints just in time and
            shrinks (--victim-fixed: is stopped and queued again), then grows back
   elastic  a gang starts at its minimum, grows when another gang finishes, shrinks when a
-           higher-priority gang arrives, without restarting its workers`,
+           higher-priority gang arrives, without restarting its workers
+  autoscale a gang of 16 arrives on pools with no machines: the autoscaler adds them, the gang
+           trains, a spot interruption is injected at --arrive-at (the gang checkpoints, moves
+           to a replacement machine and resumes), and the idle machines are removed. Without
+           --dir it brings its own cluster: one head and the built-in pools (docs/pools.md:
+           "h100-spot", spot, and "h100", on-demand, of 0..4 declared DGX H100 machines each,
+           idle timeout 15 s) with the local provider; with --dir the cluster must run pools
+           (atoll up --pools FILE)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !asJSON {
@@ -77,8 +84,14 @@ all-for-one from its newest checkpoint. The GPUs are simulated: no GPU is needed
 			case "":
 			case "preempt", "elastic":
 				return runScenario(cmd, scenario, o, so, asJSON)
+			case "autoscale":
+				if sdk.InWorker() { // an agent started this binary as a worker: serve (never returns)
+					_, err := sdk.Start(cmd.Context(), digits.Kinds()...)
+					return err
+				}
+				return runAutoscale(cmd, dir, address, o, so, asJSON)
 			default:
-				return fmt.Errorf("demo: --scenario %q: want preempt or elastic", scenario)
+				return fmt.Errorf("demo: --scenario %q: want preempt, elastic or autoscale", scenario)
 			}
 			o.Hooks = watch.hooks()
 			res, err := digits.Run(cmd.Context(), o)
@@ -116,7 +129,7 @@ summary
 	f.Uint64Var(&o.Seed, "seed", o.Seed, "seed for the data split, weights and minibatches")
 	f.BoolVar(&dashboard, "dashboard", false, "print the dashboard's address (with its login token) and keep the cluster up after training until Ctrl-C (or --linger)")
 	f.DurationVar(&linger, "linger", 0, "with --dashboard: how long the cluster stays up after training (0: until Ctrl-C)")
-	f.StringVar(&scenario, "scenario", "", "run a scheduling scenario on live training: preempt or elastic")
+	f.StringVar(&scenario, "scenario", "", "run a scheduling scenario on live training: preempt, elastic or autoscale")
 	f.IntVar(&so.ArriveAt, "arrive-at", so.ArriveAt, "scenario: the step the high-priority gang arrives at")
 	f.IntVar(&so.HighSteps, "high-steps", so.HighSteps, "scenario: the high-priority gang's training steps")
 	f.BoolVar(&so.VictimFixed, "victim-fixed", false, "preempt scenario: the victim is a gang of fixed size (stopped whole, not shrunk)")

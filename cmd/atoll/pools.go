@@ -126,6 +126,7 @@ func tokenEnv() []string {
 type poolController interface {
 	autoscale.Controller
 	SetPoolStatus(func() *api.PoolsStatus)
+	SetPoolInterrupt(func(machine string, after time.Duration) error)
 }
 
 // startPools loads the pool file and runs the autoscaler beside the controller until ctx
@@ -154,6 +155,7 @@ func startPools(ctx context.Context, ctl poolController, o poolsOptions, dataDir
 		return err
 	}
 	ctl.SetPoolStatus(r.Status)
+	ctl.SetPoolInterrupt(r.Interrupt)
 	go r.Run(ctx)
 	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -166,5 +167,39 @@ func TestClusterSchedulerCarriedOut(t *testing.T) {
 	evs := string(run("events", "--dir", dir, "--job", "digits"))
 	if !strings.Contains(evs, "gang_notice") || !strings.Contains(evs, "drain (its deadline passed)") || d.Accuracy < 0.9 {
 		t.Fatalf("drained demo: accuracy %.3f; events:\n%s", d.Accuracy, evs)
+	}
+}
+
+// TestDemoAutoscaleScenario: `atoll demo --scenario autoscale` brings its own cluster (one
+// head, the built-in pools, the local provider): machines are added for a gang on empty
+// pools, a spot interruption moves the gang (checkpointed, nothing lost) to a replacement,
+// and the idle machines are removed.
+func TestDemoAutoscaleScenario(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster of processes")
+	}
+	bin := buildAtoll(t, t.TempDir())
+	cmd := exec.Command(bin, "demo", "--scenario", "autoscale", "--json")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("demo --scenario autoscale: %v\n%s", err, out)
+	}
+	var r map[string]any
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"scale_up_s", "machines_added", "machines_removed", "interruptions", "steps_lost", "final_loss", "accuracy"} {
+		if _, ok := r[k]; !ok {
+			t.Errorf("autoscale --json lacks %q", k)
+		}
+	}
+	if r["machines_added"].(float64) < 3 || r["machines_removed"] != r["machines_added"] || r["interruptions"] != 1.0 ||
+		r["steps_lost"].(float64) > 1 || r["checkpointed"] != true || r["machines_left"] != 0.0 || r["accuracy"].(float64) < 0.9 {
+		t.Fatalf("autoscale: %s", out)
+	}
+	on := fmt.Sprint(r["resumed_on"])
+	if strings.Contains(on, r["interrupted_machine"].(string)) {
+		t.Fatalf("the gang resumed on %s, the interrupted machine %s among them", on, r["interrupted_machine"])
 	}
 }

@@ -517,6 +517,11 @@ func (c *Client) Drain(ctx context.Context, d DrainRequest) error {
 	return c.Do(ctx, http.MethodPost, "/v1/machines/drain", d, nil)
 }
 
+// InjectInterruption injects a spot interruption notice for a pool machine (a drill).
+func (c *Client) InjectInterruption(ctx context.Context, r InterruptRequest) error {
+	return c.Do(ctx, http.MethodPost, "/v1/pools/interrupt", r, nil)
+}
+
 // SchedulerConfig reads the operator's scheduler configuration.
 func (c *Client) SchedulerConfig(ctx context.Context) (SchedulerConfig, error) {
 	var out SchedulerConfig

@@ -42,3 +42,11 @@ type PoolsStatus struct {
 	Pools  []PoolStatus `json:"pools"`
 	Events []PoolEvent  `json:"events,omitempty"`
 }
+
+// InterruptRequest injects a spot interruption notice for a pool machine, due After from
+// now (POST /v1/pools/interrupt): a drill of the notice path, for providers that can
+// inject one (local, docker).
+type InterruptRequest struct {
+	Machine string   `json:"machine"`
+	After   Duration `json:"after"`
+}

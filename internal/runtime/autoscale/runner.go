@@ -194,6 +194,27 @@ func (r *Runner) sync(ctx context.Context, now time.Time) error {
 	return nil
 }
 
+// Interrupt injects a spot interruption notice for one of the pools' machines, due after
+// the delay: a drill of the notice path (drain, just-in-time checkpoints, replacement).
+// Only providers that can inject one (local, docker, sim) do; a cloud's notices come from
+// the cloud.
+func (r *Runner) Interrupt(name string, after time.Duration) error {
+	if after < 0 || after > 24*time.Hour {
+		return fmt.Errorf("%w: interruption of %s after %s: want 0..24h", api.ErrInvalid, name, after)
+	}
+	r.mu.Lock()
+	m := r.machines[name]
+	r.mu.Unlock()
+	if m == nil {
+		return fmt.Errorf("%w: no machine %q in the pools", api.ErrNotFound, name)
+	}
+	in, ok := r.cfg.Providers[m.pool].(provider.Interrupter)
+	if !ok {
+		return fmt.Errorf("%w: the provider of pool %s cannot inject interruptions", api.ErrInvalid, m.pool)
+	}
+	return in.Interrupt(name, after)
+}
+
 // Step makes one decision and carries it out.
 func (r *Runner) Step(ctx context.Context) error {
 	now := r.cfg.Clock()

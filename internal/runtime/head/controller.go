@@ -85,6 +85,7 @@ func (c *Controller) schedulerConfig(conf api.SchedulerConfig) gang.Config {
 	if conf.MaxPending > 0 {
 		g.MaxPending = conf.MaxPending
 	}
+	g.Growable = c.poolStatus != nil
 	return g
 }
 
@@ -104,7 +105,8 @@ type Controller struct {
 
 	membership func() map[string]bool  // machines gossip knows dead; nil without membership
 	cordoned   map[string]bool         // machines that take no new gangs (pools draining them)
-	poolStatus func() *api.PoolsStatus // the pools runner's status; nil without pools
+	poolStatus    func() *api.PoolsStatus // the pools runner's status; nil without pools
+	poolInterrupt func(machine string, after time.Duration) error
 
 	obs *ctlObs // metrics, the event log's sequence, jobs' progress reports (observe.go)
 

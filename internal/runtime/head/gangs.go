@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -108,15 +109,23 @@ func (c *Controller) SpawnGang(ctx context.Context, spec api.GangSpec) (api.Gang
 	if old != nil && old.rec.State.Live() {
 		return unlock(fmt.Errorf("%w: gang %s is %s", api.ErrExists, key, old.rec.State))
 	}
-	if t.sched == nil {
-		return unlock(fmt.Errorf("%w: gang %s: no machine has registered yet", api.ErrNoCapacity, key))
-	}
 	req, err := c.coreRequestLocked(t, spec)
 	if err != nil {
 		return unlock(err)
 	}
 	now := c.cfg.Clock()
-	st, err := t.sched.Submit(req, now)
+	var st gang.SubmitStatus
+	switch {
+	case t.sched != nil:
+		st, err = t.sched.Submit(req, now)
+	case c.poolStatus == nil:
+		return unlock(fmt.Errorf("%w: gang %s: no machine has registered yet", api.ErrNoCapacity, key))
+	case !slices.ContainsFunc(t.conf.Queues, func(q api.QueueSpec) bool { return q.Name == req.Queue || req.Queue == "" }):
+		err = fmt.Errorf("gang: submit %s to queue %q: %w", key, req.Queue, gang.ErrUnknownQueue)
+	default:
+		// No machine yet: the pools add them, and the scheduler takes the gang then.
+		st.Reason = "no machine yet: waiting for the pools to add machines"
+	}
 	if err != nil {
 		var se *gang.SaturatedError
 		switch {

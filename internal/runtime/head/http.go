@@ -122,6 +122,7 @@ func NewAPI(ctl *Controller, rep *paxos.Replica, sm *meta.StateMachine, token st
 	m.HandleFunc("POST /v1/machines/drain", post(a, func(ctx context.Context, d api.DrainRequest) (any, error) {
 		return nil, ctl.Drain(ctx, d.Machine, d.Deadline, d.Reason)
 	}))
+	m.HandleFunc("POST /v1/pools/interrupt", post(a, func(_ context.Context, r api.InterruptRequest) (any, error) { return nil, ctl.InjectInterruption(r) }))
 	m.HandleFunc("GET /v1/scheduler", func(w http.ResponseWriter, r *http.Request) {
 		conf, err := a.ctl.SchedulerConfig()
 		a.answer(w, r, conf, err)

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/atoll-run/atoll/internal/runtime/api"
 )
 
@@ -111,9 +113,45 @@ func (c *Controller) Cordon(ctx context.Context, name string, on bool) error {
 	return c.runCommits(ctx, t, work)
 }
 
+// SetPoolInterrupt gives the controller the pools runner's injection of interruption
+// notices (InjectInterruption).
+func (c *Controller) SetPoolInterrupt(f func(machine string, after time.Duration) error) {
+	c.mu.Lock()
+	c.poolInterrupt = f
+	c.mu.Unlock()
+}
+
+// InjectInterruption injects a spot interruption notice for a pool machine (a drill of
+// the notice path). Only the leader's pools runner acts.
+func (c *Controller) InjectInterruption(r api.InterruptRequest) error {
+	if _, err := c.lockTerm(); err != nil {
+		return err
+	}
+	f := c.poolInterrupt
+	c.mu.Unlock()
+	if f == nil {
+		return fmt.Errorf("%w: this cluster runs no pools (atoll up --pools FILE)", api.ErrInvalid)
+	}
+	return f(r.Machine, time.Duration(r.After))
+}
+
 // SetPoolStatus gives the controller the pools runner's status, shown by Status.
+// With pools the cluster can grow: gangs larger than it is now queue instead of being
+// refused, and they queue even before any machine has registered.
 func (c *Controller) SetPoolStatus(f func() *api.PoolsStatus) {
 	c.mu.Lock()
 	c.poolStatus = f
+	t := c.t
+	if t == nil {
+		c.mu.Unlock()
+		return
+	}
+	work := c.rebuildLocked(t, c.cfg.Clock())
+	c.notifyLocked()
 	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.runCommits(ctx, t, work); err != nil {
+		c.log.Warn("rebuilding the scheduler for the pools", zap.Error(err))
+	}
 }
