@@ -49,10 +49,10 @@ type AutoscaleResult struct {
 	ResumedOn          []string `json:"resumed_on"`
 	// MachinesLeft is how many pool machines remained when the scenario ended (0 when the
 	// idle machines were removed within IdleWait).
-	MachinesLeft int     `json:"machines_left"`
-	CostUSD      float64 `json:"cost_usd"`
+	MachinesLeft int      `json:"machines_left"`
+	CostUSD      float64  `json:"cost_usd"`
 	Events       []string `json:"events"`
-	WallSeconds  float64 `json:"wall_s"`
+	WallSeconds  float64  `json:"wall_s"`
 }
 
 // RunAutoscale runs the autoscale scenario on a cluster whose heads run pools (atoll up

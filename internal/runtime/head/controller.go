@@ -103,8 +103,8 @@ type Controller struct {
 	terms    int
 	watchers []chan struct{} // told on every change (tests, status)
 
-	membership func() map[string]bool  // machines gossip knows dead; nil without membership
-	cordoned   map[string]bool         // machines that take no new gangs (pools draining them)
+	membership    func() map[string]bool  // machines gossip knows dead; nil without membership
+	cordoned      map[string]bool         // machines that take no new gangs (pools draining them)
 	poolStatus    func() *api.PoolsStatus // the pools runner's status; nil without pools
 	poolInterrupt func(machine string, after time.Duration) error
 
