@@ -130,6 +130,7 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if len(cfg.Heads) == 0 {
 		return nil, fmt.Errorf("%w: no head addresses", ErrInvalid)
 	}
+	cfg.Heads = append([]string(nil), cfg.Heads...) // the caller's slice is not ours to trim
 	for i, h := range cfg.Heads {
 		u, err := url.Parse(h)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
