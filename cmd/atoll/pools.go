@@ -122,6 +122,9 @@ func tokenEnv() []string {
 	return nil
 }
 
+// agentCaller posts to an agent's API as the head (head.Head.CallAgent).
+type agentCaller func(ctx context.Context, agentAPI, path string, body any) error
+
 // poolController is what startPools needs of the head's controller.
 type poolController interface {
 	autoscale.Controller
@@ -131,7 +134,7 @@ type poolController interface {
 
 // startPools loads the pool file and runs the autoscaler beside the controller until ctx
 // ends. dataDir and address default the pools directory and join address.
-func startPools(ctx context.Context, ctl poolController, o poolsOptions, dataDir, address string, logger *zap.Logger) error {
+func startPools(ctx context.Context, ctl poolController, o poolsOptions, dataDir, address string, callAgent agentCaller, logger *zap.Logger) error {
 	if o.file == "" {
 		return nil
 	}
@@ -150,7 +153,10 @@ func startPools(ctx context.Context, ctl poolController, o poolsOptions, dataDir
 	if err != nil {
 		return err
 	}
-	r, err := autoscale.New(autoscale.Config{Pools: set, Providers: provs, Predict: o.predict, Logger: logger}, ctl)
+	replicate := func(ctx context.Context, agentAPI, id, holder string) error {
+		return callAgent(ctx, agentAPI, "/v1/objects/replicate", map[string]string{"id": id, "holder": holder})
+	}
+	r, err := autoscale.New(autoscale.Config{Pools: set, Providers: provs, Predict: o.predict, Replicate: replicate, Logger: logger}, ctl)
 	if err != nil {
 		return err
 	}

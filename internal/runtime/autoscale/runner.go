@@ -61,6 +61,11 @@ type Config struct {
 	SpotBackoff time.Duration
 	// Predict turns demand prediction on (pre-warm for forecast arrivals).
 	Predict bool
+	// Replicate copies an object into the store of the machine whose agent API is given,
+	// held for holder (the head's CallAgent to /v1/objects/replicate). A draining machine's
+	// last copies are moved with it before the machine is removed; nil leaves them, and
+	// such a machine waits.
+	Replicate func(ctx context.Context, agentAPI, id, holder string) error
 	// Clock is the time source. Default time.Now.
 	Clock  func() time.Time
 	Logger *zap.Logger
@@ -78,6 +83,7 @@ type Runner struct {
 	machines map[string]*machine
 	pools    map[string]*poolState
 	events   []api.PoolEvent
+	moving   map[string]bool // objects whose last copy is being copied off a draining machine
 	seen     map[string]bool // pending gangs already given to the forecaster
 	fc       pools.Forecaster
 	seq      int
@@ -92,6 +98,8 @@ type machine struct {
 	notice    time.Time
 	hosts     map[string]int
 	copies    int
+	// moveBlocked: its last copies found no machine to go to (reported once).
+	moveBlocked bool
 }
 
 type poolState struct {
@@ -132,7 +140,8 @@ func New(cfg Config, ctl Controller) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runner{cfg: cfg, core: core, ctl: ctl, log: cfg.Logger.Named("pools"), machines: map[string]*machine{}, pools: map[string]*poolState{}, seen: map[string]bool{}}
+	r := &Runner{cfg: cfg, core: core, ctl: ctl, log: cfg.Logger.Named("pools"), machines: map[string]*machine{}, pools: map[string]*poolState{}, seen: map[string]bool{},
+		moving: map[string]bool{}}
 	for i := range cfg.Pools.Pools {
 		p := &cfg.Pools.Pools[i]
 		r.pools[p.Spec.Name] = &poolState{pool: p}
@@ -243,7 +252,9 @@ func (r *Runner) Step(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return r.act(ctx, d, now)
+	err = r.act(ctx, d, now)
+	r.moveLastCopies(ctx, view, now)
+	return err
 }
 
 // observeLocked updates the machines from the view and builds the core's snapshot.
@@ -457,4 +468,66 @@ func (r *Runner) Status() *api.PoolsStatus {
 		out.Pools = append(out.Pools, st)
 	}
 	return out
+}
+
+// moveLastCopies copies the objects whose only copy is on a draining machine to another
+// machine (alive, not cordoned), so that the machine can be removed without losing them.
+// Each object is copied once at a time; the directory's new location takes it off the
+// machine's count in the next view.
+func (r *Runner) moveLastCopies(ctx context.Context, v head.PoolView, now time.Time) {
+	if r.cfg.Replicate == nil {
+		return
+	}
+	var targets []head.PoolMachine
+	for _, m := range v.Machines {
+		r.mu.Lock()
+		rm := r.machines[m.Name]
+		draining := rm != nil && rm.state == pools.Draining
+		r.mu.Unlock()
+		if m.Alive && !m.Cordoned && !draining && m.AgentAPI != "" {
+			targets = append(targets, m)
+		}
+	}
+	for _, m := range v.Machines {
+		r.mu.Lock()
+		rm := r.machines[m.Name]
+		draining := rm != nil && rm.state == pools.Draining
+		r.mu.Unlock()
+		if !draining || len(m.LastCopyObjects) == 0 {
+			continue
+		}
+		if len(targets) == 0 {
+			r.mu.Lock()
+			if !rm.moveBlocked {
+				rm.moveBlocked = true
+				r.event(api.PoolEvent{Time: now, Kind: "move-failed", Machine: m.Name,
+					Reason: fmt.Sprintf("%d last object copies wait: no other machine to copy them to", m.LastCopies)})
+			}
+			r.mu.Unlock()
+			continue
+		}
+		for i, o := range m.LastCopyObjects {
+			r.mu.Lock()
+			busy := r.moving[o.ID]
+			r.moving[o.ID] = true
+			r.mu.Unlock()
+			if busy {
+				continue
+			}
+			to := targets[i%len(targets)]
+			go func(from string, o head.ObjectCopy, to head.PoolMachine) {
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+				defer cancel()
+				err := r.cfg.Replicate(cctx, to.AgentAPI, o.ID, o.Owner)
+				r.mu.Lock()
+				defer r.mu.Unlock()
+				delete(r.moving, o.ID)
+				if err != nil {
+					r.event(api.PoolEvent{Time: r.cfg.Clock(), Kind: "move-failed", Machine: from, Reason: fmt.Sprintf("object %s to %s: %v", o.ID, to.Name, err)})
+					return
+				}
+				r.event(api.PoolEvent{Time: r.cfg.Clock(), Kind: "move", Machine: from, Reason: fmt.Sprintf("last copy of object %s copied to %s before the machine goes", o.ID, to.Name)})
+			}(m.Name, o, to)
+		}
+	}
 }

@@ -176,3 +176,114 @@ func TestSpotInterruptionDrainsItsGangs(t *testing.T) {
 		t.Fatalf("drains %v: want %s drained with a deadline before it goes at %s", ctl.drains, list[0].Name, now.Add(2*time.Minute))
 	}
 }
+
+// TestDrainMovesLastCopiesFirst: a machine idle past its timeout is drained; the objects
+// whose only copy it holds are copied to a machine that stays (once each, while a copy is
+// in flight), and only when none is left is the machine removed.
+func TestDrainMovesLastCopiesFirst(t *testing.T) {
+	var mu sync.Mutex // the copies run beside the test: the clock is shared
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	set, err := pools.Parse([]byte(`{"pools": [{"name": "h100", "machine": "dgx-h100", "max": 4, "price_per_hour": 100,
+		"idle_timeout": "5m", "provider": {"type": "sim"}}]}`), "p.json", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := provider.NewSim(clock)
+	ctl := &fakeCtl{cordons: map[string]bool{}, drains: map[string]time.Time{}}
+	type call struct{ api, id, holder string }
+	calls := make(chan call, 16)
+	release := make(chan error)
+	replicate := func(_ context.Context, agentAPI, id, holder string) error {
+		calls <- call{agentAPI, id, holder}
+		return <-release
+	}
+	r, err := New(Config{Pools: set, Providers: map[string]Provider{"h100": sim}, Clock: clock, Replicate: replicate}, ctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	g := api.Gang{Spec: api.GangSpec{Job: "j", Name: "g", Workers: 2, Resources: api.Resources{GPUs: 8}, MaxRestarts: 3}, State: api.GangPending, Created: clock()}
+	ctl.view = head.PoolView{Pending: []api.Gang{g}}
+	if err := r.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	list, _ := sim.List(ctx)
+	if len(list) != 2 {
+		t.Fatalf("launched %+v", list)
+	}
+	a, b := list[0].Name, list[1].Name
+	// A keeps the last copy of an object; B runs another gang and stays.
+	keep := api.Gang{Spec: api.GangSpec{Job: "k", Name: "g", Workers: 1, Resources: api.Resources{GPUs: 8}}, State: api.GangRunning, Created: clock()}
+	view := func(copies int) head.PoolView {
+		ma := head.PoolMachine{Name: a, Alive: true, Gangs: map[string]int{}, AgentAPI: "https://a", Cordoned: ctl.cordons[a], LastCopies: copies}
+		if copies > 0 {
+			ma.LastCopyObjects = []head.ObjectCopy{{ID: "obj-1", Owner: "ckpt/j/g"}}
+		}
+		return head.PoolView{Machines: []head.PoolMachine{ma, {Name: b, Alive: true, Gangs: map[string]int{"k/g": 1}, AgentAPI: "https://b"}}, Running: []api.Gang{keep}}
+	}
+	ctl.view = view(1)
+	advance(time.Minute)
+	_ = r.Step(ctx)
+	advance(6 * time.Minute)
+	ctl.view = view(1)
+	if err := r.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !ctl.cordons[a] || ctl.cordons[b] {
+		t.Fatalf("cordons %v: want %s drained, %s kept", ctl.cordons, a, b)
+	}
+	ctl.view = view(1)
+	advance(time.Second)
+	if err := r.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := <-calls
+	if c != (call{"https://b", "obj-1", "ckpt/j/g"}) {
+		t.Fatalf("replicate %+v: want obj-1 for its owner onto %s", c, b)
+	}
+	// While the copy is in flight: not asked again, and the machine stays.
+	advance(time.Second)
+	if err := r.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-calls:
+		t.Fatalf("a second copy of an object in flight: %+v", c)
+	default:
+	}
+	if l, _ := sim.List(ctx); len(l) != 2 {
+		t.Fatalf("removed with a last copy on it: %+v", l)
+	}
+	release <- nil
+	for moved := false; !moved; { // the copy reports itself when it returns
+		for _, e := range r.Status().Events {
+			moved = moved || e.Kind == "move"
+		}
+		if !moved {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// The directory now has two locations: the machine goes.
+	ctl.view = view(0)
+	advance(time.Second)
+	if err := r.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	advance(time.Second)
+	if err := r.Step(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := sim.List(ctx)
+	if len(l) != 1 || l[0].Name != b {
+		t.Fatalf("machines %+v: want only %s", l, b)
+	}
+	kinds := map[string]int{}
+	for _, e := range r.Status().Events {
+		kinds[e.Kind]++
+	}
+	if kinds["move"] != 1 || kinds["remove"] != 1 {
+		t.Fatalf("events %+v", r.Status().Events)
+	}
+}

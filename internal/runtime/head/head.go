@@ -85,6 +85,7 @@ type Head struct {
 	cancelRequests context.CancelFunc
 	gossip         *member.Member
 	id             *pki.Identity // this head's certificate (nil without TLS)
+	agents         agentClient   // to agents' APIs (CallAgent)
 	obs            *observer     // the dashboard and /metrics (dashboard.go)
 }
 

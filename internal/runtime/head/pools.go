@@ -30,10 +30,22 @@ type PoolMachine struct {
 	Alive bool
 	// Gangs maps the live gangs with members on it ("job/gang") to their member counts.
 	Gangs map[string]int
-	// LastCopies counts objects whose only copy is in this machine's store.
-	LastCopies int
-	Cordoned   bool
+	// LastCopies counts objects whose only copy is in this machine's store; LastCopyObjects
+	// names up to MaxLastCopyObjects of them, to be copied elsewhere before it goes.
+	LastCopies      int
+	LastCopyObjects []ObjectCopy
+	Cordoned        bool
+	// AgentAPI is its agent's API URL.
+	AgentAPI string
 }
+
+// ObjectCopy is an object (its id) and the holder its copies are held for (its owner).
+type ObjectCopy struct {
+	ID, Owner string
+}
+
+// MaxLastCopyObjects bounds the last copies a PoolView names per machine.
+const MaxLastCopyObjects = 64
 
 // PoolView returns the view, or the error of a replica that does not lead.
 func (c *Controller) PoolView() (PoolView, error) {
@@ -47,7 +59,7 @@ func (c *Controller) PoolView() (PoolView, error) {
 	idx := map[string]int{}
 	for name, m := range t.machines {
 		idx[name] = len(v.Machines)
-		v.Machines = append(v.Machines, PoolMachine{Name: name, Alive: m.rec.Alive, Gangs: map[string]int{}, Cordoned: c.cordoned[name]})
+		v.Machines = append(v.Machines, PoolMachine{Name: name, Alive: m.rec.Alive, Gangs: map[string]int{}, Cordoned: c.cordoned[name], AgentAPI: m.rec.Agent.API})
 		if m.rec.Agent.Transfer != "" {
 			byTransfer[m.rec.Agent.Transfer] = name
 		}
@@ -67,13 +79,19 @@ func (c *Controller) PoolView() (PoolView, error) {
 	}
 	for _, kv := range c.sm.Range(api.TableObjects) {
 		var rec struct {
+			ID        string   `json:"id"`
+			Owner     string   `json:"owner"`
 			Locations []string `json:"locations"`
 		}
 		if json.Unmarshal(kv.Value, &rec) != nil || len(rec.Locations) != 1 {
 			continue
 		}
 		if name, ok := byTransfer[rec.Locations[0]]; ok {
-			v.Machines[idx[name]].LastCopies++
+			pm := &v.Machines[idx[name]]
+			pm.LastCopies++
+			if len(pm.LastCopyObjects) < MaxLastCopyObjects && rec.ID != "" {
+				pm.LastCopyObjects = append(pm.LastCopyObjects, ObjectCopy{ID: rec.ID, Owner: rec.Owner})
+			}
 		}
 	}
 	sort.Slice(v.Machines, func(i, j int) bool { return v.Machines[i].Name < v.Machines[j].Name })
