@@ -154,7 +154,7 @@ func (c *Controller) SpawnGang(ctx context.Context, spec api.GangSpec) (api.Gang
 		e.ver = old.ver
 		rec.Generation = old.rec.Generation + 1
 	}
-	if headPlaced(spec) { // the core checked that it can ever fit; the head places it
+	if headPlaced(spec) && t.sched != nil { // the core checked that it can ever fit; the head places it
 		_ = t.sched.Finish(key, now)
 		if _, reason, never := placeByStrategy(t.sched, spec); never {
 			return unlock(fmt.Errorf("%w: gang %s: %s", api.ErrNeverFits, key, reason))
