@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/sdk/sdktest"
 )
 
 // testOptions are the kinds and tasks of this test program: its worker processes (on a
@@ -37,7 +38,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(1)
 	}
-	os.Exit(m.Run())
+	os.Exit(sdktest.Run(m))
 }
 
 func newCluster(t *testing.T, opts ...sdk.Option) *sdk.Cluster {

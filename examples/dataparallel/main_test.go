@@ -18,7 +18,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		os.Exit(1)
 	}
-	os.Exit(m.Run())
+	os.Exit(sdktest.Run(m))
 }
 
 // reference is the final parameters' hash of a run without failure, on the embedded default.

@@ -53,7 +53,18 @@ var (
 	buildErr  error
 )
 
-// Atoll builds the atoll command once per test binary and returns its path.
+// Run runs a test binary's tests (call it from TestMain: os.Exit(sdktest.Run(m))) and then
+// removes the atoll command Atoll built for them.
+func Run(m *testing.M) int {
+	code := m.Run()
+	if buildDir != "" {
+		_ = os.RemoveAll(buildDir)
+	}
+	return code
+}
+
+// Atoll builds the atoll command once per test binary and returns its path. The binary is
+// removed when the tests end if TestMain runs them with Run.
 func Atoll(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
