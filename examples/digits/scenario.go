@@ -345,24 +345,53 @@ func highGang(ctx context.Context, c *sdk.Cluster, o ScenarioOptions, sets sdk.R
 	return t.res, wait, err
 }
 
+// openScenario checks the options, starts or connects to the cluster (which must have two
+// islands of 8 GPUs) and loads the data.
+func openScenario(ctx context.Context, o *ScenarioOptions, name string) (*sdk.Cluster, sdk.Ref[[2]Dataset], int, *progressLine, error) {
+	var none sdk.Ref[[2]Dataset]
+	o.KillAtStep = -1
+	if err := o.check(); err != nil {
+		return nil, none, 0, nil, err
+	}
+	live := newProgressLine(progressOf(o.Options), o.Steps)
+	c, sets, gpus, err := scenarioCluster(ctx, o.Options)
+	if err != nil {
+		return nil, none, 0, nil, err
+	}
+	if gpus < 16 {
+		_ = c.Shutdown(context.WithoutCancel(ctx))
+		return nil, none, 0, nil, fmt.Errorf("digits: the %s scenario needs at least 16 GPUs (two islands of 8); the cluster has %d", name, gpus)
+	}
+	return c, sets, gpus, live, nil
+}
+
+// highDone is the high-priority gang's run: its result and its wait.
+type highDone struct {
+	res  GangResult
+	wait float64
+	err  error
+}
+
+// arriveHigh submits the high-priority gang and trains it in the background.
+func arriveHigh(ctx context.Context, c *sdk.Cluster, o ScenarioOptions, sets sdk.Ref[[2]Dataset], live *progressLine) <-chan highDone {
+	done := make(chan highDone, 1)
+	go func() {
+		r, w, err := highGang(ctx, c, o, sets, live)
+		done <- highDone{r, w, err}
+	}()
+	return done
+}
+
 // RunPreempt runs the preempt scenario.
 func RunPreempt(ctx context.Context, o ScenarioOptions) (PreemptResult, error) {
 	start := time.Now()
 	res := PreemptResult{Scenario: "preempt"}
-	o.KillAtStep = -1
-	if err := o.check(); err != nil {
-		return res, err
-	}
-	live := newProgressLine(progressOf(o.Options), o.Steps)
-	c, sets, gpus, err := scenarioCluster(ctx, o.Options)
+	c, sets, gpus, live, err := openScenario(ctx, &o, "preempt")
 	if err != nil {
 		return res, err
 	}
 	defer func() { _ = c.Shutdown(context.WithoutCancel(ctx)) }()
 	res.Embedded, res.GPUs = c.Embedded(), gpus
-	if gpus < 16 {
-		return res, fmt.Errorf("digits: the preempt scenario needs at least 16 GPUs (two islands of 8); the cluster has %d", gpus)
-	}
 	spec := sdk.GangSpec{Name: "dp", Kind: "digits-worker", Args: o.args(sets), Workers: gpus, GPUsPerWorker: 1, Priority: 0,
 		CheckpointOnNotice: true, CheckpointEvery: time.Duration(o.CheckpointEvery) * 10 * time.Millisecond, MaxRestarts: 3,
 		Backoff: 20 * time.Millisecond, AllReduceBytes: int64(4 * NumParams(o.Hidden))}
@@ -376,20 +405,12 @@ func RunPreempt(ctx context.Context, o ScenarioOptions) (PreemptResult, error) {
 	defer func() { _ = job.Stop(context.WithoutCancel(ctx)) }()
 	live.note(fmt.Sprintf("low-priority gang of %d workers trains on the whole cluster (%d GPUs)", g.Size(), gpus))
 	victim := &trainer{c: c, g: g, o: o.Options, steps: int64(o.Steps), live: live, name: "low"}
-	type highDone struct {
-		res  GangResult
-		wait float64
-		err  error
-	}
-	done := make(chan highDone, 1)
+	var high <-chan highDone
 	victim.onStep = func(step int64) error {
 		victim.progress(step)
 		if step == int64(o.ArriveAt) {
 			live.note(fmt.Sprintf("a high-priority gang of 8 GPUs (one island) arrives at the low gang's step %d", step))
-			go func() {
-				r, w, err := highGang(ctx, c, o, sets, live)
-				done <- highDone{r, w, err}
-			}()
+			high = arriveHigh(ctx, c, o, sets, live)
 		}
 		return nil
 	}
@@ -402,7 +423,7 @@ func RunPreempt(ctx context.Context, o ScenarioOptions) (PreemptResult, error) {
 	_ = job.Stop(ctx) // its GPUs go back before it waits for the other gang
 	var hd highDone
 	select {
-	case hd = <-done:
+	case hd = <-high:
 	case <-ctx.Done():
 		return res, ctx.Err()
 	}
@@ -428,20 +449,12 @@ func RunPreempt(ctx context.Context, o ScenarioOptions) (PreemptResult, error) {
 func RunElastic(ctx context.Context, o ScenarioOptions) (ElasticResult, error) {
 	start := time.Now()
 	res := ElasticResult{Scenario: "elastic"}
-	o.KillAtStep = -1
-	if err := o.check(); err != nil {
-		return res, err
-	}
-	live := newProgressLine(progressOf(o.Options), o.Steps)
-	c, sets, gpus, err := scenarioCluster(ctx, o.Options)
+	c, sets, gpus, live, err := openScenario(ctx, &o, "elastic")
 	if err != nil {
 		return res, err
 	}
 	defer func() { _ = c.Shutdown(context.WithoutCancel(ctx)) }()
 	res.Embedded, res.GPUs = c.Embedded(), gpus
-	if gpus < 16 {
-		return res, fmt.Errorf("digits: the elastic scenario needs at least 16 GPUs (two islands of 8); the cluster has %d", gpus)
-	}
 	min := 8
 	// A blocker holds all but min GPUs: the elastic gang starts at its minimum.
 	blockJob, blocker, err := spawn(ctx, c, "digits-blocker", sdk.GangSpec{Name: "dp", Kind: "digits-worker", Args: o.args(sets), Workers: gpus - min,
@@ -459,12 +472,7 @@ func RunElastic(ctx context.Context, o ScenarioOptions) (ElasticResult, error) {
 	res.MinWorkers, res.MaxWorkers = min, gpus
 	live.note(fmt.Sprintf("elastic gang (%d..%d workers) starts with %d: another gang holds %d GPUs", min, gpus, g.Size(), blocker.Size()))
 	t := &trainer{c: c, g: g, o: o.Options, steps: int64(o.Steps), live: live, name: "elastic"}
-	type highDone struct {
-		res  GangResult
-		wait float64
-		err  error
-	}
-	done := make(chan highDone, 1)
+	var high <-chan highDone
 	freedAt, arrived := int64(-1), false
 	t.onStep = func(step int64) error {
 		t.progress(step)
@@ -476,10 +484,7 @@ func RunElastic(ctx context.Context, o ScenarioOptions) (ElasticResult, error) {
 		case !arrived && freedAt >= 0 && g.Size() > min && step >= freedAt+int64(o.ArriveAt)/2:
 			arrived = true
 			live.note(fmt.Sprintf("a high-priority gang of 8 GPUs arrives at step %d", step))
-			go func() {
-				r, w, err := highGang(ctx, c, o, sets, live)
-				done <- highDone{r, w, err}
-			}()
+			high = arriveHigh(ctx, c, o, sets, live)
 		}
 		return nil
 	}
@@ -492,7 +497,7 @@ func RunElastic(ctx context.Context, o ScenarioOptions) (ElasticResult, error) {
 	if arrived {
 		var hd highDone
 		select {
-		case hd = <-done:
+		case hd = <-high:
 		case <-ctx.Done():
 			return res, ctx.Err()
 		}
