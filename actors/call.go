@@ -75,11 +75,27 @@ type Future[T any] struct {
 	raw    any
 	decode sync.Once
 
-	sys    *System
-	reply  *actor.PID
-	stopFn func() bool // stops the cancellation hook
-	timer  *time.Timer
-	unwait func() // forgets the call in the system's per-address table
+	sys   *System
+	reply *actor.PID
+
+	// cleanups stop what watches the call (its context hook, its timer, its entry in the
+	// system's per-address table); they are added while the call is set up, which a
+	// cancellation may already race with, so under mu, and run once it completes.
+	mu       sync.Mutex
+	finished bool
+	cleanups []func()
+}
+
+// onFinish adds a cleanup of the call, run when it completes (at once if it has).
+func (f *Future[T]) onFinish(fn func()) {
+	f.mu.Lock()
+	if f.finished {
+		f.mu.Unlock()
+		fn()
+		return
+	}
+	f.cleanups = append(f.cleanups, fn)
+	f.mu.Unlock()
 }
 
 // Done is closed when the result is known.
@@ -135,17 +151,16 @@ func (f *Future[T]) finish(raw any, v T, err error) bool {
 	f.once.Do(func() {
 		first = true
 		f.raw, f.val, f.err = raw, v, err
-		if f.stopFn != nil {
-			f.stopFn()
-		}
-		if f.timer != nil {
-			f.timer.Stop()
+		f.mu.Lock()
+		f.finished = true
+		cleanups := f.cleanups
+		f.cleanups = nil
+		f.mu.Unlock()
+		for _, c := range cleanups {
+			c()
 		}
 		if f.reply != nil {
 			f.sys.sys.ProcessRegistry.Remove(f.reply)
-		}
-		if f.unwait != nil {
-			f.unwait()
 		}
 		close(f.done)
 	})
@@ -198,22 +213,24 @@ func CallAsync[T any](ctx context.Context, s *System, to Ref, msg any) *Future[T
 	deadline, has := ctx.Deadline()
 	if !has {
 		deadline = time.Now().Add(s.timeout)
-		f.timer = time.AfterFunc(s.timeout, func() {
+		timer := time.AfterFunc(s.timeout, func() {
 			if f.complete(zero, fmt.Errorf("actors: call %s: no reply within %v: %w", to, s.timeout, context.DeadlineExceeded)) {
 				s.sendCancel(to, pid, id)
 			}
 		})
+		f.onFinish(func() { timer.Stop() })
 	}
-	f.stopFn = context.AfterFunc(ctx, func() {
+	stop := context.AfterFunc(ctx, func() {
 		// A call whose deadline passed needs no Cancel: its handler has the same deadline.
 		if f.complete(zero, fmt.Errorf("actors: call %s: %w", to, context.Cause(ctx))) && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			s.sendCancel(to, pid, id)
 		}
 	})
+	f.onFinish(func() { stop() })
 	if s.rem != nil && to.pid.Address != s.sys.Address() {
-		f.unwait = s.remotes.add(to.pid.Address, id, func() {
+		f.onFinish(s.remotes.add(to.pid.Address, id, func() {
 			f.complete(zero, fmt.Errorf("call %s: %w (its process is unreachable)", to, ErrActorDead))
-		})
+		}))
 	}
 	req := &actorspb.Request{CallId: id, Body: body, DeadlineUnixNano: deadline.UnixNano(), Caller: callerKey(pid)}
 	s.sys.Root.RequestWithCustomSender(to.pid, req, pid)
