@@ -279,19 +279,19 @@ func (w *cell) restoreFrom(ctx context.Context, cp Checkpointer, id string) erro
 }
 
 // takeWorld handles a worldReq in the worker.
-func (w *cell) takeWorld(req worldReq) error {
+func (w *cell) takeWorld(ctx *Context, req worldReq) error {
 	if req.Restore != "" {
 		cp, ok := w.user.(Checkpointer)
 		if !ok {
 			return fmt.Errorf("sdk: actor %T does not implement Checkpointer: a new member of a grown gang has no state to start from", w.user)
 		}
-		if err := w.restoreFrom(w.ctx.Context, cp, req.Restore); err != nil {
+		if err := w.restoreFrom(ctx.Context, cp, req.Restore); err != nil {
 			return fmt.Errorf("sdk: a new member's state: %w", err)
 		}
 	}
 	w.h.setWorld(req.Epoch, req.Members)
 	if r, ok := w.user.(Resizer); ok {
-		return r.Resized(&w.ctx)
+		return r.Resized(ctx)
 	}
 	return nil
 }

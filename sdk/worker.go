@@ -436,10 +436,12 @@ func (w *cell) restore(cp Checkpointer) error {
 }
 
 func (w *cell) Receive(ac *actors.Context, msg any) (any, error) {
-	w.ctx.Context = ac.Context()
-	defer func() { w.ctx.Context = context.Background() }()
+	// Each message gets its own Context: calls its handler started may still be winding
+	// down in their goroutines after it returns, reading the context they were given.
+	ctx := w.ctx
+	ctx.Context = ac.Context()
 	if req, ok := msg.(worldReq); ok {
-		return struct{}{}, w.takeWorld(req)
+		return struct{}{}, w.takeWorld(&ctx, req)
 	}
 	if req, ok := msg.(checkpointReq); ok {
 		cp, ok := w.user.(Checkpointer)
@@ -451,13 +453,13 @@ func (w *cell) Receive(ac *actors.Context, msg any) (any, error) {
 			return nil, fmt.Errorf("sdk: checkpoint at step %d: %w", req.Step, err)
 		}
 		s := w.h.spec // the gang's checkpoints outlive this incarnation: pruning frees them
-		id, err := w.ctx.store().putAs(w.ctx.Context, fmt.Sprintf("checkpoint/%s/%s", s.Job, s.Gang), state)
+		id, err := ctx.store().putAs(ctx.Context, fmt.Sprintf("checkpoint/%s/%s", s.Job, s.Gang), state)
 		if err != nil {
 			return nil, err
 		}
 		return id.String(), nil
 	}
-	return w.user.Receive(&w.ctx, msg)
+	return w.user.Receive(&ctx, msg)
 }
 
 // latestCheckpoint reads a gang's newest complete checkpoint.
