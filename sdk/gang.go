@@ -738,8 +738,29 @@ func (g *Gang) LatestCheckpoint(ctx context.Context) (int64, bool, error) {
 // Stop stops the gang's workers and frees its GPUs.
 func (g *Gang) Stop(ctx context.Context) error {
 	err := g.c.client.StopGang(ctx, g.job, g.name)
+	if err == nil {
+		g.stopped("stopped by its driver")
+	}
 	g.stop()
 	return err
+}
+
+// stopped records, in this process, that the head committed the gang's stop: calls to its
+// workers fail from now on with ErrStale (ErrStopped), though the agents may take a moment
+// to stop them.
+func (g *Gang) stopped(reason string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.rec.State.Live() {
+		return
+	}
+	g.rec.State, g.rec.Reason = api.GangStopped, reason
+	for gen, gc := range g.gens {
+		gc.cancel()
+		delete(g.gens, gen)
+	}
+	close(g.changed)
+	g.changed = make(chan struct{})
 }
 
 // Stop stops the job's gangs, placed actors and task workers (freeing their GPUs), frees
@@ -757,6 +778,9 @@ func (j *Job) Stop(ctx context.Context) error {
 	}
 	c.mu.Unlock()
 	for _, g := range mine {
+		if err == nil {
+			g.stopped("its job stopped")
+		}
 		g.stop()
 	}
 	return errors.Join(err, c.freeOwnedBy(ctx, jobOwner(j.name)))
