@@ -28,7 +28,17 @@ func connect(t *testing.T, cl *sdktest.Cluster) *sdk.Cluster {
 	return c
 }
 
+// raceDetector is set in a -race build (race_test.go).
+var raceDetector bool
+
 func TestClusterTasksDetachedActorsAndObjectOwners(t *testing.T) {
+	if raceDetector {
+		// Two drivers in one process: protoactor-go's remote.Start sets gRPC's global
+		// logger (remote/server.go: grpclog.SetLoggerV2) each time, which races with the
+		// first driver's gRPC logging. One driver per process, as in production, has no
+		// such race; the test runs without -race.
+		t.Skip("two actor systems with remoting in one process race inside protoactor-go (grpclog.SetLoggerV2 in remote.Start); run without -race")
+	}
 	cl := sdktest.Up(t, 2, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
