@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/atoll-run/atoll/internal/jsonpos"
 	"github.com/atoll-run/atoll/topology"
 )
 
@@ -157,7 +158,7 @@ func Parse(data []byte, name, dir string) (*Set, error) {
 		return nil, jsonErr(name, data, dec, err)
 	}
 	if dec.More() {
-		line, col := lineCol(data, dec.InputOffset())
+		line, col := jsonpos.LineCol(data, dec.InputOffset())
 		return nil, fmt.Errorf("%s:%d:%d: data after the top-level object: %w", name, line, col, ErrSpec)
 	}
 	at := poolOffsets(data)
@@ -173,7 +174,7 @@ func Parse(data []byte, name, dir string) (*Set, error) {
 		p := &f.Pools[i]
 		where := fmt.Sprintf("%s: pools[%d]", name, i)
 		if i < len(at) {
-			line, col := lineCol(data, at[i])
+			line, col := jsonpos.LineCol(data, at[i])
 			where = fmt.Sprintf("%s:%d:%d: pools[%d]", name, line, col, i)
 		}
 		if p.Name != "" {
@@ -273,7 +274,7 @@ func jsonErr(name string, data []byte, dec *json.Decoder, err error) error {
 			}
 		}
 	}
-	line, col := lineCol(data, at)
+	line, col := jsonpos.LineCol(data, at)
 	return fmt.Errorf("%s:%d:%d: %s: %w", name, line, col, msg, ErrSpec)
 }
 
@@ -315,12 +316,4 @@ func poolOffsets(data []byte) []int64 {
 		return out
 	}
 	return nil
-}
-
-func lineCol(data []byte, offset int64) (int, int) {
-	offset = max(0, min(offset, int64(len(data))))
-	before := data[:offset]
-	line := bytes.Count(before, []byte("\n")) + 1
-	col := int(offset) - (bytes.LastIndexByte(before, '\n') + 1) + 1
-	return line, col
 }

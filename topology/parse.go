@@ -8,6 +8,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/atoll-run/atoll/internal/jsonpos"
 )
 
 // ParseSpecFile reads a JSON spec file: either one machine (an object with "gpus") or a
@@ -148,10 +150,10 @@ func jsonError(name string, data []byte, err error) error {
 	switch {
 	case errors.As(err, &syn):
 		// Offset counts the offending byte; point at it.
-		line, col := lineCol(data, syn.Offset-1)
+		line, col := jsonpos.LineCol(data, syn.Offset-1)
 		return fmt.Errorf("topology: %s:%d:%d: %s: %w", name, line, col, syn.Error(), ErrSyntax)
 	case errors.As(err, &typ):
-		line, col := lineCol(data, typ.Offset)
+		line, col := jsonpos.LineCol(data, typ.Offset)
 		path := typ.Field
 		if path == "" {
 			path = "(top level)"
@@ -166,25 +168,11 @@ func jsonError(name string, data []byte, err error) error {
 				at = int64(k)
 			}
 		}
-		line, col := lineCol(data, at)
+		line, col := jsonpos.LineCol(data, at)
 		msg := strings.TrimPrefix(off.err.Error(), "json: ")
 		return fmt.Errorf("topology: %s:%d:%d: %s: %w", name, line, col, msg, ErrSyntax)
 	}
 	return fmt.Errorf("topology: %s: %v: %w", name, err, ErrSyntax)
-}
-
-// lineCol converts a byte offset into a 1-based line and column.
-func lineCol(data []byte, offset int64) (int, int) {
-	if offset > int64(len(data)) {
-		offset = int64(len(data))
-	}
-	if offset < 0 {
-		offset = 0
-	}
-	before := data[:offset]
-	line := bytes.Count(before, []byte("\n")) + 1
-	col := int(offset) - (bytes.LastIndexByte(before, '\n') + 1) + 1
-	return line, col
 }
 
 // locate finds, for each JSON path (as join and joinKey build them), the 1-based line and
@@ -242,7 +230,7 @@ func locate(data []byte, paths []string) map[string][2]int {
 	walk("")
 	out := make(map[string][2]int, len(found))
 	for t, b := range found {
-		line, col := lineCol(data, b.at)
+		line, col := jsonpos.LineCol(data, b.at)
 		out[t] = [2]int{line, col}
 	}
 	return out

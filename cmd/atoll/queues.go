@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/atoll-run/atoll/internal/jsonpos"
 	"github.com/atoll-run/atoll/internal/runtime/api"
 )
 
@@ -120,7 +121,7 @@ func readSchedulerConfig(stdin io.Reader, path string) (api.SchedulerConfig, err
 	if err := dec.Decode(&conf); err != nil {
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
-			line, col := lineCol(b, se.Offset)
+			line, col := jsonpos.LineCol(b, se.Offset)
 			return conf, fmt.Errorf("%s:%d:%d: %w", name, line, col, err)
 		}
 		return conf, fmt.Errorf("%s: %w", name, err)
@@ -132,14 +133,6 @@ func readSchedulerConfig(stdin io.Reader, path string) (api.SchedulerConfig, err
 		return conf, fmt.Errorf("%s: %w", name, err)
 	}
 	return conf, nil
-}
-
-// lineCol is the 1-based line and column of a byte offset.
-func lineCol(b []byte, off int64) (int, int) {
-	off = min(max(off, 0), int64(len(b)))
-	line := 1 + bytes.Count(b[:off], []byte("\n"))
-	col := int(off) - bytes.LastIndexByte(b[:off], '\n')
-	return line, col
 }
 
 func printSchedulerConfig(w io.Writer, conf api.SchedulerConfig, qs []api.QueueStatus) {
