@@ -478,22 +478,23 @@ func (r *Runner) moveLastCopies(ctx context.Context, v head.PoolView, now time.T
 	if r.cfg.Replicate == nil {
 		return
 	}
+	draining := map[string]*machine{}
+	r.mu.Lock()
+	for name, rm := range r.machines {
+		if rm.state == pools.Draining {
+			draining[name] = rm
+		}
+	}
+	r.mu.Unlock()
 	var targets []head.PoolMachine
 	for _, m := range v.Machines {
-		r.mu.Lock()
-		rm := r.machines[m.Name]
-		draining := rm != nil && rm.state == pools.Draining
-		r.mu.Unlock()
-		if m.Alive && !m.Cordoned && !draining && m.AgentAPI != "" {
+		if m.Alive && !m.Cordoned && draining[m.Name] == nil && m.AgentAPI != "" {
 			targets = append(targets, m)
 		}
 	}
 	for _, m := range v.Machines {
-		r.mu.Lock()
-		rm := r.machines[m.Name]
-		draining := rm != nil && rm.state == pools.Draining
-		r.mu.Unlock()
-		if !draining || len(m.LastCopyObjects) == 0 {
+		rm := draining[m.Name]
+		if rm == nil || len(m.LastCopyObjects) == 0 {
 			continue
 		}
 		if len(targets) == 0 {
@@ -516,7 +517,7 @@ func (r *Runner) moveLastCopies(ctx context.Context, v head.PoolView, now time.T
 			}
 			to := targets[i%len(targets)]
 			go func(from string, o head.ObjectCopy, to head.PoolMachine) {
-				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Minute) // ends with the runner
 				defer cancel()
 				err := r.cfg.Replicate(cctx, to.AgentAPI, o.ID, o.Owner)
 				r.mu.Lock()
