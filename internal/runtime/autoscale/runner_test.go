@@ -41,23 +41,33 @@ func (f *fakeCtl) Cordon(_ context.Context, name string, on bool) error {
 	return nil
 }
 
+// testRunner is a runner over one pool (poolJSON, a pool file's element) of the sim
+// provider and a fake control plane, at the given clock; replicate may be nil.
+func testRunner(t *testing.T, poolJSON string, clock func() time.Time, replicate func(context.Context, string, string, string) error) (*Runner, *provider.Sim, *fakeCtl) {
+	t.Helper()
+	set, err := pools.Parse([]byte(`{"pools": [`+poolJSON+`]}`), "p.json", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := provider.NewSim(clock)
+	ctl := &fakeCtl{cordons: map[string]bool{}, drains: map[string]time.Time{}}
+	r, err := New(Config{Pools: set, Providers: map[string]Provider{set.Pools[0].Spec.Name: sim}, Clock: clock, Replicate: replicate}, ctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, sim, ctl
+}
+
+// h100Pool is an on-demand pool of up to 4 DGX H100 with a 5-minute idle timeout.
+const h100Pool = `{"name": "h100", "machine": "dgx-h100", "max": 4, "price_per_hour": 100, "idle_timeout": "5m", "provider": {"type": "sim"}}`
+
 // TestRunnerLifecycle drives the runner through a gang's life: it arrives pending on an
 // empty pool (two machines launched together), the machines register, the gang runs and
 // ends, the machines idle past the timeout, are cordoned (drained) and terminated.
 func TestRunnerLifecycle(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
-	set, err := pools.Parse([]byte(`{"pools": [{"name": "h100", "machine": "dgx-h100", "max": 4, "price_per_hour": 100,
-		"idle_timeout": "5m", "provider": {"type": "sim"}}]}`), "p.json", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sim := provider.NewSim(clock)
-	ctl := &fakeCtl{cordons: map[string]bool{}, drains: map[string]time.Time{}}
-	r, err := New(Config{Pools: set, Providers: map[string]Provider{"h100": sim}, Clock: clock}, ctl)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, sim, ctl := testRunner(t, h100Pool, clock, nil)
 	ctx := context.Background()
 	g := api.Gang{Spec: api.GangSpec{Job: "j", Name: "g", Workers: 2, Resources: api.Resources{GPUs: 8}, MaxRestarts: 3}, State: api.GangPending, Created: now}
 	ctl.view = head.PoolView{Pending: []api.Gang{g}}
@@ -134,17 +144,8 @@ func TestRunnerLifecycle(t *testing.T) {
 func TestSpotInterruptionDrainsItsGangs(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
-	set, err := pools.Parse([]byte(`{"pools": [{"name": "spot", "machine": "dgx-h100", "max": 2, "price_per_hour": 30, "capacity": "spot",
-		"provider": {"type": "sim"}}]}`), "p.json", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sim := provider.NewSim(clock)
-	ctl := &fakeCtl{cordons: map[string]bool{}, drains: map[string]time.Time{}}
-	r, err := New(Config{Pools: set, Providers: map[string]Provider{"spot": sim}, Clock: clock}, ctl)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, sim, ctl := testRunner(t, `{"name": "spot", "machine": "dgx-h100", "max": 2, "price_per_hour": 30, "capacity": "spot",
+		"provider": {"type": "sim"}}`, clock, nil)
 	ctx := context.Background()
 	g := api.Gang{Spec: api.GangSpec{Job: "j", Name: "g", Workers: 1, Resources: api.Resources{GPUs: 8}, MaxRestarts: 3}, State: api.GangPending, Created: now}
 	ctl.view = head.PoolView{Pending: []api.Gang{g}}
@@ -185,13 +186,6 @@ func TestDrainMovesLastCopiesFirst(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
-	set, err := pools.Parse([]byte(`{"pools": [{"name": "h100", "machine": "dgx-h100", "max": 4, "price_per_hour": 100,
-		"idle_timeout": "5m", "provider": {"type": "sim"}}]}`), "p.json", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sim := provider.NewSim(clock)
-	ctl := &fakeCtl{cordons: map[string]bool{}, drains: map[string]time.Time{}}
 	type call struct{ api, id, holder string }
 	calls := make(chan call, 16)
 	release := make(chan error)
@@ -199,10 +193,7 @@ func TestDrainMovesLastCopiesFirst(t *testing.T) {
 		calls <- call{agentAPI, id, holder}
 		return <-release
 	}
-	r, err := New(Config{Pools: set, Providers: map[string]Provider{"h100": sim}, Clock: clock, Replicate: replicate}, ctl)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, sim, ctl := testRunner(t, h100Pool, clock, replicate)
 	ctx := context.Background()
 	g := api.Gang{Spec: api.GangSpec{Job: "j", Name: "g", Workers: 2, Resources: api.Resources{GPUs: 8}, MaxRestarts: 3}, State: api.GangPending, Created: clock()}
 	ctl.view = head.PoolView{Pending: []api.Gang{g}}
