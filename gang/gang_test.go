@@ -225,7 +225,7 @@ func TestCheckpointMeasured(t *testing.T) {
 	s.gangs["declared"] = &gangState{req: Request{Checkpoint: Checkpoint{JustInTime: true, Restore: 7 * time.Second}}, start: epoch, milli: 1000, members: 1, gpuModel: "H100",
 		allocs: []alloc{{gpus: []int{1}}}}
 	before := s.evictionCost(s.gangs["jit"], now)
-	if err := s.CheckpointMeasured("jit", 4*time.Second, 0, 1<<20); err != nil {
+	if err := s.CheckpointMeasured("jit", 4*time.Second, 1<<20); err != nil {
 		t.Fatal(err)
 	}
 	after := s.evictionCost(s.gangs["jit"], now)
@@ -235,13 +235,13 @@ func TestCheckpointMeasured(t *testing.T) {
 	if d := after.GPUSeconds - before.GPUSeconds; math.Abs(d-7) > 1e-6 {
 		t.Fatalf("cost grew by %.3f GPU-s, want 7 (3 s more save, 4 s restore)", d)
 	}
-	if err := s.CheckpointMeasured("declared", 2*time.Second, 0, 0); err != nil {
+	if err := s.CheckpointMeasured("declared", 2*time.Second, 0); err != nil {
 		t.Fatal(err)
 	}
 	if c := s.evictionCost(s.gangs["declared"], now); c.Save != 2*time.Second || c.Restore != 7*time.Second {
 		t.Fatalf("declared restore: save %s, restore %s; want 2s and the declared 7s", c.Save, c.Restore)
 	}
-	if err := s.CheckpointMeasured("nobody", time.Second, 0, 0); !errors.Is(err, ErrUnknownGang) {
+	if err := s.CheckpointMeasured("nobody", time.Second, 0); !errors.Is(err, ErrUnknownGang) {
 		t.Fatalf("unknown gang: %v, want ErrUnknownGang", err)
 	}
 }

@@ -80,11 +80,11 @@ type gangState struct {
 	start    time.Time
 	lastCkpt time.Time
 	progress time.Duration // work kept across preemptions
-	// ckMeasured: a checkpoint of the gang was measured (CheckpointMeasured);
-	// restoreDeclared: its restore time was declared or measured, not estimated.
-	ckMeasured, restoreDeclared bool
-	milli                       int64
-	cpu, mem                    int64
+	// restoreEstimated: its restore time is taken from a measured save
+	// (CheckpointMeasured), not declared.
+	restoreEstimated bool
+	milli            int64
+	cpu, mem         int64
 
 	queued    time.Time // when it last entered the pending queue
 	attained  float64   // GPU-seconds of service in earlier runs
@@ -451,25 +451,19 @@ func (s *Scheduler) Checkpointed(id string, at time.Time) error {
 
 // CheckpointMeasured feeds a measured checkpoint of gang id into its eviction cost: the
 // time its save took and its size. A gang whose request declared no restore time is taken
-// to read the checkpoint back as fast as it wrote it (the same bytes over the same path)
-// until told otherwise. Zero values leave the request's figures as they are.
-func (s *Scheduler) CheckpointMeasured(id string, save, restore time.Duration, bytes int64) error {
+// to read the checkpoint back as fast as it wrote it (the same bytes over the same path).
+// Zero values leave the figures as they are.
+func (s *Scheduler) CheckpointMeasured(id string, save time.Duration, bytes int64) error {
 	g, ok := s.gangs[id]
 	if !ok {
 		return fmt.Errorf("gang: checkpoint measured %s: %w", id, ErrUnknownGang)
 	}
 	ck := &g.req.Checkpoint
-	if !g.ckMeasured {
-		g.ckMeasured, g.restoreDeclared = true, ck.Restore > 0
-	}
 	if save > 0 {
 		ck.Save = save
-		if restore <= 0 && !g.restoreDeclared {
-			ck.Restore = save
+		if ck.Restore == 0 || g.restoreEstimated {
+			ck.Restore, g.restoreEstimated = save, true
 		}
-	}
-	if restore > 0 {
-		ck.Restore, g.restoreDeclared = restore, true
 	}
 	if bytes > 0 {
 		ck.SizeBytes = bytes

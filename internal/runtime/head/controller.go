@@ -623,7 +623,7 @@ func (c *Controller) adoptLocked(t *term, e *gangEntry, now time.Time) error {
 	}
 	if ck, ok := t.ckpt[e.rec.Spec.Key()]; ok {
 		_ = t.sched.Checkpointed(e.rec.Spec.Key(), ck.at)
-		_ = t.sched.CheckpointMeasured(e.rec.Spec.Key(), ck.save, 0, ck.bytes)
+		_ = t.sched.CheckpointMeasured(e.rec.Spec.Key(), ck.save, ck.bytes)
 	}
 	return nil
 }

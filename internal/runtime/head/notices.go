@@ -428,7 +428,7 @@ func (c *Controller) CheckpointReported(r api.CheckpointReport) error {
 	t.ckpt[key] = ckptInfo{at: at, step: r.Step, bytes: r.Bytes, save: time.Duration(r.Save)}
 	if t.sched != nil {
 		_ = t.sched.Checkpointed(key, at)
-		_ = t.sched.CheckpointMeasured(key, time.Duration(r.Save), 0, r.Bytes)
+		_ = t.sched.CheckpointMeasured(key, time.Duration(r.Save), r.Bytes)
 	}
 	return nil
 }
