@@ -12,13 +12,11 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-
-	"github.com/atoll-run/atoll/store/paxos"
 )
 
-// Conn is the client's view of one replica. Implementations: LocalConn (in process) and
-// HTTPConn (the head's client API). Errors wrapping paxos.ErrNotLeader (ideally a
-// *paxos.NotLeaderError with a hint) make the Client try another replica.
+// Conn is the client's view of one replica. Implementations: metaserver.LocalConn (in process) and
+// HTTPConn (the head's client API). Errors wrapping ErrNotLeader (ideally a
+// *NotLeaderError with a hint) make the Client try another replica.
 type Conn interface {
 	// Propose replicates an encoded Request and returns the encoded Response.
 	Propose(ctx context.Context, req []byte) ([]byte, error)
@@ -26,36 +24,6 @@ type Conn interface {
 	Get(ctx context.Context, key string) (KeyValue, bool, error)
 	// Range reads every key with the prefix linearizably at this replica.
 	Range(ctx context.Context, prefix string) ([]KeyValue, error)
-}
-
-// LocalConn is a Conn to an in-process replica.
-type LocalConn struct {
-	Replica *paxos.Replica
-	SM      *StateMachine
-}
-
-var _ Conn = LocalConn{}
-
-// Propose implements Conn.
-func (c LocalConn) Propose(ctx context.Context, req []byte) ([]byte, error) {
-	return c.Replica.Propose(ctx, req)
-}
-
-// Get implements Conn.
-func (c LocalConn) Get(ctx context.Context, key string) (KeyValue, bool, error) {
-	if err := c.Replica.Read(ctx); err != nil {
-		return KeyValue{}, false, err
-	}
-	kv, ok := c.SM.Get(key)
-	return kv, ok, nil
-}
-
-// Range implements Conn.
-func (c LocalConn) Range(ctx context.Context, prefix string) ([]KeyValue, error) {
-	if err := c.Replica.Read(ctx); err != nil {
-		return nil, err
-	}
-	return c.SM.Range(prefix), nil
 }
 
 // ClientConfig configures a Client.
@@ -143,7 +111,7 @@ func (c *Client) do(ctx context.Context, fn func(ctx context.Context, conn Conn)
 			return err
 		}
 		last = err
-		var nl *paxos.NotLeaderError
+		var nl *NotLeaderError
 		hinted := false
 		if errors.As(err, &nl) && nl.Leader != 0 && nl.Leader != target {
 			if _, ok := c.conns[nl.Leader]; ok {

@@ -137,10 +137,10 @@ type Request struct {
 }
 
 // Validate checks a request before it is proposed: its shape, and that every key is in a
-// table (AllTables). The state machine checks the shape only (validateShape), so that a
+// table (AllTables). The state machine checks the shape only (ValidateShape), so that a
 // log written before a key rule existed replays to the same state.
 func (r *Request) Validate() error {
-	if err := r.validateShape(); err != nil {
+	if err := r.ValidateShape(); err != nil {
 		return err
 	}
 	for i, op := range r.Ops {
@@ -156,7 +156,9 @@ func (r *Request) Validate() error {
 	return nil
 }
 
-func (r *Request) validateShape() error {
+// ValidateShape checks what the state machine checks when it applies a request: ops with
+// keys and known types, compares with keys, a sequence number with a client id.
+func (r *Request) ValidateShape() error {
 	if len(r.Ops) == 0 {
 		return fmt.Errorf("%w: no ops", ErrBadRequest)
 	}
@@ -215,3 +217,23 @@ type Object struct {
 	Owner       string   `json:"owner"`
 	Refcount    int64    `json:"refs"`
 }
+
+// ErrNotLeader means the replica asked does not lead (or no leader is known yet): try
+// another. A *NotLeaderError says which replica leads, when the replica knows.
+var ErrNotLeader = errors.New("meta: not the leader")
+
+// NotLeaderError is a follower's answer: Leader is the replica it believes leads (0:
+// unknown). It matches ErrNotLeader with errors.Is.
+type NotLeaderError struct {
+	Leader uint64
+}
+
+func (e *NotLeaderError) Error() string {
+	if e.Leader == 0 {
+		return "meta: not the leader (leader unknown)"
+	}
+	return fmt.Sprintf("meta: not the leader (replica %d leads)", e.Leader)
+}
+
+// Is makes a NotLeaderError match ErrNotLeader.
+func (e *NotLeaderError) Is(target error) bool { return target == ErrNotLeader }

@@ -43,5 +43,5 @@
 //	err = leader.AddReplica(ctx, 4, "10.0.0.4:7000") // replica 4 started with Config.Join
 //	err = leader.RemoveReplica(ctx, 2)
 //
-// store/meta.StartCluster does exactly this with the metadata state machine.
+// store/metaserver.StartCluster does exactly this with the metadata state machine.
 package paxos

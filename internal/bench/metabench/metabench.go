@@ -18,6 +18,7 @@ import (
 
 	"github.com/atoll-run/atoll/internal/devcert"
 	"github.com/atoll-run/atoll/store/meta"
+	"github.com/atoll-run/atoll/store/meta/metaserver"
 )
 
 // Config configures a run.
@@ -95,7 +96,7 @@ type Floor struct {
 }
 
 // Result is the whole run. Atoll is the path the head's own scheduler uses: the writer
-// runs in the leader's process (meta.LocalConn), while the replicas talk over loopback TCP.
+// runs in the leader's process (metaserver.LocalConn), while the replicas talk over loopback TCP.
 // AtollHTTP is the same cluster written through the head's HTTP client API on loopback,
 // the path of an external client (comparable to etcd's gRPC clients). The TLS figures are
 // the same two paths with mutual TLS on the replica links and the client API (Config.TLS);
@@ -308,7 +309,7 @@ func rttFloor(size int) (float64, error) {
 // through meta.Client: in process (LocalConn), or over the head's HTTP client API; with
 // ca set, every link is mutual TLS with certificates of ca.
 func runAtoll(ctx context.Context, cfg Config, dir string, overHTTP bool, ca *devcert.CA) (Stats, error) {
-	cc := meta.DefaultClusterConfig()
+	cc := metaserver.DefaultClusterConfig()
 	cc.Dir = dir
 	cc.TCP = true
 	cc.Logger = cfg.Logger.Named("atoll")
@@ -323,7 +324,7 @@ func runAtoll(ctx context.Context, cfg Config, dir string, overHTTP bool, ca *de
 		}
 		cc.TLS = headTLS
 	}
-	cl, err := meta.StartCluster(cc)
+	cl, err := metaserver.StartCluster(cc)
 	if err != nil {
 		return Stats{}, err
 	}
@@ -338,7 +339,7 @@ func runAtoll(ctx context.Context, cfg Config, dir string, overHTTP bool, ca *de
 			if err != nil {
 				return Stats{}, err
 			}
-			srv := meta.NewHTTPServer(&meta.Handler{Replica: r, SM: cl.SMs[id], Token: token, Logger: cfg.Logger}, headTLS)
+			srv := metaserver.NewHTTPServer(&metaserver.Handler{Replica: r, SM: cl.SMs[id], Token: token, Logger: cfg.Logger}, headTLS)
 			scheme := "http"
 			if headTLS != nil {
 				scheme = "https"

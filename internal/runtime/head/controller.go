@@ -30,6 +30,7 @@ import (
 	"github.com/atoll-run/atoll/internal/runtime/api"
 	"github.com/atoll-run/atoll/internal/runtime/events"
 	"github.com/atoll-run/atoll/store/meta"
+	"github.com/atoll-run/atoll/store/meta/metaserver"
 	"github.com/atoll-run/atoll/store/paxos"
 	"github.com/atoll-run/atoll/topology"
 )
@@ -95,7 +96,7 @@ func (c *Controller) schedulerConfig(conf api.SchedulerConfig) gang.Config {
 type Controller struct {
 	cfg ControllerConfig
 	rep *paxos.Replica
-	sm  *meta.StateMachine
+	sm  *metaserver.StateMachine
 	log *zap.Logger
 
 	mu       sync.Mutex
@@ -164,7 +165,7 @@ type gangEntry struct {
 }
 
 // NewController returns a controller over a replica and its state machine; Run starts it.
-func NewController(cfg ControllerConfig, rep *paxos.Replica, sm *meta.StateMachine) *Controller {
+func NewController(cfg ControllerConfig, rep *paxos.Replica, sm *metaserver.StateMachine) *Controller {
 	if cfg.Scheduler.MaxCandidates == 0 {
 		cfg.Scheduler = DefaultSchedulerConfig()
 	}

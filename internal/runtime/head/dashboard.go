@@ -23,7 +23,7 @@ import (
 	"github.com/atoll-run/atoll/internal/runtime/api"
 	"github.com/atoll-run/atoll/internal/runtime/dashboard"
 	"github.com/atoll-run/atoll/internal/runtime/member"
-	"github.com/atoll-run/atoll/store/meta"
+	"github.com/atoll-run/atoll/store/meta/metaserver"
 )
 
 // Observation of a head: the dashboard (/ui/), Prometheus' /metrics, and the samples
@@ -209,7 +209,7 @@ func (o *observer) heads(leader uint64) []api.HeadInfo {
 
 // decode reads every record of a table, skipping those that do not decode (a record of a
 // newer version: the dashboard shows what it can).
-func decode[T any](sm *meta.StateMachine, table string, out *[]T) {
+func decode[T any](sm *metaserver.StateMachine, table string, out *[]T) {
 	for _, kv := range sm.Range(table) {
 		var v T
 		if json.Unmarshal(kv.Value, &v) == nil {

@@ -18,7 +18,7 @@ import (
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/internal/runtime/api"
 	"github.com/atoll-run/atoll/internal/runtime/member"
-	"github.com/atoll-run/atoll/store/meta"
+	"github.com/atoll-run/atoll/store/meta/metaserver"
 	"github.com/atoll-run/atoll/store/paxos"
 )
 
@@ -74,7 +74,7 @@ type Head struct {
 	cfg  Config
 	log  *zap.Logger
 	rep  *paxos.Replica
-	sm   *meta.StateMachine
+	sm   *metaserver.StateMachine
 	ctl  *Controller
 	srv  *http.Server
 	ln   net.Listener
@@ -150,7 +150,7 @@ func Start(cfg Config) (*Head, error) {
 	rc.Node.Join = cfg.Join
 	rc.TickInterval = cfg.Tick
 	rc.Logger = cfg.Logger
-	h.sm = meta.NewStateMachine(0)
+	h.sm = metaserver.NewStateMachine(0)
 	h.rep, err = paxos.StartReplica(rc, w, h.tr, h.sm)
 	if err != nil {
 		_ = w.Close()
@@ -274,7 +274,7 @@ func (h *Head) Controller() *Controller { return h.ctl }
 func (h *Head) Replica() *paxos.Replica { return h.rep }
 
 // StateMachine is the head's metadata state machine.
-func (h *Head) StateMachine() *meta.StateMachine { return h.sm }
+func (h *Head) StateMachine() *metaserver.StateMachine { return h.sm }
 
 func (h *Head) closeTransport() {
 	if h.ownT && h.tr != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/internal/runtime/api"
 	"github.com/atoll-run/atoll/store/meta"
+	"github.com/atoll-run/atoll/store/meta/metaserver"
 	"github.com/atoll-run/atoll/store/paxos"
 )
 
@@ -39,8 +40,8 @@ const (
 type API struct {
 	ctl   *Controller
 	rep   *paxos.Replica
-	sm    *meta.StateMachine
-	meta  *meta.Handler
+	sm    *metaserver.StateMachine
+	meta  *metaserver.Handler
 	token string
 	log   *zap.Logger
 	heads func() []api.HeadInfo
@@ -87,12 +88,12 @@ func (a *API) signCert(w http.ResponseWriter, r *http.Request) {
 }
 
 // NewAPI returns the API of one head.
-func NewAPI(ctl *Controller, rep *paxos.Replica, sm *meta.StateMachine, token string, heads func() []api.HeadInfo, log *zap.Logger) *API {
+func NewAPI(ctl *Controller, rep *paxos.Replica, sm *metaserver.StateMachine, token string, heads func() []api.HeadInfo, log *zap.Logger) *API {
 	if log == nil {
 		log = zap.NewNop()
 	}
 	a := &API{ctl: ctl, rep: rep, sm: sm, token: token, heads: heads, log: log.Named("api"),
-		meta: &meta.Handler{Replica: rep, SM: sm, Token: token, Logger: log}}
+		meta: &metaserver.Handler{Replica: rep, SM: sm, Token: token, Logger: log}}
 	m := http.NewServeMux()
 	for _, p := range []string{"/v1/get", "/v1/range", "/v1/status", "/v1/members/"} {
 		m.Handle(p, a.meta)
@@ -211,6 +212,11 @@ func (a *API) answer(w http.ResponseWriter, r *http.Request, out any, err error)
 	var nl *paxos.NotLeaderError
 	if errors.As(err, &nl) && nl.Leader != 0 {
 		writeJSON(w, http.StatusMisdirectedRequest, api.ErrorBody{Error: err.Error(), Leader: nl.Leader})
+		return
+	}
+	var mnl *meta.NotLeaderError // a meta.Client's view of the same answer
+	if errors.As(err, &mnl) && mnl.Leader != 0 {
+		writeJSON(w, http.StatusMisdirectedRequest, api.ErrorBody{Error: err.Error(), Leader: mnl.Leader})
 		return
 	}
 	code, body := api.Body(err)

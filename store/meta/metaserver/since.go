@@ -1,10 +1,12 @@
-package meta
+package metaserver
 
 import (
 	"context"
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/atoll-run/atoll/store/meta"
 )
 
 // EventsSince returns the events after fromRev whose key has the prefix, in order, waiting
@@ -13,7 +15,7 @@ import (
 // revision boundary once it holds at least max events (max <= 0: no bound). With no event
 // (ctx ended first) the covered revision is the current one, so a watcher of a quiet prefix
 // moves forward. It fails with ErrCompacted when events after fromRev are no longer kept.
-func (s *StateMachine) EventsSince(ctx context.Context, prefix string, fromRev int64, max int) ([]Event, int64, error) {
+func (s *StateMachine) EventsSince(ctx context.Context, prefix string, fromRev int64, max int) ([]meta.Event, int64, error) {
 	stop := context.AfterFunc(ctx, func() {
 		s.mu.Lock()
 		s.cond.Broadcast()
@@ -25,10 +27,10 @@ func (s *StateMachine) EventsSince(ctx context.Context, prefix string, fromRev i
 	next := fromRev
 	for {
 		if next < s.compact {
-			return nil, next, fmt.Errorf("meta: events after revision %d (history starts after %d): %w", next, s.compact, ErrCompacted)
+			return nil, next, fmt.Errorf("meta: events after revision %d (history starts after %d): %w", next, s.compact, meta.ErrCompacted)
 		}
 		i := sort.Search(len(s.history), func(i int) bool { return s.history[i].Revision > next })
-		var out []Event
+		var out []meta.Event
 		covered := s.revision
 		for ; i < len(s.history); i++ {
 			ev := s.history[i]

@@ -1,4 +1,4 @@
-package meta
+package metaserver
 
 import (
 	"crypto/tls"
@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/atoll-run/atoll/internal/devcert"
+	"github.com/atoll-run/atoll/store/meta"
 )
 
 // A cluster over mutual TLS serves its client API over mutual TLS: a client with a
@@ -42,12 +43,12 @@ func TestClusterAndClientAPIOverMutualTLS(t *testing.T) {
 		defer srv.Close()
 		urls[id] = "https://" + ln.Addr().String()
 	}
-	client := func(tlsCfg *tls.Config, token string) *Client {
-		conns := map[uint64]Conn{}
+	client := func(tlsCfg *tls.Config, token string) *meta.Client {
+		conns := map[uint64]meta.Conn{}
 		for id, u := range urls {
-			conns[id] = HTTPConn{BaseURL: u, Token: token, HTTP: NewHTTPClient(tlsCfg, 4)}
+			conns[id] = meta.HTTPConn{BaseURL: u, Token: token, HTTP: meta.NewHTTPClient(tlsCfg, 4)}
 		}
-		cl, err := NewClient(DefaultClientConfig(), conns)
+		cl, err := meta.NewClient(meta.DefaultClientConfig(), conns)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,10 +56,10 @@ func TestClusterAndClientAPIOverMutualTLS(t *testing.T) {
 	}
 	driverTLS, _ := ca.MutualConfig("driver")
 	cl := client(driverTLS, "tok")
-	if _, err := cl.Put(ctx, TableJobs.Key("j"), []byte("v")); err != nil {
+	if _, err := cl.Put(ctx, meta.TableJobs.Key("j"), []byte("v")); err != nil {
 		t.Fatalf("put over mutual TLS: %v", err)
 	}
-	if kv, ok, err := cl.Get(ctx, TableJobs.Key("j")); err != nil || !ok || string(kv.Value) != "v" {
+	if kv, ok, err := cl.Get(ctx, meta.TableJobs.Key("j")); err != nil || !ok || string(kv.Value) != "v" {
 		t.Fatalf("get over mutual TLS: %+v %v %v", kv, ok, err)
 	}
 
@@ -79,9 +80,9 @@ func TestClusterAndClientAPIOverMutualTLS(t *testing.T) {
 		{"wrong-token", driverTLS, "nope", "refused this client's token"},
 	} {
 		start := time.Now()
-		_, err := client(tc.tls, tc.token).Put(ctx, TableJobs.Key("x"), nil)
-		if !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: %v, want ErrUnauthenticated saying %q", tc.name, err, tc.want)
+		_, err := client(tc.tls, tc.token).Put(ctx, meta.TableJobs.Key("x"), nil)
+		if !errors.Is(err, meta.ErrUnauthenticated) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want meta.ErrUnauthenticated saying %q", tc.name, err, tc.want)
 		}
 		if d := time.Since(start); d > 2*time.Second {
 			t.Errorf("%s: retried for %v", tc.name, d)

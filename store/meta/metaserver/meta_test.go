@@ -1,4 +1,4 @@
-package meta
+package metaserver
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/atoll-run/atoll/store/meta"
 	"go.uber.org/zap/zaptest"
 )
 
@@ -21,22 +22,22 @@ func TestStateMachineTxn(t *testing.T) {
 	sm := NewStateMachine(0)
 	steps := []struct {
 		name    string
-		req     Request
+		req     meta.Request
 		wantOK  bool
 		wantRev int64
 		wantErr bool
 	}{
-		{"put", Request{Ops: []Op{{Type: OpPut, Key: "nodes/a", Value: []byte("1")}}}, true, 1, false},
-		{"cas-absent-fails", Request{Compares: []Compare{{Key: "nodes/a", Version: 0}}, Ops: []Op{{Type: OpPut, Key: "nodes/a", Value: []byte("x")}}}, false, 1, false},
-		{"cas-v1", Request{Compares: []Compare{{Key: "nodes/a", Version: 1}}, Ops: []Op{{Type: OpPut, Key: "nodes/a", Value: []byte("2")}}}, true, 2, false},
-		{"multi-key", Request{Compares: []Compare{{Key: "jobs/j", Version: 0}}, Ops: []Op{{Type: OpPut, Key: "jobs/j", Value: []byte("j")}, {Type: OpPut, Key: "gangs/g", Value: []byte("g")}}}, true, 3, false},
-		{"delete", Request{Ops: []Op{{Type: OpDelete, Key: "gangs/g"}}}, true, 4, false},
-		{"dedup-first", Request{ClientID: "c", Seq: 1, Ops: []Op{{Type: OpPut, Key: "objects/o", Value: []byte("1")}}}, true, 5, false},
-		{"dedup-retry", Request{ClientID: "c", Seq: 1, Ops: []Op{{Type: OpPut, Key: "objects/o", Value: []byte("1")}}}, true, 5, false},
-		{"dedup-next-acks", Request{ClientID: "c", Seq: 2, AckBelow: 2, Ops: []Op{{Type: OpPut, Key: "objects/p", Value: []byte("1")}}}, true, 6, false},
-		{"stale", Request{ClientID: "c", Seq: 1, Ops: []Op{{Type: OpPut, Key: "objects/o", Value: []byte("1")}}}, false, 6, true},
-		{"bad-empty-key", Request{Ops: []Op{{Type: OpPut}}}, false, 6, true},
-		{"bad-op", Request{Ops: []Op{{Type: "frob", Key: "k"}}}, false, 6, true},
+		{"put", meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: "nodes/a", Value: []byte("1")}}}, true, 1, false},
+		{"cas-absent-fails", meta.Request{Compares: []meta.Compare{{Key: "nodes/a", Version: 0}}, Ops: []meta.Op{{Type: meta.OpPut, Key: "nodes/a", Value: []byte("x")}}}, false, 1, false},
+		{"cas-v1", meta.Request{Compares: []meta.Compare{{Key: "nodes/a", Version: 1}}, Ops: []meta.Op{{Type: meta.OpPut, Key: "nodes/a", Value: []byte("2")}}}, true, 2, false},
+		{"multi-key", meta.Request{Compares: []meta.Compare{{Key: "jobs/j", Version: 0}}, Ops: []meta.Op{{Type: meta.OpPut, Key: "jobs/j", Value: []byte("j")}, {Type: meta.OpPut, Key: "gangs/g", Value: []byte("g")}}}, true, 3, false},
+		{"delete", meta.Request{Ops: []meta.Op{{Type: meta.OpDelete, Key: "gangs/g"}}}, true, 4, false},
+		{"dedup-first", meta.Request{ClientID: "c", Seq: 1, Ops: []meta.Op{{Type: meta.OpPut, Key: "objects/o", Value: []byte("1")}}}, true, 5, false},
+		{"dedup-retry", meta.Request{ClientID: "c", Seq: 1, Ops: []meta.Op{{Type: meta.OpPut, Key: "objects/o", Value: []byte("1")}}}, true, 5, false},
+		{"dedup-next-acks", meta.Request{ClientID: "c", Seq: 2, AckBelow: 2, Ops: []meta.Op{{Type: meta.OpPut, Key: "objects/p", Value: []byte("1")}}}, true, 6, false},
+		{"stale", meta.Request{ClientID: "c", Seq: 1, Ops: []meta.Op{{Type: meta.OpPut, Key: "objects/o", Value: []byte("1")}}}, false, 6, true},
+		{"bad-empty-key", meta.Request{Ops: []meta.Op{{Type: meta.OpPut}}}, false, 6, true},
+		{"bad-op", meta.Request{Ops: []meta.Op{{Type: "frob", Key: "k"}}}, false, 6, true},
 	}
 	for _, s := range steps {
 		resp := sm.ApplyRequest(&s.req)
@@ -66,7 +67,7 @@ func TestStateMachineTxn(t *testing.T) {
 	if sm2.Revision() != 6 || len(sm2.Range("")) != len(sm.Range("")) {
 		t.Fatalf("restored rev %d keys %d", sm2.Revision(), len(sm2.Range("")))
 	}
-	if r := sm2.ApplyRequest(&Request{ClientID: "c", Seq: 2, Ops: []Op{{Type: OpPut, Key: "objects/p"}}}); r.Revision != 6 {
+	if r := sm2.ApplyRequest(&meta.Request{ClientID: "c", Seq: 2, Ops: []meta.Op{{Type: meta.OpPut, Key: "objects/p"}}}); r.Revision != 6 {
 		t.Fatalf("dedup lost across snapshot: %+v", r)
 	}
 	if err := sm2.Restore([]byte("{garbage")); err == nil {
@@ -77,7 +78,7 @@ func TestStateMachineTxn(t *testing.T) {
 func TestWatchOrderedFromRevision(t *testing.T) {
 	sm := NewStateMachine(1000)
 	for i := 0; i < 10; i++ {
-		sm.ApplyRequest(&Request{Ops: []Op{{Type: OpPut, Key: fmt.Sprintf("jobs/%d", i%3), Value: []byte{byte(i)}}}})
+		sm.ApplyRequest(&meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: fmt.Sprintf("jobs/%d", i%3), Value: []byte{byte(i)}}}})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -87,7 +88,7 @@ func TestWatchOrderedFromRevision(t *testing.T) {
 	}
 	go func() {
 		for i := 10; i < 40; i++ {
-			sm.ApplyRequest(&Request{Ops: []Op{{Type: OpPut, Key: fmt.Sprintf("jobs/%d", i%3)}, {Type: OpPut, Key: "nodes/x"}}})
+			sm.ApplyRequest(&meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: fmt.Sprintf("jobs/%d", i%3)}, {Type: meta.OpPut, Key: "nodes/x"}}})
 		}
 	}()
 	want := int64(5)
@@ -109,9 +110,9 @@ func TestWatchOrderedFromRevision(t *testing.T) {
 	// History is bounded: an old revision is compacted.
 	small := NewStateMachine(5)
 	for i := 0; i < 10; i++ {
-		small.ApplyRequest(&Request{Ops: []Op{{Type: OpPut, Key: "jobs/x"}}})
+		small.ApplyRequest(&meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: "jobs/x"}}})
 	}
-	if _, err := small.Watch(ctx, "", 1); !errors.Is(err, ErrCompacted) {
+	if _, err := small.Watch(ctx, "", 1); !errors.Is(err, meta.ErrCompacted) {
 		t.Fatalf("watch from compacted revision: %v", err)
 	}
 }
@@ -119,7 +120,7 @@ func TestWatchOrderedFromRevision(t *testing.T) {
 // flakyConn proposes but then reports a failure, the first time: the client must retry
 // and the state machine must apply the write once.
 type flakyConn struct {
-	Conn
+	meta.Conn
 	mu    sync.Mutex
 	fails int
 }
@@ -139,7 +140,7 @@ func TestClusterClientRetriesOnceEffect(t *testing.T) {
 	c, l, ctx := startTestCluster(t, nil)
 	conns := c.Conns()
 	conns[l] = &flakyConn{Conn: conns[l], fails: 3}
-	cl, err := NewClient(DefaultClientConfig(), conns)
+	cl, err := meta.NewClient(meta.DefaultClientConfig(), conns)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +161,7 @@ func TestClusterClientRetriesOnceEffect(t *testing.T) {
 	if err != nil || ok {
 		t.Fatalf("CAS with stale version: ok=%v err=%v", ok, err)
 	}
-	obj := Object{ID: "o1", Size: 128, Fingerprint: "xxh:1", Locations: []string{"n1"}, Owner: "driver", Refcount: 1}
+	obj := meta.Object{ID: "o1", Size: 128, Fingerprint: "xxh:1", Locations: []string{"n1"}, Owner: "driver", Refcount: 1}
 	if err := cl.PutObject(ctx, obj); err != nil {
 		t.Fatal(err)
 	}
@@ -168,10 +169,10 @@ func TestClusterClientRetriesOnceEffect(t *testing.T) {
 	if err != nil || got.Size != 128 || got.Locations[0] != "n1" {
 		t.Fatalf("object %+v %v", got, err)
 	}
-	if _, err := cl.GetObject(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := cl.GetObject(ctx, "nope"); !errors.Is(err, meta.ErrNotFound) {
 		t.Fatalf("missing object: %v", err)
 	}
-	if _, err := cl.Txn(ctx, nil, []Op{{Type: OpPut}}); !errors.Is(err, ErrBadRequest) {
+	if _, err := cl.Txn(ctx, nil, []meta.Op{{Type: meta.OpPut}}); !errors.Is(err, meta.ErrBadRequest) {
 		t.Fatalf("bad txn: %v", err)
 	}
 	// All replicas converge on the same revision.
@@ -190,13 +191,13 @@ func TestClusterClientRetriesOnceEffect(t *testing.T) {
 
 func TestEventsSince(t *testing.T) {
 	sm := NewStateMachine(0)
-	put := func(ops ...Op) int64 {
-		r := sm.ApplyRequest(&Request{Ops: ops})
+	put := func(ops ...meta.Op) int64 {
+		r := sm.ApplyRequest(&meta.Request{Ops: ops})
 		return r.Revision
 	}
-	r1 := put(Op{Type: OpPut, Key: "gangs/a", Value: []byte("1")})
-	put(Op{Type: OpPut, Key: "jobs/x", Value: []byte("1")})
-	r3 := put(Op{Type: OpPut, Key: "gangs/b", Value: []byte("1")}, Op{Type: OpPut, Key: "gangs/c", Value: []byte("1")})
+	r1 := put(meta.Op{Type: meta.OpPut, Key: "gangs/a", Value: []byte("1")})
+	put(meta.Op{Type: meta.OpPut, Key: "jobs/x", Value: []byte("1")})
+	r3 := put(meta.Op{Type: meta.OpPut, Key: "gangs/b", Value: []byte("1")}, meta.Op{Type: meta.OpPut, Key: "gangs/c", Value: []byte("1")})
 	ctx := context.Background()
 	evs, rev, err := sm.EventsSince(ctx, "gangs/", 0, 0)
 	if err != nil || len(evs) != 3 || rev != r3 {
@@ -219,12 +220,12 @@ func TestEventsSince(t *testing.T) {
 		t.Fatalf("quiet prefix: %d events, rev %d, %v", len(evs), rev, err)
 	}
 	// A waiter wakes for a new event.
-	got := make(chan []Event, 1)
+	got := make(chan []meta.Event, 1)
 	go func() {
 		evs, _, _ := sm.EventsSince(ctx, "nodes/", r3, 0)
 		got <- evs
 	}()
-	put(Op{Type: OpPut, Key: "nodes/n1", Value: []byte("1")})
+	put(meta.Op{Type: meta.OpPut, Key: "nodes/n1", Value: []byte("1")})
 	if evs := <-got; len(evs) != 1 || evs[0].KV.Key != "nodes/n1" {
 		t.Fatalf("woken with %v", evs)
 	}
@@ -234,11 +235,11 @@ func TestEventsSince(t *testing.T) {
 // table is a prefix of another (a key belongs to one table).
 func TestTables(t *testing.T) {
 	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, "types.go", nil, 0)
+	f, err := parser.ParseFile(fset, "../types.go", nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	all := AllTables()
+	all := meta.AllTables()
 	for _, d := range f.Decls {
 		g, ok := d.(*ast.GenDecl)
 		if !ok || g.Tok != token.CONST {
@@ -246,13 +247,13 @@ func TestTables(t *testing.T) {
 		}
 		for _, spec := range g.Specs {
 			vs := spec.(*ast.ValueSpec)
-			if id, ok := vs.Type.(*ast.Ident); !ok || id.Name != "Table" {
+			if id, ok := vs.Type.(*ast.Ident); !ok || id.Name != "meta.Table" {
 				continue
 			}
 			for _, v := range vs.Values {
 				name, _ := strconv.Unquote(v.(*ast.BasicLit).Value)
-				if !slices.Contains(all, Table(name)) {
-					t.Errorf("Table constant %q is not in AllTables", name)
+				if !slices.Contains(all, meta.Table(name)) {
+					t.Errorf("meta.Table constant %q is not in meta.AllTables", name)
 				}
 			}
 		}
@@ -268,13 +269,13 @@ func TestTables(t *testing.T) {
 		}
 	}
 	for _, key := range []string{"nodes/n1", "objects/o"} {
-		if err := (&Request{Ops: []Op{{Type: OpPut, Key: key}}}).Validate(); err != nil {
+		if err := (&meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: key}}}).Validate(); err != nil {
 			t.Errorf("key %q: %v", key, err)
 		}
 	}
 	for _, key := range []string{"n1", "nodes", "nodes/", "/nodes/x", "no-such-table/x"} {
-		if err := (&Request{Ops: []Op{{Type: OpPut, Key: key}}}).Validate(); !errors.Is(err, ErrBadRequest) {
-			t.Errorf("key %q: %v, want ErrBadRequest", key, err)
+		if err := (&meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: key}}}).Validate(); !errors.Is(err, meta.ErrBadRequest) {
+			t.Errorf("key %q: %v, want meta.ErrBadRequest", key, err)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package meta
+package metaserver
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/paxos"
 )
 
@@ -142,8 +143,8 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 func (c *Cluster) Dir() string { return c.cfg.Dir }
 
 // Conns returns a LocalConn per replica, for NewClient.
-func (c *Cluster) Conns() map[uint64]Conn {
-	out := map[uint64]Conn{}
+func (c *Cluster) Conns() map[uint64]meta.Conn {
+	out := map[uint64]meta.Conn{}
 	for id, r := range c.Replicas {
 		out[id] = LocalConn{Replica: r, SM: c.SMs[id]}
 	}
@@ -151,7 +152,9 @@ func (c *Cluster) Conns() map[uint64]Conn {
 }
 
 // Client returns a client of this cluster.
-func (c *Cluster) Client(cfg ClientConfig) (*Client, error) { return NewClient(cfg, c.Conns()) }
+func (c *Cluster) Client(cfg meta.ClientConfig) (*meta.Client, error) {
+	return meta.NewClient(cfg, c.Conns())
+}
 
 // WaitLeader waits until some replica leads and returns its id.
 func (c *Cluster) WaitLeader(ctx context.Context) (uint64, error) {

@@ -1,4 +1,4 @@
-package meta
+package metaserver
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/paxos"
 )
 
@@ -15,8 +16,8 @@ import (
 const DefaultHistoryLimit = 100000
 
 type clientState struct {
-	AckBelow uint64              `json:"ack"`
-	Answers  map[uint64]Response `json:"answers"`
+	AckBelow uint64                   `json:"ack"`
+	Answers  map[uint64]meta.Response `json:"answers"`
 }
 
 // StateMachine is the metadata state machine (a paxos.StateMachine): versioned keys,
@@ -26,12 +27,12 @@ type clientState struct {
 type StateMachine struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
-	kv       map[string]*KeyValue
+	kv       map[string]*meta.KeyValue
 	revision int64
 	applied  uint64
 	clients  map[string]*clientState
-	history  []Event // events with Revision > compacted, in order
-	compact  int64   // revisions <= compact are no longer in history
+	history  []meta.Event // events with Revision > compacted, in order
+	compact  int64        // revisions <= compact are no longer in history
 	limit    int
 }
 
@@ -43,7 +44,7 @@ func NewStateMachine(historyLimit int) *StateMachine {
 	if historyLimit <= 0 {
 		historyLimit = DefaultHistoryLimit
 	}
-	s := &StateMachine{kv: map[string]*KeyValue{}, clients: map[string]*clientState{}, limit: historyLimit}
+	s := &StateMachine{kv: map[string]*meta.KeyValue{}, clients: map[string]*clientState{}, limit: historyLimit}
 	s.cond = sync.NewCond(&s.mu)
 	return s
 }
@@ -51,10 +52,10 @@ func NewStateMachine(historyLimit int) *StateMachine {
 // Apply implements paxos.StateMachine: it decodes a Request, applies it and returns the
 // JSON Response.
 func (s *StateMachine) Apply(slot uint64, data []byte) []byte {
-	var req Request
-	var resp Response
+	var req meta.Request
+	var resp meta.Response
 	if err := json.Unmarshal(data, &req); err != nil {
-		resp = Response{Error: fmt.Sprintf("%v: slot %d: %v", ErrBadRequest, slot, err)}
+		resp = meta.Response{Error: fmt.Sprintf("%v: slot %d: %v", meta.ErrBadRequest, slot, err)}
 	} else {
 		resp = s.ApplyRequest(&req)
 	}
@@ -67,24 +68,24 @@ func (s *StateMachine) Apply(slot uint64, data []byte) []byte {
 
 // ApplyRequest applies one request (exported for tests and tools that drive the state
 // machine without a log).
-func (s *StateMachine) ApplyRequest(req *Request) Response {
+func (s *StateMachine) ApplyRequest(req *meta.Request) meta.Response {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := req.validateShape(); err != nil {
-		return Response{Revision: s.revision, Error: err.Error()}
+	if err := req.ValidateShape(); err != nil {
+		return meta.Response{Revision: s.revision, Error: err.Error()}
 	}
 	var cs *clientState
 	if req.ClientID != "" {
 		cs = s.clients[req.ClientID]
 		if cs == nil {
-			cs = &clientState{Answers: map[uint64]Response{}}
+			cs = &clientState{Answers: map[uint64]meta.Response{}}
 			s.clients[req.ClientID] = cs
 		}
 		if prev, ok := cs.Answers[req.Seq]; ok {
 			return prev
 		}
 		if req.Seq < cs.AckBelow {
-			return Response{Revision: s.revision, Error: fmt.Sprintf("%v: client %q seq %d < %d", ErrStaleRequest, req.ClientID, req.Seq, cs.AckBelow)}
+			return meta.Response{Revision: s.revision, Error: fmt.Sprintf("%v: client %q seq %d < %d", meta.ErrStaleRequest, req.ClientID, req.Seq, cs.AckBelow)}
 		}
 	}
 	resp := s.applyTxn(req)
@@ -102,37 +103,37 @@ func (s *StateMachine) ApplyRequest(req *Request) Response {
 	return resp
 }
 
-func (s *StateMachine) applyTxn(req *Request) Response {
+func (s *StateMachine) applyTxn(req *meta.Request) meta.Response {
 	for _, c := range req.Compares {
 		var ver int64
 		if kv := s.kv[c.Key]; kv != nil {
 			ver = kv.Version
 		}
 		if ver != c.Version {
-			return Response{Succeeded: false, Revision: s.revision}
+			return meta.Response{Succeeded: false, Revision: s.revision}
 		}
 	}
 	s.revision++
 	rev := s.revision
 	for _, op := range req.Ops {
 		switch op.Type {
-		case OpPut:
+		case meta.OpPut:
 			kv := s.kv[op.Key]
 			if kv == nil {
-				kv = &KeyValue{Key: op.Key, CreateRevision: rev}
+				kv = &meta.KeyValue{Key: op.Key, CreateRevision: rev}
 				s.kv[op.Key] = kv
 			}
 			kv.Value = append([]byte(nil), op.Value...)
 			kv.ModRevision = rev
 			kv.Version++
-			s.history = append(s.history, Event{Type: EventPut, Revision: rev, KV: *kv})
-		case OpDelete:
+			s.history = append(s.history, meta.Event{Type: meta.EventPut, Revision: rev, KV: *kv})
+		case meta.OpDelete:
 			kv := s.kv[op.Key]
 			if kv == nil {
 				continue
 			}
 			delete(s.kv, op.Key)
-			s.history = append(s.history, Event{Type: EventDelete, Revision: rev, KV: KeyValue{Key: op.Key, ModRevision: rev}})
+			s.history = append(s.history, meta.Event{Type: meta.EventDelete, Revision: rev, KV: meta.KeyValue{Key: op.Key, ModRevision: rev}})
 		}
 	}
 	if over := len(s.history) - s.limit; over > 0 {
@@ -143,19 +144,19 @@ func (s *StateMachine) applyTxn(req *Request) Response {
 			i++
 		}
 		s.compact = cut
-		s.history = append([]Event(nil), s.history[i:]...)
+		s.history = append([]meta.Event(nil), s.history[i:]...)
 	}
 	s.cond.Broadcast()
-	return Response{Succeeded: true, Revision: rev}
+	return meta.Response{Succeeded: true, Revision: rev}
 }
 
 // Get returns the key's current value and whether it exists.
-func (s *StateMachine) Get(key string) (KeyValue, bool) {
+func (s *StateMachine) Get(key string) (meta.KeyValue, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	kv := s.kv[key]
 	if kv == nil {
-		return KeyValue{}, false
+		return meta.KeyValue{}, false
 	}
 	out := *kv
 	out.Value = append([]byte(nil), kv.Value...)
@@ -163,10 +164,10 @@ func (s *StateMachine) Get(key string) (KeyValue, bool) {
 }
 
 // Range returns every key with the prefix, sorted by key.
-func (s *StateMachine) Range(prefix string) []KeyValue {
+func (s *StateMachine) Range(prefix string) []meta.KeyValue {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []KeyValue
+	var out []meta.KeyValue
 	for k, kv := range s.kv {
 		if strings.HasPrefix(k, prefix) {
 			c := *kv
@@ -190,14 +191,14 @@ func (s *StateMachine) Revision() int64 {
 // after fromRev are no longer retained. A slow reader only delays itself; if it falls so
 // far behind that its next events were dropped from the bounded history, the channel is
 // closed early, and a new Watch from the last revision seen reports ErrCompacted.
-func (s *StateMachine) Watch(ctx context.Context, prefix string, fromRev int64) (<-chan Event, error) {
+func (s *StateMachine) Watch(ctx context.Context, prefix string, fromRev int64) (<-chan meta.Event, error) {
 	s.mu.Lock()
 	if fromRev < s.compact {
 		s.mu.Unlock()
-		return nil, fmt.Errorf("meta: watch from revision %d (history starts after %d): %w", fromRev, s.compact, ErrCompacted)
+		return nil, fmt.Errorf("meta: watch from revision %d (history starts after %d): %w", fromRev, s.compact, meta.ErrCompacted)
 	}
 	s.mu.Unlock()
-	ch := make(chan Event, 256)
+	ch := make(chan meta.Event, 256)
 	stop := context.AfterFunc(ctx, func() {
 		s.mu.Lock()
 		s.cond.Broadcast()
@@ -221,7 +222,7 @@ func (s *StateMachine) Watch(ctx context.Context, prefix string, fromRev int64) 
 				return // fell behind the retained history: the channel closes
 			}
 			i := sort.Search(len(s.history), func(i int) bool { return s.history[i].Revision > next })
-			batch := append([]Event(nil), s.history[i:]...)
+			batch := append([]meta.Event(nil), s.history[i:]...)
 			next = s.revision
 			s.mu.Unlock()
 			for _, ev := range batch {
@@ -242,7 +243,7 @@ func (s *StateMachine) Watch(ctx context.Context, prefix string, fromRev int64) 
 type snapshot struct {
 	Revision int64                   `json:"rev"`
 	Applied  uint64                  `json:"applied"`
-	KV       []KeyValue              `json:"kv"`
+	KV       []meta.KeyValue         `json:"kv"`
 	Clients  map[string]*clientState `json:"clients"`
 }
 
@@ -272,7 +273,7 @@ func (s *StateMachine) Restore(b []byte) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.kv = map[string]*KeyValue{}
+	s.kv = map[string]*meta.KeyValue{}
 	for i := range snap.KV {
 		kv := snap.KV[i]
 		s.kv[kv.Key] = &kv
@@ -284,7 +285,7 @@ func (s *StateMachine) Restore(b []byte) error {
 			continue // no answer kept: nothing to deduplicate
 		}
 		if cs.Answers == nil {
-			cs.Answers = map[uint64]Response{}
+			cs.Answers = map[uint64]meta.Response{}
 		}
 		s.clients[id] = cs
 	}

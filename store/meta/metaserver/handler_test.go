@@ -1,4 +1,4 @@
-package meta
+package metaserver
 
 import (
 	"errors"
@@ -12,7 +12,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/atoll-run/atoll/store/paxos"
+	"github.com/atoll-run/atoll/store/meta"
 )
 
 func TestHTTPHandlerBadInputAndRedirect(t *testing.T) {
@@ -59,12 +59,12 @@ func TestHTTPHandlerBadInputAndRedirect(t *testing.T) {
 		}
 	}
 	// HTTPConn maps the redirect to a NotLeaderError carrying the leader id.
-	_, err := HTTPConn{BaseURL: srv[follower].URL, Token: "tok"}.Propose(ctx, []byte(`{"ops":[{"t":"put","k":"nodes/b"}]}`))
-	var nl *paxos.NotLeaderError
+	_, err := meta.HTTPConn{BaseURL: srv[follower].URL, Token: "tok"}.Propose(ctx, []byte(`{"ops":[{"t":"put","k":"nodes/b"}]}`))
+	var nl *meta.NotLeaderError
 	if !errors.As(err, &nl) || nl.Leader != l {
 		t.Fatalf("follower propose over HTTP: %v", err)
 	}
-	kv, ok, err := HTTPConn{BaseURL: srv[l].URL, Token: "tok"}.Get(ctx, "nodes/a")
+	kv, ok, err := meta.HTTPConn{BaseURL: srv[l].URL, Token: "tok"}.Get(ctx, "nodes/a")
 	if err != nil || !ok || kv.Version != 1 {
 		t.Fatalf("get a: %+v %v %v", kv, ok, err)
 	}
@@ -113,14 +113,14 @@ func TestHTTPHandlerMethodsDeadlinesAndToken(t *testing.T) {
 	}
 
 	// A wrong token: ErrUnauthenticated at once, not retried until the deadline.
-	client, err := NewClient(DefaultClientConfig(), map[uint64]Conn{l: HTTPConn{BaseURL: srv.URL, Token: "wrong"}})
+	client, err := meta.NewClient(meta.DefaultClientConfig(), map[uint64]meta.Conn{l: meta.HTTPConn{BaseURL: srv.URL, Token: "wrong"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
 	_, err = client.Put(ctx, "jobs/k", []byte("v"))
-	if !errors.Is(err, ErrUnauthenticated) || !strings.Contains(err.Error(), "refused this client's token") {
-		t.Fatalf("wrong token: %v, want ErrUnauthenticated naming the client's token", err)
+	if !errors.Is(err, meta.ErrUnauthenticated) || !strings.Contains(err.Error(), "refused this client's token") {
+		t.Fatalf("wrong token: %v, want meta.ErrUnauthenticated naming the client's token", err)
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("wrong token retried for %v", d)

@@ -1,4 +1,4 @@
-package meta
+package metaserver
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/atoll-run/atoll/store/meta"
 )
 
 // Fuzzers of the decoders of outside bytes in this package: the head API's HTTP requests
@@ -64,7 +66,7 @@ func FuzzHandler(f *testing.F) {
 			t.Fatalf("%s %s %q: status %d %s", req.Method, target, body, rec.Code, rec.Body)
 		}
 		if rec.Code == http.StatusOK && req.URL.Path == "/v1/propose" {
-			var r Request
+			var r meta.Request
 			if err := json.Unmarshal([]byte(body), &r); err != nil || r.Validate() != nil {
 				t.Fatalf("propose %q accepted though invalid", body)
 			}
@@ -77,7 +79,7 @@ func FuzzHandler(f *testing.F) {
 // from bytes snapshots again.
 func FuzzStateMachine(f *testing.F) {
 	sm := NewStateMachine(0)
-	sm.ApplyRequest(&Request{ClientID: "c", Seq: 1, Ops: []Op{{Type: OpPut, Key: "nodes/a", Value: []byte("v")}}})
+	sm.ApplyRequest(&meta.Request{ClientID: "c", Seq: 1, Ops: []meta.Op{{Type: meta.OpPut, Key: "nodes/a", Value: []byte("v")}}})
 	snap, _, err := sm.Snapshot()
 	if err != nil {
 		f.Fatal(err)
@@ -89,7 +91,7 @@ func FuzzStateMachine(f *testing.F) {
 	f.Add([]byte(`{"c":"c","s":1,"ops":[{"t":"put","k":"x"}]}`), []byte(`{"clients":{"c":{}}}`))
 	f.Fuzz(func(t *testing.T, cmd, snapshot []byte) {
 		sm := NewStateMachine(16)
-		var resp Response
+		var resp meta.Response
 		if err := json.Unmarshal(sm.Apply(1, cmd), &resp); err != nil {
 			t.Fatalf("Apply answered a non-Response: %v", err)
 		}
