@@ -15,7 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/actors"
-	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/runtime/api"
 )
 
 // Actor is what an actor kind implements. Receive handles one message at a time; its return

@@ -11,7 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/actors"
-	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/object"
 )

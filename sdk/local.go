@@ -7,11 +7,11 @@ import (
 	"path/filepath"
 
 	"github.com/atoll-run/atoll/actors"
-	"github.com/atoll-run/atoll/internal/coll"
-	"github.com/atoll-run/atoll/internal/runtime/agent"
-	"github.com/atoll-run/atoll/internal/runtime/api"
-	"github.com/atoll-run/atoll/internal/runtime/head"
-	"github.com/atoll-run/atoll/internal/runtime/objects"
+	"github.com/atoll-run/atoll/runtime/coll"
+	"github.com/atoll-run/atoll/runtime/agent"
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/head"
+	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/store/paxos"
 	"github.com/atoll-run/atoll/topology"
 )

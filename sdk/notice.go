@@ -9,7 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/store/object"
 )
 

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/atoll-run/atoll/internal/codec"
-	"github.com/atoll-run/atoll/internal/runtime/agent"
-	"github.com/atoll-run/atoll/internal/runtime/api"
-	"github.com/atoll-run/atoll/internal/runtime/objects"
+	"github.com/atoll-run/atoll/runtime/agent"
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/proto/actorspb"
 	"github.com/atoll-run/atoll/store/object"
 )

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/atoll-run/atoll/internal/runtime/api"
-	"github.com/atoll-run/atoll/internal/runtime/objects"
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/store/object"
 )
 

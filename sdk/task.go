@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/internal/codec"
-	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/proto/actorspb"
 )
 

@@ -7,10 +7,10 @@ import (
 	"os"
 
 	"github.com/atoll-run/atoll/actors"
-	"github.com/atoll-run/atoll/internal/coll"
+	"github.com/atoll-run/atoll/runtime/coll"
 	"github.com/atoll-run/atoll/internal/pki"
-	"github.com/atoll-run/atoll/internal/runtime/agent"
-	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/runtime/agent"
+	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/store/transfer"
 )
 

@@ -16,10 +16,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/actors"
-	"github.com/atoll-run/atoll/internal/coll"
+	"github.com/atoll-run/atoll/runtime/coll"
 	"github.com/atoll-run/atoll/internal/cudactx"
-	"github.com/atoll-run/atoll/internal/runtime/agent"
-	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/runtime/agent"
+	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/object"
 )

@@ -13,8 +13,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/internal/pki"
-	"github.com/atoll-run/atoll/internal/runtime/agent"
-	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/runtime/agent"
+	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/topology"
 )
 

@@ -24,8 +24,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/atoll-run/atoll/internal/pki"
-	"github.com/atoll-run/atoll/internal/runtime/agent"
-	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/runtime/agent"
+	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/pools"
 	"github.com/atoll-run/atoll/sdk"
 )

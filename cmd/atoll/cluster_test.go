@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/atoll-run/atoll/internal/pki"
-	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/sdk"
 	"github.com/atoll-run/atoll/store/transfer"
 )

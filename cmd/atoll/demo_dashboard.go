@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/atoll-run/atoll/examples/digits"
-	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/sdk"
 )
 

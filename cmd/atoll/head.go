@@ -16,7 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/internal/pki"
-	"github.com/atoll-run/atoll/internal/runtime/head"
+	"github.com/atoll-run/atoll/runtime/head"
 	"github.com/atoll-run/atoll/sdk"
 )
 

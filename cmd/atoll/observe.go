@@ -13,8 +13,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/atoll-run/atoll/internal/pki"
-	"github.com/atoll-run/atoll/internal/runtime/api"
-	"github.com/atoll-run/atoll/internal/runtime/events"
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/events"
 	"github.com/atoll-run/atoll/store/meta"
 )
 

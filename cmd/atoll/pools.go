@@ -16,8 +16,8 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
-	"github.com/atoll-run/atoll/internal/runtime/api"
-	"github.com/atoll-run/atoll/internal/runtime/autoscale"
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/autoscale"
 	"github.com/atoll-run/atoll/pools"
 	"github.com/atoll-run/atoll/pools/provider"
 )

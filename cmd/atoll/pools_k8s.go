@@ -9,7 +9,7 @@ import (
 	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/atoll-run/atoll/internal/runtime/autoscale"
+	"github.com/atoll-run/atoll/runtime/autoscale"
 	"github.com/atoll-run/atoll/pools/provider/kubernetes"
 )
 

@@ -5,7 +5,7 @@ package main
 import (
 	"encoding/json"
 
-	"github.com/atoll-run/atoll/internal/runtime/autoscale"
+	"github.com/atoll-run/atoll/runtime/autoscale"
 )
 
 // kubernetesProvider is not linked without -tags kubernetes (client-go is large).

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/runtime/api"
 )
 
 // TestUpPoolsLaunchesReplacesAndDown runs `atoll up --pools` with real processes: the

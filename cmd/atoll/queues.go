@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/atoll-run/atoll/internal/jsonpos"
-	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/runtime/api"
 )
 
 // maxConfigFile bounds a scheduler configuration file (1,000 queues and 100 classes fit

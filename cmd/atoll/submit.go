@@ -17,7 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/atoll-run/atoll/internal/runtime/api"
+	"github.com/atoll-run/atoll/runtime/api"
 )
 
 func newSubmitCmd() *cobra.Command {

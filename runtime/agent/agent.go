@@ -1,0 +1,723 @@
+// Package agent is the process that runs on every machine: it registers the machine's
+// topology with the heads, samples its load, runs its object store and transfer server,
+// and starts and supervises the worker processes of the gangs placed on it. It learns what
+// to run only from the metadata log (it watches the gangs table), so it acts only on
+// decisions the leader has committed, and it reports what it sees (a worker that exited)
+// back to the leader, which decides what restarts.
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/internal/pki"
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/member"
+	"github.com/atoll-run/atoll/runtime/objects"
+	"github.com/atoll-run/atoll/store/meta"
+	"github.com/atoll-run/atoll/store/object"
+	"github.com/atoll-run/atoll/store/transfer"
+	"github.com/atoll-run/atoll/topology"
+)
+
+// Config configures an agent.
+type Config struct {
+	// Name is the machine's name in the cluster; Rack its rack.
+	Name string
+	Rack int
+	// Spec is the machine's topology (discovered, or a declared spec); Simulated says its
+	// GPUs are declared, not real.
+	Spec      *topology.MachineSpec
+	Simulated bool
+	// Heads are the heads' API URLs; Token the cluster secret.
+	Heads []string
+	Token []byte
+	// CACert is the cluster CA's certificate (PEM), required when the heads are https:
+	// the agent then gets a certificate of its own from the heads (with the token), and
+	// its API, its object store's transfer plane and its workers' links are mutual TLS.
+	CACert []byte
+	// Dir is the agent's own directory: its object store's spill files, the jobs'
+	// executables, the workers' spec files and logs.
+	Dir string
+	// Listen is the agent API's address (default 127.0.0.1:0); TransferListen the object
+	// store's (default 127.0.0.1:0). Advertise, when set, is the host other machines reach
+	// this one at (when it listens on 0.0.0.0): its API, store and gossip are advertised
+	// there, and its workers listen there.
+	Listen, TransferListen string
+	Advertise              string
+	// ObjectCapacity bounds the store's shared-memory tier (0: the store's default share of
+	// RAM); ShmDir is the shared-memory filesystem (default /dev/shm).
+	ObjectCapacity int64
+	ShmDir         string
+	// Launcher starts workers. Default: an ExecLauncher (one process per worker).
+	Launcher Launcher
+	// LoadInterval is how often the agent samples and reports its load. Default 200 ms.
+	LoadInterval time.Duration
+	// StopGrace is how long a stopped worker has before it is killed. Default 2 s.
+	StopGrace time.Duration
+	// Gossip, when set, is the address (host:port) the agent gossips on (hashicorp/serf):
+	// it joins the heads' gossip, so that they learn within seconds when it fails.
+	Gossip string
+	// Registry receives the agent's Prometheus metrics (its store's and transfer plane's
+	// included), served on /metrics (default: a registry of its own).
+	Registry *prometheus.Registry
+	// Logger (default no-op).
+	Logger *zap.Logger
+}
+
+// Agent is a running agent.
+type Agent struct {
+	cfg    Config
+	id     *pki.Identity // the agent's certificate (nil without TLS)
+	log    *zap.Logger
+	client *api.Client
+	node   *transfer.Node
+	local  *objects.Local
+	srv    *http.Server
+	ln     net.Listener
+	addr   string
+	sample *loadSampler
+	gossip *member.Member
+	obs    *agentObs // metrics.go
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu          sync.Mutex
+	incarnation uint64
+	gangs       map[string]api.Gang   // the log's gangs table, as watched
+	workers     map[string]*worker    // by job/gang/rank
+	exited      map[string]bool       // WorkerSpec.Key()s that exited by themselves
+	changed     chan struct{}         // closed at every change of workers (tests)
+	binaries    map[string]*sync.Once // by sha256
+	binErr      map[string]error
+}
+
+// Identity is the agent's certificate (nil without TLS).
+func (a *Agent) Identity() *pki.Identity { return a.id }
+
+type worker struct {
+	spec     WorkerSpec
+	h        Handle // nil while launching
+	stopping bool
+}
+
+// Start starts an agent: its object store and API, then it registers the machine and
+// follows the gangs placed on it.
+func Start(ctx context.Context, cfg Config) (*Agent, error) {
+	if err := api.CheckName("machine", cfg.Name); err != nil {
+		return nil, err
+	}
+	if cfg.Spec == nil {
+		return nil, fmt.Errorf("%w: agent %s has no machine spec", api.ErrInvalid, cfg.Name)
+	}
+	if cfg.Dir == "" {
+		return nil, fmt.Errorf("%w: agent %s has no directory", api.ErrInvalid, cfg.Name)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.LoadInterval == 0 {
+		cfg.LoadInterval = 200 * time.Millisecond
+	}
+	if cfg.StopGrace == 0 {
+		cfg.StopGrace = 2 * time.Second
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	if cfg.TransferListen == "" {
+		cfg.TransferListen = "127.0.0.1:0"
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("agent %s: %w", cfg.Name, err)
+	}
+	log := cfg.Logger.Named("agent").With(zap.String("machine", cfg.Name))
+	secure, err := api.Secure(cfg.Heads)
+	if err != nil {
+		return nil, fmt.Errorf("agent %s: %w", cfg.Name, err)
+	}
+	var id *pki.Identity
+	if secure {
+		if len(cfg.CACert) == 0 {
+			return nil, fmt.Errorf("%w: agent %s: the heads are https but the agent has no cluster CA certificate (--ca-cert)", api.ErrInvalid, cfg.Name)
+		}
+		id, err = api.RequestIdentity(ctx, cfg.Heads, string(cfg.Token), cfg.CACert, "agent/"+cfg.Name)
+		if err != nil {
+			return nil, fmt.Errorf("agent %s: its certificate: %w", cfg.Name, err)
+		}
+	}
+	cc := api.ClientConfig{Heads: cfg.Heads, Token: string(cfg.Token), Logger: log}
+	if id != nil {
+		cc.TLS = id.Client()
+	}
+	client, err := api.NewClient(ctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("agent %s: %w", cfg.Name, err)
+	}
+	nc := transfer.DefaultNodeConfig()
+	nc.Name, nc.Dir, nc.Token, nc.Logger, nc.ListenAddr = cfg.Name, filepath.Join(cfg.Dir, "store"), cfg.Token, log.Named("objects"), cfg.TransferListen
+	if id != nil {
+		nc.Server.TLS, nc.Client.TLS = id.Server(), id.Client()
+	}
+	nc.Advertise = cfg.Advertise
+	obs := newAgentObs(cfg.Registry)
+	nc.Registerer = obs.reg
+	nc.Store.Directory = objects.NewDirectory(client.Meta())
+	if cfg.ObjectCapacity > 0 {
+		nc.Store.Capacity = cfg.ObjectCapacity
+	}
+	if cfg.ShmDir != "" {
+		nc.Store.ShmDir = cfg.ShmDir
+	}
+	node, err := transfer.StartNode(nc)
+	if err != nil {
+		return nil, fmt.Errorf("agent %s: object store: %w", cfg.Name, err)
+	}
+	a := &Agent{cfg: cfg, log: log, client: client, node: node, local: objects.NewLocal(node), sample: newLoadSampler(), obs: obs,
+		gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{},
+		changed: make(chan struct{}), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
+	a.registerMetrics()
+	if a.cfg.Launcher == nil {
+		a.cfg.Launcher = &ExecLauncher{RunDir: filepath.Join(cfg.Dir, "run"), LogDir: filepath.Join(cfg.Dir, "logs"), Binary: a.binary}
+	}
+	a.ln, err = net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		_ = node.Shutdown(context.Background())
+		return nil, fmt.Errorf("agent %s: API listen %s: %w", cfg.Name, cfg.Listen, err)
+	}
+	scheme := "http://"
+	if id != nil {
+		// A client certificate is required of every request but /metrics (a Prometheus
+		// server scrapes it with the dashboard's read-only token): see apiHandler.
+		a.ln = tls.NewListener(a.ln, id.BootstrapServer())
+		scheme = "https://"
+	}
+	a.id = id
+	a.addr = scheme + a.ln.Addr().String()
+	if cfg.Advertise != "" {
+		a.addr = scheme + net.JoinHostPort(cfg.Advertise, strconv.Itoa(a.ln.Addr().(*net.TCPAddr).Port))
+	}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	a.srv = &http.Server{Handler: a.apiHandler(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: zap.NewStdLog(log.Named("http")),
+		BaseContext: func(net.Listener) context.Context { return a.ctx }} // requests (log follows) end with the agent
+	go func() { _ = a.srv.Serve(a.ln) }()
+	if err := a.register(ctx); err != nil {
+		_ = a.Shutdown(context.Background())
+		return nil, err
+	}
+	if cfg.Gossip != "" {
+		if err := a.joinGossip(ctx); err != nil {
+			_ = a.Shutdown(context.Background())
+			return nil, err
+		}
+	}
+	a.wg.Add(2)
+	go a.loadLoop()
+	go a.watchLoop()
+	return a, nil
+}
+
+// Name is the machine's name.
+func (a *Agent) Name() string { return a.cfg.Name }
+
+// Address is the agent API's base URL.
+func (a *Agent) Address() string { return a.addr }
+
+// Objects is the machine's object store, as its processes use it.
+func (a *Agent) Objects() *objects.Local { return a.local }
+
+// Client is the agent's client of the heads.
+func (a *Agent) Client() *api.Client { return a.client }
+
+// register registers the machine, retrying until it succeeds or ctx ends.
+func (a *Agent) register(ctx context.Context) error {
+	host, _ := os.Hostname()
+	m := api.Machine{Name: a.cfg.Name, Rack: a.cfg.Rack, Spec: a.cfg.Spec, Simulated: a.cfg.Simulated, PID: os.Getpid(), Host: host,
+		Agent: api.AgentAddrs{API: a.addr, Transfer: a.node.Addr}}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	got, err := a.client.RegisterMachine(rctx, m)
+	if err != nil {
+		return fmt.Errorf("agent %s: register: %w", a.cfg.Name, err)
+	}
+	a.mu.Lock()
+	a.incarnation = got.Incarnation
+	a.mu.Unlock()
+	a.log.Info("machine registered", zap.Uint64("incarnation", got.Incarnation), zap.String("api", a.addr), zap.String("transfer", a.node.Addr))
+	return nil
+}
+
+// joinGossip starts gossiping and joins the heads.
+func (a *Agent) joinGossip(ctx context.Context) error {
+	adv := ""
+	if a.cfg.Advertise != "" {
+		if _, port, err := net.SplitHostPort(a.cfg.Gossip); err == nil && port != "0" {
+			adv = net.JoinHostPort(a.cfg.Advertise, port)
+		}
+	}
+	g, err := member.Start(member.Config{Name: a.cfg.Name, Role: member.RoleAgent, Bind: a.cfg.Gossip, Advertise: adv, Secret: a.cfg.Token,
+		Tags: map[string]string{"api": a.addr}, Logger: a.cfg.Logger})
+	if err != nil {
+		return fmt.Errorf("agent %s: %w", a.cfg.Name, err)
+	}
+	a.gossip = g
+	st, err := a.client.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("agent %s: the heads' gossip addresses: %w", a.cfg.Name, err)
+	}
+	var addrs []string
+	for _, h := range st.Heads {
+		if h.Serf != "" {
+			addrs = append(addrs, h.Serf)
+		}
+	}
+	if len(addrs) == 0 {
+		a.log.Warn("the heads do not gossip: this machine's failure is found by its missing heartbeats only")
+		return nil
+	}
+	if err := g.Join(addrs); err != nil {
+		return fmt.Errorf("agent %s: %w", a.cfg.Name, err)
+	}
+	a.log.Info("joined the cluster's gossip", zap.Strings("heads", addrs), zap.String("gossip", g.Address()))
+	return nil
+}
+
+// loadLoop samples the machine's load and reports it to the leader; a leader that does not
+// know this machine (it was declared dead, or the log lost nothing but the leader is new
+// and the machine never registered with it) gets a new registration.
+func (a *Agent) loadLoop() {
+	defer a.wg.Done()
+	t := time.NewTicker(a.cfg.LoadInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.ctx.Done():
+			return
+		case <-t.C:
+		}
+		l := a.sample.sample()
+		a.mu.Lock()
+		inc := a.incarnation
+		// GPU use: measuring it needs NVML's utilization counters on real GPUs, which this
+		// agent does not read yet; the share of GPUs held by running workers stands in, and
+		// the report says so (GPUMeasured false).
+		held := 0
+		for _, w := range a.workers {
+			held += len(w.spec.Member.GPUs)
+		}
+		if n := len(a.cfg.Spec.GPUs); n > 0 {
+			l.GPU = min(1, float64(held)/float64(n))
+		}
+		a.obs.last = l
+		a.mu.Unlock()
+		ctx, cancel := context.WithTimeout(a.ctx, 2*time.Second)
+		err := a.client.ReportLoad(ctx, api.LoadReport{Machine: a.cfg.Name, Incarnation: inc, Load: l, At: time.Now(), Store: a.storeUsage()})
+		cancel()
+		if errors.Is(err, api.ErrNotFound) || errors.Is(err, api.ErrStale) {
+			a.log.Warn("the leader does not know this machine as alive; registering again", zap.Error(err))
+			if err := a.register(a.ctx); err != nil {
+				a.log.Warn("registration failed", zap.Error(err))
+			}
+		}
+	}
+}
+
+// watchLoop follows the gangs table and reconciles the workers after every change.
+func (a *Agent) watchLoop() {
+	defer a.wg.Done()
+	for a.ctx.Err() == nil {
+		err := a.client.Watch(a.ctx, api.TableGangs, func(reset bool, l api.Listing, evs []meta.Event) error {
+			a.mu.Lock()
+			if reset {
+				a.gangs = map[string]api.Gang{}
+				for _, kv := range l.KVs {
+					var g api.Gang
+					if json.Unmarshal(kv.Value, &g) == nil {
+						a.gangs[g.Spec.Key()] = g
+					}
+				}
+			}
+			for _, ev := range evs {
+				k := ev.KV.Key[len(api.TableGangs):]
+				if ev.Type == meta.EventDelete {
+					delete(a.gangs, k)
+					continue
+				}
+				var g api.Gang
+				if json.Unmarshal(ev.KV.Value, &g) == nil {
+					a.gangs[k] = g
+				}
+			}
+			a.mu.Unlock()
+			a.reconcile()
+			return nil
+		})
+		if a.ctx.Err() == nil {
+			a.log.Warn("watching the gangs table failed; retrying", zap.Error(err))
+			select {
+			case <-a.ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// desiredLocked computes the workers this machine should run, by job/gang/rank.
+func (a *Agent) desiredLocked() map[string]WorkerSpec {
+	out := map[string]WorkerSpec{}
+	for _, g := range a.gangs {
+		if (g.State != api.GangStarting && g.State != api.GangRunning) || g.Placement == nil {
+			continue
+		}
+		world := g.Ranks()
+		epoch := 0
+		if g.World != nil {
+			epoch = g.World.Epoch
+		}
+		for rank, m := range g.Placement.Members {
+			if m.Machine != a.cfg.Name || m.Removed {
+				continue
+			}
+			s := WorkerSpec{Job: g.Spec.Job, Gang: g.Spec.Name, Rank: rank, Generation: g.Generation, GangUID: g.UID, Kind: g.Spec.Kind, Args: g.Spec.Args,
+				Machine: a.cfg.Name, Simulated: a.cfg.Simulated, Member: m, Placement: *g.Placement, World: world, Epoch: epoch, Heads: a.client.Heads(),
+				Token: string(a.cfg.Token), CACert: string(a.cfg.CACert), Agent: a.addr, Transfer: a.node.Addr, Driver: g.Spec.Driver}
+			s.Holder = "worker/" + s.Key()
+			if a.exited[exitKey(s)] {
+				continue // it exited by itself: the leader decides what comes next
+			}
+			out[fmt.Sprintf("%s/%s/%d", s.Job, s.Gang, s.Rank)] = s
+		}
+	}
+	return out
+}
+
+// exitKey names a worker incarnation of a gang incarnation: its exit is remembered under it
+// until that gang generation is over.
+func exitKey(s WorkerSpec) string { return s.GangUID + "/" + s.Key() }
+
+// reconcile stops the workers that should not run and starts those missing.
+func (a *Agent) reconcile() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ctx.Err() != nil {
+		return
+	}
+	// Forget the exits of gang generations that are over.
+	live := map[string]bool{}
+	for _, g := range a.gangs {
+		live[fmt.Sprintf("%s/%s/%s/", g.UID, g.Spec.Job, g.Spec.Name)] = true
+	}
+	for k := range a.exited {
+		if i := strings.LastIndexByte(k, '/'); i < 0 || !live[k[:i+1]] {
+			delete(a.exited, k)
+		}
+	}
+	want := a.desiredLocked()
+	for k, w := range a.workers {
+		d, ok := want[k]
+		if ok && d.Generation == w.spec.Generation {
+			continue
+		}
+		if !w.stopping {
+			w.stopping = true
+			go a.stopWorker(w)
+		}
+	}
+	keys := make([]string, 0, len(want))
+	for k := range want {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if _, ok := a.workers[k]; ok {
+			continue // running (or stopping: the next reconcile after it stops starts the new one)
+		}
+		w := &worker{spec: want[k]}
+		a.workers[k] = w
+		go a.launch(k, w)
+	}
+}
+
+func (a *Agent) notifyLocked() {
+	close(a.changed)
+	a.changed = make(chan struct{})
+}
+
+// job reads a job's record. It is read at every launch, not cached: a job name is reused
+// by a later submission (with another executable and arguments).
+func (a *Agent) job(ctx context.Context, name string) (api.Job, error) {
+	var j api.Job
+	found, err := a.client.Get(ctx, api.TableJobs+name, &j)
+	if err != nil {
+		return api.Job{}, err
+	}
+	if !found {
+		return api.Job{}, fmt.Errorf("%w: job %q", api.ErrNotFound, name)
+	}
+	return j, nil
+}
+
+func (a *Agent) launch(key string, w *worker) {
+	ctx, cancel := context.WithTimeout(a.ctx, time.Minute)
+	defer cancel()
+	job, err := a.job(ctx, w.spec.Job)
+	var h Handle
+	if err == nil {
+		h, err = a.cfg.Launcher.Launch(ctx, w.spec, job)
+	}
+	a.mu.Lock()
+	if err != nil {
+		delete(a.workers, key)
+		a.exited[exitKey(w.spec)] = true
+		a.notifyLocked()
+		a.mu.Unlock()
+		a.log.Warn("worker did not start", workerField(w.spec), zap.Error(err))
+		a.reportExit(w.spec, fmt.Sprintf("did not start: %v", err), isPermanent(err), false)
+		return
+	}
+	w.h = h
+	stop := w.stopping
+	a.obs.starts.Inc()
+	a.notifyLocked()
+	a.mu.Unlock()
+	a.log.Info("worker started", workerField(w.spec), zap.Int("pid", h.PID()), zap.Ints("gpus", w.spec.Member.GPUs))
+	if stop {
+		go a.stopWorker(w)
+	}
+	if w.spec.Driver { // a submitted driver hosts no actor to announce: it is ready once it runs
+		go func() {
+			ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
+			defer cancel()
+			s := w.spec
+			if err := a.client.WorkerReady(ctx, api.Worker{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation,
+				GangUID: s.GangUID, Machine: a.cfg.Name, PID: h.PID(), Started: time.Now()}); err != nil {
+				a.log.Warn("could not report the driver running", zap.String("job", s.Job), zap.Error(err))
+			}
+		}()
+	}
+	<-h.Done()
+	a.mu.Lock()
+	if a.workers[key] == w {
+		delete(a.workers, key)
+	}
+	stopping := w.stopping
+	if !stopping {
+		a.exited[exitKey(w.spec)] = true
+	}
+	a.notifyLocked()
+	a.mu.Unlock()
+	_ = a.local.ReleaseHolder(context.Background(), w.spec.Holder)
+	if !stopping && a.ctx.Err() == nil {
+		done := w.spec.Driver && errors.Is(h.Err(), ErrExitedZero)
+		a.obs.exits.WithLabelValues(strconv.FormatBool(isPermanent(h.Err()))).Inc()
+		if !done {
+			a.log.Warn("worker exited", workerField(w.spec), zap.Error(h.Err()))
+		}
+		a.reportExit(w.spec, h.Err().Error(), isPermanent(h.Err()), done)
+	}
+	a.reconcile()
+}
+
+// Permanent is implemented by launch and exit errors that a restart cannot cure.
+type Permanent interface{ Permanent() bool }
+
+func isPermanent(err error) bool {
+	var p Permanent
+	return errors.As(err, &p) && p.Permanent()
+}
+
+func (a *Agent) stopWorker(w *worker) {
+	a.mu.Lock()
+	h := w.h
+	a.mu.Unlock()
+	if h == nil {
+		return // still launching: launch stops it once started
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.StopGrace+5*time.Second)
+	defer cancel()
+	if err := h.Stop(ctx, a.cfg.StopGrace); err != nil {
+		a.log.Warn("worker did not stop", workerField(w.spec), zap.Error(err))
+	}
+}
+
+// reportExit tells the leader a worker exited by itself, retrying until it is heard.
+func (a *Agent) reportExit(s WorkerSpec, reason string, permanent, completed bool) {
+	x := api.WorkerExit{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation, Machine: a.cfg.Name, Reason: reason,
+		Permanent: permanent, Completed: completed}
+	for a.ctx.Err() == nil {
+		ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
+		err := a.client.WorkerExited(ctx, x)
+		cancel()
+		if err == nil || errors.Is(err, api.ErrNotFound) || errors.Is(err, api.ErrInvalid) {
+			return
+		}
+		a.log.Warn("could not report a worker exit; retrying", workerField(s), zap.Error(err))
+	}
+}
+
+// binary returns the path of a job's executable, fetching it by content hash from the
+// object store the first time and checking its hash.
+func (a *Agent) binary(ctx context.Context, job api.Job) (string, error) {
+	if job.Binary == nil {
+		return "", permanentErr{fmt.Errorf("job %q has no executable: its workers run inside its driver's process", job.Name)}
+	}
+	b := *job.Binary
+	if len(b.SHA256) != 64 {
+		return "", permanentErr{fmt.Errorf("job %q executable hash %q is not a sha256", job.Name, b.SHA256)}
+	}
+	path := filepath.Join(a.cfg.Dir, "bin", b.SHA256)
+	a.mu.Lock()
+	once := a.binaries[b.SHA256]
+	if once == nil {
+		once = &sync.Once{}
+		a.binaries[b.SHA256] = once
+	}
+	a.mu.Unlock()
+	once.Do(func() {
+		err := a.fetchBinary(ctx, b, path)
+		a.mu.Lock()
+		a.binErr[b.SHA256] = err
+		if err != nil {
+			delete(a.binaries, b.SHA256) // a later launch tries again
+		}
+		a.mu.Unlock()
+	})
+	a.mu.Lock()
+	err := a.binErr[b.SHA256]
+	a.mu.Unlock()
+	return path, err
+}
+
+func (a *Agent) fetchBinary(ctx context.Context, b api.Binary, path string) error {
+	if st, err := os.Stat(path); err == nil && st.Size() == b.Size {
+		if sum, err := fileSHA256(path); err == nil && sum == b.SHA256 {
+			return nil
+		}
+	}
+	id, err := object.ParseID(b.Object)
+	if err != nil {
+		return permanentErr{fmt.Errorf("executable object %q: %v", b.Object, err)}
+	}
+	v, err := a.local.Get(ctx, id, "agent/binaries")
+	if err != nil {
+		return fmt.Errorf("fetch executable %s: %w", b.SHA256[:12], err)
+	}
+	defer v.Release()
+	sum := sha256.Sum256(v.Bytes())
+	if hex.EncodeToString(sum[:]) != b.SHA256 || int64(len(v.Bytes())) != b.Size {
+		return permanentErr{fmt.Errorf("executable object %s does not match its hash %s", b.Object, b.SHA256)}
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".fetch-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(v.Bytes()); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o700); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// permanentErr marks an error a restart cannot cure.
+type permanentErr struct{ error }
+
+func (permanentErr) Permanent() bool { return true }
+func (e permanentErr) Unwrap() error { return e.error }
+
+// Workers lists the workers this agent runs (started or starting), by job/gang/rank.
+func (a *Agent) Workers() map[string]WorkerSpec {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := map[string]WorkerSpec{}
+	for k, w := range a.workers {
+		out[k] = w.spec
+	}
+	return out
+}
+
+// KillWorker kills a worker as a crash would (tests and demonstrations): its exit is then
+// reported like any other.
+func (a *Agent) KillWorker(job, gang string, rank int) (int, error) {
+	a.mu.Lock()
+	w := a.workers[fmt.Sprintf("%s/%s/%d", job, gang, rank)]
+	a.mu.Unlock()
+	if w == nil || w.h == nil {
+		return 0, fmt.Errorf("%w: no running worker %s/%s/%d on %s", api.ErrNotFound, job, gang, rank, a.cfg.Name)
+	}
+	return w.h.PID(), w.h.Kill()
+}
+
+// Shutdown stops the agent's workers, its API and its object store.
+func (a *Agent) Shutdown(ctx context.Context) error {
+	if a.cancel != nil {
+		a.cancel()
+	}
+	a.wg.Wait()
+	if a.gossip != nil {
+		_ = a.gossip.Leave()
+	}
+	a.mu.Lock()
+	var ws []*worker
+	for _, w := range a.workers {
+		w.stopping = true
+		ws = append(ws, w)
+	}
+	a.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, w := range ws {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.stopWorker(w) }()
+	}
+	wg.Wait()
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	err := a.srv.Shutdown(sctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = a.srv.Close()
+	}
+	return errors.Join(err, a.node.Shutdown(ctx))
+}

@@ -1,0 +1,279 @@
+package agent
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/internal/pki"
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/store/object"
+)
+
+// MaxPutBytes bounds one object put through the agent API.
+const MaxPutBytes = 64 << 30
+
+// ObjectRef names an object and the holder acting on it.
+type ObjectRef struct {
+	ID     string `json:"id"`
+	Holder string `json:"holder,omitempty"`
+}
+
+// WorkerInfo is one worker in GET /v1/workers.
+type WorkerInfo struct {
+	Key        string `json:"key"`
+	Job        string `json:"job"`
+	Gang       string `json:"gang"`
+	Rank       int    `json:"rank"`
+	Generation int    `json:"generation"`
+	PID        int    `json:"pid,omitempty"`
+	GPUs       []int  `json:"gpus"`
+}
+
+// apiHandler is the agent's HTTP API, for the machine's worker processes (objects: put,
+// map, release, leases) and for operators (workers, logs, kill). Every request needs the
+// cluster token.
+func (a *Agent) apiHandler() http.Handler {
+	m := http.NewServeMux()
+	m.HandleFunc("POST /v1/objects/put", a.put)
+	m.HandleFunc("POST /v1/objects/map", objectOp(a, func(ctx context.Context, id object.ID, r ObjectRef) (any, error) {
+		return a.local.Map(ctx, id, r.Holder)
+	}))
+	m.HandleFunc("POST /v1/objects/unmap", objectOp(a, func(ctx context.Context, id object.ID, r ObjectRef) (any, error) {
+		return nil, a.local.Unmap(ctx, id, r.Holder)
+	}))
+	m.HandleFunc("POST /v1/objects/release", objectOp(a, func(ctx context.Context, id object.ID, r ObjectRef) (any, error) {
+		return nil, a.local.Release(ctx, id, r.Holder)
+	}))
+	m.HandleFunc("POST /v1/objects/free", objectOp(a, func(ctx context.Context, id object.ID, _ ObjectRef) (any, error) {
+		return nil, a.local.Free(ctx, id)
+	}))
+	m.HandleFunc("POST /v1/objects/replicate", objectOp(a, func(ctx context.Context, id object.ID, r ObjectRef) (any, error) {
+		if r.Holder == "" {
+			return nil, fmt.Errorf("%w: a replica needs a holder", api.ErrInvalid)
+		}
+		return nil, a.local.Replicate(ctx, id, r.Holder)
+	}))
+	m.HandleFunc("POST /v1/leases/renew", func(w http.ResponseWriter, r *http.Request) {
+		var ref ObjectRef
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&ref); err != nil || ref.Holder == "" {
+			a.fail(w, fmt.Errorf("%w: lease renewal needs a holder", api.ErrInvalid))
+			return
+		}
+		a.node.Store.Renew(ref.Holder)
+		w.WriteHeader(http.StatusNoContent)
+	})
+	m.HandleFunc("GET /v1/workers", func(w http.ResponseWriter, r *http.Request) {
+		a.mu.Lock()
+		out := []WorkerInfo{}
+		for _, wk := range a.workers {
+			wi := WorkerInfo{Key: wk.spec.Key(), Job: wk.spec.Job, Gang: wk.spec.Gang, Rank: wk.spec.Rank, Generation: wk.spec.Generation, GPUs: wk.spec.Member.GPUs}
+			if wk.h != nil {
+				wi.PID = wk.h.PID()
+			}
+			out = append(out, wi)
+		}
+		a.mu.Unlock()
+		sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+		writeJSON(w, http.StatusOK, out)
+	})
+	m.HandleFunc("POST /v1/workers/kill", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		rank, err := strconv.Atoi(q.Get("rank"))
+		if err != nil {
+			a.fail(w, fmt.Errorf("%w: rank %q", api.ErrInvalid, q.Get("rank")))
+			return
+		}
+		pid, err := a.KillWorker(q.Get("job"), q.Get("gang"), rank)
+		if err != nil {
+			a.fail(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]int{"pid": pid})
+	})
+	m.HandleFunc("GET /v1/logs", a.logs)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" { // the dashboard's read-only token opens it too
+			a.serveMetrics(w, r)
+			return
+		}
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte("Bearer "+string(a.cfg.Token))) != 1 {
+			a.log.Warn("unauthenticated agent request refused", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
+			writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: a cluster token is required", Kind: "unauthenticated"})
+			return
+		}
+		if a.id != nil {
+			if _, ok := pki.Verified(r.TLS); !ok {
+				a.log.Warn("agent request without a client certificate refused", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
+				writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: a client certificate of the cluster CA is required", Kind: "unauthenticated"})
+				return
+			}
+		}
+		m.ServeHTTP(w, r)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// KindTooLarge is the error kind of a put larger than the store's whole capacity
+// (object.ErrTooLarge): the putter may store it in parts instead.
+const KindTooLarge = "too_large"
+
+func (a *Agent) fail(w http.ResponseWriter, err error) {
+	code, kind := api.ErrorStatus(err)
+	switch {
+	case errors.Is(err, object.ErrNotFound):
+		code, kind = http.StatusNotFound, "not_found"
+	case errors.Is(err, object.ErrTooLarge):
+		code, kind = http.StatusRequestEntityTooLarge, KindTooLarge
+	}
+	writeJSON(w, code, api.ErrorBody{Error: err.Error(), Kind: kind})
+}
+
+func objectOp(a *Agent, fn func(context.Context, object.ID, ObjectRef) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var ref ObjectRef
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&ref); err != nil {
+			a.fail(w, fmt.Errorf("%w: %s: %v", api.ErrInvalid, r.URL.Path, err))
+			return
+		}
+		id, err := object.ParseID(ref.ID)
+		if err != nil {
+			a.fail(w, fmt.Errorf("%w: object id %q: %v", api.ErrInvalid, ref.ID, err))
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
+		defer cancel()
+		out, err := fn(ctx, id, ref)
+		if err != nil {
+			a.fail(w, err)
+			return
+		}
+		if out == nil {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		writeJSON(w, http.StatusOK, out)
+	}
+}
+
+// put stores the request body as a new object held by ?holder=.
+func (a *Agent) put(w http.ResponseWriter, r *http.Request) {
+	holder := r.URL.Query().Get("holder")
+	if holder == "" {
+		a.fail(w, fmt.Errorf("%w: a put needs a holder", api.ErrInvalid))
+		return
+	}
+	if r.ContentLength > MaxPutBytes {
+		a.fail(w, fmt.Errorf("%w: object of %d bytes is over the %d-byte bound", api.ErrInvalid, r.ContentLength, int64(MaxPutBytes)))
+		return
+	}
+	data, err := io.ReadAll(io.LimitReader(r.Body, MaxPutBytes+1))
+	if err != nil {
+		a.fail(w, fmt.Errorf("%w: read object: %v", api.ErrInvalid, err))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
+	defer cancel()
+	id, err := a.local.Put(ctx, holder, data)
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ObjectRef{ID: id.String(), Holder: holder})
+}
+
+// LogPath is where a worker's stdout and stderr go on its agent.
+func LogPath(dir, job, gang string, rank, gen int) string {
+	return filepath.Join(dir, "logs", job, fmt.Sprintf("%s.%d.g%d.log", gang, rank, gen))
+}
+
+// logs streams a worker's log: ?job=&gang=&rank= (&gen=, default the newest), &follow=1
+// keeps streaming until the client goes away.
+func (a *Agent) logs(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	job, gang := q.Get("job"), q.Get("gang")
+	if err := api.CheckName("job", job); err != nil {
+		a.fail(w, err)
+		return
+	}
+	if err := api.CheckName("gang", gang); err != nil {
+		a.fail(w, err)
+		return
+	}
+	rank, err := strconv.Atoi(q.Get("rank"))
+	if err != nil || rank < 0 {
+		a.fail(w, fmt.Errorf("%w: rank %q", api.ErrInvalid, q.Get("rank")))
+		return
+	}
+	gen := -1
+	if g := q.Get("gen"); g != "" {
+		if gen, err = strconv.Atoi(g); err != nil || gen < 0 {
+			a.fail(w, fmt.Errorf("%w: generation %q", api.ErrInvalid, g))
+			return
+		}
+	} else {
+		matches, _ := filepath.Glob(filepath.Join(a.cfg.Dir, "logs", job, fmt.Sprintf("%s.%d.g*.log", gang, rank)))
+		for _, p := range matches {
+			s := strings.TrimSuffix(p[strings.LastIndex(p, ".g")+2:], ".log")
+			if n, err := strconv.Atoi(s); err == nil && n > gen {
+				gen = n
+			}
+		}
+	}
+	if gen < 0 {
+		a.fail(w, fmt.Errorf("%w: no log of %s/%s rank %d on %s", api.ErrNotFound, job, gang, rank, a.cfg.Name))
+		return
+	}
+	f, err := os.Open(LogPath(a.cfg.Dir, job, gang, rank, gen))
+	if err != nil {
+		a.fail(w, fmt.Errorf("%w: log of %s/%s rank %d generation %d on %s", api.ErrNotFound, job, gang, rank, gen, a.cfg.Name))
+		return
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Atoll-Generation", strconv.Itoa(gen))
+	fl, _ := w.(http.Flusher)
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		}
+		if err == io.EOF {
+			if q.Get("follow") == "" {
+				return
+			}
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			continue
+		}
+		if err != nil {
+			return
+		}
+	}
+}

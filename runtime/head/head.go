@@ -1,0 +1,302 @@
+package head
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/internal/pki"
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/member"
+	"github.com/atoll-run/atoll/store/meta/metaserver"
+	"github.com/atoll-run/atoll/store/paxos"
+)
+
+// Config configures one head: a replica of the Paxos metadata log, its control plane, and
+// its HTTP API.
+type Config struct {
+	// ID is this replica's id; Peers are the replicas' Paxos addresses by id (this one's
+	// included), used by the TCP transport; Initial the first configuration's members
+	// (default: every id of Peers); Join marks a replica added to a running group.
+	ID      uint64
+	Peers   map[uint64]string
+	Initial []uint64
+	Join    bool
+	// Transport carries Paxos messages. Default: TCP with the token handshake on
+	// Peers[ID].
+	Transport paxos.Transport
+	// DataDir holds the WAL. NoSync turns fsync off (tests only).
+	DataDir string
+	NoSync  bool
+	// Tick is the Paxos tick (default 10 ms).
+	Tick time.Duration
+	// APIListen is the HTTP API's address. Default 127.0.0.1:0.
+	APIListen string
+	// APIAdvertise is the API's base URL as others reach it (default http://<listen address>).
+	APIAdvertise string
+	// CA, when set, turns mutual TLS on: the head issues itself a certificate of the
+	// cluster CA, its Paxos links and its API are mutual TLS, and it signs the certificates
+	// of the processes that hold the token (POST /v1/certs). Nil: token only, in clear.
+	CA *pki.CA
+	// Token is the cluster secret: Paxos peers and API callers prove they hold it.
+	Token []byte
+	// Controller configures the control plane.
+	Controller ControllerConfig
+	// Heads lists every head of the group, for the cluster status (this one's address is
+	// filled in). Optional.
+	Heads []api.HeadInfo
+	// Gossip, when set, is the address (host:port) this head gossips on with the agents
+	// (hashicorp/serf): the leader learns from it within seconds that an agent failed or
+	// left. GossipJoin are other heads' gossip addresses.
+	Gossip     string
+	GossipJoin []string
+	// GossipAdvertise is the gossip address others use, when it differs from Gossip.
+	GossipAdvertise string
+	// Registry receives the head's Prometheus metrics, served on /metrics (default: a
+	// registry of its own).
+	Registry *prometheus.Registry
+	// Logger (default no-op).
+	Logger *zap.Logger
+}
+
+// Head is a running head.
+type Head struct {
+	cfg  Config
+	log  *zap.Logger
+	rep  *paxos.Replica
+	sm   *metaserver.StateMachine
+	ctl  *Controller
+	srv  *http.Server
+	ln   net.Listener
+	tr   paxos.Transport
+	ownT bool
+	addr string
+	// cancelRequests ends the requests in flight (long watches) when the head closes.
+	cancelRequests context.CancelFunc
+	gossip         *member.Member
+	id             *pki.Identity // this head's certificate (nil without TLS)
+	agents         agentClient   // to agents' APIs (CallAgent)
+	obs            *observer     // the dashboard and /metrics (dashboard.go)
+}
+
+// Start starts a head: it opens the WAL, starts the replica, the controller and the API.
+func Start(cfg Config) (*Head, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	log := cfg.Logger.Named("head").With(zap.Uint64("replica", cfg.ID))
+	if cfg.ID == 0 {
+		return nil, fmt.Errorf("%w: head id 0: ids start at 1", api.ErrInvalid)
+	}
+	if len(cfg.Token) < 16 {
+		return nil, fmt.Errorf("%w: the cluster token has %d bytes, want at least 16", api.ErrInvalid, len(cfg.Token))
+	}
+	if cfg.DataDir == "" {
+		return nil, fmt.Errorf("%w: head %d has no data directory", api.ErrInvalid, cfg.ID)
+	}
+	if cfg.Tick == 0 {
+		cfg.Tick = 10 * time.Millisecond
+	}
+	ids := cfg.Initial
+	if len(ids) == 0 {
+		for id := range cfg.Peers {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	if len(ids) == 0 {
+		ids = []uint64{cfg.ID}
+	}
+	h := &Head{cfg: cfg, log: log}
+	if cfg.CA != nil {
+		id, err := cfg.CA.IssueIdentity(fmt.Sprintf("head-%d", cfg.ID), apiHosts(cfg)...)
+		if err != nil {
+			return nil, fmt.Errorf("head %d: its certificate: %w", cfg.ID, err)
+		}
+		h.id = id
+	}
+	h.tr = cfg.Transport
+	if h.tr == nil {
+		listen, ok := cfg.Peers[cfg.ID]
+		if !ok {
+			return nil, fmt.Errorf("%w: head %d is not among the peers %v", api.ErrInvalid, cfg.ID, cfg.Peers)
+		}
+		tc := paxos.TCPConfig{ID: cfg.ID, Listen: listen, Peers: cfg.Peers, Token: cfg.Token, Logger: cfg.Logger}
+		if h.id != nil {
+			tc.TLS = h.id.Server()
+		}
+		tr, err := paxos.NewTCPTransport(tc)
+		if err != nil {
+			return nil, fmt.Errorf("head %d: paxos transport: %w", cfg.ID, err)
+		}
+		h.tr, h.ownT = tr, true
+	}
+	w, err := paxos.OpenWAL(cfg.DataDir, paxos.WALOptions{NoSync: cfg.NoSync, Logger: cfg.Logger})
+	if err != nil {
+		h.closeTransport()
+		return nil, fmt.Errorf("head %d: %w", cfg.ID, err)
+	}
+	rc := paxos.DefaultReplicaConfig(cfg.ID, ids)
+	rc.Node.Join = cfg.Join
+	rc.TickInterval = cfg.Tick
+	rc.Logger = cfg.Logger
+	h.sm = metaserver.NewStateMachine(0)
+	h.rep, err = paxos.StartReplica(rc, w, h.tr, h.sm)
+	if err != nil {
+		_ = w.Close()
+		h.closeTransport()
+		return nil, fmt.Errorf("head %d: %w", cfg.ID, err)
+	}
+	listen := cfg.APIListen
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	h.ln, err = net.Listen("tcp", listen)
+	if err != nil {
+		_ = h.rep.Close()
+		h.closeTransport()
+		return nil, fmt.Errorf("head %d: API listen %s: %w", cfg.ID, listen, err)
+	}
+	scheme := "http"
+	if h.id != nil {
+		h.ln = tls.NewListener(h.ln, h.id.BootstrapServer())
+		scheme = "https"
+	}
+	h.addr = cfg.APIAdvertise
+	if h.addr == "" {
+		h.addr = scheme + "://" + h.ln.Addr().String()
+	}
+	if cfg.Controller.Logger == nil {
+		cfg.Controller.Logger = log
+	}
+	h.ctl = NewController(cfg.Controller, h.rep, h.sm)
+	apiH := NewAPI(h.ctl, h.rep, h.sm, string(cfg.Token), h.heads, log)
+	if cfg.CA != nil {
+		apiH.RequireClientCerts(cfg.CA)
+	}
+	base, cancelBase := context.WithCancel(context.Background())
+	h.cancelRequests = cancelBase
+	h.srv = &http.Server{Handler: apiH, ReadHeaderTimeout: 5 * time.Second, ErrorLog: zap.NewStdLog(log.Named("http")),
+		BaseContext: func(net.Listener) context.Context { return base }}
+	if cfg.Gossip != "" {
+		h.gossip, err = member.Start(member.Config{Name: fmt.Sprintf("head-%d", cfg.ID), Role: member.RoleHead, Bind: cfg.Gossip, Advertise: cfg.GossipAdvertise,
+			Secret: cfg.Token, Tags: map[string]string{"api": h.addr}, Logger: cfg.Logger})
+		if err != nil {
+			_ = h.ln.Close()
+			_ = h.rep.Close()
+			h.closeTransport()
+			return nil, fmt.Errorf("head %d: %w", cfg.ID, err)
+		}
+		if err := h.gossip.Join(cfg.GossipJoin); err != nil {
+			log.Warn("could not join the other heads' gossip yet", zap.Error(err))
+		}
+		h.gossip.OnEvent(func(e member.Event) {
+			if e.Role != member.RoleAgent || (e.Kind != "failed" && e.Kind != "left") {
+				return
+			}
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := h.ctl.MachineDown(ctx, e.Name, "its agent "+e.Kind+" (gossip)"); err != nil && h.ctl.Leading() {
+					log.Warn("could not declare a machine dead", zap.String("machine", e.Name), zap.Error(err))
+				}
+			}()
+		})
+		h.ctl.SetMembership(func() map[string]bool { return h.gossip.Dead(member.RoleAgent) })
+	}
+	h.obs = newObserver(h, cfg.Registry)
+	h.srv.Handler, apiH.dashboard = h.obs.routes(apiH), h.obs.dashboardURL
+	go func() { _ = h.srv.Serve(h.ln) }()
+	go h.ctl.Run()
+	log.Info("head running", zap.String("api", h.addr), zap.String("data_dir", cfg.DataDir), zap.Bool("fsync", !cfg.NoSync))
+	return h, nil
+}
+
+// apiHosts are the hosts a browser may reach the head's API at, for its certificate: the
+// loopback names, the listen host (unless unspecified) and the advertised one.
+func apiHosts(cfg Config) []string {
+	hosts := []string{"localhost", "127.0.0.1", "::1"}
+	if h, _, err := net.SplitHostPort(cfg.APIListen); err == nil && h != "" {
+		if ip := net.ParseIP(h); ip == nil || !ip.IsUnspecified() {
+			hosts = append(hosts, h)
+		}
+	}
+	if u, err := url.Parse(cfg.APIAdvertise); err == nil && u.Hostname() != "" {
+		hosts = append(hosts, u.Hostname())
+	}
+	return hosts
+}
+
+func (h *Head) heads() []api.HeadInfo {
+	out := append([]api.HeadInfo(nil), h.cfg.Heads...)
+	found := false
+	gossip := ""
+	if h.gossip != nil {
+		gossip = h.gossip.Address()
+	}
+	for i := range out {
+		if out[i].ID == h.cfg.ID {
+			out[i].Address, out[i].PID, found = h.addr, os.Getpid(), true
+			if gossip != "" {
+				out[i].Serf = gossip
+			}
+		}
+	}
+	if !found {
+		out = append(out, api.HeadInfo{ID: h.cfg.ID, Address: h.addr, PID: os.Getpid(), Serf: gossip})
+	}
+	return out
+}
+
+// SetHeads sets the group's heads for the cluster status.
+func (h *Head) SetHeads(heads []api.HeadInfo) { h.cfg.Heads = heads }
+
+// Address is the API's base URL.
+func (h *Head) Address() string { return h.addr }
+
+// ID is the replica id.
+func (h *Head) ID() uint64 { return h.cfg.ID }
+
+// Controller is the head's control plane.
+func (h *Head) Controller() *Controller { return h.ctl }
+
+// Replica is the head's Paxos replica.
+func (h *Head) Replica() *paxos.Replica { return h.rep }
+
+// StateMachine is the head's metadata state machine.
+func (h *Head) StateMachine() *metaserver.StateMachine { return h.sm }
+
+func (h *Head) closeTransport() {
+	if h.ownT && h.tr != nil {
+		_ = h.tr.Close()
+	}
+}
+
+// Close stops the API, the controller, the replica and its transport.
+func (h *Head) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	h.cancelRequests()
+	if h.gossip != nil {
+		_ = h.gossip.Leave()
+	}
+	err := h.srv.Shutdown(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = h.srv.Close()
+	}
+	h.ctl.Stop()
+	h.obs.close()
+	err = errors.Join(err, h.rep.Close())
+	h.closeTransport()
+	return err
+}

@@ -1,0 +1,305 @@
+package head
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/internal/pki"
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/store/meta"
+	"github.com/atoll-run/atoll/store/meta/metaserver"
+	"github.com/atoll-run/atoll/store/paxos"
+)
+
+// Request bounds of the API.
+const (
+	// DefaultRequestTimeout bounds a request that names no timeout of its own.
+	DefaultRequestTimeout = 10 * time.Second
+	// MaxWatchWait bounds how long a watch waits for its first event.
+	MaxWatchWait = 30 * time.Second
+	// MaxBodyBytes bounds a request body.
+	MaxBodyBytes = 4 << 20
+	// maxWatchEvents bounds the events of one watch answer.
+	maxWatchEvents = 4096
+)
+
+// API is the head's HTTP API: the metadata log's client API (store/meta's Handler) plus the
+// control plane's. Every request needs the cluster token as a bearer token. Control
+// requests reach the controller only on the leader; followers answer 421 with the leader's
+// id, which api.Client follows.
+type API struct {
+	ctl   *Controller
+	rep   *paxos.Replica
+	sm    *metaserver.StateMachine
+	meta  *metaserver.Handler
+	token string
+	log   *zap.Logger
+	heads func() []api.HeadInfo
+	mux   *http.ServeMux
+	// ca, when set, signs processes' certificates (POST /v1/certs), and every other
+	// request must come with a client certificate of the cluster CA (mutual TLS).
+	ca *pki.CA
+	// dashboard is the dashboard's URL with its token, for the cluster status (nil: none).
+	dashboard func() string
+}
+
+// RequireClientCerts turns mutual TLS on for the API: a process holding the token gets a
+// certificate signed by ca (POST /v1/certs), and every other request must present one.
+// Serve the API with the CA's identity's BootstrapServer configuration.
+func (a *API) RequireClientCerts(ca *pki.CA) { a.ca = ca }
+
+// signCert signs a process's certificate request.
+func (a *API) signCert(w http.ResponseWriter, r *http.Request) {
+	if a.ca == nil {
+		a.answer(w, r, nil, fmt.Errorf("%w: this head runs without TLS: it signs no certificates", api.ErrInvalid))
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10+1))
+	if err != nil || len(body) > 64<<10 {
+		a.answer(w, r, nil, fmt.Errorf("%w: /v1/certs: body unreadable or over 64 KiB", api.ErrInvalid))
+		return
+	}
+	var req api.CertRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		a.answer(w, r, nil, fmt.Errorf("%w: /v1/certs: %v", api.ErrInvalid, err))
+		return
+	}
+	if err := pki.ValidName(req.Name); err != nil {
+		a.answer(w, r, nil, fmt.Errorf("%w: /v1/certs: %v", api.ErrInvalid, err))
+		return
+	}
+	cert, err := a.ca.SignCSR([]byte(req.CSR), req.Name)
+	if err != nil {
+		a.answer(w, r, nil, fmt.Errorf("%w: /v1/certs: %v", api.ErrInvalid, err))
+		return
+	}
+	a.log.Info("certificate signed", zap.String("name", req.Name), zap.String("remote", r.RemoteAddr))
+	writeJSON(w, http.StatusOK, api.CertReply{Cert: string(cert), CA: string(a.ca.CertPEM)})
+}
+
+// NewAPI returns the API of one head.
+func NewAPI(ctl *Controller, rep *paxos.Replica, sm *metaserver.StateMachine, token string, heads func() []api.HeadInfo, log *zap.Logger) *API {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	a := &API{ctl: ctl, rep: rep, sm: sm, token: token, heads: heads, log: log.Named("api"),
+		meta: &metaserver.Handler{Replica: rep, SM: sm, Token: token, Logger: log}}
+	m := http.NewServeMux()
+	for _, p := range []string{"/v1/get", "/v1/range", "/v1/status", "/v1/members/"} {
+		m.Handle(p, a.meta)
+	}
+	m.HandleFunc("POST /v1/certs", a.signCert)
+	m.Handle("/v1/propose", timedProposals(ctl.obs, a.meta))
+	m.HandleFunc("GET /v1/list", a.list)
+	m.HandleFunc("GET /v1/watch", a.watch)
+	m.HandleFunc("GET /v1/cluster", a.cluster)
+	m.HandleFunc("POST /v1/machines/register", post(a, func(ctx context.Context, m api.Machine) (any, error) { return ctl.RegisterMachine(ctx, m) }))
+	m.HandleFunc("POST /v1/machines/load", post(a, func(_ context.Context, r api.LoadReport) (any, error) { return nil, ctl.ReportLoad(r) }))
+	m.HandleFunc("POST /v1/jobs", post(a, func(ctx context.Context, j api.Job) (any, error) { return ctl.SubmitJob(ctx, j) }))
+	m.HandleFunc("POST /v1/jobs/stop", func(w http.ResponseWriter, r *http.Request) {
+		a.answer(w, r, nil, a.ctl.StopJob(a.ctx(r), r.URL.Query().Get("job")))
+	})
+	m.HandleFunc("POST /v1/gangs", post(a, func(ctx context.Context, s api.GangSpec) (any, error) { return ctl.SpawnGang(ctx, s) }))
+	m.HandleFunc("POST /v1/gangs/stop", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		a.answer(w, r, nil, a.ctl.StopGang(a.ctx(r), q.Get("job"), q.Get("gang")))
+	})
+	m.HandleFunc("POST /v1/workers/ready", post(a, func(ctx context.Context, wk api.Worker) (any, error) { return nil, ctl.WorkerReady(ctx, wk) }))
+	m.HandleFunc("POST /v1/workers/exited", post(a, func(ctx context.Context, x api.WorkerExit) (any, error) { return nil, ctl.WorkerExited(ctx, x) }))
+	m.HandleFunc("POST /v1/gangs/yield", post(a, func(ctx context.Context, y api.Yield) (any, error) { return nil, ctl.Yield(ctx, y) }))
+	m.HandleFunc("POST /v1/gangs/world", post(a, func(ctx context.Context, w api.WorldChange) (any, error) { return nil, ctl.TakeWorld(ctx, w) }))
+	m.HandleFunc("POST /v1/gangs/checkpointed", post(a, func(_ context.Context, r api.CheckpointReport) (any, error) { return nil, ctl.CheckpointReported(r) }))
+	m.HandleFunc("POST /v1/costs", post(a, func(_ context.Context, r api.CostReport) (any, error) { return nil, ctl.ObserveCost(r) }))
+	m.HandleFunc("POST /v1/machines/drain", post(a, func(ctx context.Context, d api.DrainRequest) (any, error) {
+		return nil, ctl.Drain(ctx, d.Machine, d.Deadline, d.Reason)
+	}))
+	m.HandleFunc("POST /v1/pools/interrupt", post(a, func(_ context.Context, r api.InterruptRequest) (any, error) { return nil, ctl.InjectInterruption(r) }))
+	m.HandleFunc("GET /v1/scheduler", func(w http.ResponseWriter, r *http.Request) {
+		conf, err := a.ctl.SchedulerConfig()
+		a.answer(w, r, conf, err)
+	})
+	m.HandleFunc("PUT /v1/scheduler", post(a, func(ctx context.Context, conf api.SchedulerConfig) (any, error) {
+		return ctl.SetSchedulerConfig(ctx, conf)
+	}))
+	m.HandleFunc("POST /v1/progress", post(a, func(_ context.Context, p api.Progress) (any, error) { return nil, ctl.ReportProgress(p) }))
+	a.mux = m
+	return a
+}
+
+// ServeHTTP implements http.Handler.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	got := r.Header.Get("Authorization")
+	if subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+a.token)) != 1 {
+		a.log.Warn("unauthenticated request refused", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
+		writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: a cluster token is required", Kind: "unauthenticated"})
+		return
+	}
+	if a.ca != nil && !(r.Method == http.MethodPost && r.URL.Path == "/v1/certs") {
+		if _, ok := pki.Verified(r.TLS); !ok {
+			a.log.Warn("request without a client certificate refused", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
+			writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: a client certificate of the cluster CA is required (POST /v1/certs with the token gets one)", Kind: "unauthenticated"})
+			return
+		}
+	}
+	a.mux.ServeHTTP(w, r)
+}
+
+type ctxKey struct{}
+
+// ctx is the request's context with a server-side deadline (timeout_ms, or the default).
+func (a *API) ctx(r *http.Request) context.Context {
+	if ctx, ok := r.Context().Value(ctxKey{}).(context.Context); ok {
+		return ctx
+	}
+	return r.Context()
+}
+
+func withDeadline(r *http.Request) (*http.Request, context.CancelFunc) {
+	d := DefaultRequestTimeout
+	if ms, err := strconv.Atoi(r.URL.Query().Get("timeout_ms")); err == nil && ms > 0 {
+		d = min(time.Duration(ms)*time.Millisecond, 5*time.Minute)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), d)
+	return r.WithContext(context.WithValue(ctx, ctxKey{}, ctx)), cancel
+}
+
+// post decodes a JSON body into In, calls fn, and answers its result.
+func post[In any](a *API, fn func(context.Context, In) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		r, cancel := withDeadline(r)
+		defer cancel()
+		body, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
+		if err != nil || len(body) > MaxBodyBytes {
+			a.answer(w, r, nil, fmt.Errorf("%w: body unreadable or over %d bytes", api.ErrInvalid, MaxBodyBytes))
+			return
+		}
+		var in In
+		if err := json.Unmarshal(body, &in); err != nil {
+			a.answer(w, r, nil, fmt.Errorf("%w: %s: %v", api.ErrInvalid, r.URL.Path, err))
+			return
+		}
+		out, err := fn(a.ctx(r), in)
+		a.answer(w, r, out, err)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// answer writes out (200, or 204 when nil) or the error with its status and kind.
+func (a *API) answer(w http.ResponseWriter, r *http.Request, out any, err error) {
+	if err == nil {
+		if out == nil {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	var nl *paxos.NotLeaderError
+	if errors.As(err, &nl) && nl.Leader != 0 {
+		writeJSON(w, http.StatusMisdirectedRequest, api.ErrorBody{Error: err.Error(), Leader: nl.Leader})
+		return
+	}
+	var mnl *meta.NotLeaderError // a meta.Client's view of the same answer
+	if errors.As(err, &mnl) && mnl.Leader != 0 {
+		writeJSON(w, http.StatusMisdirectedRequest, api.ErrorBody{Error: err.Error(), Leader: mnl.Leader})
+		return
+	}
+	code, body := api.Body(err)
+	if body.Kind == "" && (paxos.IsRetryable(err) || errors.Is(err, context.DeadlineExceeded)) {
+		code, body.Kind = http.StatusServiceUnavailable, "unavailable"
+	}
+	if code == http.StatusInternalServerError {
+		a.log.Warn("request failed", zap.String("path", r.URL.Path), zap.Error(err))
+	}
+	if body.RetryAfterMS > 0 {
+		w.Header().Set("Retry-After", strconv.FormatInt((body.RetryAfterMS+999)/1000, 10))
+	}
+	writeJSON(w, code, body)
+}
+
+// list answers a linearizable read of a prefix with the revision to watch from.
+func (a *API) list(w http.ResponseWriter, r *http.Request) {
+	r, cancel := withDeadline(r)
+	defer cancel()
+	prefix := r.URL.Query().Get("prefix")
+	if _, ok := meta.OfKey(prefix); !ok && !strings.HasSuffix(prefix, "/") {
+		a.answer(w, r, nil, fmt.Errorf("%w: prefix %q is not under a table", api.ErrInvalid, prefix))
+		return
+	}
+	if err := a.rep.Read(a.ctx(r)); err != nil {
+		a.answer(w, r, nil, err)
+		return
+	}
+	rev := a.sm.Revision() // read before the range: a watch from it may repeat, never miss
+	a.answer(w, r, api.Listing{Revision: rev, KVs: a.sm.Range(prefix)}, nil)
+}
+
+// watch answers the events after rev under prefix, waiting up to wait_ms for the first.
+// Any replica answers: revisions are the log's.
+func (a *API) watch(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	prefix := q.Get("prefix")
+	rev, err := strconv.ParseInt(q.Get("rev"), 10, 64)
+	if err != nil || rev < 0 {
+		a.answer(w, r, nil, fmt.Errorf("%w: watch rev %q: want a revision >= 0", api.ErrInvalid, q.Get("rev")))
+		return
+	}
+	wait := time.Second
+	if ms, err := strconv.Atoi(q.Get("wait_ms")); err == nil && ms >= 0 {
+		wait = min(time.Duration(ms)*time.Millisecond, MaxWatchWait)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), wait)
+	defer cancel()
+	events, covered, err := a.sm.EventsSince(ctx, prefix, rev, maxWatchEvents)
+	if errors.Is(err, meta.ErrCompacted) {
+		writeJSON(w, http.StatusOK, api.WatchAnswer{Revision: rev, Compacted: true})
+		return
+	}
+	if err != nil {
+		a.answer(w, r, nil, err)
+		return
+	}
+	if r.Context().Err() != nil {
+		return
+	}
+	if events == nil {
+		events = []meta.Event{}
+	}
+	writeJSON(w, http.StatusOK, api.WatchAnswer{Revision: covered, Events: events})
+}
+
+// cluster answers the cluster's status (at the leader).
+func (a *API) cluster(w http.ResponseWriter, r *http.Request) {
+	st, err := a.ctl.Status()
+	if err != nil {
+		a.answer(w, r, nil, err)
+		return
+	}
+	rs := a.rep.Status()
+	st.Leader = rs.Leader
+	if a.heads != nil {
+		st.Heads = a.heads()
+		for i := range st.Heads {
+			st.Heads[i].Leader = st.Heads[i].ID == rs.Leader
+		}
+	}
+	if a.dashboard != nil {
+		st.Dashboard = a.dashboard()
+	}
+	a.answer(w, r, st, nil)
+}

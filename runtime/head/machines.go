@@ -1,0 +1,245 @@
+package head
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/gang"
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/store/meta"
+)
+
+// RegisterMachine records an agent's machine (alive, with a new incarnation) and rebuilds
+// the scheduler over it. An agent that registers again without having been declared dead
+// restarted: the workers of its previous incarnation are gone, and their gangs restart.
+func (c *Controller) RegisterMachine(ctx context.Context, m api.Machine) (api.Machine, error) {
+	if err := api.CheckName("machine", m.Name); err != nil {
+		return api.Machine{}, err
+	}
+	if m.Spec == nil {
+		return api.Machine{}, fmt.Errorf("%w: machine %q registered without a topology spec", api.ErrInvalid, m.Name)
+	}
+	if err := m.Spec.Validate(); err != nil {
+		return api.Machine{}, fmt.Errorf("%w: machine %q: %v", api.ErrInvalid, m.Name, err)
+	}
+	if m.Rack < 0 || m.Rack > 1<<20 {
+		return api.Machine{}, fmt.Errorf("%w: machine %q rack %d out of 0..%d", api.ErrInvalid, m.Name, m.Rack, 1<<20)
+	}
+	t, err := c.lockTerm()
+	if err != nil {
+		return api.Machine{}, err
+	}
+	now := c.cfg.Clock()
+	e := t.machines[m.Name]
+	var work []commitFn
+	restarted := false
+	if e == nil {
+		e = &machineEntry{}
+		t.machines[m.Name] = e
+	} else {
+		m.Incarnation = e.rec.Incarnation
+		restarted = e.rec.Alive
+	}
+	m.Incarnation++
+	m.Alive, m.Registered, m.Reason = true, now, ""
+	key := api.TableMachines + m.Name
+	up := api.Event{Time: now, Kind: api.EventMachineUp, Machine: m.Name, Reason: fmt.Sprintf("incarnation %d, %d GPUs", m.Incarnation, m.NumGPUs())}
+	if restarted {
+		up.Reason = fmt.Sprintf("its agent restarted (incarnation %d); its workers are gone", m.Incarnation)
+	}
+	work = append(work, commitFn{what: "machine " + m.Name, cmp: []meta.Compare{{Key: key, Version: e.ver}}, ops: []meta.Op{putJSON(key, m)}, events: []api.Event{up}})
+	e.rec, e.ver = m, e.ver+1
+	t.seen[m.Name] = now
+	if restarted {
+		for _, g := range c.gangsOnLocked(t, m.Name) {
+			work = append(work, c.restartLocked(t, g, fmt.Sprintf("the agent of %s restarted", m.Name), now)...)
+		}
+	}
+	c.log.Info("machine registered", zap.String("machine", m.Name), zap.Uint64("incarnation", m.Incarnation),
+		zap.Int("gpus", m.NumGPUs()), zap.Bool("simulated", m.Simulated))
+	work = append(work, c.rebuildLocked(t, now)...)
+	c.notifyLocked()
+	c.mu.Unlock()
+	return m, c.runCommits(ctx, t, work)
+}
+
+// gangsOnLocked lists the live, placed gangs with a member on a machine.
+func (c *Controller) gangsOnLocked(t *term, machine string) []*gangEntry {
+	var out []*gangEntry
+	for _, g := range t.gangs {
+		if !g.rec.State.Live() || g.rec.Placement == nil {
+			continue
+		}
+		for _, m := range g.rec.Placement.Members {
+			if m.Machine == machine {
+				out = append(out, g)
+				break
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].rec.Spec.Key() < out[j].rec.Spec.Key() })
+	return out
+}
+
+// restartLocked restarts a gang in its next generation on its current GPUs, at once: its
+// workers were lost with their agent, not failed by themselves, so it does not count
+// against MaxRestarts.
+func (c *Controller) restartLocked(t *term, e *gangEntry, reason string, now time.Time) []commitFn {
+	rec := e.rec
+	rec.Generation++
+	rec.Restarts++
+	rec.State, rec.Reason, rec.Updated, rec.RestartAt = api.GangStarting, reason, now, time.Time{}
+	e.ready = map[int]api.Worker{}
+	return []commitFn{gangCommitLocked(e, rec, "restart of "+rec.Spec.Key())}
+}
+
+// MachineDown declares a machine dead (its agent failed or left, as membership says): its
+// gangs restart elsewhere from their checkpoints, or wait for capacity.
+func (c *Controller) MachineDown(ctx context.Context, name, reason string) error {
+	t, err := c.lockTerm()
+	if err != nil {
+		return err
+	}
+	now := c.cfg.Clock()
+	work := c.machineDownLocked(t, name, reason, now)
+	if len(work) == 0 {
+		c.mu.Unlock()
+		return nil
+	}
+	work = append(work, c.rebuildLocked(t, now)...)
+	c.notifyLocked()
+	c.mu.Unlock()
+	return c.runCommits(ctx, t, work)
+}
+
+// machineDownLocked marks a machine dead; the caller rebuilds the scheduler, which moves
+// its gangs.
+func (c *Controller) machineDownLocked(t *term, name, reason string, now time.Time) []commitFn {
+	e := t.machines[name]
+	if e == nil || !e.rec.Alive {
+		return nil
+	}
+	m := e.rec
+	m.Alive, m.Reason = false, reason
+	key := api.TableMachines + name
+	w := commitFn{what: "machine " + name + " down", cmp: []meta.Compare{{Key: key, Version: e.ver}}, ops: []meta.Op{putJSON(key, m)},
+		events: []api.Event{{Time: now, Kind: api.EventMachineDown, Machine: name, Reason: reason}}}
+	e.rec, e.ver = m, e.ver+1
+	delete(t.loads, name)
+	c.log.Warn("machine declared dead", zap.String("machine", name), zap.String("reason", reason))
+	return []commitFn{w}
+}
+
+// ReportLoad feeds an agent's load sample to the scheduler's load plugin. Samples are not
+// committed: only the leader uses them, and a new leader gets fresh ones within a period.
+func (c *Controller) ReportLoad(r api.LoadReport) error {
+	t, err := c.lockTerm()
+	if err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	e := t.machines[r.Machine]
+	if e == nil || !e.rec.Alive {
+		return fmt.Errorf("%w: machine %q is not registered (register again)", api.ErrNotFound, r.Machine)
+	}
+	if r.Incarnation != e.rec.Incarnation {
+		return fmt.Errorf("%w: machine %q is in incarnation %d, the report is of %d (register again)", api.ErrStale, r.Machine, e.rec.Incarnation, r.Incarnation)
+	}
+	for _, v := range []float64{r.Load.CPU, r.Load.GPU, r.Load.Mem, r.Load.Net} {
+		if !(v >= 0 && v <= 1) {
+			return fmt.Errorf("%w: machine %q load %+v: every figure must be in [0, 1]", api.ErrInvalid, r.Machine, r.Load)
+		}
+	}
+	t.loads[r.Machine] = r
+	t.seen[r.Machine] = c.cfg.Clock()
+	if i, ok := t.index[r.Machine]; ok && t.sched != nil {
+		return t.sched.UpdateLoad(i, gang.Load{CPU: r.Load.CPU, GPU: r.Load.GPU, Mem: r.Load.Mem, Net: r.Load.Net})
+	}
+	return nil
+}
+
+// Machine returns a machine's record.
+func (c *Controller) Machine(name string) (api.Machine, error) {
+	t, err := c.lockTerm()
+	if err != nil {
+		return api.Machine{}, err
+	}
+	defer c.mu.Unlock()
+	e := t.machines[name]
+	if e == nil {
+		return api.Machine{}, fmt.Errorf("%w: machine %q", api.ErrNotFound, name)
+	}
+	return e.rec, nil
+}
+
+// Status describes the machines and gangs as the leader sees them.
+func (c *Controller) Status() (api.Status, error) {
+	t, err := c.lockTerm()
+	if err != nil {
+		return api.Status{}, err
+	}
+	defer c.mu.Unlock()
+	var st api.Status
+	used := map[string]int{}
+	for _, g := range t.gangs {
+		if g.rec.State == api.GangStarting || g.rec.State == api.GangRunning || g.rec.State == api.GangRestarting {
+			for _, i := range g.rec.Active() {
+				if m := g.rec.Placement.Members[i]; m.Milli == 0 || m.Milli == gang.Milli {
+					used[m.Machine] += len(m.GPUs)
+				}
+			}
+		}
+	}
+	for name, m := range t.machines {
+		ms := api.MachineStatus{Name: name, GPUs: m.rec.NumGPUs(), Alive: m.rec.Alive, PID: m.rec.PID, Simulated: m.rec.Simulated,
+			Rack: m.rec.Rack, Agent: m.rec.Agent.API}
+		if m.rec.Alive {
+			ms.FreeGPUs = ms.GPUs - used[name]
+		}
+		if l, ok := t.loads[name]; ok {
+			ld := l.Load
+			ms.Load = &ld
+		}
+		st.Machines = append(st.Machines, ms)
+	}
+	sort.Slice(st.Machines, func(i, j int) bool { return st.Machines[i].Name < st.Machines[j].Name })
+	for _, g := range t.gangs {
+		gs := api.GangStatus{Job: g.rec.Spec.Job, Name: g.rec.Spec.Name, State: g.rec.State, Workers: len(g.rec.Ranks()),
+			Ready: len(g.ready), Generation: g.rec.Generation, Restarts: g.rec.Restarts, Reason: g.rec.Reason,
+			Preemptions: g.rec.Preemptions, Resizes: g.rec.Resizes, Notice: g.rec.Notice}
+		if g.rec.State == api.GangPending || g.rec.Placement == nil {
+			gs.Workers = g.rec.Spec.Workers
+		}
+		if g.rec.Spec.Elastic() {
+			gs.MinWorkers, gs.MaxWorkers = g.rec.Spec.MinWorkers, g.rec.Spec.Workers
+		}
+		if g.rec.Placement != nil {
+			gs.Machines = g.rec.Placement.Machines
+			if g.rec.State.Live() {
+				gs.GPUs = gangGPUs(g.rec)
+			}
+		}
+		gs.Queue = g.rec.Spec.Queue
+		if gs.Queue == "" {
+			gs.Queue = t.conf.DefaultQueue
+		}
+		gs.Priority, _ = t.conf.Priority(g.rec.Spec)
+		st.Gangs = append(st.Gangs, gs)
+	}
+	sort.Slice(st.Gangs, func(i, j int) bool {
+		if st.Gangs[i].Job != st.Gangs[j].Job {
+			return st.Gangs[i].Job < st.Gangs[j].Job
+		}
+		return st.Gangs[i].Name < st.Gangs[j].Name
+	})
+	st.Queues = c.queueStatusLocked(t)
+	st.Revision = c.sm.Revision()
+	if c.poolStatus != nil {
+		st.Pools = c.poolStatus()
+	}
+	return st, nil
+}

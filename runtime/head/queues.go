@@ -1,0 +1,120 @@
+package head
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/store/meta"
+)
+
+// SchedulerConfig returns the operator's scheduler configuration (queues, priority
+// classes, notice grace) as the leader applies it.
+func (c *Controller) SchedulerConfig() (api.SchedulerConfig, error) {
+	t, err := c.lockTerm()
+	if err != nil {
+		return api.SchedulerConfig{}, err
+	}
+	defer c.mu.Unlock()
+	return t.conf, nil
+}
+
+// SetSchedulerConfig validates and commits a new scheduler configuration, then rebuilds the
+// scheduler with it (running gangs keep running; pending ones queue again under the new
+// queues). A configuration that drops a queue or a priority class that a live gang names
+// is refused, with the gangs.
+func (c *Controller) SetSchedulerConfig(ctx context.Context, conf api.SchedulerConfig) (api.SchedulerConfig, error) {
+	if err := conf.Validate(); err != nil {
+		return api.SchedulerConfig{}, err
+	}
+	t, err := c.lockTerm()
+	if err != nil {
+		return api.SchedulerConfig{}, err
+	}
+	queues, classes := map[string]bool{}, map[string]bool{}
+	for _, q := range conf.Queues {
+		queues[q.Name] = true
+	}
+	for _, p := range conf.PriorityClasses {
+		classes[p.Name] = true
+	}
+	var orphans []string
+	for key, e := range t.gangs {
+		if !e.rec.State.Live() {
+			continue
+		}
+		if q := e.rec.Spec.Queue; q != "" && !queues[q] {
+			orphans = append(orphans, fmt.Sprintf("%s (queue %s)", key, q))
+		}
+		if pc := e.rec.Spec.PriorityClass; pc != "" && !classes[pc] {
+			orphans = append(orphans, fmt.Sprintf("%s (priority class %s)", key, pc))
+		}
+	}
+	ver := t.confVer
+	c.mu.Unlock()
+	if len(orphans) > 0 {
+		sort.Strings(orphans)
+		return api.SchedulerConfig{}, fmt.Errorf("%w: the new configuration drops what live gangs name: %v", api.ErrInvalid, orphans)
+	}
+	if err := c.commit(ctx, []meta.Compare{{Key: api.SchedulerConfigKey, Version: ver}}, []meta.Op{putJSON(api.SchedulerConfigKey, conf)}); err != nil {
+		return api.SchedulerConfig{}, err
+	}
+	t, err = c.lockTerm()
+	if err != nil {
+		return conf, nil // committed; the next leader applies it
+	}
+	if t.confVer != ver {
+		c.mu.Unlock()
+		return conf, nil
+	}
+	t.conf, t.confVer = conf, ver+1
+	work := c.rebuildLocked(t, c.cfg.Clock())
+	c.notifyLocked()
+	c.mu.Unlock()
+	c.log.Info("scheduler configuration set", zap.Int("queues", len(conf.Queues)), zap.Int("priority_classes", len(conf.PriorityClasses)))
+	return conf, c.runCommits(ctx, t, work)
+}
+
+// queueStatusLocked is every queue's line for the cluster status.
+func (c *Controller) queueStatusLocked(t *term) []api.QueueStatus {
+	out := make([]api.QueueStatus, 0, len(t.conf.Queues))
+	idx := map[string]int{}
+	for _, q := range t.conf.Queues {
+		idx[q.Name] = len(out)
+		qs := api.QueueStatus{Name: q.Name, Weight: q.Weight, QuotaGPUs: q.QuotaGPUs}
+		if t.sched != nil {
+			qs.Share = t.sched.QueueRatio(q.Name)
+		}
+		out = append(out, qs)
+	}
+	for _, e := range t.gangs {
+		q := e.rec.Spec.Queue
+		if q == "" {
+			q = t.conf.DefaultQueue
+		}
+		i, ok := idx[q]
+		if !ok {
+			continue
+		}
+		switch e.rec.State {
+		case api.GangPending:
+			out[i].Pending++
+		case api.GangStarting, api.GangRunning, api.GangRestarting:
+			out[i].Running++
+			out[i].GPUs += gangGPUs(e.rec)
+		}
+	}
+	return out
+}
+
+// gangGPUs counts the cards a placed gang holds (a share or a MIG slice counts as one).
+func gangGPUs(g api.Gang) int {
+	n := 0
+	for _, i := range g.Active() {
+		n += len(g.Placement.Members[i].GPUs)
+	}
+	return n
+}
