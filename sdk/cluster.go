@@ -21,9 +21,8 @@ import (
 
 	"github.com/atoll-run/atoll/actors"
 	"github.com/atoll-run/atoll/internal/codec"
-	"github.com/atoll-run/atoll/runtime/coll"
-	"github.com/atoll-run/atoll/runtime/agent"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/coll"
 	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/store/object"
 	"github.com/atoll-run/atoll/store/transfer"
@@ -130,7 +129,7 @@ func apply(opts []Option) (settings, error) {
 
 // InWorker reports whether this process is a worker started by an agent (Start, Local and
 // Connect then serve the worker and never return).
-func InWorker() bool { return os.Getenv(agent.WorkerEnv) != "" }
+func InWorker() bool { return os.Getenv(api.WorkerEnv) != "" }
 
 // Start connects to the cluster named by WithAddress or ATOLL_ADDRESS, and otherwise
 // starts the embedded default (Local): the same program runs unchanged on one process and
@@ -141,7 +140,7 @@ func Start(ctx context.Context, opts ...Option) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	if os.Getenv(agent.WorkerEnv) != "" {
+	if os.Getenv(api.WorkerEnv) != "" {
 		runWorker(s)
 	}
 	addr := s.address
@@ -164,7 +163,7 @@ func Local(ctx context.Context, opts ...Option) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	if os.Getenv(agent.WorkerEnv) != "" {
+	if os.Getenv(api.WorkerEnv) != "" {
 		runWorker(s)
 	}
 	return startLocal(ctx, s)
@@ -177,7 +176,7 @@ func Connect(ctx context.Context, address string, opts ...Option) (*Cluster, err
 	if err != nil {
 		return nil, err
 	}
-	if os.Getenv(agent.WorkerEnv) != "" {
+	if os.Getenv(api.WorkerEnv) != "" {
 		runWorker(s)
 	}
 	return connect(ctx, s, address)
@@ -495,7 +494,7 @@ func (c *conn) freeEverywhere(ctx context.Context, own objectHost, id object.ID)
 			if err != nil {
 				continue // a driver's store: it frees its own copy with its owner
 			}
-			if err := c.agentCall(ctx, u, "/v1/objects/free", agent.ObjectRef{ID: id.String()}); err != nil && !errors.Is(err, api.ErrNotFound) {
+			if err := c.agentCall(ctx, u, "/v1/objects/free", api.ObjectRef{ID: id.String()}); err != nil && !errors.Is(err, api.ErrNotFound) {
 				errs = append(errs, err)
 			}
 		}

@@ -7,9 +7,9 @@ import (
 	"path/filepath"
 
 	"github.com/atoll-run/atoll/actors"
-	"github.com/atoll-run/atoll/runtime/coll"
 	"github.com/atoll-run/atoll/runtime/agent"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/coll"
 	"github.com/atoll-run/atoll/runtime/head"
 	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/store/paxos"
@@ -40,7 +40,7 @@ type inprocLauncher struct {
 }
 
 // Launch implements agent.Launcher.
-func (l *inprocLauncher) Launch(ctx context.Context, spec agent.WorkerSpec, _ api.Job) (agent.Handle, error) {
+func (l *inprocLauncher) Launch(ctx context.Context, spec api.WorkerSpec, _ api.Job) (agent.Handle, error) {
 	st := l.stores[spec.Machine]
 	if st == nil {
 		return nil, fmt.Errorf("sdk: no store for machine %s", spec.Machine)

@@ -15,10 +15,9 @@ import (
 	"time"
 
 	"github.com/atoll-run/atoll/internal/codec"
-	"github.com/atoll-run/atoll/runtime/agent"
+	"github.com/atoll-run/atoll/proto/actorspb"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/objects"
-	"github.com/atoll-run/atoll/proto/actorspb"
 	"github.com/atoll-run/atoll/store/object"
 )
 
@@ -345,7 +344,7 @@ func encodePayload(c *codec.Codec, v any) (*api.Payload, error) {
 	return &api.Payload{Type: p.Type, Codec: int32(p.Codec), Data: p.Data}, nil
 }
 
-type agentObjectRef = agent.ObjectRef
+type agentObjectRef = api.ObjectRef
 
 // localStore is a store in this process: the embedded default's machines, and a driver's
 // own store on a cluster.
@@ -399,7 +398,7 @@ func (s *agentStore) call(ctx context.Context, path string, body io.Reader, out 
 		switch eb.Kind {
 		case "not_found":
 			return fmt.Errorf("%s: %w", eb.Error, object.ErrNotFound)
-		case agent.KindTooLarge:
+		case api.KindTooLarge:
 			return fmt.Errorf("%s: %w", eb.Error, object.ErrTooLarge)
 		}
 		return fmt.Errorf("sdk: agent %s%s: %d: %s", s.url, path, resp.StatusCode, eb.Error)
@@ -415,7 +414,7 @@ func (s *agentStore) put(ctx context.Context, data []byte) (object.ID, error) {
 }
 
 func (s *agentStore) putAs(ctx context.Context, holder string, data []byte) (object.ID, error) {
-	var ref agent.ObjectRef
+	var ref api.ObjectRef
 	if err := s.call(ctx, "/v1/objects/put?holder="+url.QueryEscape(holder), bytes.NewReader(data), &ref); err != nil {
 		return object.ID{}, err
 	}
@@ -423,7 +422,7 @@ func (s *agentStore) putAs(ctx context.Context, holder string, data []byte) (obj
 }
 
 func (s *agentStore) get(ctx context.Context, id object.ID) ([]byte, func(), error) {
-	body, _ := json.Marshal(agent.ObjectRef{ID: id.String(), Holder: s.holder})
+	body, _ := json.Marshal(api.ObjectRef{ID: id.String(), Holder: s.holder})
 	var m object.Mapping
 	if err := s.call(ctx, "/v1/objects/map", bytes.NewReader(body), &m); err != nil {
 		return nil, nil, err
@@ -444,7 +443,7 @@ func (s *agentStore) get(ctx context.Context, id object.ID) ([]byte, func(), err
 }
 
 func (s *agentStore) free(ctx context.Context, id object.ID) error {
-	body, _ := json.Marshal(agent.ObjectRef{ID: id.String()})
+	body, _ := json.Marshal(api.ObjectRef{ID: id.String()})
 	return s.call(ctx, "/v1/objects/free", bytes.NewReader(body), nil)
 }
 
@@ -452,7 +451,7 @@ func (s *agentStore) location() string { return s.transfer }
 
 // renew keeps the worker's lease on its references and mappings while it lives.
 func (s *agentStore) renew(ctx context.Context, every time.Duration) {
-	body, _ := json.Marshal(agent.ObjectRef{Holder: s.holder})
+	body, _ := json.Marshal(api.ObjectRef{Holder: s.holder})
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {

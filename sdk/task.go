@@ -13,8 +13,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/internal/codec"
-	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/proto/actorspb"
+	"github.com/atoll-run/atoll/runtime/api"
 )
 
 // Tasks are stateless functions run on workers of the cluster, as Ray's remote functions

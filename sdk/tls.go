@@ -7,10 +7,9 @@ import (
 	"os"
 
 	"github.com/atoll-run/atoll/actors"
-	"github.com/atoll-run/atoll/runtime/coll"
 	"github.com/atoll-run/atoll/internal/pki"
-	"github.com/atoll-run/atoll/runtime/agent"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/coll"
 	"github.com/atoll-run/atoll/store/transfer"
 )
 
@@ -28,7 +27,7 @@ func clusterIdentity(ctx context.Context, heads []string, token string, caPEM []
 		return nil, err
 	}
 	if len(caPEM) == 0 {
-		return nil, fmt.Errorf("%w: the heads are https but no cluster CA certificate was given (the address's ca=PATH, or %s)", ErrInvalid, agent.CACertEnv)
+		return nil, fmt.Errorf("%w: the heads are https but no cluster CA certificate was given (the address's ca=PATH, or %s)", ErrInvalid, api.CACertEnv)
 	}
 	return api.RequestIdentity(ctx, heads, token, caPEM, name)
 }
@@ -37,7 +36,7 @@ func clusterIdentity(ctx context.Context, heads []string, token string, caPEM []
 // file $ATOLL_CA_CERT names; nil when neither is set.
 func readCA(caFile string) ([]byte, error) {
 	if caFile == "" {
-		caFile = os.Getenv(agent.CACertEnv)
+		caFile = os.Getenv(api.CACertEnv)
 	}
 	if caFile == "" {
 		return nil, nil

@@ -16,10 +16,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/actors"
-	"github.com/atoll-run/atoll/runtime/coll"
 	"github.com/atoll-run/atoll/internal/cudactx"
 	"github.com/atoll-run/atoll/runtime/agent"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/coll"
 	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/object"
 )
@@ -28,7 +28,7 @@ import (
 // in the driver's process in the embedded default.
 type hosted struct {
 	c     *conn
-	spec  agent.WorkerSpec
+	spec  api.WorkerSpec
 	store objectHost
 	log   *zap.Logger
 	group *actors.Group
@@ -58,7 +58,7 @@ func (e permanentError) Unwrap() error { return e.error }
 
 // host starts the worker's actor (restored from the gang's newest checkpoint), then tells
 // the leader it is ready.
-func (c *conn) host(ctx context.Context, spec agent.WorkerSpec, store objectHost) (*hosted, error) {
+func (c *conn) host(ctx context.Context, spec api.WorkerSpec, store objectHost) (*hosted, error) {
 	kd := c.s.kinds[spec.Kind]
 	if kd == nil {
 		known := make([]string, 0, len(c.s.kinds))
@@ -477,7 +477,7 @@ func (c *conn) latestCheckpoint(ctx context.Context, job, gang string) (api.Chec
 
 // ExitPermanent is a worker process's exit status when a restart cannot help (an unknown
 // kind, undecodable arguments, an unreadable spec): its agent reports the gang failed.
-const ExitPermanent = agent.ExitPermanent
+const ExitPermanent = api.ExitPermanent
 
 // runWorker serves one worker in this process, started by an agent, and exits.
 func runWorker(s settings) {
@@ -485,7 +485,7 @@ func runWorker(s settings) {
 }
 
 func serveWorker(s settings) int {
-	spec, err := agent.ReadWorkerSpec(os.Getenv(agent.WorkerEnv))
+	spec, err := api.ReadWorkerSpec(os.Getenv(api.WorkerEnv))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return ExitPermanent

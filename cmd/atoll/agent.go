@@ -47,7 +47,7 @@ worker processes of the gangs placed on it.`,
 				return fmt.Errorf("agent: --join: %w", err)
 			}
 			if caCert == "" {
-				caCert = os.Getenv(agent.CACertEnv)
+				caCert = os.Getenv(api.CACertEnv)
 			}
 			var caPEM []byte
 			if caCert != "" {

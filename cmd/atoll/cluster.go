@@ -24,9 +24,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/atoll-run/atoll/internal/pki"
-	"github.com/atoll-run/atoll/runtime/agent"
-	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/pools"
+	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/sdk"
 )
 
@@ -145,10 +144,10 @@ func dialCluster(ctx context.Context, address string) (*dialed, error) {
 	if secure {
 		caFile := a.CAFile
 		if caFile == "" {
-			caFile = os.Getenv(agent.CACertEnv)
+			caFile = os.Getenv(api.CACertEnv)
 		}
 		if caFile == "" {
-			return nil, fmt.Errorf("the heads are https: give the cluster CA's certificate (the address's ;ca=PATH, or %s)", agent.CACertEnv)
+			return nil, fmt.Errorf("the heads are https: give the cluster CA's certificate (the address's ;ca=PATH, or %s)", api.CACertEnv)
 		}
 		caPEM, err := pki.ReadCACert(caFile)
 		if err != nil {
@@ -380,7 +379,7 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 	if secure {
 		scheme = "https://"
 		cf.CACert = filepath.Join(caDir, pki.CACertFile)
-		env = append(env, agent.CACertEnv+"="+cf.CACert)
+		env = append(env, api.CACertEnv+"="+cf.CACert)
 		headArgs = []string{"--ca-dir", caDir}
 		// `up` itself is a client of the heads: it holds the CA, so it issues its own
 		// certificate.

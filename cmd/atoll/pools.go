@@ -16,10 +16,10 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
-	"github.com/atoll-run/atoll/runtime/api"
-	"github.com/atoll-run/atoll/runtime/autoscale"
 	"github.com/atoll-run/atoll/pools"
 	"github.com/atoll-run/atoll/pools/provider"
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/autoscale"
 )
 
 // poolsOptions are a head's --pools flags.

@@ -9,8 +9,8 @@ import (
 	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/atoll-run/atoll/runtime/autoscale"
 	"github.com/atoll-run/atoll/pools/provider/kubernetes"
+	"github.com/atoll-run/atoll/runtime/autoscale"
 )
 
 // kubernetesSettings are the kubernetes provider's settings in a pool file.

@@ -106,7 +106,7 @@ type Agent struct {
 	incarnation uint64
 	gangs       map[string]api.Gang   // the log's gangs table, as watched
 	workers     map[string]*worker    // by job/gang/rank
-	exited      map[string]bool       // WorkerSpec.Key()s that exited by themselves
+	exited      map[string]bool       // api.WorkerSpec.Key()s that exited by themselves
 	changed     chan struct{}         // closed at every change of workers (tests)
 	binaries    map[string]*sync.Once // by sha256
 	binErr      map[string]error
@@ -116,7 +116,7 @@ type Agent struct {
 func (a *Agent) Identity() *pki.Identity { return a.id }
 
 type worker struct {
-	spec     WorkerSpec
+	spec     api.WorkerSpec
 	h        Handle // nil while launching
 	stopping bool
 }
@@ -383,8 +383,8 @@ func (a *Agent) watchLoop() {
 }
 
 // desiredLocked computes the workers this machine should run, by job/gang/rank.
-func (a *Agent) desiredLocked() map[string]WorkerSpec {
-	out := map[string]WorkerSpec{}
+func (a *Agent) desiredLocked() map[string]api.WorkerSpec {
+	out := map[string]api.WorkerSpec{}
 	for _, g := range a.gangs {
 		if (g.State != api.GangStarting && g.State != api.GangRunning) || g.Placement == nil {
 			continue
@@ -398,7 +398,7 @@ func (a *Agent) desiredLocked() map[string]WorkerSpec {
 			if m.Machine != a.cfg.Name || m.Removed {
 				continue
 			}
-			s := WorkerSpec{Job: g.Spec.Job, Gang: g.Spec.Name, Rank: rank, Generation: g.Generation, GangUID: g.UID, Kind: g.Spec.Kind, Args: g.Spec.Args,
+			s := api.WorkerSpec{Job: g.Spec.Job, Gang: g.Spec.Name, Rank: rank, Generation: g.Generation, GangUID: g.UID, Kind: g.Spec.Kind, Args: g.Spec.Args,
 				Machine: a.cfg.Name, Simulated: a.cfg.Simulated, Member: m, Placement: *g.Placement, World: world, Epoch: epoch, Heads: a.client.Heads(),
 				Token: string(a.cfg.Token), CACert: string(a.cfg.CACert), Agent: a.addr, Transfer: a.node.Addr, Driver: g.Spec.Driver}
 			s.Holder = "worker/" + s.Key()
@@ -413,7 +413,7 @@ func (a *Agent) desiredLocked() map[string]WorkerSpec {
 
 // exitKey names a worker incarnation of a gang incarnation: its exit is remembered under it
 // until that gang generation is over.
-func exitKey(s WorkerSpec) string { return s.GangUID + "/" + s.Key() }
+func exitKey(s api.WorkerSpec) string { return s.GangUID + "/" + s.Key() }
 
 // reconcile stops the workers that should not run and starts those missing.
 func (a *Agent) reconcile() {
@@ -561,7 +561,7 @@ func (a *Agent) stopWorker(w *worker) {
 }
 
 // reportExit tells the leader a worker exited by itself, retrying until it is heard.
-func (a *Agent) reportExit(s WorkerSpec, reason string, permanent, completed bool) {
+func (a *Agent) reportExit(s api.WorkerSpec, reason string, permanent, completed bool) {
 	x := api.WorkerExit{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation, Machine: a.cfg.Name, Reason: reason,
 		Permanent: permanent, Completed: completed}
 	for a.ctx.Err() == nil {
@@ -669,10 +669,10 @@ func (permanentErr) Permanent() bool { return true }
 func (e permanentErr) Unwrap() error { return e.error }
 
 // Workers lists the workers this agent runs (started or starting), by job/gang/rank.
-func (a *Agent) Workers() map[string]WorkerSpec {
+func (a *Agent) Workers() map[string]api.WorkerSpec {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := map[string]WorkerSpec{}
+	out := map[string]api.WorkerSpec{}
 	for k, w := range a.workers {
 		out[k] = w.spec
 	}

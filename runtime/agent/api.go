@@ -25,12 +25,6 @@ import (
 // MaxPutBytes bounds one object put through the agent API.
 const MaxPutBytes = 64 << 30
 
-// ObjectRef names an object and the holder acting on it.
-type ObjectRef struct {
-	ID     string `json:"id"`
-	Holder string `json:"holder,omitempty"`
-}
-
 // WorkerInfo is one worker in GET /v1/workers.
 type WorkerInfo struct {
 	Key        string `json:"key"`
@@ -48,26 +42,26 @@ type WorkerInfo struct {
 func (a *Agent) apiHandler() http.Handler {
 	m := http.NewServeMux()
 	m.HandleFunc("POST /v1/objects/put", a.put)
-	m.HandleFunc("POST /v1/objects/map", objectOp(a, func(ctx context.Context, id object.ID, r ObjectRef) (any, error) {
+	m.HandleFunc("POST /v1/objects/map", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
 		return a.local.Map(ctx, id, r.Holder)
 	}))
-	m.HandleFunc("POST /v1/objects/unmap", objectOp(a, func(ctx context.Context, id object.ID, r ObjectRef) (any, error) {
+	m.HandleFunc("POST /v1/objects/unmap", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
 		return nil, a.local.Unmap(ctx, id, r.Holder)
 	}))
-	m.HandleFunc("POST /v1/objects/release", objectOp(a, func(ctx context.Context, id object.ID, r ObjectRef) (any, error) {
+	m.HandleFunc("POST /v1/objects/release", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
 		return nil, a.local.Release(ctx, id, r.Holder)
 	}))
-	m.HandleFunc("POST /v1/objects/free", objectOp(a, func(ctx context.Context, id object.ID, _ ObjectRef) (any, error) {
+	m.HandleFunc("POST /v1/objects/free", objectOp(a, func(ctx context.Context, id object.ID, _ api.ObjectRef) (any, error) {
 		return nil, a.local.Free(ctx, id)
 	}))
-	m.HandleFunc("POST /v1/objects/replicate", objectOp(a, func(ctx context.Context, id object.ID, r ObjectRef) (any, error) {
+	m.HandleFunc("POST /v1/objects/replicate", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
 		if r.Holder == "" {
 			return nil, fmt.Errorf("%w: a replica needs a holder", api.ErrInvalid)
 		}
 		return nil, a.local.Replicate(ctx, id, r.Holder)
 	}))
 	m.HandleFunc("POST /v1/leases/renew", func(w http.ResponseWriter, r *http.Request) {
-		var ref ObjectRef
+		var ref api.ObjectRef
 		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&ref); err != nil || ref.Holder == "" {
 			a.fail(w, fmt.Errorf("%w: lease renewal needs a holder", api.ErrInvalid))
 			return
@@ -131,24 +125,20 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// KindTooLarge is the error kind of a put larger than the store's whole capacity
-// (object.ErrTooLarge): the putter may store it in parts instead.
-const KindTooLarge = "too_large"
-
 func (a *Agent) fail(w http.ResponseWriter, err error) {
 	code, kind := api.ErrorStatus(err)
 	switch {
 	case errors.Is(err, object.ErrNotFound):
 		code, kind = http.StatusNotFound, "not_found"
 	case errors.Is(err, object.ErrTooLarge):
-		code, kind = http.StatusRequestEntityTooLarge, KindTooLarge
+		code, kind = http.StatusRequestEntityTooLarge, api.KindTooLarge
 	}
 	writeJSON(w, code, api.ErrorBody{Error: err.Error(), Kind: kind})
 }
 
-func objectOp(a *Agent, fn func(context.Context, object.ID, ObjectRef) (any, error)) http.HandlerFunc {
+func objectOp(a *Agent, fn func(context.Context, object.ID, api.ObjectRef) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		var ref ObjectRef
+		var ref api.ObjectRef
 		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&ref); err != nil {
 			a.fail(w, fmt.Errorf("%w: %s: %v", api.ErrInvalid, r.URL.Path, err))
 			return
@@ -196,7 +186,7 @@ func (a *Agent) put(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, ObjectRef{ID: id.String(), Holder: holder})
+	writeJSON(w, http.StatusOK, api.ObjectRef{ID: id.String(), Holder: holder})
 }
 
 // LogPath is where a worker's stdout and stderr go on its agent.

@@ -16,91 +16,11 @@ import (
 	"github.com/atoll-run/atoll/runtime/api"
 )
 
-// WorkerEnv is the environment variable that makes a program a worker: it names the
-// worker's spec file (JSON, mode 0600, holding the cluster token among the rest).
-const WorkerEnv = "ATOLL_WORKER"
-
-// ExitPermanent is the exit status of a worker process that a restart cannot help (an
-// unknown kind, undecodable arguments, an unreadable spec): the agent reports its exit as
-// permanent, and the gang fails at once.
-const ExitPermanent = 78
-
-// SimulatedGPUsEnv lists a worker's simulated GPU UUIDs on a machine whose GPUs are
-// declared, not real (CUDA_VISIBLE_DEVICES is then empty: there is no device to see).
-const SimulatedGPUsEnv = "ATOLL_SIMULATED_GPUS"
-
-// CACertEnv names the cluster CA certificate's file for a process that connects to a
-// cluster (`atoll submit`'s drivers, commands): the address option ca=PATH does the same.
-const CACertEnv = "ATOLL_CA_CERT"
-
-// WorkerSpec is everything a worker needs to start: who it is in which gang, its GPUs, and
-// how to reach the cluster.
-type WorkerSpec struct {
-	Job        string `json:"job"`
-	Gang       string `json:"gang"`
-	Rank       int    `json:"rank"`
-	Generation int    `json:"generation"`
-	// GangUID tells this gang from an earlier one of the same names.
-	GangUID string `json:"gang_uid"`
-	// Kind and Args make the worker's actor.
-	Kind string       `json:"kind"`
-	Args *api.Payload `json:"args,omitempty"`
-	// Machine is the machine it runs on; Member its GPUs there; Placement the whole gang's.
-	Machine   string        `json:"machine"`
-	Simulated bool          `json:"simulated"`
-	Member    api.Member    `json:"member"`
-	Placement api.Placement `json:"placement"`
-	// World is the gang's members as its program works with them when the worker starts
-	// (member indices in rank order), at world Epoch; a member added by a grow is not in it
-	// yet: its driver brings it in (Gang.Yield).
-	World []int `json:"world,omitempty"`
-	Epoch int   `json:"epoch,omitempty"`
-	// Heads are the heads' API URLs, Token the cluster secret.
-	Heads []string `json:"heads"`
-	Token string   `json:"token"`
-	// CACert is the cluster CA's certificate (PEM) when the cluster runs mutual TLS: the
-	// worker gets a certificate of its own from the heads with it and the token.
-	CACert string `json:"ca_cert,omitempty"`
-	// Agent is the machine agent's API URL; Transfer its object store's transfer address.
-	Agent    string `json:"agent"`
-	Transfer string `json:"transfer"`
-	// Holder names the worker to its agent's object store (its references and mappings).
-	Holder string `json:"holder"`
-	// Driver says this is a submitted driver (`atoll submit`), not a worker: it runs the
-	// job's executable with the cluster's address.
-	Driver bool `json:"driver,omitempty"`
-}
-
-// Key names the worker: job/gang/rank.g<generation>.
-func (s *WorkerSpec) Key() string {
-	return fmt.Sprintf("%s/%s/%d.g%d", s.Job, s.Gang, s.Rank, s.Generation)
-}
-
-// ReadWorkerSpec reads a worker's spec file, refusing one that others could read.
-func ReadWorkerSpec(path string) (WorkerSpec, error) {
-	st, err := os.Stat(path)
-	if err != nil {
-		return WorkerSpec{}, fmt.Errorf("atoll worker: spec %s: %w", path, err)
-	}
-	if st.Mode().Perm()&0o077 != 0 {
-		return WorkerSpec{}, fmt.Errorf("atoll worker: spec %s has mode %v: it holds the cluster token and must be readable by its owner only (0600)", path, st.Mode().Perm())
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return WorkerSpec{}, fmt.Errorf("atoll worker: spec %s: %w", path, err)
-	}
-	var s WorkerSpec
-	if err := json.Unmarshal(b, &s); err != nil {
-		return WorkerSpec{}, fmt.Errorf("atoll worker: spec %s: %w", path, err)
-	}
-	return s, nil
-}
-
 // Launcher starts workers. Implementations: ExecLauncher (a process per worker, the job's
 // own executable) and the SDK's in-process launcher of the embedded default.
 type Launcher interface {
 	// Launch starts a worker. The job says how (its binary, arguments, environment).
-	Launch(ctx context.Context, spec WorkerSpec, job api.Job) (Handle, error)
+	Launch(ctx context.Context, spec api.WorkerSpec, job api.Job) (Handle, error)
 }
 
 // Handle is a started worker.
@@ -118,7 +38,7 @@ type Handle interface {
 }
 
 // ExecLauncher starts each worker as a process of the job's executable, fetched by the
-// agent into BinaryDir by content hash, with the driver's arguments and a WorkerEnv that
+// agent into BinaryDir by content hash, with the driver's arguments and a api.WorkerEnv that
 // names its spec file.
 type ExecLauncher struct {
 	// RunDir holds the workers' spec files; LogDir their stdout and stderr.
@@ -128,7 +48,7 @@ type ExecLauncher struct {
 }
 
 // Launch implements Launcher.
-func (l *ExecLauncher) Launch(ctx context.Context, spec WorkerSpec, job api.Job) (Handle, error) {
+func (l *ExecLauncher) Launch(ctx context.Context, spec api.WorkerSpec, job api.Job) (Handle, error) {
 	bin, err := l.Binary(ctx, job)
 	if err != nil {
 		return nil, err
@@ -181,13 +101,13 @@ func (l *ExecLauncher) Launch(ctx context.Context, spec WorkerSpec, job api.Job)
 			if err := os.WriteFile(caPath, []byte(spec.CACert), 0o644); err != nil {
 				return nil, fmt.Errorf("agent: driver CA file: %w", err)
 			}
-			env = append(env, CACertEnv+"="+caPath)
+			env = append(env, api.CACertEnv+"="+caPath)
 		}
 	} else {
-		env = append(env, WorkerEnv+"="+specPath)
+		env = append(env, api.WorkerEnv+"="+specPath)
 	}
 	if spec.Simulated {
-		env = append(env, "CUDA_VISIBLE_DEVICES=", SimulatedGPUsEnv+"="+strings.Join(spec.Member.UUIDs, ","))
+		env = append(env, "CUDA_VISIBLE_DEVICES=", api.SimulatedGPUsEnv+"="+strings.Join(spec.Member.UUIDs, ","))
 	} else if len(spec.Member.UUIDs) > 0 {
 		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(spec.Member.UUIDs, ","))
 	} else {
@@ -228,7 +148,7 @@ func (h *procHandle) wait() {
 	if errors.As(err, &ee) {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			err = fmt.Errorf("killed by signal %v", ws.Signal())
-		} else if ok && ws.ExitStatus() == ExitPermanent {
+		} else if ok && ws.ExitStatus() == api.ExitPermanent {
 			err = permanentErr{fmt.Errorf("exited with status %d (permanent: a restart cannot help; see its log)", ws.ExitStatus())}
 		} else if ok {
 			err = fmt.Errorf("exited with status %d", ws.ExitStatus())

@@ -119,9 +119,9 @@ func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
 func (a *Agent) Registry() *prometheus.Registry { return a.obs.reg }
 
 // workerField logs a worker as the structured fields job, gang, rank and generation.
-func workerField(s WorkerSpec) zap.Field { return zap.Inline(workerRef{s}) }
+func workerField(s api.WorkerSpec) zap.Field { return zap.Inline(workerRef{s}) }
 
-type workerRef struct{ s WorkerSpec }
+type workerRef struct{ s api.WorkerSpec }
 
 func (w workerRef) MarshalLogObject(e zapcore.ObjectEncoder) error {
 	e.AddString("job", w.s.Job)

@@ -1,0 +1,101 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+)
+
+// The contract between an agent and the worker processes it starts (the SDK's worker mode
+// reads it): the environment, the spec file, the exit statuses, and the agent API's object
+// references.
+
+// WorkerEnv is the environment variable that makes a program a worker: it names the
+// worker's spec file (JSON, mode 0600, holding the cluster token among the rest).
+const WorkerEnv = "ATOLL_WORKER"
+
+// ExitPermanent is the exit status of a worker process that a restart cannot help (an
+// unknown kind, undecodable arguments, an unreadable spec): the agent reports its exit as
+// permanent, and the gang fails at once.
+const ExitPermanent = 78
+
+// SimulatedGPUsEnv lists a worker's simulated GPU UUIDs on a machine whose GPUs are
+// declared, not real (CUDA_VISIBLE_DEVICES is then empty: there is no device to see).
+const SimulatedGPUsEnv = "ATOLL_SIMULATED_GPUS"
+
+// CACertEnv names the cluster CA certificate's file for a process that connects to a
+// cluster (`atoll submit`'s drivers, commands): the address option ca=PATH does the same.
+const CACertEnv = "ATOLL_CA_CERT"
+
+// WorkerSpec is everything a worker needs to start: who it is in which gang, its GPUs, and
+// how to reach the cluster.
+type WorkerSpec struct {
+	Job        string `json:"job"`
+	Gang       string `json:"gang"`
+	Rank       int    `json:"rank"`
+	Generation int    `json:"generation"`
+	// GangUID tells this gang from an earlier one of the same names.
+	GangUID string `json:"gang_uid"`
+	// Kind and Args make the worker's actor.
+	Kind string   `json:"kind"`
+	Args *Payload `json:"args,omitempty"`
+	// Machine is the machine it runs on; Member its GPUs there; Placement the whole gang's.
+	Machine   string    `json:"machine"`
+	Simulated bool      `json:"simulated"`
+	Member    Member    `json:"member"`
+	Placement Placement `json:"placement"`
+	// World is the gang's members as its program works with them when the worker starts
+	// (member indices in rank order), at world Epoch; a member added by a grow is not in it
+	// yet: its driver brings it in (Gang.Yield).
+	World []int `json:"world,omitempty"`
+	Epoch int   `json:"epoch,omitempty"`
+	// Heads are the heads' API URLs, Token the cluster secret.
+	Heads []string `json:"heads"`
+	Token string   `json:"token"`
+	// CACert is the cluster CA's certificate (PEM) when the cluster runs mutual TLS: the
+	// worker gets a certificate of its own from the heads with it and the token.
+	CACert string `json:"ca_cert,omitempty"`
+	// Agent is the machine agent's API URL; Transfer its object store's transfer address.
+	Agent    string `json:"agent"`
+	Transfer string `json:"transfer"`
+	// Holder names the worker to its agent's object store (its references and mappings).
+	Holder string `json:"holder"`
+	// Driver says this is a submitted driver (`atoll submit`), not a worker: it runs the
+	// job's executable with the cluster's address.
+	Driver bool `json:"driver,omitempty"`
+}
+
+// Key names the worker: job/gang/rank.g<generation>.
+func (s *WorkerSpec) Key() string {
+	return fmt.Sprintf("%s/%s/%d.g%d", s.Job, s.Gang, s.Rank, s.Generation)
+}
+
+// ReadWorkerSpec reads a worker's spec file, refusing one that others could read.
+func ReadWorkerSpec(path string) (WorkerSpec, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return WorkerSpec{}, fmt.Errorf("atoll worker: spec %s: %w", path, err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return WorkerSpec{}, fmt.Errorf("atoll worker: spec %s has mode %v: it holds the cluster token and must be readable by its owner only (0600)", path, st.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return WorkerSpec{}, fmt.Errorf("atoll worker: spec %s: %w", path, err)
+	}
+	var s WorkerSpec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return WorkerSpec{}, fmt.Errorf("atoll worker: spec %s: %w", path, err)
+	}
+	return s, nil
+}
+
+// ObjectRef names an object and the holder acting on it.
+type ObjectRef struct {
+	ID     string `json:"id"`
+	Holder string `json:"holder,omitempty"`
+}
+
+// KindTooLarge is the error kind of a put larger than the store's whole capacity
+// (object.ErrTooLarge): the putter may store it in parts instead.
+const KindTooLarge = "too_large"
