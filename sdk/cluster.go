@@ -62,6 +62,12 @@ var (
 	ErrExists = api.ErrExists
 	// ErrUnknownTask: no task of that name was given to Start/Local/Connect (with Tasks).
 	ErrUnknownTask = errors.New("sdk: unknown task")
+	// ErrNoCluster: no cluster address was given and no embedded cluster was made
+	// available (package sdk/local).
+	ErrNoCluster = errors.New("sdk: no cluster")
+	// ErrInWorker: Start, Local or Connect was called in a worker process (one started by
+	// an agent); such a process serves its worker with WorkerMain or ServeWorker instead.
+	ErrInWorker = errors.New("sdk: this process is a worker")
 )
 
 // Cluster is a handle on an Atoll cluster: an embedded one (Local) or a running one
@@ -127,21 +133,34 @@ func apply(opts []Option) (settings, error) {
 	return s, nil
 }
 
-// InWorker reports whether this process is a worker started by an agent (Start, Local and
-// Connect then serve the worker and never return).
+// InWorker reports whether this process is a worker started by an agent: the program
+// then serves its worker (WorkerMain or ServeWorker) instead of driving a job.
 func InWorker() bool { return os.Getenv(api.WorkerEnv) != "" }
 
+// inWorker refuses to drive a cluster from a worker process, saying what to do instead.
+func inWorker() error {
+	if !InWorker() {
+		return nil
+	}
+	return fmt.Errorf("%w (started by an agent, %s set): begin main with `if sdk.InWorker() { os.Exit(sdk.WorkerMain(opts...)) }`", ErrInWorker, api.WorkerEnv)
+}
+
 // Start connects to the cluster named by WithAddress or ATOLL_ADDRESS, and otherwise
-// starts the embedded default (Local): the same program runs unchanged on one process and
-// on a cluster. In a worker process (started by an agent) Start never returns: it serves
-// the worker's actor and exits.
+// starts the embedded cluster that an option made available (local.Default(), or
+// local.Start, from package sdk/local); without one it fails with ErrNoCluster. The same
+// program runs unchanged on one process and on a cluster. In a worker process it fails
+// with ErrInWorker: a program begins main with
+//
+//	if sdk.InWorker() {
+//		os.Exit(sdk.WorkerMain(kinds...))
+//	}
 func Start(ctx context.Context, opts ...Option) (*Cluster, error) {
+	if err := inWorker(); err != nil {
+		return nil, err
+	}
 	s, err := apply(opts)
 	if err != nil {
 		return nil, err
-	}
-	if os.Getenv(api.WorkerEnv) != "" {
-		runWorker(s)
 	}
 	addr := s.address
 	if addr == "" {
@@ -153,18 +172,19 @@ func Start(ctx context.Context, opts ...Option) (*Cluster, error) {
 	return startLocal(ctx, s)
 }
 
-// Local starts an embedded cluster in this process: three head replicas (the Paxos
-// metadata log, fsync'd in a temporary directory), one agent per machine with its object
-// store, and workers hosted in this process. By default the machines are four simulated
-// DGX H100s (each one NVLink island of 8); simulated GPUs are declared as such, never
-// claimed as hardware.
+// Local starts an embedded cluster in this process, made available by an option
+// (local.Default() from package sdk/local, whose local.Cluster calls this): three head
+// replicas (the Paxos metadata log, fsync'd in a temporary directory), one agent per
+// machine with its object store, and workers hosted in this process. By default the
+// machines are four simulated DGX H100s (each one NVLink island of 8); simulated GPUs are
+// declared as such, never claimed as hardware.
 func Local(ctx context.Context, opts ...Option) (*Cluster, error) {
+	if err := inWorker(); err != nil {
+		return nil, err
+	}
 	s, err := apply(opts)
 	if err != nil {
 		return nil, err
-	}
-	if os.Getenv(api.WorkerEnv) != "" {
-		runWorker(s)
 	}
 	return startLocal(ctx, s)
 }
@@ -172,12 +192,12 @@ func Local(ctx context.Context, opts ...Option) (*Cluster, error) {
 // Connect connects to a running cluster: address lists its heads' URLs (as `atoll
 // address` prints it, optionally followed by ";token-file=PATH").
 func Connect(ctx context.Context, address string, opts ...Option) (*Cluster, error) {
+	if err := inWorker(); err != nil {
+		return nil, err
+	}
 	s, err := apply(opts)
 	if err != nil {
 		return nil, err
-	}
-	if os.Getenv(api.WorkerEnv) != "" {
-		runWorker(s)
 	}
 	return connect(ctx, s, address)
 }

@@ -3,21 +3,30 @@
 //
 // # Starting
 //
-// Start connects to the cluster named by ATOLL_ADDRESS (or WithAddress) and otherwise starts
-// the embedded default (Local): three heads and four simulated 8-GPU machines in this
-// process. The same program runs unchanged on both. Go cannot ship closures to other
-// processes, so a program declares its actor kinds and tasks by name when it starts, and on
-// a cluster the agents run this same executable as its workers: Start then serves the
-// worker and never returns.
+// Start connects to the cluster named by ATOLL_ADDRESS (or WithAddress). The embedded
+// default (three heads and four simulated 8-GPU machines in this process) is opt-in:
+// local.Start, from package sdk/local, connects the same way and otherwise starts it, so the
+// same program runs unchanged on both. A program that imports only sdk links the client
+// side alone (API client, actor system, object client, worker mode): no head, Paxos or
+// agent. Go cannot ship closures to other processes, so a program declares its actor kinds
+// and tasks by name when it starts, and on a cluster the agents run this same executable as
+// its workers: main begins by serving the worker when it is one (WorkerMain returns the
+// exit status; the library never exits the process).
 //
 //	var square = sdk.Task("square", func(ctx *sdk.Context, x int) (int, error) { return x * x, nil })
 //
-//	func main() {
-//		ctx := context.Background()
-//		c, err := sdk.Start(ctx,
-//			sdk.Tasks(square),
+//	func kinds() []sdk.Option {
+//		return []sdk.Option{sdk.Tasks(square),
 //			sdk.Kind("counter", func() sdk.Actor { return &Counter{} }, Incr{}),
-//			sdk.KindOf("trainer", NewTrainer, Step{})) // NewTrainer(args TrainerArgs) sdk.Actor
+//			sdk.KindOf("trainer", NewTrainer, Step{})} // NewTrainer(args TrainerArgs) sdk.Actor
+//	}
+//
+//	func main() {
+//		if sdk.InWorker() {
+//			os.Exit(sdk.WorkerMain(kinds()...))
+//		}
+//		ctx := context.Background()
+//		c, err := local.Start(ctx, kinds()...) // or sdk.Start: clusters only
 //		if err != nil { ... }
 //		defer c.Shutdown(ctx)
 //		job, err := c.Submit(ctx, sdk.JobSpec{Name: "demo"})

@@ -2,17 +2,13 @@ package sdk
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"path/filepath"
 
 	"github.com/atoll-run/atoll/actors"
-	"github.com/atoll-run/atoll/runtime/agent"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/coll"
-	"github.com/atoll-run/atoll/runtime/head"
 	"github.com/atoll-run/atoll/runtime/objects"
-	"github.com/atoll-run/atoll/store/paxos"
+	"github.com/atoll-run/atoll/sdk/internal/embed"
 	"github.com/atoll-run/atoll/topology"
 )
 
@@ -24,35 +20,28 @@ const DefaultSpec = "4xdgx-h100"
 // host's memory).
 const DefaultObjectStore = 256 << 20
 
+// WithEmbedded makes an embedded cluster available to Start (when no address is given) and
+// Local. Pass local.Default() from package sdk/local: the embedded default is opt-in, so
+// that a program that only connects to clusters links no head, Paxos or agent.
+func WithEmbedded(start embed.Starter) Option {
+	return func(s *settings) error {
+		s.embed = start
+		return nil
+	}
+}
+
 // embedded is a whole cluster in this process: heads, agents, and the workers hosted here.
 type embedded struct {
-	heads  []*head.Head
-	agents []*agent.Agent
-	dir    string
-	own    *tempDir // the directory, when the cluster made it
-}
-
-// inprocLauncher starts a gang's workers in this process (the embedded default), each on
-// its machine's store.
-type inprocLauncher struct {
-	c      *conn
-	stores map[string]*objects.Local // machine name -> its store
-}
-
-// Launch implements agent.Launcher.
-func (l *inprocLauncher) Launch(ctx context.Context, spec api.WorkerSpec, _ api.Job) (agent.Handle, error) {
-	st := l.stores[spec.Machine]
-	if st == nil {
-		return nil, fmt.Errorf("sdk: no store for machine %s", spec.Machine)
-	}
-	h, err := l.c.host(ctx, spec, localStore{l: st, holder: spec.Holder})
-	if err != nil {
-		return nil, err
-	}
-	return h, nil
+	cluster embed.Cluster
+	dir     string
+	own     *tempDir // the directory, when the cluster made it
 }
 
 func startLocal(ctx context.Context, s settings) (*Cluster, error) {
+	if s.embed == nil {
+		return nil, fmt.Errorf("%w: no cluster address (WithAddress or ATOLL_ADDRESS) and no embedded cluster: "+
+			"start with local.Start, or pass local.Default(), from github.com/atoll-run/atoll/sdk/local", ErrNoCluster)
+	}
 	tc := s.topo
 	if tc == nil {
 		var err error
@@ -73,26 +62,44 @@ func startLocal(ctx context.Context, s settings) (*Cluster, error) {
 		_ = e.removeDir()
 		return nil, err
 	}
-	token := newToken()
-	net := paxos.NewMemNetwork(1)
-	var urls []string
-	for id := uint64(1); id <= 3; id++ {
-		h, err := head.Start(head.Config{ID: id, Initial: []uint64{1, 2, 3}, Transport: net.Transport(id),
-			DataDir: filepath.Join(e.dir, fmt.Sprintf("head-%d", id)), Token: []byte(token), Logger: s.log})
-		if err != nil {
-			return fail(err)
+	capacity := s.objectCap
+	if capacity == 0 {
+		capacity = DefaultObjectStore
+	}
+	// The agents host their workers here, through the conn made once the heads answer:
+	// a worker placed before then (a data directory with running gangs) waits for it.
+	gate := make(chan struct{})
+	var hc *conn // set before gate closes; nil if the start failed
+	opened := false
+	open := func(c *conn) {
+		if !opened {
+			hc, opened = c, true
+			close(gate)
 		}
-		e.heads = append(e.heads, h)
-		urls = append(urls, h.Address())
 	}
-	var infos []api.HeadInfo
-	for _, h := range e.heads {
-		infos = append(infos, api.HeadInfo{ID: h.ID(), Address: h.Address()})
+	defer open(nil)
+	host := func(ctx context.Context, spec api.WorkerSpec, st *objects.Local) (embed.Handle, error) {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if hc == nil {
+			return nil, fmt.Errorf("sdk: the embedded cluster did not start")
+		}
+		h, err := hc.host(ctx, spec, localStore{l: st, holder: spec.Holder})
+		if err != nil {
+			return nil, err // not a nil *hosted in a non-nil Handle
+		}
+		return h, nil
 	}
-	for _, h := range e.heads {
-		h.SetHeads(infos)
+	token := newToken()
+	cl, err := s.embed(ctx, embed.Config{Topology: tc, Dir: e.dir, Token: token, ObjectCapacity: capacity, Logger: s.log, Host: host})
+	if err != nil {
+		return fail(err)
 	}
-	client, err := api.NewClient(ctx, api.ClientConfig{Heads: urls, Token: token, Logger: s.log})
+	e.cluster = cl
+	client, err := api.NewClient(ctx, api.ClientConfig{Heads: cl.Heads(), Token: token, Logger: s.log})
 	if err != nil {
 		return fail(err)
 	}
@@ -102,41 +109,31 @@ func startLocal(ctx context.Context, s settings) (*Cluster, error) {
 	}
 	c := &conn{s: s, log: s.log.Named("sdk"), client: client, sys: sys, token: token, owner: ownerName()}
 	c.init()
-	cl := &Cluster{c: c, embedded: e}
 	if c.plane, err = coll.NewPlane(sys, []byte(token), "127.0.0.1", s.log); err != nil {
 		_ = sys.Shutdown(ctx)
 		return fail(err)
 	}
-	launcher := &inprocLauncher{c: c, stores: map[string]*objects.Local{}}
-	capacity := s.objectCap
-	if capacity == 0 {
-		capacity = DefaultObjectStore
+	stores := cl.Stores()
+	if len(stores) == 0 {
+		_ = c.plane.Close()
+		_ = sys.Shutdown(ctx)
+		return fail(fmt.Errorf("%w: the embedded cluster has no machine", ErrInvalid))
 	}
-	for _, m := range tc.Machines {
-		a, err := agent.Start(ctx, agent.Config{Name: m.Name, Rack: m.Rack, Spec: m.Spec, Simulated: m.Simulated, Heads: urls,
-			Token: []byte(token), Dir: filepath.Join(e.dir, "agents", m.Name), ObjectCapacity: capacity, Launcher: launcher, Logger: s.log})
-		if err != nil {
-			_ = cl.Shutdown(context.WithoutCancel(ctx))
-			return nil, err
-		}
-		e.agents = append(e.agents, a)
-		launcher.stores[m.Name] = a.Objects()
-		c.locals[a.Objects().Node.Addr] = a.Objects()
+	for _, st := range stores {
+		c.locals[st.Local.Node.Addr] = st.Local
 	}
-	c.objects = localStore{l: e.agents[0].Objects(), holder: c.owner}
-	return cl, nil
+	c.objects = localStore{l: stores[0].Local, holder: c.owner}
+	open(c)
+	return &Cluster{c: c, embedded: e}, nil
 }
 
 func (e *embedded) shutdown(ctx context.Context) error {
-	var errs []error
-	for _, a := range e.agents {
-		errs = append(errs, a.Shutdown(ctx))
+	if e.cluster == nil {
+		return nil
 	}
-	for _, h := range e.heads {
-		errs = append(errs, h.Close())
-	}
-	e.agents, e.heads = nil, nil
-	return errors.Join(errs...)
+	err := e.cluster.Shutdown(ctx)
+	e.cluster = nil
+	return err
 }
 
 func (e *embedded) removeDir() error { return e.own.remove() }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/atoll-run/atoll/internal/codec"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/sdk/internal/embed"
 	"github.com/atoll-run/atoll/topology"
 )
 
@@ -33,6 +34,7 @@ type settings struct {
 	noBinary    bool
 	tasks       map[string]*taskEntry
 	taskIdle    time.Duration
+	embed       embed.Starter
 }
 
 func defaults() settings {

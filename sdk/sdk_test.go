@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/sdk/local"
 	"github.com/atoll-run/atoll/sdk/sdktest"
 )
 
@@ -34,9 +35,7 @@ func testOptions() []sdk.Option {
 
 func TestMain(m *testing.M) {
 	if sdk.InWorker() { // an agent started this test binary as a worker: serve it
-		_, err := sdk.Start(context.Background(), testOptions()...)
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		os.Exit(1)
+		os.Exit(sdk.WorkerMain(testOptions()...))
 	}
 	os.Exit(sdktest.Run(m))
 }
@@ -44,7 +43,7 @@ func TestMain(m *testing.M) {
 func newCluster(t *testing.T, opts ...sdk.Option) *sdk.Cluster {
 	t.Helper()
 	ctx := context.Background()
-	c, err := sdk.Local(ctx, append(append([]sdk.Option{sdk.WithLogger(zaptest.NewLogger(t)), sdk.WithCallTimeout(10 * time.Second)},
+	c, err := local.Cluster(ctx, append(append([]sdk.Option{sdk.WithLogger(zaptest.NewLogger(t)), sdk.WithCallTimeout(10 * time.Second)},
 		testOptions()...), opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -219,13 +218,13 @@ func TestBadRequestsAreRejectedWithReasons(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "cluster.json")
 	_ = os.WriteFile(path, []byte("{\"machines\": [\n  {\"type\": \"dgx-h100\", \"count\": 2,}\n]}\n"), 0o644)
-	if _, err := sdk.Local(ctx, sdk.WithSpec(path)); err == nil || !strings.Contains(err.Error(), path+":2:") {
+	if _, err := local.Cluster(ctx, sdk.WithSpec(path)); err == nil || !strings.Contains(err.Error(), path+":2:") {
 		t.Fatalf("malformed spec file: %v; want the file and line", err)
 	}
-	if _, err := sdk.Local(ctx, sdk.WithSpec("4xdgx-h1000")); err == nil || !strings.Contains(err.Error(), "dgx-h1000") {
+	if _, err := local.Cluster(ctx, sdk.WithSpec("4xdgx-h1000")); err == nil || !strings.Contains(err.Error(), "dgx-h1000") {
 		t.Fatalf("unknown machine type: %v", err)
 	}
-	if _, err := sdk.Local(ctx, sdk.Kind("k", func() sdk.Actor { return echo{} }, struct{ f func() }{})); !errors.Is(err, sdk.ErrUnserializable) {
+	if _, err := local.Cluster(ctx, sdk.Kind("k", func() sdk.Actor { return echo{} }, struct{ f func() }{})); !errors.Is(err, sdk.ErrUnserializable) {
 		t.Fatalf("a message type that cannot cross processes: %v", err)
 	}
 }

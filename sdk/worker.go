@@ -17,9 +17,9 @@ import (
 
 	"github.com/atoll-run/atoll/actors"
 	"github.com/atoll-run/atoll/internal/cudactx"
-	"github.com/atoll-run/atoll/runtime/agent"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/coll"
+	"github.com/atoll-run/atoll/sdk/internal/embed"
 	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/object"
 )
@@ -48,7 +48,7 @@ type hosted struct {
 	members []int
 }
 
-var _ agent.Handle = (*hosted)(nil)
+var _ embed.Handle = (*hosted)(nil)
 
 // permanentError marks an error a restart cannot cure.
 type permanentError struct{ error }
@@ -211,23 +211,23 @@ func (h *hosted) forget() int {
 	return n
 }
 
-// PID implements agent.Handle.
+// PID implements embed.Handle.
 func (h *hosted) PID() int { return os.Getpid() }
 
-// Done implements agent.Handle.
+// Done implements embed.Handle.
 func (h *hosted) Done() <-chan struct{} { return h.done }
 
-// Err implements agent.Handle.
+// Err implements embed.Handle.
 func (h *hosted) Err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.err
 }
 
-// Stop implements agent.Handle.
+// Stop implements embed.Handle.
 func (h *hosted) Stop(context.Context, time.Duration) error { h.stop(); return nil }
 
-// Kill implements agent.Handle: the worker's actor crashes, as its process dying would.
+// Kill implements embed.Handle: the worker's actor crashes, as its process dying would.
 func (h *hosted) Kill() error { return h.group.InjectMemberFailure(h.name, "killed") }
 
 // ring returns the worker's ring member for its current world, joining it once every
@@ -479,16 +479,58 @@ func (c *conn) latestCheckpoint(ctx context.Context, job, gang string) (api.Chec
 // kind, undecodable arguments, an unreadable spec): its agent reports the gang failed.
 const ExitPermanent = api.ExitPermanent
 
-// runWorker serves one worker in this process, started by an agent, and exits.
-func runWorker(s settings) {
-	os.Exit(serveWorker(s))
-}
-
-func serveWorker(s settings) int {
-	spec, err := api.ReadWorkerSpec(os.Getenv(api.WorkerEnv))
-	if err != nil {
+// WorkerMain serves the worker this process was started for (InWorker) until its agent
+// stops it, and returns the process's exit status: 0 after a stop it was asked for,
+// ExitPermanent when a restart cannot help (an unknown kind, an unreadable spec), 1
+// otherwise. It never exits the process itself, so the caller's deferred calls run:
+//
+//	func main() {
+//		if sdk.InWorker() {
+//			os.Exit(sdk.WorkerMain(kinds...))
+//		}
+//		c, err := local.Start(ctx, kinds...) // the driver
+//		...
+//	}
+//
+// opts are the same kinds and tasks the driver registers: the worker is the same program.
+// SIGTERM or SIGINT asks the worker to stop.
+func WorkerMain(opts ...Option) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	err := ServeWorker(ctx, opts...)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, ErrWorkerPermanent):
 		fmt.Fprintln(os.Stderr, err)
 		return ExitPermanent
+	}
+	fmt.Fprintln(os.Stderr, err)
+	return 1
+}
+
+// ErrWorkerPermanent: the worker cannot start and a restart cannot help (an unknown kind,
+// undecodable arguments, an unreadable spec).
+var ErrWorkerPermanent = errors.New("sdk: worker cannot start")
+
+// ServeWorker serves the worker this process was started for (InWorker) until ctx ends
+// (it was asked to stop: nil) or the worker fails (an error; ErrWorkerPermanent when a
+// restart cannot help).
+func ServeWorker(ctx context.Context, opts ...Option) error {
+	if !InWorker() {
+		return fmt.Errorf("%w: %s is not set: this process was not started by an agent", ErrInvalid, api.WorkerEnv)
+	}
+	s, err := apply(opts)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrWorkerPermanent, err)
+	}
+	return serveWorker(ctx, s)
+}
+
+func serveWorker(ctx context.Context, s settings) error {
+	spec, err := api.ReadWorkerSpec(os.Getenv(api.WorkerEnv))
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrWorkerPermanent, err)
 	}
 	log := s.log
 	if !s.logSet { // a worker's stderr is its log file on its agent
@@ -498,21 +540,17 @@ func serveWorker(s settings) int {
 	}
 	log = log.With(zap.String("job", spec.Job), zap.String("gang", spec.Gang), zap.Int("rank", spec.Rank), zap.Int("generation", spec.Generation))
 	defer log.Sync()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	id, err := clusterIdentity(sctx, spec.Heads, spec.Token, []byte(spec.CACert), "worker/"+spec.Key())
 	if err != nil {
-		log.Error("no certificate from the heads", zap.Error(err))
-		return 1
+		return fmt.Errorf("sdk: worker %s: no certificate from the heads: %w", spec.Key(), err)
 	}
 	cc := api.ClientConfig{Heads: spec.Heads, Token: spec.Token, Logger: log}
 	secureLinks(id, &cc, nil, nil)
 	client, err := api.NewClient(sctx, cc)
 	if err != nil {
-		log.Error("cannot reach the heads", zap.Error(err))
-		return 1
+		return fmt.Errorf("sdk: worker %s: cannot reach the heads: %w", spec.Key(), err)
 	}
 	host, _, err := net.SplitHostPort(spec.Transfer)
 	if err != nil || host == "" {
@@ -521,14 +559,12 @@ func serveWorker(s settings) int {
 	sys, err := actors.NewSystem(actors.Config{Logger: log, DefaultCallTimeout: s.callTimeout, Codec: s.codec,
 		Remote: remoteConfig(net.JoinHostPort(host, "0"), []byte(spec.Token), id)})
 	if err != nil {
-		log.Error("actor system", zap.Error(err))
-		return 1
+		return fmt.Errorf("sdk: worker %s: actor system: %w", spec.Key(), err)
 	}
 	defer sys.Shutdown(context.Background())
 	plane, err := coll.NewPlane(sys, []byte(spec.Token), host, log)
 	if err != nil {
-		log.Error("collectives", zap.Error(err))
-		return 1
+		return fmt.Errorf("sdk: worker %s: collectives: %w", spec.Key(), err)
 	}
 	defer plane.Close()
 	secureLinks(id, nil, plane, nil)
@@ -538,18 +574,20 @@ func serveWorker(s settings) int {
 	c.init()
 	h, err := c.host(sctx, spec, store)
 	if err != nil {
-		log.Error("worker did not start", zap.Error(err))
 		var p interface{ Permanent() bool }
 		if errors.As(err, &p) && p.Permanent() {
-			return ExitPermanent
+			return fmt.Errorf("%w: %s: %v", ErrWorkerPermanent, spec.Key(), err)
 		}
-		return 1
+		return fmt.Errorf("sdk: worker %s did not start: %w", spec.Key(), err)
 	}
 	select {
 	case <-ctx.Done(): // asked to stop
 		h.stop()
-		return 0
+		return nil
 	case <-h.done:
-		return 1
+		if err := h.Err(); err != nil {
+			return fmt.Errorf("sdk: worker %s: %w", spec.Key(), err)
+		}
+		return fmt.Errorf("sdk: worker %s ended", spec.Key())
 	}
 }

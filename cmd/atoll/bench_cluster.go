@@ -27,7 +27,7 @@ import (
 // The cluster benchmarks drive a cluster of processes (a temporary one from `atoll up`, or
 // --dir's): this program is then the job's program, and its workers are this same binary
 // started by the agents with the same arguments, so each command first calls sdk.Start
-// with the benchmark kinds (in a worker, that serves and never returns).
+// with the benchmark kinds (in a worker, sdk.WorkerMain serves instead).
 
 // arReq asks a benchmark worker to AllReduce Floats float32s Iters times (after one warm-up).
 type arReq struct{ Floats, Iters int }
@@ -123,8 +123,7 @@ func newBenchGangStartCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if sdk.InWorker() { // an agent started this binary as a benchmark worker: serve it
-				_, err := sdk.Start(cmd.Context(), benchKinds()...)
-				return err
+				os.Exit(sdk.WorkerMain(benchKinds()...))
 			}
 			if workers < 1 || workers > 1024 || agents < 1 || agents > 64 || runs < 1 || runs > 1000 {
 				return fmt.Errorf("bench gangstart: --workers %d (1..1024), --agents %d (1..64), --runs %d (1..1000)", workers, agents, runs)
@@ -195,8 +194,7 @@ func newBenchAllReduceCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if sdk.InWorker() { // an agent started this binary as a benchmark worker: serve it
-				_, err := sdk.Start(cmd.Context(), benchKinds()...)
-				return err
+				os.Exit(sdk.WorkerMain(benchKinds()...))
 			}
 			if ranks < 2 || ranks > 64 || iters < 1 || iters > 1000 || !(mib > 0 && mib <= 4096) || agents < 1 || agents > 64 {
 				return fmt.Errorf("bench allreduce: --ranks %d (2..64), --iters %d (1..1000), --mib %v (0..4096], --agents %d (1..64)", ranks, iters, mib, agents)
@@ -433,8 +431,7 @@ func newBenchFailoverCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if sdk.InWorker() { // an agent started this binary as a benchmark worker: serve it
-				_, err := sdk.Start(cmd.Context(), benchKinds()...)
-				return err
+				os.Exit(sdk.WorkerMain(benchKinds()...))
 			}
 			ctx := cmd.Context()
 			c, cf, cleanup, err := benchCluster(ctx, "", 3, "dgx-h100", false)

@@ -39,10 +39,8 @@ func testKinds() []sdk.Option {
 }
 
 func TestMain(m *testing.M) {
-	if sdk.InWorker() { // an agent started this binary as a worker: serve it (never returns)
-		_, err := sdk.Start(context.Background(), testKinds()...)
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		os.Exit(1)
+	if sdk.InWorker() { // an agent started this binary as a worker: serve it
+		os.Exit(sdk.WorkerMain(testKinds()...))
 	}
 	os.Exit(m.Run())
 }
@@ -163,7 +161,7 @@ func TestClusterUpStatusDemoDown(t *testing.T) {
 	// A driver submitted to the cluster runs there (as `ray job submit`): the digits example
 	// program, built on its own, trains and exits; its output is its agent's log.
 	digits := filepath.Join(t.TempDir(), "digits")
-	if out, err := exec.Command("go", "build", "-o", digits, "../../examples/digits/cmd/digits").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", digits, "../../examples/digits").CombinedOutput(); err != nil {
 		t.Fatalf("build the digits example: %v\n%s", err, out)
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -5,12 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
-	"github.com/atoll-run/atoll/examples/digits"
+	"github.com/atoll-run/atoll/internal/digits"
 	"github.com/atoll-run/atoll/sdk"
 )
 
@@ -44,6 +45,9 @@ all-for-one from its newest checkpoint. The GPUs are simulated: no GPU is needed
            (atoll up --pools FILE)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if sdk.InWorker() { // an agent started this binary as one of the demo's workers: serve it
+				os.Exit(sdk.WorkerMain(digits.Kinds()...))
+			}
 			if !asJSON {
 				o.Progress = cmd.ErrOrStderr()
 			}
@@ -58,7 +62,7 @@ all-for-one from its newest checkpoint. The GPUs are simulated: no GPU is needed
 				o.Logger = log
 			}
 			watch := &demoWatch{out: cmd.ErrOrStderr(), dashboard: dashboard, linger: linger}
-			if !sdk.InWorker() { // a worker process serves whatever cluster its agent names
+			{
 				if dir != "" || address != "" {
 					if clusterSpec != "" {
 						return errors.New("demo: --cluster declares the embedded default's machines; a running cluster (--dir, --address) has its own")
@@ -85,10 +89,6 @@ all-for-one from its newest checkpoint. The GPUs are simulated: no GPU is needed
 			case "preempt", "elastic":
 				return runScenario(cmd, scenario, o, so, asJSON)
 			case "autoscale":
-				if sdk.InWorker() { // an agent started this binary as a worker: serve (never returns)
-					_, err := sdk.Start(cmd.Context(), digits.Kinds()...)
-					return err
-				}
 				return runAutoscale(cmd, dir, address, o, so, asJSON)
 			default:
 				return fmt.Errorf("demo: --scenario %q: want preempt, elastic or autoscale", scenario)

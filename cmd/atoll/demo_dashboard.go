@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/atoll-run/atoll/examples/digits"
+	"github.com/atoll-run/atoll/internal/digits"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/sdk"
 )

@@ -23,8 +23,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/atoll-run/atoll/examples/digits"
+	"github.com/atoll-run/atoll/internal/digits"
 	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/sdk/local"
 )
 
 // Options of a run.
@@ -171,10 +172,9 @@ func (w *worker) doStep(c *sdk.Context) (float64, error) {
 	return loss / float64(len(batch)), nil
 }
 
-// Run trains, kills a worker part-way, checks the exact recovery, and trains to the end. In
-// a worker process (started by an agent) it serves the worker and never returns.
+// Run trains, kills a worker part-way, checks the exact recovery, and trains to the end.
 func Run(ctx context.Context, o Options) (Result, error) {
-	c, err := sdk.Start(ctx, append(kinds(), o.Cluster...)...)
+	c, err := local.Start(ctx, append(kinds(), o.Cluster...)...)
 	if err != nil {
 		return Result{}, err
 	}
@@ -309,6 +309,9 @@ func verifyRestore(ctx context.Context, c *sdk.Cluster, g *sdk.Gang, res *Result
 }
 
 func main() {
+	if sdk.InWorker() { // an agent started this program as one of the job's workers
+		os.Exit(sdk.WorkerMain(kinds()...))
+	}
 	o := DefaultOptions()
 	flag.IntVar(&o.Workers, "workers", o.Workers, "workers (one GPU each)")
 	flag.IntVar(&o.Steps, "steps", o.Steps, "training steps")

@@ -19,8 +19,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/atoll-run/atoll/examples/digits"
+	"github.com/atoll-run/atoll/internal/digits"
 	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/sdk/local"
 )
 
 // Options of a run.
@@ -167,10 +168,9 @@ func (w *worker) Receive(c *sdk.Context, msg any) (any, error) {
 	return loss / float64(m.Steps), nil
 }
 
-// Run trains with a parameter server and returns the result. In a worker process (started
-// by an agent) it serves the worker and never returns.
+// Run trains with a parameter server and returns the result.
 func Run(ctx context.Context, o Options) (Result, error) {
-	c, err := sdk.Start(ctx, append(kinds(), o.Cluster...)...)
+	c, err := local.Start(ctx, append(kinds(), o.Cluster...)...)
 	if err != nil {
 		return Result{}, err
 	}
@@ -238,6 +238,9 @@ func DefaultOptions() Options {
 }
 
 func main() {
+	if sdk.InWorker() { // an agent started this program as one of the job's workers
+		os.Exit(sdk.WorkerMain(kinds()...))
+	}
 	o := DefaultOptions()
 	flag.IntVar(&o.Workers, "workers", o.Workers, "workers computing gradients")
 	flag.IntVar(&o.Rounds, "rounds", o.Rounds, "rounds")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"testing"
 
@@ -13,9 +12,7 @@ import (
 
 func TestMain(m *testing.M) {
 	if sdk.InWorker() { // an agent started this test binary as a worker: serve it
-		_, err := sdk.Start(context.Background(), kinds()...)
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		os.Exit(1)
+		os.Exit(sdk.WorkerMain(kinds()...))
 	}
 	os.Exit(m.Run())
 }

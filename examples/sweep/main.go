@@ -17,8 +17,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/atoll-run/atoll/examples/digits"
+	"github.com/atoll-run/atoll/internal/digits"
 	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/sdk/local"
 )
 
 // Trial is one point of the sweep.
@@ -88,10 +89,9 @@ type Result struct {
 	Cancelled int
 }
 
-// Run runs the sweep. In a worker process (started by an agent) it serves the worker and
-// never returns.
+// Run runs the sweep.
 func Run(ctx context.Context, o Options) (Result, error) {
-	c, err := sdk.Start(ctx, append([]sdk.Option{sdk.Tasks(train)}, o.Cluster...)...)
+	c, err := local.Start(ctx, append([]sdk.Option{sdk.Tasks(train)}, o.Cluster...)...)
 	if err != nil {
 		return Result{}, err
 	}
@@ -167,6 +167,9 @@ func DefaultOptions() Options {
 }
 
 func main() {
+	if sdk.InWorker() { // an agent started this program as one of the job's workers
+		os.Exit(sdk.WorkerMain(sdk.Tasks(train)))
+	}
 	o := DefaultOptions()
 	flag.Float64Var(&o.Target, "target", 0, "stop the sweep once a trial reaches this test accuracy (0: run every trial)")
 	flag.IntVar(&o.Steps, "steps", o.Steps, "training steps per trial")

@@ -13,9 +13,7 @@ import (
 
 func TestMain(m *testing.M) {
 	if sdk.InWorker() { // an agent started this test binary as a worker: serve it
-		_, err := sdk.Start(context.Background(), sdk.Tasks(train))
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		os.Exit(1)
+		os.Exit(sdk.WorkerMain(sdk.Tasks(train)))
 	}
 	os.Exit(m.Run())
 }

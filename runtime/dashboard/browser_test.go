@@ -15,9 +15,10 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/sdk/local"
 )
 
-// The browser tests open the dashboard of an embedded cluster (sdk.Local: three heads and
+// The browser tests open the dashboard of an embedded cluster (local.Cluster: three heads and
 // four simulated DGX H100 machines, 32 GPUs) in headless Chromium. Set
 // ATOLL_SCREENSHOTS=DIR to keep the screenshots (docs/ holds the committed ones).
 
@@ -87,7 +88,7 @@ func cluster(t *testing.T) (string, *sdk.Cluster) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := sdk.Local(ctx, sdk.WithLogger(zaptest.NewLogger(t)), sdk.Kind("worker", func() sdk.Actor { return &worker{} }, ping{}))
+	c, err := local.Cluster(ctx, sdk.WithLogger(zaptest.NewLogger(t)), sdk.Kind("worker", func() sdk.Actor { return &worker{} }, ping{}))
 	if err != nil {
 		t.Fatal(err)
 	}

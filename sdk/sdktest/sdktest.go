@@ -6,9 +6,7 @@
 //
 //	func TestMain(m *testing.M) {
 //		if sdk.InWorker() { // an agent started this binary as a worker: serve it
-//			_, err := sdk.Start(context.Background(), kinds()...)
-//			fmt.Fprintln(os.Stderr, err)
-//			os.Exit(1)
+//			os.Exit(sdk.WorkerMain(kinds()...))
 //		}
 //		os.Exit(m.Run())
 //	}

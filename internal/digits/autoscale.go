@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/sdk/local"
 )
 
 // The autoscale scenario of `atoll demo --scenario autoscale`: a gang of 16 workers arrives
@@ -77,7 +78,7 @@ func RunAutoscale(ctx context.Context, o ScenarioOptions, h AutoscaleHooks) (Aut
 		o.Logger = zap.NewNop()
 	}
 	live := newProgressLine(progressOf(o.Options), o.Steps)
-	c, err := sdk.Start(ctx, append(append([]sdk.Option{sdk.WithLogger(o.Logger)}, Kinds()...), o.ClusterOptions...)...)
+	c, err := local.Start(ctx, append(append([]sdk.Option{sdk.WithLogger(o.Logger)}, Kinds()...), o.ClusterOptions...)...)
 	if err != nil {
 		return res, err
 	}

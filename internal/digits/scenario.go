@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/sdk/local"
 )
 
 // The scenarios of `atoll demo --scenario`: the scheduler's decisions carried out on a
@@ -286,7 +287,7 @@ func scenarioCluster(ctx context.Context, o Options) (*sdk.Cluster, sdk.Ref[[2]D
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	c, err := sdk.Start(ctx, append(append([]sdk.Option{sdk.WithLogger(o.Logger)}, Kinds()...), o.ClusterOptions...)...)
+	c, err := local.Start(ctx, append(append([]sdk.Option{sdk.WithLogger(o.Logger)}, Kinds()...), o.ClusterOptions...)...)
 	if err != nil {
 		return nil, none, 0, err
 	}

@@ -5,10 +5,14 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/atoll-run/atoll/examples/digits"
+	"github.com/atoll-run/atoll/internal/digits"
+	"github.com/atoll-run/atoll/sdk"
 )
 
 func main() {
+	if sdk.InWorker() { // an agent started this program as one of the job's workers
+		os.Exit(sdk.WorkerMain(digits.Kinds()...))
+	}
 	o := digits.DefaultOptions()
 	o.Progress = os.Stderr
 	res, err := digits.Run(context.Background(), o)

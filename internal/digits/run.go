@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/sdk/local"
 	"github.com/atoll-run/atoll/topology"
 )
 
@@ -130,8 +131,7 @@ func Kinds() []sdk.Option {
 
 // Run starts (or connects to) a cluster, trains the MLP on the digits data with a gang of
 // workers inside one NVLink island, crashes one worker part-way (the gang restarts from its
-// newest checkpoint), and returns the summary. In a worker process it serves the worker and
-// never returns.
+// newest checkpoint), and returns the summary.
 func Run(ctx context.Context, o Options) (Result, error) {
 	start := time.Now()
 	if o.Workers <= 0 || o.Steps <= 0 || o.Batch <= 0 || o.Hidden <= 0 || o.CheckpointEvery <= 0 {
@@ -151,7 +151,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
-	c, err := sdk.Start(ctx, append(append([]sdk.Option{sdk.WithLogger(o.Logger)}, Kinds()...), o.ClusterOptions...)...)
+	c, err := local.Start(ctx, append(append([]sdk.Option{sdk.WithLogger(o.Logger)}, Kinds()...), o.ClusterOptions...)...)
 	if err != nil {
 		return Result{}, err
 	}
