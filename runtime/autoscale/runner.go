@@ -21,10 +21,10 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/atoll-run/atoll/runtime/api"
-	"github.com/atoll-run/atoll/runtime/head"
 	"github.com/atoll-run/atoll/pools"
 	"github.com/atoll-run/atoll/pools/provider"
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/head"
 )
 
 // Controller is what the runner needs of the control plane (*head.Controller).

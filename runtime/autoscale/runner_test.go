@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/atoll-run/atoll/runtime/api"
-	"github.com/atoll-run/atoll/runtime/head"
 	"github.com/atoll-run/atoll/pools"
 	"github.com/atoll-run/atoll/pools/provider"
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/head"
 )
 
 // fakeCtl is a control plane whose view the test sets; it records cordons.
