@@ -2,7 +2,7 @@
 // meta` plus an embedded three-member etcd cluster measured on the same machine in the same
 // run. It is its own binary so that the atoll binary links no etcd server.
 //
-//	go run ./cmd/atoll-benchmeta --json [--tls] [--duration 10s] [--clients 64] [--dir DIR]
+//	go -C cmd/atoll-benchmeta run . --json [--tls] [--duration 10s] [--clients 64] [--dir DIR]
 package main
 
 import (
@@ -13,7 +13,7 @@ import (
 	"syscall"
 
 	"github.com/atoll-run/atoll/internal/bench/metabench"
-	"github.com/atoll-run/atoll/internal/bench/metabench/etcdbaseline"
+	"github.com/atoll-run/atoll/cmd/atoll-benchmeta/etcdbaseline"
 )
 
 func main() {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -96,7 +95,8 @@ func buildProviders(set *pools.Set, o poolsOptions, cluster string) (map[string]
 			}
 			out[p.Spec.Name] = d
 		case "kubernetes":
-			k, err := kubernetesProvider(p.Spec.Provider.Settings, cluster, o.join)
+			k, err := provider.NewExec(provider.ExecConfig{Command: []string{kubernetesProgram()}, Settings: p.Spec.Provider.Settings,
+				Cluster: cluster, Join: o.join})
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", where, err)
 			}
@@ -214,7 +214,15 @@ func printPools(w io.Writer, ps *api.PoolsStatus) {
 	}
 }
 
-var errNoKubernetes = errors.New("this atoll binary was built without the kubernetes provider (go build -tags kubernetes ./cmd/atoll)")
+// kubernetesProgram is the Kubernetes provider's program: ATOLL_PROVIDER_KUBERNETES, or
+// atoll-provider-kubernetes in PATH (built from its own module, pools/provider/kubernetes,
+// so that the atoll binary links no client-go).
+func kubernetesProgram() string {
+	if p := os.Getenv("ATOLL_PROVIDER_KUBERNETES"); p != "" {
+		return p
+	}
+	return "atoll-provider-kubernetes"
+}
 
 // poolHeadArgs are the head flags `atoll up --pools` passes: the pool file, the local
 // agents' directory in the cluster's, and every head's address for them to join.

@@ -17,6 +17,15 @@ import (
 // with ATOLL_FAKE_AGENT set it writes its arguments to that directory and waits for
 // SIGTERM, as an agent does.
 func TestMain(m *testing.M) {
+	if dir := os.Getenv("ATOLL_FAKE_EXEC_PROVIDER"); dir != "" { // an Exec provider program
+		err := ServeExec(context.Background(), os.Stdin, os.Stdout, func(req ExecRequest) (Provider, error) {
+			return newDirProvider(dir, req)
+		})
+		if err != nil {
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if dir := os.Getenv("ATOLL_FAKE_AGENT"); dir != "" {
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM)

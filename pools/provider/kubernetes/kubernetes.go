@@ -1,7 +1,7 @@
 // Package kubernetes is the pools provider that runs each machine as an agent pod
-// (deploy/kubernetes/ has the heads' manifests and the RBAC the leader needs). It is its
-// own package because it pulls in client-go: the atoll binary links it only when built
-// with -tags kubernetes.
+// (deploy/kubernetes/ has the heads' manifests and the RBAC the leader needs). It pulls in
+// client-go, so it is a Go module of its own, and the head runs it as an Exec provider
+// program (cmd/atoll-provider-kubernetes): the atoll binary never links it.
 package kubernetes
 
 import (

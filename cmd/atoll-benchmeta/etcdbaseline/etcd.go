@@ -1,7 +1,8 @@
 // Package etcdbaseline is the etcd side of the metadata benchmark: an embedded
 // three-member etcd cluster (v3.7, defaults, fsync on) on loopback, written through
 // clientv3 with one client per eight writers, as etcd's own benchmark tool shares
-// connections. Only cmd/atoll-benchmeta links it: the atoll binary carries no etcd.
+// connections. Only cmd/atoll-benchmeta, its own Go module, links it: the atoll binary and the root
+// module carry no etcd.
 package etcdbaseline
 
 import (
