@@ -113,7 +113,7 @@ func (s *Scheduler) unfit(g *gangState, members int, excl map[int]bool) *Status 
 	}
 	if r := s.att.rejected; r != nil {
 		// A Filter plugin refused nodes that had room: its rule is the reason.
-		return NewStatus(Unschedulable, WaitFragmented, fmt.Sprintf("no placement fits %s: %s (%s); %s GPUs free in the cluster", what, r.Reason, r.Plugin, gpus(free)))
+		return NewStatus(Unschedulable, WaitFragmented, fmt.Sprintf("no placement fits %s: %s (plugin %s); %s GPUs free in the cluster", what, r.Reason, r.Plugin, gpus(free)))
 	}
 	detail := ""
 	switch {

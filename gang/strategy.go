@@ -24,7 +24,7 @@ func (strictSpread) Skip(_ *CycleState, g *QueuedGang) bool {
 
 func (strictSpread) Filter(_ *CycleState, _ *QueuedGang, c *Candidate, node int, _ *Node) *Status {
 	if c.On(node) > 0 {
-		return NewStatus(Unschedulable, WaitFragmented, "every member on a different machine (strict spread)")
+		return NewStatus(Unschedulable, WaitFragmented, "every member on a different machine")
 	}
 	return nil
 }
@@ -40,7 +40,7 @@ func (strictPack) Skip(_ *CycleState, g *QueuedGang) bool {
 
 func (strictPack) Filter(_ *CycleState, _ *QueuedGang, c *Candidate, node int, _ *Node) *Status {
 	if c.Members() > 0 && c.Node(0) != node {
-		return NewStatus(Unschedulable, WaitFragmented, "every member on one machine (strict pack)")
+		return NewStatus(Unschedulable, WaitFragmented, "every member on one machine")
 	}
 	return nil
 }
