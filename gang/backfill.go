@@ -12,11 +12,11 @@ type backfill struct{}
 
 func (backfill) Name() string { return PluginBackfill }
 
-func (backfill) Reserve(h Handle, g *QueuedGang, compact bool, now time.Time) *Reservation {
+func (backfill) Reserve(h Handle, state *CycleState, g *QueuedGang, compact bool, now time.Time) *Reservation {
 	if !compact && g.Waited < h.Config().BackfillAfter {
 		return nil
 	}
-	start, f := shadowSearch(h, g, compact, now)
+	start, f := shadowSearch(h, state, g, compact, now)
 	if f == nil {
 		return nil
 	}
@@ -26,7 +26,7 @@ func (backfill) Reserve(h Handle, g *QueuedGang, compact bool, now time.Time) *R
 // shadowSearch releases running gangs with known durations in end order until g fits,
 // within Config.MaxReservationTries placement attempts; it returns when (never before
 // now) and where, or a zero time and nil.
-func shadowSearch(h Handle, g *QueuedGang, compact bool, now time.Time) (time.Time, *Fit) {
+func shadowSearch(h Handle, state *CycleState, g *QueuedGang, compact bool, now time.Time) (time.Time, *Fit) {
 	all := h.RunningGangs(now)
 	running := make([]*RunningGang, 0, len(all))
 	for i := range all {
@@ -54,7 +54,7 @@ func shadowSearch(h Handle, g *QueuedGang, compact bool, now time.Time) (time.Ti
 		if tries++; tries > limit {
 			return time.Time{}, nil
 		}
-		if f := t.Fits(g, g.Request.Min, compact); f != nil {
+		if f := t.Fits(state, g, g.Request.Min, compact); f != nil {
 			if v.ExpectedEnd.Before(now) {
 				return now, f
 			}

@@ -187,6 +187,13 @@ type Config struct {
 	// Plugins names the plugins of each extension point (nil lists: the defaults the
 	// switches above select).
 	Plugins Plugins
+	// Actions are the steps each pending gang goes through in a cycle, in order (see
+	// Action): nil runs DefaultActions, enqueue, allocate, preempt, reclaim, backfill.
+	// Leaving one out turns it off: without preempt and reclaim nothing is evicted,
+	// without backfill nothing is reserved, without enqueue no PreFilter runs. Validate
+	// refuses unknown or repeated actions, a list without allocate, enqueue after it, and
+	// the others before it.
+	Actions []Action
 }
 
 // DefaultConfig returns a configuration that runs: one default queue, the "urgency" queue
@@ -285,6 +292,9 @@ func (c Config) Validate() error {
 	}
 	if p := c.Preempt; p.GainRatio < 0 || p.MaxEvictions < 0 || !(c.ClassWeight >= 1) || math.IsInf(c.ClassWeight, 0) {
 		return fmt.Errorf("gang: ClassWeight %v must be >= 1 and finite, Preempt %+v GainRatio and MaxEvictions >= 0: %w", c.ClassWeight, p, ErrInvalidConfig)
+	}
+	if err := validateActions(c.Actions); err != nil {
+		return err
 	}
 	if c.FairShareReclaim && !c.Preemption {
 		return fmt.Errorf("gang: FairShareReclaim needs Preemption: %w", ErrInvalidConfig)

@@ -10,11 +10,11 @@ import (
 	"go.uber.org/zap"
 )
 
-// Cycle runs one scheduling cycle at time now, through the extension points (framework.go):
-// QueueSort orders the pending gangs; for each, PreFilter, then the placement search
-// (Filter, Score), then Permit; a gang that found no placement goes to PostFilter
-// (preemption) and, when that did not help, the first one to Reserve (backfill). It
-// returns the decisions; placements are already accounted in the scheduler's state.
+// Cycle runs one scheduling cycle at time now. QueueSort orders the pending gangs; each,
+// with a fresh CycleState, goes through Config.Actions in order (actions.go): enqueue
+// (PreFilter), allocate (Filter, Score, Permit), preempt and reclaim (PostFilter), backfill
+// (Reserve). Then running elastic gangs grow. It returns the decisions; placements are
+// already accounted in the scheduler's state.
 func (s *Scheduler) Cycle(now time.Time) Decisions {
 	d := Decisions{Now: now}
 	s.cycles++
@@ -33,9 +33,8 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 		return d
 	}
 	q := s.sortPending(now)
-	c := cycleState{failed: map[shapeKeyModels]*Status{}, failedMin: map[shapeKeyModels]int{}}
-	var placed []*gangState
-	for q.Len() > 0 {
+	c := cycleRun{d: &d, now: now, failed: map[shapeKeyModels]*Status{}, failedMin: map[shapeKeyModels]int{}}
+	for q.Len() > 0 && !c.stop {
 		if d.Attempts >= s.cfg.MaxGangsPerCycle || c.scanned >= s.cfg.MaxScanFactor*s.cfg.MaxGangsPerCycle {
 			break
 		}
@@ -43,19 +42,63 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 		qg := heap.Pop(q).(*QueuedGang)
 		g := qg.g
 		excl, exclKey := s.exclusionKeyed(g, now)
-		sk := shapeKeyModels{g.req.Member, strings.Join(g.req.GPUModels, "|"), exclKey}
+		sk := shapeKeyModels{g.req.Member, strings.Join(g.req.GPUModels, "|"), exclKey, g.req.Strategy}
 		if f, ok := c.failed[sk]; ok && g.req.Min >= c.failedMin[sk] && !s.cfg.StrictFIFO {
 			s.addWaiting(&d, g, f) // the reason of the gang of its shape that was tried
 			continue
 		}
 		d.Attempts++
-		if st := s.runPreFilter(qg, now); !st.IsSuccess() {
-			s.addWaiting(&d, g, st)
-			continue
+		t := &gangTry{excl: excl, shape: sk}
+		s.att = s.newAttempt(qg, NewCycleState(), nil)
+		for _, st := range s.steps {
+			if t.settled || c.stop {
+				break
+			}
+			s.runStep(&c, t, st)
 		}
-		s.placing = qg
-		cand, members, why := s.placeElastic(g, excl)
-		s.placing = nil
+		s.att = nil
+	}
+	for _, g := range c.placed {
+		s.removePending(g)
+	}
+	s.notePlacements(len(c.placed), now)
+	s.grow(&d, now)
+	d.Reservations = s.reservations()
+	for _, g := range s.pending {
+		if g.waitCycle != s.cycles {
+			g.wait = Waiting{Gang: g.req.ID, Kind: WaitNotReached, Reason: "not reached: the cycle's bounds ended it first"}
+			g.waitCycle = s.cycles
+		}
+	}
+	return d
+}
+
+// gangTry is where one gang's attempt stands between actions.
+type gangTry struct {
+	excl  map[int]bool
+	shape shapeKeyModels
+	// settled: an action placed it, refused it, or made it wait for something specific
+	// (victims, a reservation); later actions leave it alone.
+	settled bool
+	// blocked: allocate found no placement (preempt, reclaim and backfill act on it).
+	blocked bool
+	// held: allocate found a placement a Permit plugin holds (backfill reserves compact
+	// room for it).
+	held bool
+}
+
+// runStep runs one action for the gang of the current attempt.
+func (s *Scheduler) runStep(c *cycleRun, t *gangTry, st step) {
+	a := s.att
+	qg, g, d, now := a.g, a.g.g, c.d, c.now
+	switch st.action {
+	case ActionEnqueue:
+		if res := s.runPreFilter(a, now); !res.IsSuccess() {
+			s.addWaiting(d, g, res)
+			t.settled = true
+		}
+	case ActionAllocate:
+		cand, members, why := s.placeElastic(g, t.excl)
 		if cand != nil {
 			if g.fitSince.IsZero() {
 				g.fitSince = now
@@ -63,16 +106,11 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 			}
 			if h, held := s.holds[g.req.ID]; held && h.skipPermit {
 				// The room freed for it is not compact: it takes it as it is.
-			} else if st := s.runPermit(qg, &cand.in, now); !st.IsSuccess() {
-				s.addWaiting(&d, g, st)
-				d.wakeAt(st.RetryAt)
-				if len(s.resvs) < s.cfg.MaxReservations && c.compactTries < s.cfg.MaxReservations && len(s.prof.reserve) > 0 {
-					// Hold the machines that free up first for a compact placement, or
-					// one-GPU work would refill every card the moment it frees.
-					c.compactTries++
-					s.runReserve(qg, true, now)
-				}
-				continue
+			} else if res := s.runPermit(a, cand, now); !res.IsSuccess() {
+				s.addWaiting(d, g, res)
+				d.wakeAt(res.RetryAt)
+				t.held = true
+				return
 			}
 			p := s.commitPlacement(g, cand, members, now)
 			s.dropReservation(g.req.ID)
@@ -84,53 +122,61 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 				delete(s.holds, g.req.ID)
 			}
 			d.Placements = append(d.Placements, p)
-			placed = append(placed, g)
-			continue
+			c.placed = append(c.placed, g)
+			t.settled = true
+			return
 		}
-		s.addWaiting(&d, g, why)
+		s.addWaiting(d, g, why)
 		if s.cfg.StrictFIFO {
-			break
+			c.stop = true
+			return
 		}
-		if _, ok := c.failed[sk]; !ok || g.req.Min < c.failedMin[sk] {
-			c.failed[sk] = why
-			c.failedMin[sk] = g.req.Min
+		if _, ok := c.failed[t.shape]; !ok || g.req.Min < c.failedMin[t.shape] {
+			c.failed[t.shape] = why
+			c.failedMin[t.shape] = g.req.Min
 		}
 		if h, held := s.holds[g.req.ID]; held {
-			s.replaceWaiting(&d, g, NewStatus(Unschedulable, WaitPreempting, fmt.Sprintf("gangs preempted for it are stopping, expected in %s", max(0, h.start.Sub(now)))))
-			continue
+			s.replaceWaiting(d, g, NewStatus(Unschedulable, WaitPreempting, fmt.Sprintf("gangs preempted for it are stopping, expected in %s", max(0, h.start.Sub(now)))))
+			t.settled = true
+			return
 		}
-		if len(s.prof.postFilter) > 0 && c.preemptTries < s.cfg.MaxPreemptionSearches {
-			c.preemptTries++
-			res := s.runPostFilter(qg, now)
-			if res != nil && len(res.Preemptions)+len(res.Resizes) == 0 {
-				d.wakeAt(res.RetryAt)
-			}
-			if res != nil && len(res.Preemptions)+len(res.Resizes) > 0 {
-				d.Preemptions = append(d.Preemptions, res.Preemptions...)
-				d.Resizes = append(d.Resizes, res.Resizes...)
-				s.replaceWaiting(&d, g, NewStatus(Unschedulable, WaitPreempting, fmt.Sprintf("%d gang(s) stopping and %d shrinking to make room, expected in %s",
-					len(res.Preemptions), len(res.Resizes), res.ReadyAt.Sub(now))))
-				continue
-			}
+		t.blocked = true
+	case ActionPreempt: // preempt, reclaim or both (step.may)
+		if !t.blocked || len(s.prof.postFilter) == 0 || c.preemptTries >= s.cfg.MaxPreemptionSearches {
+			return
 		}
-		if len(s.prof.reserve) > 0 && !c.reserveTried && len(s.resvs) < s.cfg.MaxReservations {
+		c.preemptTries++
+		res := s.runPostFilter(a, st.may, now)
+		if res == nil {
+			return
+		}
+		if len(res.Preemptions)+len(res.Resizes) == 0 {
+			d.wakeAt(res.RetryAt)
+			return
+		}
+		d.Preemptions = append(d.Preemptions, res.Preemptions...)
+		d.Resizes = append(d.Resizes, res.Resizes...)
+		s.replaceWaiting(d, g, NewStatus(Unschedulable, WaitPreempting, fmt.Sprintf("%d gang(s) stopping and %d shrinking to make room, expected in %s",
+			len(res.Preemptions), len(res.Resizes), res.ReadyAt.Sub(now))))
+		t.settled = true
+	case ActionBackfill:
+		if len(s.prof.reserve) == 0 {
+			return
+		}
+		switch {
+		case t.held:
+			if len(s.resvs) < s.cfg.MaxReservations && c.compactTries < s.cfg.MaxReservations {
+				// Hold the machines that free up first for a compact placement, or
+				// one-GPU work would refill every card the moment it frees.
+				c.compactTries++
+				s.runReserve(a, true, now)
+			}
+			t.settled = true
+		case t.blocked && !c.reserveTried && len(s.resvs) < s.cfg.MaxReservations:
 			c.reserveTried = true // one reservation search per cycle bounds its latency
-			s.runReserve(qg, false, now)
+			t.settled = s.runReserve(a, false, now) != nil
 		}
 	}
-	for _, g := range placed {
-		s.removePending(g)
-	}
-	s.notePlacements(len(placed), now)
-	s.grow(&d, now)
-	d.Reservations = s.reservations()
-	for _, g := range s.pending {
-		if g.waitCycle != s.cycles {
-			g.wait = Waiting{Gang: g.req.ID, Kind: WaitNotReached, Reason: "not reached: the cycle's bounds ended it first"}
-			g.waitCycle = s.cycles
-		}
-	}
-	return d
 }
 
 // reservations lists the preemptors' holds (by gang) and the backfill reservation.
@@ -168,26 +214,31 @@ func (s *Scheduler) dropReservation(id string) {
 	}
 }
 
-// cycleState is what one cycle remembers between gangs.
-type cycleState struct {
+// cycleRun is what one cycle remembers between gangs.
+type cycleRun struct {
+	d            *Decisions
+	now          time.Time
+	placed       []*gangState
+	stop         bool // StrictFIFO: the first gang that did not fit ends the cycle
 	scanned      int
 	preemptTries int
 	reserveTried bool // one blocked-gang reservation search per cycle
 	compactTries int  // compact reservation searches (at most MaxReservations)
-	// failed remembers, per member shape and set of reservations holding nodes from it,
-	// the fewest members that found no placement this cycle: a gang of that shape, under
-	// the same reservations, asking as many or more cannot fit either and is passed over
-	// without a search. (Placements in between only take capacity.) Such skips do not count against
-	// MaxGangsPerCycle, so a backlog of blocked large gangs does not hide the small ones
-	// behind it; MaxScanFactor bounds the whole loop.
+	// failed remembers, per member shape, strategy and set of reservations holding nodes
+	// from it, the fewest members that found no placement this cycle: a gang of that
+	// shape, under the same reservations, asking as many or more cannot fit either and is
+	// passed over without a search. (Placements in between only take capacity.) Such skips
+	// do not count against MaxGangsPerCycle, so a backlog of blocked large gangs does not
+	// hide the small ones behind it; MaxScanFactor bounds the whole loop.
 	failed    map[shapeKeyModels]*Status
 	failedMin map[shapeKeyModels]int
 }
 
 type shapeKeyModels struct {
-	m      Member
-	models string
-	excl   string // the reservations that exclude nodes from the gang
+	m        Member
+	models   string
+	excl     string // the reservations that exclude nodes from the gang
+	strategy Strategy
 }
 
 // queuedHeap yields pending gangs in QueueSort order, ties by arrival. A heap, not a sort:
@@ -252,9 +303,9 @@ func (s *Scheduler) queuedView(g *gangState, now time.Time) QueuedGang {
 	return v
 }
 
-func (s *Scheduler) runPreFilter(g *QueuedGang, now time.Time) *Status {
+func (s *Scheduler) runPreFilter(a *attempt, now time.Time) *Status {
 	for _, p := range s.prof.preFilter {
-		if st := p.PreFilter(s, g, now); !st.IsSuccess() {
+		if st := p.PreFilter(s, a.state, a.g, now); !st.IsSuccess() {
 			st.Plugin = p.Name()
 			return st
 		}
@@ -262,9 +313,10 @@ func (s *Scheduler) runPreFilter(g *QueuedGang, now time.Time) *Status {
 	return nil
 }
 
-func (s *Scheduler) runPermit(g *QueuedGang, best *ScoreInput, now time.Time) *Status {
+func (s *Scheduler) runPermit(a *attempt, best *candidate, now time.Time) *Status {
+	c := &Candidate{placed: a.base, add: best.allocs, Input: &best.in}
 	for _, p := range s.prof.permit {
-		if st := p.Permit(s, g, best, now); !st.IsSuccess() {
+		if st := p.Permit(s, a.state, a.g, c, now); !st.IsSuccess() {
 			st.Plugin = p.Name()
 			return st
 		}
@@ -275,10 +327,11 @@ func (s *Scheduler) runPermit(g *QueuedGang, best *ScoreInput, now time.Time) *S
 // runPostFilter asks the PostFilter plugins in turn; the first result with preemptions is
 // carried out: victims are marked as stopping and the freed nodes are held for g. Without
 // one, it returns the earliest retry time any plugin gave (or nil).
-func (s *Scheduler) runPostFilter(g *QueuedGang, now time.Time) *PostFilterResult {
+func (s *Scheduler) runPostFilter(a *attempt, may Victims, now time.Time) *PostFilterResult {
+	g := a.g
 	var retry *PostFilterResult
 	for _, p := range s.prof.postFilter {
-		res := p.PostFilter(s, g, now)
+		res := p.PostFilter(s, a.state, g, may, now)
 		if res == nil {
 			continue
 		}
@@ -320,9 +373,9 @@ func (d *Decisions) wakeAt(t time.Time) {
 
 // runReserve asks the Reserve plugins in turn; the first reservation is installed and
 // returned.
-func (s *Scheduler) runReserve(g *QueuedGang, compact bool, now time.Time) *reservation {
+func (s *Scheduler) runReserve(a *attempt, compact bool, now time.Time) *reservation {
 	for _, p := range s.prof.reserve {
-		if r := p.Reserve(s, g, compact, now); r != nil {
+		if r := p.Reserve(s, a.state, a.g, compact, now); r != nil {
 			nodes := make(map[int]bool, len(r.Nodes))
 			for _, n := range r.Nodes {
 				nodes[n] = true

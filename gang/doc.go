@@ -9,10 +9,14 @@
 //     model constraint, priority, queue, expected duration and checkpoint facts.
 //   - Admission is all-or-nothing: members are allocated tentatively in a statement and
 //     committed together or undone in reverse (as Volcano's Statement).
-//   - Cycle runs kube-scheduler's extension points (framework.go): QueueSort, PreFilter,
-//     Filter, Score, Permit, PostFilter, Reserve. Plugins are built by name from a Registry
-//     (Config.Plugins names them; WithRegistry adds out-of-tree ones) and reach the
-//     scheduler through a Handle and a Trial.
+//   - Cycle takes the pending gangs in QueueSort order through Volcano's actions
+//     (Config.Actions: enqueue, allocate, preempt, reclaim, backfill), which run
+//     kube-scheduler's extension points (framework.go): PreFilter, Filter, Score, Permit,
+//     PostFilter, Reserve. Each gang's attempt has a CycleState its plugins share. Plugins
+//     are built by name from a Registry (Config.Plugins names them; WithRegistry adds
+//     out-of-tree ones) and reach the scheduler through a Handle and a Trial.
+//   - Placement strategies (Request.Strategy: spread, strict-spread, strict-pack) are
+//     Filter and Score plugins: strategy gangs queue, preempt and are preempted as any.
 //   - Placement is filter then score. Free-capacity indexes propose at most
 //     Config.MaxCandidates placements, smallest topology domain first; each is scored by
 //     the plugins (topology + modeled AllReduce, FGD-style fragmentation, measured load,

@@ -106,6 +106,8 @@ func (s *Scheduler) grow(d *Decisions, now time.Time) {
 		}
 		excl := s.exclusion(g, now)
 		room := int((s.c.totalMilli - s.c.usedMilli) / int64(g.req.Member.TotalMilli()))
+		qv := s.queuedView(g, now)
+		s.att = s.newAttempt(&qv, nil, g.allocs) // its plugins see the members it runs
 		for extra := min(g.req.Max-g.members, room); extra > 0; extra /= 2 {
 			if !s.growGain(g, g.members+extra, now) {
 				break
@@ -117,6 +119,7 @@ func (s *Scheduler) grow(d *Decisions, now time.Time) {
 			d.Resizes = append(d.Resizes, s.commitGrow(g, cand, now))
 			break
 		}
+		s.att = nil
 	}
 }
 

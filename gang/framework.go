@@ -4,18 +4,25 @@ import (
 	"time"
 )
 
-// The scheduling framework. A cycle runs the extension points of kube-scheduler's
-// framework, adapted to gangs:
+// The scheduling framework. A cycle takes the pending gangs in QueueSort order and runs
+// each through the configured actions (Config.Actions, Volcano's actions; see actions.go),
+// which call the extension points of kube-scheduler's framework, adapted to gangs:
 //
 //	QueueSort   orders the pending gangs (one plugin).
-//	PreFilter   checks a gang before any placement search (queue quota).
-//	Filter      checks one node for one member (the built-in fit test, the reservation
-//	            hold, then any registered filters).
-//	Score       rates each candidate placement (ScorePlugin, weighted by Config.Weights).
+//	PreFilter   checks a gang before any placement search (queue quota). Action enqueue.
+//	Filter      checks one node for the next member of a candidate placement (after the
+//	            built-in fit test and the reservation holds). Action allocate.
+//	Score       rates each candidate placement (weighted by Config.Weights and
+//	            Plugins.Score). Action allocate.
 //	Permit      accepts the best placement, or holds the gang with Wait (topology wait).
+//	            Action allocate.
 //	PostFilter  runs when a gang found no placement: preemption and shrinking of elastic
-//	            gangs that would admit it.
-//	Reserve     holds capacity for a blocked or held gang (backfill reservations).
+//	            gangs that would admit it. Actions preempt and reclaim.
+//	Reserve     holds capacity for a blocked or held gang (backfill reservations). Action
+//	            backfill.
+//
+// Each gang's attempt gets a fresh CycleState, which every plugin called for it receives:
+// what one writes (PreFilter, say), later ones read (Filter, Score, PostFilter...).
 //
 // Plugins implement Plugin plus the interface of each extension point they serve, and are
 // built by name from a Registry (see registry.go); Config.Plugins lists them per point.
@@ -173,6 +180,115 @@ func (r *RunningGang) MemberPlacements() []MemberPlacement {
 	return out
 }
 
+// StateKey names an entry of a CycleState. Plugins prefix their keys with their name.
+type StateKey string
+
+// CycleState is the scratch space of one gang's scheduling attempt in a cycle
+// (kube-scheduler's CycleState): created empty for each attempt and handed to every
+// plugin called for it, so that what one extension point computes (PreFilter, say) later
+// ones (Filter, Score, Permit, PostFilter, Reserve) read instead of computing again. It
+// is not safe for concurrent use; values are the writer's to define and must be treated
+// as read-only by others. A nil *CycleState reads as empty.
+type CycleState struct {
+	m map[StateKey]any
+}
+
+// NewCycleState returns an empty state.
+func NewCycleState() *CycleState { return &CycleState{} }
+
+// Write stores v under k, replacing what was there.
+func (s *CycleState) Write(k StateKey, v any) {
+	if s.m == nil {
+		s.m = map[StateKey]any{}
+	}
+	s.m[k] = v
+}
+
+// Read returns what is stored under k.
+func (s *CycleState) Read(k StateKey) (any, bool) {
+	if s == nil {
+		return nil, false
+	}
+	v, ok := s.m[k]
+	return v, ok
+}
+
+// Delete removes k.
+func (s *CycleState) Delete(k StateKey) {
+	if s != nil {
+		delete(s.m, k)
+	}
+}
+
+// ReadState returns the value of type T stored under k; false when there is none or it
+// has another type.
+func ReadState[T any](s *CycleState, k StateKey) (T, bool) {
+	v, ok := s.Read(k)
+	t, isT := v.(T)
+	return t, ok && isT
+}
+
+// Candidate is a placement of a gang's members as plugins see it: the members placed
+// before it (the gang's running members when it grows; while a placement is being built,
+// the members already in it) and the members it adds. Filter sees a candidate that adds
+// nothing yet (the node in question is for the next member); Score and Permit see one
+// that adds its members, with Input measured over them. Members are counted in order:
+// those placed before first.
+type Candidate struct {
+	placed []alloc
+	add    []alloc
+	// Input is what the scheduler measured about the added members; nil in Filter.
+	Input *ScoreInput
+}
+
+// Members returns the number of members, placed before and added.
+func (c *Candidate) Members() int { return len(c.placed) + len(c.add) }
+
+// Added returns the number of members the candidate adds (0 in Filter).
+func (c *Candidate) Added() int { return len(c.add) }
+
+// Node returns the node (snapshot index) of member k, 0 <= k < Members().
+func (c *Candidate) Node(k int) int {
+	if k < len(c.placed) {
+		return c.placed[k].node
+	}
+	return c.add[k-len(c.placed)].node
+}
+
+// On returns the number of members on node.
+func (c *Candidate) On(node int) int {
+	n := 0
+	for _, a := range c.placed {
+		if a.node == node {
+			n++
+		}
+	}
+	for _, a := range c.add {
+		if a.node == node {
+			n++
+		}
+	}
+	return n
+}
+
+// Machines returns the number of distinct nodes the members are on.
+func (c *Candidate) Machines() int {
+	n := 0
+	for k := range c.Members() {
+		node, first := c.Node(k), true
+		for j := range k {
+			if c.Node(j) == node {
+				first = false
+				break
+			}
+		}
+		if first {
+			n++
+		}
+	}
+	return n
+}
+
 // QueueSortPlugin orders pending gangs: Less(a, b) is true when a goes first. It must be a
 // strict weak order; the framework breaks ties by arrival.
 type QueueSortPlugin interface {
@@ -180,23 +296,63 @@ type QueueSortPlugin interface {
 	Less(a, b *QueuedGang) bool
 }
 
-// PreFilterPlugin checks a gang before its placement search.
+// PreFilterPlugin checks a gang before its placement search (action enqueue).
 type PreFilterPlugin interface {
 	Plugin
-	PreFilter(h Handle, g *QueuedGang, now time.Time) *Status
+	PreFilter(h Handle, state *CycleState, g *QueuedGang, now time.Time) *Status
 }
 
-// FilterPlugin checks whether one member of g may go on node (index i in the snapshot,
-// n its current state). It runs in the placement search's inner loop: keep it cheap.
+// FilterPlugin checks whether the next member of g may go on node (index node in the
+// snapshot, n its current state, which has room for the member) given the members the
+// candidate placement c holds already. It runs in the placement search's inner loop, for
+// every placement search of g (allocate, and the trials of preemption and reservations):
+// keep it cheap.
 type FilterPlugin interface {
 	Plugin
-	Filter(g *QueuedGang, i int, n *Node) *Status
+	Filter(state *CycleState, g *QueuedGang, c *Candidate, node int, n *Node) *Status
+}
+
+// ScorePlugin scores a candidate placement of g for one concern. Score must be pure and
+// return a value in [0, 1], higher meaning better.
+type ScorePlugin interface {
+	Plugin
+	Score(state *CycleState, g *QueuedGang, c *Candidate) float64
+}
+
+// SkipPlugin is an optional interface of Filter and Score plugins (the Skip status of
+// kube-scheduler's PreFilter and PreScore): Skip, asked once per attempt, reports that
+// the plugin has nothing to say about g; its Filter is then not called for g, and its
+// Score neither counted nor reported in g's placement.
+type SkipPlugin interface {
+	Skip(state *CycleState, g *QueuedGang) bool
+}
+
+// MemberwisePlugin is an optional interface of Score plugins that rate where each member
+// goes relative to the gang's other members (spread). When Memberwise is true for g (and
+// the plugin is not skipped), g's members are placed one at a time, each on the
+// best-scored of up to Config.MaxCandidates nodes given the members before it (as GPU
+// shares always are), instead of as whole placements proposed by topology domain.
+type MemberwisePlugin interface {
+	ScorePlugin
+	Memberwise(state *CycleState, g *QueuedGang) bool
 }
 
 // PermitPlugin accepts the chosen placement (nil) or holds the gang (Wait, with a reason).
 type PermitPlugin interface {
 	Plugin
-	Permit(h Handle, g *QueuedGang, best *ScoreInput, now time.Time) *Status
+	Permit(h Handle, state *CycleState, g *QueuedGang, best *Candidate, now time.Time) *Status
+}
+
+// Victims says which running gangs a PostFilter search may stop or shrink: the preempt
+// action asks for Priority, the reclaim action for Reclaim, both when they are adjacent
+// in Config.Actions (one search then weighs every kind of victim together).
+type Victims struct {
+	// Priority: gangs that rank after the preemptor (a lower priority class; for the
+	// size-based baselines, later in their order).
+	Priority bool
+	// Reclaim: gangs of queues over their fair share, for a gang whose queue is under its
+	// own (Config.FairShareReclaim).
+	Reclaim bool
 }
 
 // PostFilterResult is what a PostFilter plugin proposes to admit a blocked gang: victims to
@@ -218,19 +374,20 @@ type PostFilterResult struct {
 	SkipPermit bool
 }
 
-// PostFilterPlugin runs for a gang that found no placement. It returns nil when it cannot
-// or will not help (nothing is evicted then).
+// PostFilterPlugin runs for a gang that found no placement (actions preempt and reclaim),
+// taking only the victims may allows. It returns nil when it cannot or will not help
+// (nothing is evicted then).
 type PostFilterPlugin interface {
 	Plugin
-	PostFilter(h Handle, g *QueuedGang, now time.Time) *PostFilterResult
+	PostFilter(h Handle, state *CycleState, g *QueuedGang, may Victims, now time.Time) *PostFilterResult
 }
 
-// ReservePlugin holds capacity for a gang that waits: a blocked gang (compact false) or a
-// gang a Permit plugin holds for a compact placement (compact true). It returns the
-// reservation or nil.
+// ReservePlugin holds capacity for a gang that waits (action backfill): a blocked gang
+// (compact false) or a gang a Permit plugin holds for a compact placement (compact true).
+// It returns the reservation or nil.
 type ReservePlugin interface {
 	Plugin
-	Reserve(h Handle, g *QueuedGang, compact bool, now time.Time) *Reservation
+	Reserve(h Handle, state *CycleState, g *QueuedGang, compact bool, now time.Time) *Reservation
 }
 
 // Handle is what plugins may use of the scheduler. Scheduler implements it.

@@ -18,7 +18,7 @@ func (reverseSort) Less(a, b *QueuedGang) bool { return a.Seq > b.Seq }
 type avoidNode struct{}
 
 func (avoidNode) Name() string { return "avoid-n0" }
-func (avoidNode) Filter(_ *QueuedGang, i int, _ *Node) *Status {
+func (avoidNode) Filter(_ *CycleState, _ *QueuedGang, _ *Candidate, i int, _ *Node) *Status {
 	if i == 0 {
 		return NewStatus(Unschedulable, WaitFragmented, "node 0 is avoided")
 	}

@@ -43,7 +43,7 @@ func TestPluginScores(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := tt.p.Score(&tt.in); math.Abs(got-tt.want) > 1e-9 {
+			if got := tt.p.Score(nil, nil, &Candidate{Input: &tt.in}); math.Abs(got-tt.want) > 1e-9 {
 				t.Fatalf("%s score = %v, want %v", tt.p.Name(), got, tt.want)
 			}
 		})

@@ -38,15 +38,20 @@ func (s *Scheduler) nodeFrag(i int) float64 {
 	return s.frag.Frag(&s.c.nodes[i])
 }
 
-// place finds the best placement of members members of g, or returns nil (s.unfit says
-// why). The cluster state is unchanged on return.
+// place finds the best placement of members members of g, the gang of the current attempt
+// (s.att), or returns nil (s.unfit says why). The cluster state is unchanged on return.
 func (s *Scheduler) place(g *gangState, members int, excl map[int]bool) *candidate {
 	m := g.req.Member
 	if s.c.totalMilli-s.c.usedMilli < int64(members)*int64(m.TotalMilli()) {
 		return nil // fast path: no index walk when capacity is short
 	}
 	var cands []*candidate
-	if !s.cfg.TopologyAware {
+	if s.att.memberwise {
+		// A Score plugin rates members relative to each other (spread): one at a time.
+		if c := s.placeGreedy(g, members, excl, false); c != nil {
+			cands = append(cands, c)
+		}
+	} else if !s.cfg.TopologyAware {
 		if c := s.placeGreedy(g, members, excl, true); c != nil {
 			cands = append(cands, c)
 		}
@@ -69,7 +74,7 @@ func (s *Scheduler) place(g *gangState, members int, excl map[int]bool) *candida
 	if len(cands) == 0 {
 		return nil
 	}
-	return s.pick(cands)
+	return s.pick(cands, nil)
 }
 
 // unfit says, with the numbers, why members members of g found no placement.
@@ -105,6 +110,10 @@ func (s *Scheduler) unfit(g *gangState, members int, excl map[int]bool) *Status 
 	}
 	if s.compactOnly {
 		return NewStatus(Unschedulable, WaitTopology, fmt.Sprintf("no placement for %s on the fewest machines", what))
+	}
+	if r := s.att.rejected; r != nil {
+		// A Filter plugin refused nodes that had room: its rule is the reason.
+		return NewStatus(Unschedulable, WaitFragmented, fmt.Sprintf("no placement fits %s: %s (plugin %s); %s GPUs free in the cluster", what, r.Reason, r.Plugin, gpus(free)))
 	}
 	detail := ""
 	switch {
@@ -143,8 +152,13 @@ func migSlices(profile string) int {
 	return n
 }
 
-// pick scores candidates with the weighted plugins and returns the best (first on ties).
-func (s *Scheduler) pick(cands []*candidate) *candidate {
+// pick scores candidates with the weighted plugins of the attempt and returns the best
+// (first on ties). Each candidate adds its members to prior, the members placed before.
+func (s *Scheduler) pick(cands []*candidate, prior []alloc) *candidate {
+	at := s.att
+	if len(at.base) > 0 {
+		prior = append(at.base[:len(at.base):len(at.base)], prior...)
+	}
 	best := cands[0].in.AllReduce
 	for _, c := range cands[1:] {
 		if c.in.AllReduce < best {
@@ -156,8 +170,9 @@ func (s *Scheduler) pick(cands []*candidate) *candidate {
 		c.in.BestAllReduce = best
 		c.total = 0
 		c.scores = c.scores[:0]
-		for _, wp := range s.prof.score {
-			sc := wp.p.Score(&c.in)
+		pc := Candidate{placed: prior, add: c.allocs, Input: &c.in}
+		for _, wp := range at.scores {
+			sc := wp.p.Score(at.state, at.g, &pc)
 			c.scores = append(c.scores, PluginScore{Plugin: wp.p.Name(), Score: sc, Weight: wp.w})
 			c.total += wp.w * sc
 		}
@@ -293,7 +308,7 @@ func (s *Scheduler) tryPlan(g *gangState, members int, plan []int) *candidate {
 	for _, n := range plan {
 		first := true
 		for len(allocs) < members {
-			a, why := s.c.fitMember(n, g.req.Member, g.req.GPUModels)
+			a, why := s.fit(n, g.req.Member, g.req.GPUModels, allocs)
 			if why != "" {
 				break
 			}
@@ -328,9 +343,9 @@ func (s *Scheduler) placeGreedy(g *gangState, members int, excl map[int]bool, bl
 		var a alloc
 		ok := false
 		if blind {
-			a, ok = s.blindPick(m, g.req.GPUModels, excl)
+			a, ok = s.blindPick(m, g.req.GPUModels, excl, allocs)
 		} else {
-			a, ok = s.scoredPick(g, excl)
+			a, ok = s.scoredPick(g, excl, allocs)
 		}
 		if !ok {
 			return nil
@@ -388,14 +403,14 @@ func (s *Scheduler) candidateNodes(m Member, asc bool, yield func(n int) bool) {
 	}
 }
 
-func (s *Scheduler) blindPick(m Member, models []string, excl map[int]bool) (alloc, bool) {
+func (s *Scheduler) blindPick(m Member, models []string, excl map[int]bool, placed []alloc) (alloc, bool) {
 	var out alloc
 	found := false
 	try := func(n int) bool {
 		if excl[n] {
 			return true
 		}
-		a, why := s.c.fitMember(n, m, models)
+		a, why := s.fit(n, m, models, placed)
 		if why == "" {
 			out, found = a, true
 			return false
@@ -417,7 +432,8 @@ func (s *Scheduler) blindPick(m Member, models []string, excl map[int]bool) (all
 	return out, found
 }
 
-func (s *Scheduler) scoredPick(g *gangState, excl map[int]bool) (alloc, bool) {
+// scoredPick picks the node of the next member, given those placed before it.
+func (s *Scheduler) scoredPick(g *gangState, excl map[int]bool, placed []alloc) (alloc, bool) {
 	K := s.cfg.MaxCandidates
 	var cands []*candidate
 	tries := 0
@@ -426,7 +442,7 @@ func (s *Scheduler) scoredPick(g *gangState, excl map[int]bool) (alloc, bool) {
 			return true
 		}
 		tries++
-		a, why := s.c.fitMember(n, g.req.Member, g.req.GPUModels)
+		a, why := s.fit(n, g.req.Member, g.req.GPUModels, placed)
 		if why == "" {
 			var b []nodeBefore
 			if s.fragOn() {
@@ -443,7 +459,7 @@ func (s *Scheduler) scoredPick(g *gangState, excl map[int]bool) (alloc, bool) {
 	if len(cands) == 0 {
 		return alloc{}, false
 	}
-	return s.pick(cands).allocs[0], true
+	return s.pick(cands, placed).allocs[0], true
 }
 
 // measure computes the ScoreInput of allocations applied to the current state.

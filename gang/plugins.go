@@ -6,8 +6,8 @@ import (
 	"time"
 )
 
-// ScoreInput is what the scheduler measured about one candidate placement; score plugins
-// turn it into a number in [0, 1]. Candidates of one gang are scored together, so Best*
+// ScoreInput is what the scheduler measured about one candidate placement (Candidate.Input);
+// score plugins turn it into a number in [0, 1]. Candidates of one gang are scored together, so Best*
 // fields hold the best value among them (for normalisation, as kube-scheduler's NormalizeScore).
 type ScoreInput struct {
 	GPUs                              int // GPUs the gang holds (cards touched)
@@ -23,13 +23,6 @@ type ScoreInput struct {
 	Fill float64
 }
 
-// ScorePlugin scores a candidate placement for one concern. Score must be pure and return a
-// value in [0, 1], higher meaning better.
-type ScorePlugin interface {
-	Name() string
-	Score(in *ScoreInput) float64
-}
-
 // TopologyPlugin prefers placements crossing few islands, machines and racks, and with a
 // short modeled AllReduce (AllReduce-aware): half locality, half AllReduce time relative to
 // the best candidate.
@@ -39,7 +32,8 @@ type TopologyPlugin struct{}
 func (TopologyPlugin) Name() string { return "topology" }
 
 // Score implements ScorePlugin.
-func (TopologyPlugin) Score(in *ScoreInput) float64 {
+func (TopologyPlugin) Score(_ *CycleState, _ *QueuedGang, c *Candidate) float64 {
+	in := c.Input
 	if in.GPUs <= 1 {
 		return 1
 	}
@@ -65,8 +59,8 @@ type FragmentationPlugin struct{}
 func (FragmentationPlugin) Name() string { return "fragmentation" }
 
 // Score implements ScorePlugin.
-func (FragmentationPlugin) Score(in *ScoreInput) float64 {
-	return 1 / (1 + math.Exp(in.FragDelta/Milli))
+func (FragmentationPlugin) Score(_ *CycleState, _ *QueuedGang, c *Candidate) float64 {
+	return 1 / (1 + math.Exp(c.Input.FragDelta/Milli))
 }
 
 // LoadPlugin prefers lightly loaded nodes by their measured use.
@@ -76,7 +70,9 @@ type LoadPlugin struct{}
 func (LoadPlugin) Name() string { return "load" }
 
 // Score implements ScorePlugin.
-func (LoadPlugin) Score(in *ScoreInput) float64 { return clamp01(1 - in.Load) }
+func (LoadPlugin) Score(_ *CycleState, _ *QueuedGang, c *Candidate) float64 {
+	return clamp01(1 - c.Input.Load)
+}
 
 // BinpackPlugin prefers fuller nodes (Volcano's binpack), leaving whole machines free.
 type BinpackPlugin struct{}
@@ -85,7 +81,9 @@ type BinpackPlugin struct{}
 func (BinpackPlugin) Name() string { return "binpack" }
 
 // Score implements ScorePlugin.
-func (BinpackPlugin) Score(in *ScoreInput) float64 { return clamp01(in.Fill) }
+func (BinpackPlugin) Score(_ *CycleState, _ *QueuedGang, c *Candidate) float64 {
+	return clamp01(c.Input.Fill)
+}
 
 func clamp01(x float64) float64 {
 	switch {

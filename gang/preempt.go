@@ -47,8 +47,9 @@ func (s *Scheduler) EvictionCost(r *RunningGang, now time.Time) EvictionCost {
 
 // preemption is the PostFilter that evicts whole gangs for a blocked one, only when that
 // pays for itself:
-//   - victims: lower-priority gangs (cause "priority") or, for a gang of an under-share
-//     queue, gangs of over-share queues no more important than it ("fair-share reclaim");
+//   - victims, as the action's Victims allow: lower-priority gangs (cause "priority",
+//     action preempt) or, for a gang of an under-share queue, gangs of over-share queues
+//     no more important than it ("fair-share reclaim", action reclaim);
 //     not NotPreemptible, past their protection (MinRunBeforePreempt, doubled per earlier
 //     eviction with Backoff), within their eviction budget, and, when durations are
 //     known, not more urgent than the preemptor by Smith's rule (RemainingRule);
@@ -73,7 +74,7 @@ type victim struct {
 	reason   string
 }
 
-func (preemption) PostFilter(h Handle, g *QueuedGang, now time.Time) *PostFilterResult {
+func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Victims, now time.Time) *PostFilterResult {
 	cfg := h.Config()
 	pc := cfg.Preempt
 	under := cfg.FairShareReclaim && h.QueueRatio(g.Request.Queue) < 1
@@ -93,11 +94,11 @@ func (preemption) PostFilter(h Handle, g *QueuedGang, now time.Time) *PostFilter
 		}
 		reason := ""
 		switch {
-		case v.Priority < g.Request.Priority:
+		case may.Priority && v.Priority < g.Request.Priority:
 			reason = "priority"
-		case under && v.Queue != g.Request.Queue && v.QueueRatio > 1 && v.Priority <= g.Request.Priority:
+		case may.Reclaim && under && v.Queue != g.Request.Queue && v.QueueRatio > 1 && v.Priority <= g.Request.Priority:
 			reason = "fair-share reclaim"
-		case pc.RemainingRatio > 0 && known && v.Priority <= g.Request.Priority && wp*rv >= pc.RemainingRatio*wv*g.RemainingGPUSeconds:
+		case may.Priority && pc.RemainingRatio > 0 && known && v.Priority <= g.Request.Priority && wp*rv >= pc.RemainingRatio*wv*g.RemainingGPUSeconds:
 			reason = "remaining"
 		default:
 			continue
@@ -133,7 +134,7 @@ func (preemption) PostFilter(h Handle, g *QueuedGang, now time.Time) *PostFilter
 	// wait on in scattered room, and the evictions would be wasted). Without one, any room
 	// does, and the gang takes it as it is (Permit skipped).
 	compact := slices.Contains(cfg.resolved().Permit, PluginTopologyWait) && cfg.topologyWait(g.Request) > 0
-	found, chosen := chooseVictims(h, g, cands, now, compact)
+	found, chosen := chooseVictims(h, state, g, cands, now, compact)
 	if found == nil {
 		return nil
 	}
@@ -143,7 +144,7 @@ func (preemption) PostFilter(h Handle, g *QueuedGang, now time.Time) *PostFilter
 	}
 	gpus := float64(g.Request.Min) * float64(g.Request.Member.TotalMilli()) / Milli
 	wait := g.Waited
-	if start, ok := shadowStart(h, g, false, now); ok && start.Sub(now) > wait {
+	if start, ok := shadowStart(h, state, g, false, now); ok && start.Sub(now) > wait {
 		wait = start.Sub(now)
 	}
 	if gain := wp * gpus * wait.Seconds(); gain < pc.GainRatio*wcost {
@@ -172,14 +173,14 @@ func ceilTo(d, step time.Duration) time.Duration {
 //
 // With compact set, only placements on the fewest machines count as admitting g (so that
 // its topology wait does not hold it back from the capacity freed for it).
-func chooseVictims(h Handle, g *QueuedGang, cands []victim, now time.Time, compact bool) (*Fit, []victim) {
+func chooseVictims(h Handle, state *CycleState, g *QueuedGang, cands []victim, now time.Time, compact bool) (*Fit, []victim) {
 	if len(cands) == 0 {
 		return nil, nil
 	}
 	cfg := h.Config()
 	t := h.NewTrial()
 	defer t.Discard()
-	if t.Fits(g, g.Request.Min, false) != nil {
+	if t.Fits(state, g, g.Request.Min, false) != nil {
 		return nil, nil
 	}
 	if len(cands) > cfg.MaxPreemptionVictims {
@@ -202,7 +203,7 @@ func chooseVictims(h Handle, g *QueuedGang, cands []victim, now time.Time, compa
 		if tries++; tries > cfg.MaxPreemptionTries {
 			break
 		}
-		if f := t.Fits(g, g.Request.Min, compact); f != nil {
+		if f := t.Fits(state, g, g.Request.Min, compact); f != nil {
 			found = f
 			break
 		}
@@ -213,7 +214,7 @@ func chooseVictims(h Handle, g *QueuedGang, cands []victim, now time.Time, compa
 	for i := len(chosen) - 1; i >= 0 && len(chosen) > 1; i-- {
 		m := t.Mark()
 		if t.Retake(chosen[i].r) {
-			if f := t.Fits(g, g.Request.Min, compact); f != nil {
+			if f := t.Fits(state, g, g.Request.Min, compact); f != nil {
 				found = f
 				chosen = append(chosen[:i], chosen[i+1:]...)
 				continue
@@ -232,7 +233,7 @@ func chooseVictims(h Handle, g *QueuedGang, cands []victim, now time.Time, compa
 			if !t.RetakeLast(c.r) {
 				break
 			}
-			f := t.Fits(g, g.Request.Min, compact)
+			f := t.Fits(state, g, g.Request.Min, compact)
 			if f == nil {
 				t.Rollback(m)
 				t.rel[c.r.g] = shrinkMembers(c.r.g, c.shrinkTo)
@@ -310,7 +311,10 @@ type rankPreemption struct {
 
 func (p rankPreemption) Name() string { return p.name }
 
-func (p rankPreemption) PostFilter(h Handle, g *QueuedGang, now time.Time) *PostFilterResult {
+func (p rankPreemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Victims, now time.Time) *PostFilterResult {
+	if !may.Priority {
+		return nil // its victims rank after the preemptor: a preemption, not a reclaim
+	}
 	var cands []victim
 	running := h.RunningGangs(now)
 	for i := range running {
@@ -322,7 +326,7 @@ func (p rankPreemption) PostFilter(h Handle, g *QueuedGang, now time.Time) *Post
 		cands = append(cands, victim{r: v, cost: c, w: 1, wcost: c.GPUSeconds, reason: p.name})
 	}
 	sortVictims(cands)
-	found, chosen := chooseVictims(h, g, cands, now, false)
+	found, chosen := chooseVictims(h, state, g, cands, now, false)
 	if found == nil {
 		return nil
 	}
@@ -350,7 +354,7 @@ func srtfAfter(g *QueuedGang, v *RunningGang, now time.Time) bool {
 // shadowStart returns when running gangs with known durations, released in end order,
 // would leave room for g (the backfill shadow time), and false when they never would
 // within Config.MaxReservationTries placement attempts.
-func shadowStart(h Handle, g *QueuedGang, compact bool, now time.Time) (time.Time, bool) {
-	start, _ := shadowSearch(h, g, compact, now)
+func shadowStart(h Handle, state *CycleState, g *QueuedGang, compact bool, now time.Time) (time.Time, bool) {
+	start, _ := shadowSearch(h, state, g, compact, now)
 	return start, !start.IsZero()
 }

@@ -8,7 +8,7 @@ type quotaPlugin struct{}
 
 func (quotaPlugin) Name() string { return PluginQuota }
 
-func (quotaPlugin) PreFilter(_ Handle, g *QueuedGang, _ time.Time) *Status {
+func (quotaPlugin) PreFilter(_ Handle, _ *CycleState, g *QueuedGang, _ time.Time) *Status {
 	q := g.g.q
 	if q.quota <= 0 {
 		return nil

@@ -61,6 +61,9 @@ const (
 	PluginFragmentation  = "fragmentation"   // Score
 	PluginLoad           = "load"            // Score
 	PluginBinpack        = "binpack"         // Score
+	PluginSpread         = "spread"          // Score: members of StrategySpread gangs on distinct machines (soft)
+	PluginStrictSpread   = "strict-spread"   // Filter: members of StrategyStrictSpread gangs on distinct machines
+	PluginStrictPack     = "strict-pack"     // Filter: members of StrategyStrictPack gangs on one machine
 )
 
 // InTreeRegistry returns a new registry holding the in-tree plugins.
@@ -88,6 +91,9 @@ func InTreeRegistry() Registry {
 		PluginFragmentation: func(Handle) (Plugin, error) { return FragmentationPlugin{}, nil },
 		PluginLoad:          func(Handle) (Plugin, error) { return LoadPlugin{}, nil },
 		PluginBinpack:       func(Handle) (Plugin, error) { return BinpackPlugin{}, nil },
+		PluginSpread:        func(Handle) (Plugin, error) { return spreadScore{}, nil },
+		PluginStrictSpread:  func(Handle) (Plugin, error) { return strictSpread{}, nil },
+		PluginStrictPack:    func(Handle) (Plugin, error) { return strictPack{}, nil },
 	}
 }
 
@@ -99,10 +105,11 @@ type ScoreWeight struct {
 
 // Plugins names the plugins run at each extension point. A nil list (or an empty
 // QueueSort) keeps the default the feature switches of Config select: QueueSort "fifo"
-// with StrictFIFO, else "urgency"; PreFilter "quota" with QuotaAdmission; Permit
-// "topology-wait" with TopologyAware and TopologyWait > 0; PostFilter "preemption" with
-// Preemption; Reserve "backfill" with Backfill. A non-nil empty list turns a point off.
-// Score lists registered score plugins added to the four weighted by Config.Weights.
+// with StrictFIFO, else "urgency"; PreFilter "quota" with QuotaAdmission; Filter
+// "strict-spread" and "strict-pack"; Permit "topology-wait" with TopologyAware and
+// TopologyWait > 0; PostFilter "preemption" with Preemption; Reserve "backfill" with
+// Backfill. A non-nil empty list turns a point off. Score lists registered score plugins
+// added to the four weighted by Config.Weights; nil: "spread" with weight 10.
 type Plugins struct {
 	QueueSort  string
 	PreFilter  []string
@@ -132,6 +139,12 @@ func (c Config) resolved() Plugins {
 		if c.StrictFIFO {
 			p.QueueSort = PluginFIFO
 		}
+	}
+	if p.Filter == nil {
+		p.Filter = []string{PluginStrictSpread, PluginStrictPack}
+	}
+	if p.Score == nil {
+		p.Score = []ScoreWeight{{Name: PluginSpread, Weight: defaultSpreadWeight}}
 	}
 	if p.PreFilter == nil && c.QuotaAdmission {
 		p.PreFilter = []string{PluginQuota}
@@ -190,6 +203,21 @@ func buildProfile(cfg Config, reg Registry, h Handle) (*profile, error) {
 		}
 	}
 	return pr, nil
+}
+
+// has reports whether the Filter or Score plugins include the named one.
+func (p *profile) has(name string) bool {
+	for _, f := range p.filter {
+		if f.Name() == name {
+			return true
+		}
+	}
+	for _, w := range p.score {
+		if w.p.Name() == name {
+			return true
+		}
+	}
+	return false
 }
 
 type builder struct {

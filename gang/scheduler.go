@@ -141,6 +141,7 @@ type Scheduler struct {
 	fragOpt       FragOptions
 	extra         Registry
 	prof          *profile
+	steps         []step // Config.Actions compiled
 	costs         *CostModel
 
 	c      *cluster
@@ -156,8 +157,8 @@ type Scheduler struct {
 	holds    map[string]*reservation // preemptors' holds, by gang, until placed
 
 	maxIslandGPUs, maxRackGPUs int
-	compactOnly                bool        // place: accept only placements on the fewest machines
-	placing                    *QueuedGang // the gang whose placement is searched (Filter plugins)
+	compactOnly                bool     // place: accept only placements on the fewest machines
+	att                        *attempt // the gang whose placement is searched, with its plugins
 	caps                       map[string]*capStats
 	maxCPU, maxMem             int64
 	cycles                     int       // cycles run
@@ -202,9 +203,7 @@ func New(cfg Config, snap Snapshot, opts ...Option) (*Scheduler, error) {
 	if s.prof, err = buildProfile(cfg, reg, s); err != nil {
 		return nil, err
 	}
-	if len(s.prof.filter) > 0 {
-		c.filter = s.nodeFilter
-	}
+	s.steps = cfg.steps()
 	for _, n := range c.islandGPUs {
 		s.maxIslandGPUs = max(s.maxIslandGPUs, n)
 	}
@@ -299,7 +298,11 @@ func (s *Scheduler) Submit(req Request, now time.Time) (SubmitStatus, error) {
 		err := fmt.Errorf("gang: submit %s to queue %q: %w", req.ID, req.Queue, ErrUnknownQueue)
 		return SubmitStatus{State: Rejected, Reason: err.Error()}, err
 	}
-	if reason := s.neverFits(&req); reason != "" && !s.cfg.Growable {
+	reason := s.neverFits(&req)
+	if reason == "" {
+		reason = s.strategyNeverFits(&req)
+	}
+	if reason != "" && !s.cfg.Growable {
 		err := fmt.Errorf("gang: submit %s: %s: %w", req.ID, reason, ErrNeverFits)
 		return SubmitStatus{State: Rejected, Reason: reason}, err
 	}
@@ -595,17 +598,68 @@ func (s *Scheduler) runningView(g *gangState, now time.Time) RunningGang {
 	return r
 }
 
-// nodeFilter runs the registered Filter plugins for one member of the gang being placed.
-func (s *Scheduler) nodeFilter(i int) bool {
-	if s.placing == nil {
-		return true
+// attempt is one gang's scheduling attempt: its view, its CycleState, and the Filter and
+// Score plugins that apply to it (those not skipped).
+type attempt struct {
+	g          *QueuedGang
+	state      *CycleState
+	filters    []FilterPlugin
+	scores     []weightedPlugin
+	memberwise bool    // a Score plugin asks that members be placed one at a time
+	base       []alloc // the gang's running members (a grow)
+	cand       Candidate
+	rejected   *Status // the latest Filter refusal, for the reason it waits
+}
+
+// newAttempt starts an attempt for g with state (nil: a fresh one); base are members it
+// holds already (a grow).
+func (s *Scheduler) newAttempt(g *QueuedGang, state *CycleState, base []alloc) *attempt {
+	if state == nil {
+		state = NewCycleState()
 	}
-	for _, p := range s.prof.filter {
-		if !p.Filter(s.placing, i, &s.c.nodes[i]).IsSuccess() {
-			return false
+	a := &attempt{g: g, state: state, base: base}
+	skip := func(p any) bool {
+		sp, ok := p.(SkipPlugin)
+		return ok && sp.Skip(state, g)
+	}
+	for _, f := range s.prof.filter {
+		if !skip(f) {
+			a.filters = append(a.filters, f)
 		}
 	}
-	return true
+	a.scores = make([]weightedPlugin, 0, len(s.prof.score))
+	for _, w := range s.prof.score {
+		if skip(w.p) {
+			continue
+		}
+		if mp, ok := w.p.(MemberwisePlugin); ok && mp.Memberwise(state, g) {
+			a.memberwise = true
+		}
+		a.scores = append(a.scores, w)
+	}
+	return a
+}
+
+// fit is the built-in fit test of one member on node n, then the Filter plugins that
+// apply to the gang being placed, given the members placed before (placed).
+func (s *Scheduler) fit(n int, m Member, models []string, placed []alloc) (alloc, string) {
+	a, why := s.c.fitMember(n, m, models)
+	if why != "" || s.att == nil || len(s.att.filters) == 0 {
+		return a, why
+	}
+	at := s.att
+	at.cand.placed, at.cand.add, at.cand.Input = placed, nil, nil
+	if len(at.base) > 0 {
+		at.cand.placed = append(at.base[:len(at.base):len(at.base)], placed...)
+	}
+	for _, p := range at.filters {
+		if st := p.Filter(at.state, at.g, &at.cand, n, &s.c.nodes[n]); !st.IsSuccess() {
+			st.Plugin = p.Name()
+			at.rejected = st
+			return alloc{}, "filtered"
+		}
+	}
+	return a, ""
 }
 
 // effClass is the gang's priority class raised by aging.

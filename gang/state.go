@@ -62,9 +62,6 @@ type cluster struct {
 	usedCPU    int64
 	usedMem    int64
 	models     map[string]int // GPUs per model
-
-	// filter, when set, runs the registered Filter plugins for a node (fitMember).
-	filter func(node int) bool
 }
 
 func newCluster(s Snapshot) (*cluster, error) {
@@ -310,9 +307,6 @@ func (c *cluster) fitMember(i int, m Member, models []string) (alloc, string) {
 	n := &c.nodes[i]
 	if n.Unschedulable {
 		return alloc{}, "node cordoned"
-	}
-	if c.filter != nil && !c.filter(i) {
-		return alloc{}, "filtered"
 	}
 	if n.FreeCPU < m.CPUMilli {
 		return alloc{}, "cpu"

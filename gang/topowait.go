@@ -22,8 +22,9 @@ type topologyWait struct {
 
 func (*topologyWait) Name() string { return PluginTopologyWait }
 
-func (t *topologyWait) Permit(h Handle, g *QueuedGang, best *ScoreInput, now time.Time) *Status {
+func (t *topologyWait) Permit(h Handle, state *CycleState, g *QueuedGang, c *Candidate, now time.Time) *Status {
 	cfg := h.Config()
+	best := c.Input
 	w := max(1, cfg.classWeight(g.Request.Priority))
 	wait := cfg.topologyWait(g.Request)
 	held := now.Sub(g.FitSince)
@@ -36,7 +37,7 @@ func (t *topologyWait) Permit(h Handle, g *QueuedGang, best *ScoreInput, now tim
 		}
 		if t.searches < cfg.MaxReservations {
 			t.searches++
-			if start, ok := shadowStart(h, g, true, now); !ok || start.After(now.Add(wait-held)) {
+			if start, ok := shadowStart(h, state, g, true, now); !ok || start.After(now.Add(wait-held)) {
 				return nil // no compact placement in sight within the wait: take this one
 			}
 		}
@@ -48,8 +49,11 @@ func (t *topologyWait) Permit(h Handle, g *QueuedGang, best *ScoreInput, now tim
 }
 
 // topologyWait is the longest a gang of r's class and duration waits for a compact
-// placement.
+// placement; 0 for a gang whose strategy spreads it (compact is not what it wants).
 func (c *Config) topologyWait(r *Request) time.Duration {
+	if r.Strategy == StrategySpread || r.Strategy == StrategyStrictSpread {
+		return 0
+	}
 	wait := time.Duration(float64(c.TopologyWait) / max(1, c.classWeight(r.Priority)))
 	if f := c.TopologyWaitFraction; f > 0 && r.Duration > 0 {
 		wait = min(wait, time.Duration(f*float64(r.Duration)))

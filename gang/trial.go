@@ -96,13 +96,18 @@ func (t *Trial) Discard() { t.st.discard() }
 func (t *Trial) FreeMilli() int64 { return t.s.c.totalMilli - t.s.c.usedMilli }
 
 // Fits returns where members members of g would go in the trial's state, outside nodes
-// held or reserved for other gangs (Scheduler's exclusion rules), or nil. With compact
-// set only placements on the fewest machines count.
-func (t *Trial) Fits(g *QueuedGang, members int, compact bool) *Fit {
-	old, oldG := t.s.compactOnly, t.s.placing
-	t.s.compactOnly, t.s.placing = compact, g
-	cand := t.s.place(g.g, members, t.s.exclusion(g.g, t.s.now))
-	t.s.compactOnly, t.s.placing = old, oldG
+// held or reserved for other gangs (Scheduler's exclusion rules), or nil. The placement
+// search runs the Filter and Score plugins of g's attempt with state (nil: a fresh one),
+// as the cycle's would. With compact set only placements on the fewest machines count.
+func (t *Trial) Fits(state *CycleState, g *QueuedGang, members int, compact bool) *Fit {
+	s := t.s
+	old, oldAtt := s.compactOnly, s.att
+	s.compactOnly = compact
+	if oldAtt == nil || oldAtt.g != g || (state != nil && oldAtt.state != state) || len(oldAtt.base) > 0 {
+		s.att = s.newAttempt(g, state, nil)
+	}
+	cand := s.place(g.g, members, s.exclusion(g.g, s.now))
+	s.compactOnly, s.att = old, oldAtt
 	if cand == nil {
 		return nil
 	}

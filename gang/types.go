@@ -135,6 +135,36 @@ type Checkpoint struct {
 	CUDACreate   time.Duration
 }
 
+// Strategy spreads or packs a gang's members over machines (Ray's placement group
+// strategies). The in-tree plugins of the same names carry them out: a gang without one
+// (or with StrategyPack) gets the topology-aware placement on as few machines, NVLink
+// islands and racks as it can.
+type Strategy string
+
+// Placement strategies.
+const (
+	// StrategyPack is the default placement, on as few machines as can be.
+	StrategyPack Strategy = "pack"
+	// StrategySpread prefers a different machine for every member (the "spread" Score
+	// plugin), more than one member per machine only when the candidates leave no other
+	// choice.
+	StrategySpread Strategy = "spread"
+	// StrategyStrictPack puts every member on one machine, or the gang waits (the
+	// "strict-pack" Filter plugin).
+	StrategyStrictPack Strategy = "strict-pack"
+	// StrategyStrictSpread puts every member on a different machine, or the gang waits
+	// (the "strict-spread" Filter plugin).
+	StrategyStrictSpread Strategy = "strict-spread"
+)
+
+func (s Strategy) valid() bool {
+	switch s {
+	case "", StrategyPack, StrategySpread, StrategyStrictPack, StrategyStrictSpread:
+		return true
+	}
+	return false
+}
+
 // Request is a gang submission: Min..Max identical members admitted all-or-nothing.
 type Request struct {
 	ID        string
@@ -146,6 +176,8 @@ type Request struct {
 	// SameIsland requires all members in one NVLink island (rejected at submission when
 	// larger than the largest island).
 	SameIsland bool
+	// Strategy spreads or packs the members over machines; empty: StrategyPack.
+	Strategy Strategy
 	// Duration is the expected run time when known (0 = unknown). Backfill and reservations use it.
 	Duration time.Duration
 	// AllReduceBytes is the size of one gradient AllReduce, used to model collective time.
@@ -177,6 +209,9 @@ func (r *Request) normalize(defQueue string) error {
 		return fmt.Errorf("gang: request %s member %+v has negative or out-of-range resources: %w", r.ID, m, ErrInvalidRequest)
 	case m.GPUMilli > 0 && m.GPUMilli < Milli && m.GPUs != 1:
 		return fmt.Errorf("gang: request %s asks a %d-milli share of %d cards (shares are of one card): %w", r.ID, m.GPUMilli, m.GPUs, ErrInvalidRequest)
+	case !r.Strategy.valid():
+		return fmt.Errorf("gang: request %s strategy %q: want %q, %q, %q, %q or none: %w", r.ID, r.Strategy,
+			StrategyPack, StrategySpread, StrategyStrictPack, StrategyStrictSpread, ErrInvalidRequest)
 	case m.MIG != "":
 		if _, ok := MIGSlices(m.MIG); !ok {
 			return fmt.Errorf("gang: request %s MIG profile %q unknown: %w", r.ID, m.MIG, ErrInvalidRequest)

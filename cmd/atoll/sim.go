@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/atoll-run/atoll/gang"
 	"github.com/atoll-run/atoll/gang/sim"
 )
 
@@ -17,12 +18,12 @@ import (
 func newSimCmd() *cobra.Command {
 	var (
 		mode, nodesPath, podsPath, loadsStr, jobsPath, clusterSpec, policies string
-		poolsPath                                                            string
+		poolsPath, strategy                                                  string
 		seeds, maxJobs                                                       int
 		jsonOut, skipBad                                                     bool
 		window                                                               time.Duration
 		prioSeed                                                             uint64
-		cpuStrand, elasticShare, saturate                                    float64
+		cpuStrand, elasticShare, saturate, strategyShare                     float64
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -83,12 +84,13 @@ func newSimCmd() *cobra.Command {
 				if jobsPath == "" || clusterSpec == "" {
 					return fmt.Errorf("sim: --mode dynamic needs --jobs and --cluster")
 				}
-				opt := sim.DynamicOptions{MaxJobs: maxJobs, Window: window, PrioritySeed: prioSeed, ElasticShare: elasticShare, SaturateLoad: saturate}
+				opt := sim.DynamicOptions{MaxJobs: maxJobs, Window: window, PrioritySeed: prioSeed, ElasticShare: elasticShare, SaturateLoad: saturate,
+					Strategy: gang.Strategy(strategy), StrategyShare: strategyShare}
 				if policies != "" {
 					opt.Policies = strings.Split(policies, ",")
 				}
 				if err := opt.Validate(); err != nil {
-					return fmt.Errorf("%w (flags --max-jobs, --window, --elastic-share, --saturate, --policies)", err)
+					return fmt.Errorf("%w (flags --max-jobs, --window, --elastic-share, --strategy, --strategy-share, --saturate, --policies)", err)
 				}
 				start := time.Now()
 				res, err := sim.RunDynamicFiles(ctx, jobsPath, clusterSpec, skipBad, sk, opt)
@@ -131,6 +133,8 @@ func newSimCmd() *cobra.Command {
 	f.IntVar(&maxJobs, "max-jobs", 0, "replay at most this many jobs from the start of the trace (0 = all; at most 10,000,000)")
 	f.DurationVar(&window, "window", 0, "replay only jobs submitted within this time from the first (0 = all; not negative)")
 	f.Float64Var(&elasticShare, "elastic-share", 0, "make this share (0-1) of the multi-GPU jobs elastic: ceil(GPUs/2)..GPUs members, work scaling linearly (dynamic mode)")
+	f.StringVar(&strategy, "strategy", "", "placement strategy of --strategy-share of the multi-GPU jobs that are not elastic: pack, spread, strict-pack or strict-spread (dynamic mode)")
+	f.Float64Var(&strategyShare, "strategy-share", 0, "share (0-1) of the multi-GPU jobs that are not elastic given --strategy (dynamic mode)")
 	f.Float64Var(&saturate, "saturate", 0, "compress arrivals so the work offered is this many times what the cluster can do in the arrival window (0 = off, at most 100; dynamic mode)")
 	f.Uint64Var(&prioSeed, "priority-seed", 1, "seed of the priority-class assignment for traces without priorities")
 	f.Float64Var(&cpuStrand, "cpu-strand", 0, "scale of the atoll policy's CPU-stranding ratio, times the CPU per GPU of the GPU pods seen so far, within ±1000 (fgd mode; 0 = default 1, negative = off)")

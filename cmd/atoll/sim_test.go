@@ -34,6 +34,7 @@ func TestSimFlagsValidated(t *testing.T) {
 		{"negative max jobs", append(append([]string{}, dyn...), "--max-jobs", "-5"), []string{"max jobs -5 outside [0, 10000000]", "--max-jobs"}},
 		{"negative window", append(append([]string{}, dyn...), "--window", "-1s"), []string{"window -1s is negative", "--window"}},
 		{"elastic share 2", append(append([]string{}, dyn...), "--elastic-share", "2"), []string{"elastic share 2 outside [0, 1]"}},
+		{"unknown strategy", append(append([]string{}, dyn...), "--strategy", "scatter", "--strategy-share", "1"), []string{`strategy "scatter"`, "--strategy"}},
 		{"saturate NaN", append(append([]string{}, dyn...), "--saturate", "NaN"), []string{"saturate load NaN"}},
 		{"load NaN", append(append([]string{}, fgd...), "--load", "NaN"), []string{`--load "NaN"`, "(0, 10]"}},
 		{"load 1e7", append(append([]string{}, fgd...), "--load", "1e7"), []string{`--load "1e7"`, "(0, 10]"}},

@@ -6,12 +6,16 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/atoll-run/atoll/gang"
 )
+
+// Strategies are the placement strategies DynamicOptions.Strategy takes.
+var Strategies = []gang.Strategy{gang.StrategyPack, gang.StrategySpread, gang.StrategyStrictPack, gang.StrategyStrictSpread}
 
 // DynamicPolicies are the policies of the dynamic mode, baselines first; "srtf" is the
 // oracle (it knows every job's duration).
@@ -34,6 +38,8 @@ type Job struct {
 	// members, its work (Duration × GPUs GPU-seconds) scaling linearly with them.
 	MinGPUs  int
 	Priority int
+	// Strategy spreads or packs its one-GPU members over machines (AssignStrategy).
+	Strategy gang.Strategy
 	Line     int
 }
 
@@ -119,6 +125,17 @@ func MakeElastic(jobs []Job, share float64, seed uint64) {
 	}
 }
 
+// AssignStrategy gives a seeded share of the multi-GPU jobs that are not elastic the
+// placement strategy s.
+func AssignStrategy(jobs []Job, s gang.Strategy, share float64, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 0x5b7ead))
+	for i := range jobs {
+		if u := rng.Float64(); jobs[i].GPUs >= 2 && jobs[i].MinGPUs == 0 && u < share {
+			jobs[i].Strategy = s
+		}
+	}
+}
+
 // Saturate compresses the arrival times of jobs (sorted by submission) so that the work
 // they offer over the arrival window is load times the cluster's GPU-time in it, and
 // returns the compression factor (1 when the trace already offers that much).
@@ -184,6 +201,11 @@ type DynamicOptions struct {
 	// ElasticShare makes that share of the multi-GPU jobs elastic (seeded): they run on
 	// ceil(GPUs/2)..GPUs members, their work scaling linearly with the members.
 	ElasticShare float64
+	// Strategy is given to StrategyShare of the multi-GPU jobs that are not elastic
+	// (seeded): their one-GPU members are spread or packed over machines by the core's
+	// strategy plugins.
+	Strategy      gang.Strategy
+	StrategyShare float64
 	// SaturateLoad, when positive, compresses the arrival times (never stretches them) so
 	// that the work offered over the arrival window is SaturateLoad times what the
 	// cluster can do in it, then further (doubling, at most twice) until a FIFO replay
@@ -214,6 +236,10 @@ func (o DynamicOptions) Validate() error {
 		return fmt.Errorf("sim: window %s is negative: %w", o.Window, ErrBadSpec)
 	case !(o.ElasticShare >= 0 && o.ElasticShare <= 1):
 		return fmt.Errorf("sim: elastic share %v outside [0, 1]: %w", o.ElasticShare, ErrBadSpec)
+	case !(o.StrategyShare >= 0 && o.StrategyShare <= 1):
+		return fmt.Errorf("sim: strategy share %v outside [0, 1]: %w", o.StrategyShare, ErrBadSpec)
+	case o.StrategyShare > 0 && !slices.Contains(Strategies, o.Strategy):
+		return fmt.Errorf("sim: strategy %q: want one of %q: %w", o.Strategy, Strategies, ErrBadSpec)
 	case !(o.SaturateLoad >= 0 && o.SaturateLoad <= MaxSaturateLoad):
 		return fmt.Errorf("sim: saturate load %v outside [0, %v]: %w", o.SaturateLoad, MaxSaturateLoad, ErrBadSpec)
 	}
@@ -386,6 +412,9 @@ func RunDynamic(ctx context.Context, jobs []Job, snap gang.Snapshot, model gang.
 	AssignPriorities(jobs, opt.PrioritySeed)
 	if opt.ElasticShare > 0 {
 		MakeElastic(jobs, opt.ElasticShare, opt.PrioritySeed)
+	}
+	if opt.StrategyShare > 0 {
+		AssignStrategy(jobs, opt.Strategy, opt.StrategyShare, opt.PrioritySeed)
 	}
 	compression := 1.0
 	if opt.SaturateLoad > 0 {
@@ -591,7 +620,7 @@ func (r *replay) handle(e event, now time.Duration) error {
 	case evArrive:
 		req := gang.Request{ID: id, Priority: job.Priority, Min: job.GPUs,
 			Member:   gang.Member{GPUs: 1, CPUMilli: jobCPUPerGPU, MemMiB: jobMemPerGPU},
-			Duration: job.Duration, Checkpoint: jobCkpt}
+			Duration: job.Duration, Checkpoint: jobCkpt, Strategy: job.Strategy}
 		if job.MinGPUs > 0 {
 			req.Min, req.Max = job.MinGPUs, job.GPUs
 		}

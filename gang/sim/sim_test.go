@@ -373,3 +373,54 @@ func TestSaturateAndElasticShare(t *testing.T) {
 		t.Fatalf("%d elastic jobs of 75 multi-GPU ones at share 0.5", n)
 	}
 }
+
+// TestStrategyReplay: jobs with a placement strategy go through the core's cycle like any
+// on four 8-GPU machines: strict spread puts every one-GPU member on its own machine (and
+// rejects the 5-GPU job), strict pack all on one, spread takes every machine (the 5-GPU
+// job doubling up on one).
+func TestStrategyReplay(t *testing.T) {
+	snap, model, _, err := LoadCluster("4xdgx-h100/4", false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		strategy     gang.Strategy
+		machines     float64 // mean machines per multi-GPU placement
+		rejectedWide bool    // the 5-GPU job is rejected
+	}{
+		{gang.StrategyStrictSpread, 4, true},
+		{gang.StrategyStrictPack, 1, false},
+		{gang.StrategySpread, 4, false},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.strategy), func(t *testing.T) {
+			var jobs []Job
+			for i := range 12 {
+				jobs = append(jobs, Job{ID: fmt.Sprint("j", i), Submit: time.Duration(i) * time.Minute, Duration: time.Hour, GPUs: 4, Priority: PrioNormal, Strategy: tt.strategy})
+			}
+			jobs = append(jobs, Job{ID: "wide", Submit: time.Hour, Duration: time.Hour, GPUs: 5, Priority: PrioNormal, Strategy: tt.strategy})
+			cfg, blind, err := PolicyConfig("atoll")
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := runConfig(t.Context(), "atoll", cfg, blind, jobs, snap, model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantRejected := 0
+			if tt.rejectedWide {
+				wantRejected = 1
+			}
+			if res.Rejected != wantRejected || res.Jobs != len(jobs) {
+				t.Fatalf("rejected %d of %d jobs, want %d", res.Rejected, res.Jobs, wantRejected)
+			}
+			placements := 12 + 1 - wantRejected
+			if res.MultiGPUPlacements < placements {
+				t.Fatalf("%d multi-GPU placements, want at least %d", res.MultiGPUPlacements, placements)
+			}
+			if math.Abs(res.MeanMachines-tt.machines) > 1e-9 {
+				t.Fatalf("mean machines per placement %v, want %v", res.MeanMachines, tt.machines)
+			}
+		})
+	}
+}

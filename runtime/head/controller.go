@@ -583,7 +583,7 @@ func (c *Controller) rebuildLocked(t *term, now time.Time) []commitFn {
 				work = append(work, c.lostLocked(t, e, err.Error(), now)...)
 			}
 		case api.GangPending:
-			if t.sched != nil && !headPlaced(e.rec.Spec) {
+			if t.sched != nil {
 				req, err := c.coreRequestLocked(t, e.rec.Spec)
 				if err == nil {
 					_, err = t.sched.Submit(req, now)
@@ -656,10 +656,9 @@ func (c *Controller) coreRequestLocked(t *term, s api.GangSpec) (gang.Request, e
 	req := gang.Request{
 		ID: s.Key(), Queue: queue, Priority: prio, Min: min, Max: s.Workers,
 		Member:     coreMember(s),
-		SameIsland: s.SameIsland, AllReduceBytes: s.AllReduceBytes, Duration: time.Duration(s.Duration),
-		// Drivers and head-placed gangs are not preempted: a driver holds no GPUs of a
-		// gang's kind, and the head's strategies place outside the core's preemption.
-		NotPreemptible: s.NotPreemptible || s.Driver || headPlaced(s),
+		SameIsland: s.SameIsland, Strategy: gang.Strategy(s.Strategy), AllReduceBytes: s.AllReduceBytes, Duration: time.Duration(s.Duration),
+		// Drivers are not preempted: a driver holds no GPUs of a gang's kind.
+		NotPreemptible: s.NotPreemptible || s.Driver,
 		Checkpoint:     gang.Checkpoint{Interval: time.Duration(s.CheckpointEvery), JustInTime: s.JustInTime},
 	}
 	if ck, ok := t.ckpt[s.Key()]; ok {
@@ -676,7 +675,7 @@ func (c *Controller) cycleLocked(t *term, now time.Time) []commitFn {
 	if t.sched == nil {
 		return nil
 	}
-	work := c.placeHeadPendingLocked(t, now)
+	var work []commitFn
 	c.resubmitLocked(t, now)
 	start := time.Now()
 	d := t.sched.Cycle(now)
@@ -716,7 +715,7 @@ func (c *Controller) cycleLocked(t *term, now time.Time) []commitFn {
 // refused for saturation when it lost its machine is retried until there is room).
 func (c *Controller) resubmitLocked(t *term, now time.Time) {
 	for key, e := range t.gangs {
-		if e.rec.State != api.GangPending || headPlaced(e.rec.Spec) {
+		if e.rec.State != api.GangPending {
 			continue
 		}
 		if _, err := t.sched.GangStatus(key); err == nil {

@@ -154,12 +154,6 @@ func (c *Controller) SpawnGang(ctx context.Context, spec api.GangSpec) (api.Gang
 		e.ver = old.ver
 		rec.Generation = old.rec.Generation + 1
 	}
-	if headPlaced(spec) && t.sched != nil { // the core checked that it can ever fit; the head places it
-		_ = t.sched.Finish(key, now)
-		if _, reason, never := placeByStrategy(t.sched, spec); never {
-			return unlock(fmt.Errorf("%w: gang %s: %s", api.ErrNeverFits, key, reason))
-		}
-	}
 	t.gangs[key] = e
 	// The gang is committed pending first, then the cycle (which may place it at once).
 	work := []commitFn{gangCommitLocked(e, rec, "admission of "+key)}
@@ -409,7 +403,7 @@ func (c *Controller) lostLocked(t *term, e *gangEntry, reason string, now time.T
 		delete(t.timers, key)
 	}
 	rec.World, rec.Notice = nil, nil
-	if t.sched != nil && !headPlaced(rec.Spec) { // head-placed gangs wait for the cycle's head pass
+	if t.sched != nil {
 		req, err := c.coreRequestLocked(t, rec.Spec)
 		if err == nil {
 			_, err = t.sched.Submit(req, now)

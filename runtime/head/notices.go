@@ -126,9 +126,7 @@ func (c *Controller) preemptLocked(t *term, p gang.Preemption, now time.Time) []
 func (c *Controller) evictLocked(t *term, e *gangEntry, checkpointed bool, step int64, why string, now time.Time) []commitFn {
 	key := e.rec.Spec.Key()
 	if t.sched != nil {
-		if headPlaced(e.rec.Spec) {
-			_ = t.sched.Finish(key, now) // the head places it again in its own pass
-		} else if err := t.sched.Evicted(key, now, checkpointed); err != nil {
+		if err := t.sched.Evicted(key, now, checkpointed); err != nil {
 			// The scheduler did not hold it running (a rebuild in between): queue it anew.
 			_ = t.sched.Finish(key, now)
 			if req, err := c.coreRequestLocked(t, e.rec.Spec); err == nil {

@@ -3,16 +3,38 @@ package head
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/atoll-run/atoll/runtime/api"
 )
 
-// TestStrictSpreadSurvivesMachineLoss: a strict-spread gang placed by the head moves, when
-// one of its machines is lost, to machines that are all different again; with too few
-// machines left it waits (pending), and is placed when a machine comes back.
-func TestStrictSpreadSurvivesMachineLoss(t *testing.T) {
+// The placement strategies are plugins of the scheduler core: these tests drive strategy
+// gangs through the live head as drivers and agents do, and check that they take the
+// core's paths (queues, priorities, preemption) like every gang.
+
+// distinct reports whether the gang's members are on as many machines as it has members,
+// with GPUs GPUs each.
+func distinct(g api.Gang, gpus int) bool {
+	if g.Placement == nil {
+		return false
+	}
+	seen := map[string]bool{}
+	for _, m := range g.Placement.Members {
+		if seen[m.Machine] || len(m.GPUs) != gpus {
+			return false
+		}
+		seen[m.Machine] = true
+	}
+	return len(seen) == len(g.Placement.Members)
+}
+
+// TestStrictSpreadMachineLoss: a strict-spread gang placed by the core moves, when one of
+// its machines is lost, to machines that are all different again; a strict spread over
+// more machines than are left is refused as never fitting, and so, with two machines
+// left, the gang fails as any gang too large for the machines left does.
+func TestStrictSpreadMachineLoss(t *testing.T) {
 	heads, c := group(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -24,22 +46,12 @@ func TestStrictSpreadSurvivesMachineLoss(t *testing.T) {
 	if _, err := c.SubmitJob(ctx, api.Job{Name: "j"}); err != nil {
 		t.Fatal(err)
 	}
-	spec := api.GangSpec{Job: "j", Name: "s", Kind: "k", Workers: 3, Resources: api.Resources{GPUs: 2}, Strategy: api.StrategyStrictSpread, MaxRestarts: 1}
+	spec := api.GangSpec{Job: "j", Name: "s", Kind: "k", Workers: 3, Resources: api.Resources{GPUs: 2}, Strategy: api.StrategyStrictSpread, MaxRestarts: 3}
 	g, err := c.SpawnGang(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	distinct := func(g api.Gang) bool {
-		seen := map[string]bool{}
-		for _, m := range g.Placement.Members {
-			if seen[m.Machine] || len(m.GPUs) != 2 {
-				return false
-			}
-			seen[m.Machine] = true
-		}
-		return len(seen) == 3
-	}
-	if !distinct(g) {
+	if !distinct(g, 2) {
 		t.Fatalf("strict spread placed as %+v", g.Placement)
 	}
 	ctl := leader(t, heads).Controller()
@@ -48,7 +60,7 @@ func TestStrictSpreadSurvivesMachineLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	g = waitGang(t, c, "j", "s", func(g api.Gang) bool { return g.Generation == 1 && g.State == api.GangStarting })
-	if !distinct(g) {
+	if !distinct(g, 2) {
 		t.Fatalf("after losing %s the gang is placed as %+v", lost, g.Placement)
 	}
 	for _, m := range g.Placement.Members {
@@ -56,19 +68,91 @@ func TestStrictSpreadSurvivesMachineLoss(t *testing.T) {
 			t.Fatalf("placed on the lost machine %s", lost)
 		}
 	}
-	// Two machines left: three members cannot be on three machines; the gang waits.
+	if _, err := c.SpawnGang(ctx, api.GangSpec{Job: "j", Name: "t", Kind: "k", Workers: 4, Strategy: api.StrategyStrictSpread}); !errors.Is(err, api.ErrNeverFits) {
+		t.Fatalf("a strict spread of 4 over 3 machines: %v, want ErrNeverFits", err)
+	}
 	if err := ctl.MachineDown(ctx, g.Placement.Members[0].Machine, "test"); err != nil {
 		t.Fatal(err)
 	}
-	g = waitGang(t, c, "j", "s", func(g api.Gang) bool { return g.Generation == 2 && g.State == api.GangPending })
-	if _, err := c.SpawnGang(ctx, api.GangSpec{Job: "j", Name: "t", Kind: "k", Workers: 3, Strategy: api.StrategyStrictSpread}); !errors.Is(err, api.ErrNoCapacity) && !errors.Is(err, api.ErrNeverFits) {
-		t.Fatalf("a strict spread of 3 over 2 machines: %v", err)
+	g = waitGang(t, c, "j", "s", func(g api.Gang) bool { return g.State == api.GangFailed })
+	if !strings.Contains(g.Reason, "strict spread") {
+		t.Fatalf("failed with reason %q: want the strict spread named", g.Reason)
 	}
-	if _, err := c.RegisterMachine(ctx, machine(t, "m4")); err != nil {
+}
+
+// TestStrictSpreadQueuesBehindPriority: a strict-spread gang waits in its queue behind a
+// higher-priority gang submitted after it, and is placed on distinct machines once that
+// one ends.
+func TestStrictSpreadQueuesBehindPriority(t *testing.T) {
+	c := setup(t, 3, api.SchedulerConfig{}, "block", "low", "high")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.SpawnGang(ctx, api.GangSpec{Job: "block", Name: "all", Kind: "k", Workers: 3, Resources: api.Resources{GPUs: 8}, NotPreemptible: true}); err != nil {
 		t.Fatal(err)
 	}
-	g = waitGang(t, c, "j", "s", func(g api.Gang) bool { return g.Generation == 2 && g.State == api.GangStarting })
-	if !distinct(g) {
-		t.Fatalf("placed again as %+v", g.Placement)
+	awaitGang(t, c, "block", "all", "placed", placed)
+	ss := api.GangSpec{Job: "low", Name: "ss", Kind: "k", Workers: 3, Resources: api.Resources{GPUs: 2}, Strategy: api.StrategyStrictSpread}
+	if _, err := c.SpawnGang(ctx, ss); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SpawnGang(ctx, api.GangSpec{Job: "high", Name: "all", Kind: "k", Workers: 3, Resources: api.Resources{GPUs: 8}, Priority: 1}); err != nil {
+		t.Fatal(err)
+	}
+	awaitGang(t, c, "low", "ss", "pending", pending)
+	awaitGang(t, c, "high", "all", "pending", pending)
+	// The blocker ends: the higher-priority gang takes the cluster, the strict spread waits.
+	if err := c.StopGang(ctx, "block", "all"); err != nil {
+		t.Fatal(err)
+	}
+	awaitGang(t, c, "high", "all", "placed", placed)
+	if g := awaitGang(t, c, "low", "ss", "pending", pending); !strings.Contains(g.Reason, "GPU") {
+		t.Fatalf("the strict spread waits with reason %q: want the GPUs it waits for", g.Reason)
+	}
+	if err := c.StopGang(ctx, "high", "all"); err != nil {
+		t.Fatal(err)
+	}
+	g := awaitGang(t, c, "low", "ss", "placed", placed)
+	if !distinct(g, 2) {
+		t.Fatalf("strict spread placed as %+v", g.Placement)
+	}
+}
+
+// TestStrictSpreadPreempted: a strict-spread gang holding the cluster is given a stop
+// notice for a higher-priority gang (strategy gangs are preemptible like any); once it
+// yields, the preemptor is placed and the strict spread queues again, to be placed on
+// distinct machines when the preemptor ends.
+func TestStrictSpreadPreempted(t *testing.T) {
+	c := setup(t, 3, api.SchedulerConfig{NoticeGrace: api.Duration(10 * time.Second)}, "low", "high")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ss := api.GangSpec{Job: "low", Name: "ss", Kind: "k", Workers: 3, Resources: api.Resources{GPUs: 8}, Strategy: api.StrategyStrictSpread, JustInTime: true}
+	if _, err := c.SpawnGang(ctx, ss); err != nil {
+		t.Fatal(err)
+	}
+	lg := awaitGang(t, c, "low", "ss", "placed", placed)
+	if !distinct(lg, 8) {
+		t.Fatalf("strict spread placed as %+v", lg.Placement)
+	}
+	if _, err := c.SpawnGang(ctx, api.GangSpec{Job: "high", Name: "hp", Kind: "k", Workers: 2, Resources: api.Resources{GPUs: 8}, Priority: 1}); err != nil {
+		t.Fatal(err)
+	}
+	lg = awaitGang(t, c, "low", "ss", "given a stop notice", func(g api.Gang) bool { return g.Notice != nil && g.Notice.Kind == api.NoticePreempt })
+	if lg.Notice.For != "high/hp" {
+		t.Fatalf("notice %+v: want one for high/hp", lg.Notice)
+	}
+	if err := c.Yield(ctx, api.Yield{Job: "low", Gang: "ss", UID: lg.UID, Generation: lg.Generation, Checkpointed: true, Step: 5}); err != nil {
+		t.Fatal(err)
+	}
+	awaitGang(t, c, "high", "hp", "placed", placed)
+	lg = awaitGang(t, c, "low", "ss", "requeued", func(g api.Gang) bool { return g.State == api.GangPending && g.Generation == 1 })
+	if lg.Preemptions != 1 {
+		t.Fatalf("strict spread preemptions %d, want 1", lg.Preemptions)
+	}
+	if err := c.StopGang(ctx, "high", "hp"); err != nil {
+		t.Fatal(err)
+	}
+	lg = awaitGang(t, c, "low", "ss", "placed again", func(g api.Gang) bool { return placed(g) && g.Generation == 1 })
+	if !distinct(lg, 8) {
+		t.Fatalf("strict spread placed again as %+v", lg.Placement)
 	}
 }
