@@ -635,7 +635,10 @@ func coreMember(s api.GangSpec) gang.Member {
 	if s.Resources.GPUs > 0 && milli == 0 {
 		milli = gang.Milli
 	}
-	return gang.Member{GPUs: s.Resources.GPUs, GPUMilli: milli, MIG: s.Resources.MIG, CPUMilli: s.Resources.CPUMilli, MemMiB: s.Resources.MemMiB}
+	// Every member is a process: it counts at least a minimal CPU share, so that members
+	// asking for nothing are still bounded by the machines' cores.
+	cpu := max(s.Resources.CPUMilli, MinMemberCPUMilli)
+	return gang.Member{GPUs: s.Resources.GPUs, GPUMilli: milli, MIG: s.Resources.MIG, CPUMilli: cpu, MemMiB: s.Resources.MemMiB}
 }
 
 // coreRequestLocked is the scheduler core's view of a gang: its priority (from its class),

@@ -173,7 +173,11 @@ func withDeadline(r *http.Request) (*http.Request, context.CancelFunc) {
 	return r.WithContext(context.WithValue(ctx, ctxKey{}, ctx)), cancel
 }
 
-// post decodes a JSON body into In, calls fn, and answers its result.
+// bounded is a request whose free-form fields have limits (api.MaxKindBytes and the
+// others): it is refused with a 400 naming the field before anything is decided.
+type bounded interface{ CheckBounds() error }
+
+// post decodes a JSON body into In, checks its bounds, calls fn, and answers its result.
 func post[In any](a *API, fn func(context.Context, In) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r, cancel := withDeadline(r)
@@ -187,6 +191,12 @@ func post[In any](a *API, fn func(context.Context, In) (any, error)) http.Handle
 		if err := json.Unmarshal(body, &in); err != nil {
 			a.answer(w, r, nil, fmt.Errorf("%w: %s: %v", api.ErrInvalid, r.URL.Path, err))
 			return
+		}
+		if b, ok := any(&in).(bounded); ok {
+			if err := b.CheckBounds(); err != nil {
+				a.answer(w, r, nil, fmt.Errorf("%s: %w", r.URL.Path, err))
+				return
+			}
 		}
 		out, err := fn(a.ctx(r), in)
 		a.answer(w, r, out, err)
