@@ -73,6 +73,9 @@ type Config struct {
 	LoadInterval time.Duration
 	// StopGrace is how long a stopped worker has before it is killed. Default 2 s.
 	StopGrace time.Duration
+	// MaxLaunches bounds the launches in flight at once (default 16): the members of a
+	// large gang wait their turn, and those whose gang ended meanwhile are never started.
+	MaxLaunches int
 	// Gossip, when set, is the address (host:port) the agent gossips on (hashicorp/serf):
 	// it joins the heads' gossip, so that they learn within seconds when it fails.
 	Gossip string
@@ -107,7 +110,9 @@ type Agent struct {
 	gangs       map[string]api.Gang   // the log's gangs table, as watched
 	workers     map[string]*worker    // by job/gang/rank
 	exited      map[string]bool       // api.WorkerSpec.Key()s that exited by themselves
-	changed     chan struct{}         // closed at every change of workers (tests)
+	ended       map[string]bool       // gang incarnations (incarnation) known over, ahead of the watch
+	changed     chan struct{}         // closed at every change of workers or gangs (tests)
+	slots       chan struct{}         // launches in flight (Config.MaxLaunches)
 	binaries    map[string]*sync.Once // by sha256
 	binErr      map[string]error
 }
@@ -141,6 +146,9 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	if cfg.StopGrace == 0 {
 		cfg.StopGrace = 2 * time.Second
+	}
+	if cfg.MaxLaunches <= 0 {
+		cfg.MaxLaunches = 16
 	}
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
@@ -194,8 +202,8 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent %s: object store: %w", cfg.Name, err)
 	}
 	a := &Agent{cfg: cfg, log: log, client: client, node: node, local: objects.NewLocal(node), sample: newLoadSampler(), obs: obs,
-		gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{},
-		changed: make(chan struct{}), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
+		gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{}, ended: map[string]bool{},
+		changed: make(chan struct{}), slots: make(chan struct{}, cfg.MaxLaunches), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
 	a.registerMetrics()
 	if a.cfg.Launcher == nil {
 		a.cfg.Launcher = &ExecLauncher{RunDir: filepath.Join(cfg.Dir, "run"), LogDir: filepath.Join(cfg.Dir, "logs"), Binary: a.binary}
@@ -368,6 +376,7 @@ func (a *Agent) watchLoop() {
 					a.gangs[k] = g
 				}
 			}
+			a.notifyLocked()
 			a.mu.Unlock()
 			a.reconcile()
 			return nil
@@ -386,7 +395,7 @@ func (a *Agent) watchLoop() {
 func (a *Agent) desiredLocked() map[string]api.WorkerSpec {
 	out := map[string]api.WorkerSpec{}
 	for _, g := range a.gangs {
-		if (g.State != api.GangStarting && g.State != api.GangRunning) || g.Placement == nil {
+		if (g.State != api.GangStarting && g.State != api.GangRunning) || g.Placement == nil || a.ended[incarnation(g.UID, g.Generation)] {
 			continue
 		}
 		world := g.Ranks()
@@ -411,6 +420,10 @@ func (a *Agent) desiredLocked() map[string]api.WorkerSpec {
 	return out
 }
 
+// incarnation names one generation of one gang (its UID tells it from an earlier gang of
+// the same names).
+func incarnation(uid string, gen int) string { return fmt.Sprintf("%s/g%d", uid, gen) }
+
 // exitKey names a worker incarnation of a gang incarnation: its exit is remembered under it
 // until that gang generation is over.
 func exitKey(s api.WorkerSpec) string { return s.GangUID + "/" + s.Key() }
@@ -430,6 +443,19 @@ func (a *Agent) reconcile() {
 	for k := range a.exited {
 		if i := strings.LastIndexByte(k, '/'); i < 0 || !live[k[:i+1]] {
 			delete(a.exited, k)
+		}
+	}
+	// Forget the ended incarnations the watch has caught up with (it shows them ended, or
+	// another incarnation): only those it still shows starting or running matter.
+	current := map[string]bool{}
+	for _, g := range a.gangs {
+		if g.State == api.GangStarting || g.State == api.GangRunning {
+			current[incarnation(g.UID, g.Generation)] = true
+		}
+	}
+	for k := range a.ended {
+		if !current[k] {
+			delete(a.ended, k)
 		}
 	}
 	want := a.desiredLocked()
@@ -477,13 +503,29 @@ func (a *Agent) job(ctx context.Context, name string) (api.Job, error) {
 	return j, nil
 }
 
+// launch starts a worker when its turn comes (Config.MaxLaunches), unless it is no longer
+// wanted by then, and supervises it until it stops.
 func (a *Agent) launch(key string, w *worker) {
-	ctx, cancel := context.WithTimeout(a.ctx, time.Minute)
-	defer cancel()
-	job, err := a.job(ctx, w.spec.Job)
 	var h Handle
-	if err == nil {
-		h, err = a.cfg.Launcher.Launch(ctx, w.spec, job)
+	var started bool
+	var err error
+	select {
+	case a.slots <- struct{}{}:
+		h, started, err = a.start(w)
+		<-a.slots
+	case <-a.ctx.Done():
+	}
+	if !started && err == nil {
+		// Not wanted any more (stopped, or its gang or job ended before its turn): it was
+		// never started, so there is nothing to report; a later incarnation may take the key.
+		a.mu.Lock()
+		if a.workers[key] == w {
+			delete(a.workers, key)
+		}
+		a.notifyLocked()
+		a.mu.Unlock()
+		a.reconcile()
+		return
 	}
 	a.mu.Lock()
 	if err != nil {
@@ -538,6 +580,43 @@ func (a *Agent) launch(key string, w *worker) {
 	a.reconcile()
 }
 
+// start launches a worker if it is still wanted: its job's record (read at every launch,
+// from the leader) must say the job runs, and the agent must still want this incarnation.
+// A launch for a stopped job is refused, and its gang incarnation is remembered as ended
+// so that no reconcile starts its members again, whatever the watch still shows. It
+// returns started false with no error when the worker was dropped.
+func (a *Agent) start(w *worker) (Handle, bool, error) {
+	if !a.wanted(w) {
+		return nil, false, nil
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, time.Minute)
+	defer cancel()
+	job, err := a.job(ctx, w.spec.Job)
+	if err != nil {
+		return nil, false, err
+	}
+	if job.State != api.JobRunning {
+		a.mu.Lock()
+		a.ended[incarnation(w.spec.GangUID, w.spec.Generation)] = true
+		a.mu.Unlock()
+		a.log.Info("launch refused: the worker's job is stopped", workerField(w.spec))
+		return nil, false, nil
+	}
+	if !a.wanted(w) {
+		return nil, false, nil
+	}
+	h, err := a.cfg.Launcher.Launch(ctx, w.spec, job)
+	return h, err == nil, err
+}
+
+// wanted reports whether a worker not yet started should still start: it is not stopping,
+// and its gang incarnation is not known to be over.
+func (a *Agent) wanted(w *worker) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ctx.Err() == nil && !w.stopping && !a.ended[incarnation(w.spec.GangUID, w.spec.Generation)]
+}
+
 // Permanent is implemented by launch and exit errors that a restart cannot cure.
 type Permanent interface{ Permanent() bool }
 
@@ -562,7 +641,7 @@ func (a *Agent) stopWorker(w *worker) {
 
 // reportExit tells the leader a worker exited by itself, retrying until it is heard.
 func (a *Agent) reportExit(s api.WorkerSpec, reason string, permanent, completed bool) {
-	x := api.WorkerExit{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation, Machine: a.cfg.Name, Reason: reason,
+	x := api.WorkerExit{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation, Machine: a.cfg.Name, Reason: api.TruncateReason(reason),
 		Permanent: permanent, Completed: completed}
 	for a.ctx.Err() == nil {
 		ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
