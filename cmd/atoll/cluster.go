@@ -644,7 +644,8 @@ func newStatusCmd() *cobra.Command {
 	return cmd
 }
 
-// headsOf asks every head for its id and role.
+// headsOf asks every head for its id, role and storage state (a head whose disk filled
+// says so: it has stepped down, and rejoins by itself when space frees).
 func headsOf(ctx context.Context, c *dialed, leader uint64) []api.HeadInfo {
 	var out []api.HeadInfo
 	for _, u := range c.Heads() {
@@ -656,11 +657,13 @@ func headsOf(ctx context.Context, c *dialed, leader uint64) []api.HeadInfo {
 		cancel()
 		if err == nil {
 			var st struct {
-				ID uint64 `json:"id"`
+				ID       uint64 `json:"id"`
+				DiskFull bool   `json:"disk_full"`
+				Error    string `json:"error"`
 			}
 			_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st)
 			resp.Body.Close()
-			h.ID = st.ID
+			h.ID, h.DiskFull, h.Error = st.ID, st.DiskFull, st.Error
 		}
 		h.Leader = h.ID != 0 && h.ID == leader
 		out = append(out, h)
@@ -681,10 +684,20 @@ func printStatus(w io.Writer, st api.Status) {
 		if h.Leader {
 			role = "leader"
 		}
-		if h.ID == 0 {
+		switch {
+		case h.ID == 0:
 			role, id = "unreachable", "?"
+		case h.DiskFull:
+			role = "disk full (stepped down; rejoins when space frees)"
+		case h.Error != "":
+			role = "stopped: its storage failed"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", id, h.Address, pidText(h.PID), role)
+	}
+	for _, h := range st.Heads {
+		if h.Error != "" {
+			fmt.Fprintf(tw, "head %d: %s\n", h.ID, h.Error)
+		}
 	}
 	fmt.Fprintln(tw, "\nMACHINE\tGPUS\tFREE\tALIVE\tPID\tGPU KIND\tLOAD (cpu/mem)")
 	for _, m := range st.Machines {

@@ -318,6 +318,9 @@ func (c *Controller) sweepSilent() {
 
 // notLeader is the error of a call to a replica that does not lead.
 func (c *Controller) notLeader() error {
+	if err := c.rep.Err(); err != nil {
+		return fmt.Errorf("%w: this head cannot write its log, it takes no part until it can (%v)", api.ErrUnavailable, err)
+	}
 	st := c.rep.Status()
 	if st.Role == paxos.Leader {
 		return fmt.Errorf("%w: the new leader is loading the cluster's state", api.ErrUnavailable)
