@@ -134,10 +134,6 @@ type Replica struct {
 	// none; faultSince when it began (diskfull.go).
 	fault      error
 	faultSince time.Time
-	// loop-owned: the retry backoff of the last fault and when it ended, so that a disk
-	// that fills again at once is retried ever more slowly, not every FaultRetryMin.
-	faultBackoff time.Duration
-	faultEnded   time.Time
 
 	// loop-owned
 	waiting    map[uint64]*proposal
@@ -148,6 +144,10 @@ type Replica struct {
 	// applied is the last slot the state machine has applied: a node rebuilt from storage
 	// after a storage failure hands out again slots the state machine already holds.
 	applied uint64
+	// faultBackoff and faultEnded are the retry backoff of the last fault and when it
+	// ended: a disk that fills again at once is retried ever more slowly.
+	faultBackoff time.Duration
+	faultEnded   time.Time
 }
 
 // StartReplica loads the storage, builds the Node and starts the replica's goroutine.
