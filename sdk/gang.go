@@ -569,7 +569,10 @@ func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 		}
 		return fmt.Errorf("sdk: checkpoint of gang %q at step %d: %w", g.name, step, err)
 	}
-	cp := api.Checkpoint{Job: g.job, Gang: g.name, Step: step, Objects: ids, Time: time.Now()}
+	// The save's duration is in the manifest, so that a new leader prices a stop of the
+	// gang from the log as the old one did from the report below.
+	save := api.Duration(time.Since(start))
+	cp := api.Checkpoint{Job: g.job, Gang: g.name, Step: step, Objects: ids, Time: time.Now(), Save: save}
 	b, _ := json.Marshal(cp)
 	if _, err := c.client.Meta().Put(ctx, api.TableCheckpoints+api.CheckpointKey(cp.Job, cp.Gang, step), b); err != nil {
 		return fmt.Errorf("sdk: commit checkpoint of gang %q at step %d: %w", g.name, step, err)
@@ -580,7 +583,7 @@ func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 	g.mu.Unlock()
 	// The leader counts an eviction's lost work from here, and learns what a save costs.
 	if err := c.client.ReportCheckpoint(ctx, api.CheckpointReport{Job: g.job, Gang: g.name, UID: uid, Step: step, At: cp.Time,
-		Save: api.Duration(time.Since(start))}); err != nil {
+		Save: save}); err != nil {
 		c.log.Debug("could not report a checkpoint to the leader", zap.String("gang", g.key), zap.Error(err))
 	}
 	return g.prune(ctx)

@@ -518,6 +518,11 @@ func (c *Client) Drain(ctx context.Context, d DrainRequest) error {
 	return c.Do(ctx, http.MethodPost, "/v1/machines/drain", d, nil)
 }
 
+// Undrain lifts a machine's drain or cordon (see UndrainRequest).
+func (c *Client) Undrain(ctx context.Context, u UndrainRequest) error {
+	return c.Do(ctx, http.MethodPost, "/v1/machines/undrain", u, nil)
+}
+
 // InjectInterruption injects a spot interruption notice for a pool machine (a drill).
 func (c *Client) InjectInterruption(ctx context.Context, r InterruptRequest) error {
 	return c.Do(ctx, http.MethodPost, "/v1/pools/interrupt", r, nil)
