@@ -187,6 +187,11 @@ func (s *Scheduler) Restore(req Request, rec Record, members []MemberPlacement) 
 	return nil
 }
 
+// AfterSeq makes the gangs submitted from now on come after sequence n in arrival order:
+// a runtime that gave out sequences the scheduler does not hold (gangs that ended) keeps
+// them increasing.
+func (s *Scheduler) AfterSeq(n int) { s.seq = max(s.seq, n) }
+
 // LearnedWorkload is the state of the workload the scheduler learned from submissions
 // (unless WithWorkload fixed one): the member shapes seen with their member counts, the
 // observations made and those since the workload was last rebuilt, and that workload.
