@@ -397,14 +397,23 @@ func (c *Controller) buildTerm() error {
 		cordons: map[string]*api.Cordon{}, index: map[string]int{}, timers: map[string]*time.Timer{}, loads: map[string]api.LoadReport{},
 		seen: map[string]time.Time{}, ckpt: map[string]ckptInfo{}, costsDirty: map[string]bool{},
 		kick: make(chan struct{}, 1), ended: make(chan struct{})}
+	// The term first: a head takes office by committing the next leader term, before it
+	// reads the tables it decides from (a head that believed it led and decided meanwhile
+	// had its decisions ordered before it, or refused).
 	var prev api.ControlTerm
+	var termVer int64
 	if kv, ok := c.sm.Get(api.TermKey); ok {
 		if err := json.Unmarshal(kv.Value, &prev); err != nil {
 			return fmt.Errorf("head: %s: %w", api.TermKey, err)
 		}
-		t.termVer = kv.Version
+		termVer = kv.Version
 	}
 	t.id = prev.Term + 1
+	if err := c.commit(ctx, []meta.Compare{{Key: api.TermKey, Version: termVer}},
+		[]meta.Op{putJSON(api.TermKey, api.ControlTerm{Term: t.id, Leader: c.rep.Status().ID, Since: now})}); err != nil {
+		return fmt.Errorf("head: commit leader term %d: %w", t.id, err)
+	}
+	t.termVer = termVer + 1
 	t.conf = defaultSchedulerConfig()
 	if kv, ok := c.sm.Get(api.SchedulerConfigKey); ok {
 		var conf api.SchedulerConfig
@@ -478,11 +487,7 @@ func (c *Controller) buildTerm() error {
 	if c.membership != nil {
 		dead = c.membership()
 	}
-	// The term first: a head that decides commits its term before any decision.
-	st := c.rep.Status()
-	work := []commitFn{{what: fmt.Sprintf("leader term %d", t.id), cmp: []meta.Compare{{Key: api.TermKey, Version: t.termVer}},
-		ops: []meta.Op{putJSON(api.TermKey, api.ControlTerm{Term: t.id, Leader: st.ID, Since: now})}}}
-	t.termVer++
+	var work []commitFn
 	if len(prune) > 0 {
 		work = append(work, commitFn{what: "the event log's bound", ops: prune})
 	}
