@@ -14,7 +14,9 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/atoll-run/atoll/gang"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/paxos"
 )
 
@@ -408,5 +410,62 @@ func TestRefusedCommitIsADelta(t *testing.T) {
 	waitGang(t, c, "j", "b", func(g api.Gang) bool { return g.State == api.GangStarting })
 	if ctl.Term() != term {
 		t.Fatalf("term %d after the read back, was %d", ctl.Term(), term)
+	}
+}
+
+// TestLearnedCostsSurviveLeaderChange: restart costs measured on the leader are committed
+// per GPU model, the measurements of a moment in one commit, and a new leader estimates
+// them as the old one did.
+func TestLearnedCostsSurviveLeaderChange(t *testing.T) {
+	clk := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	heads, c, net := heads3(t, clk)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := c.RegisterMachine(ctx, machine(t, "m0")); err != nil {
+		t.Fatal(err)
+	}
+	const model = "H100 (test)"
+	for _, d := range []time.Duration{300, 500, 400} {
+		if err := c.ReportCost(ctx, api.CostReport{Kind: "cuda_context", GPUModel: model, Ranks: 8, Measured: api.Duration(d * time.Millisecond)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.ReportCost(ctx, api.CostReport{Kind: "communicator", GPUModel: model, Ranks: 16, Measured: api.Duration(9 * time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	estimates := func(h *Head) [2]time.Duration {
+		ctl := h.Controller()
+		ctl.mu.Lock()
+		defer ctl.mu.Unlock()
+		if ctl.t == nil || ctl.t.sched == nil {
+			t.Fatalf("head %d has no scheduler", h.ID())
+		}
+		cm := ctl.t.sched.Costs()
+		return [2]time.Duration{cm.Estimate(model, 8, gang.CostCUDAContext), cm.Estimate(model, 64, gang.CostCommunicator)}
+	}
+	want := estimates(leader(t, heads))
+	if def := gang.DefaultCostModel(); want[0] == def.Estimate(model, 8, gang.CostCUDAContext) || want[1] == def.Estimate(model, 64, gang.CostCommunicator) {
+		t.Fatalf("the measurements taught the leader nothing: %v", want)
+	}
+	// Committed once, for the four measurements.
+	found := errors.New("found")
+	var ver int64
+	err := c.Watch(ctx, api.CostsPrefix, func(reset bool, l api.Listing, evs []meta.Event) error {
+		for _, kv := range l.KVs {
+			ver = kv.Version
+			return found
+		}
+		for _, ev := range evs {
+			ver = ev.KV.Version
+			return found
+		}
+		return nil
+	})
+	if !errors.Is(err, found) || ver != 1 {
+		t.Fatalf("the learned costs in the log: version %d, %v; want one commit", ver, err)
+	}
+	nl := changeLeader(t, heads, net)
+	if got := estimates(nl); got != want {
+		t.Fatalf("the new leader estimates %v, the old one %v", got, want)
 	}
 }
