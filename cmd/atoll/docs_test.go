@@ -61,7 +61,6 @@ func TestDocsNameRealCommandsAndFlags(t *testing.T) {
 		t.Errorf("found only %d atoll command lines in %d documents: is the scanner broken?", commands, len(files))
 	}
 	t.Logf("%d atoll command lines checked in %d documents", commands, len(files))
-
 }
 
 // TestDocsScanner checks the scanner on small documents: a fake flag or command must be
@@ -70,7 +69,7 @@ func TestDocsScanner(t *testing.T) {
 	root := docsRoot()
 	cases := []struct {
 		name, doc string
-		want      []string // substrings of the problems, in order
+		want      []string // substrings of the one problem expected (none: no problem)
 	}{
 		{"real", "Run `atoll up --dir c --agents 4` then\n\n```sh\n./atoll status --dir ./c --json   # --nosuch in a comment\n```\n", nil},
 		{"fake flag in a span", "text\nthen `atoll demo --dir c --fake-flag 3`.\n", []string{"x.md:2: ", `"atoll demo" has no flag --fake-flag`}},
@@ -82,6 +81,7 @@ func TestDocsScanner(t *testing.T) {
 		{"placeholders", "`atoll logs JOB [--gang G] [--rank N] [--follow]`, `atoll queues [--set FILE]`, `atoll bench <name>`\n", nil},
 		{"span across lines", "a (`atoll dashboard\n  --tokn`) b\n", []string{"x.md:1: ", "--tokn"}},
 		{"bad flag after a positional", "`atoll logs digits --rank 3 --rnak 3`\n", []string{"--rnak"}},
+		{"bad short flag", "`atoll logs digits -x`\n", []string{`"atoll logs" has no flag -x`}},
 		{"after --", "`atoll submit --dir c --wait -- ./digits --anything`\n", nil},
 		{"not commands", "`cmd/atoll TestX`, `atoll_gpus_total`, `atoll-benchmeta --x`, \"atoll dashboard v1\", `go build -o atoll ./cmd/atoll`\n", nil},
 		{"two commands on one line", "```\n./atoll up --dir c && ./atoll down --dir c --now\n```\n", []string{"x.md:2: ", `"atoll down" has no flag --now`}},
