@@ -50,6 +50,9 @@ var (
 	ErrNeverFits = api.ErrNeverFits
 	// ErrNoCapacity: a gang that does not fit now.
 	ErrNoCapacity = api.ErrNoCapacity
+	// ErrSaturated: the cluster's queue is full (past its bound of pending gangs); retry
+	// later (the error's RetryAfter says when).
+	ErrSaturated = api.ErrSaturated
 	// ErrUnknownObject: no object with that id (never created, or freed).
 	ErrUnknownObject = errors.New("sdk: unknown object")
 	// ErrGangFailed: the gang used up its restarts (or failed for good) and freed its GPUs.
