@@ -196,115 +196,187 @@ func (r *poolRun) fresh() *vm {
 // Decide makes one decision. It returns ErrSnapshot for a snapshot that contradicts itself.
 func (a *Autoscaler) Decide(s *Snapshot) (Decision, error) {
 	var d Decision
-	now := s.Now
+	runs, order, err := newRuns(s)
+	if err != nil {
+		return d, err
+	}
+	// Interruption notices and draining machines.
+	rep, drainingNow := a.drainStep(&d, s, runs)
+	// Scale up: replacements first, then pending gangs in priority order.
+	for i := range rep.gangs {
+		g := &rep.gangs[i]
+		a.scaleFor(&d, runs, order, g, rep.replaces[g.ID], false)
+	}
+	pending := byPriority(s.Pending)
+	for i := range pending {
+		a.scaleFor(&d, runs, order, &pending[i], "", false)
+	}
+	for _, r := range order {
+		r.launchMinimum()
+	}
+	// Forecast demand: pre-warm where a pool has room; no verdicts.
+	for i := range s.Forecast {
+		a.scaleFor(nil, runs, order, &s.Forecast[i], "", true)
+	}
+	// Scale down: idle machines past their pool's timeout, pools above max.
+	for _, r := range order {
+		r.scaleDown(&d, s, drainingNow)
+	}
+	for _, r := range order {
+		d.Launches = r.appendLaunches(d.Launches)
+	}
+	return d, nil
+}
+
+// newRuns sets up each pool's working state, in the snapshot's order, and counts the
+// pools' machines into it. It returns ErrSnapshot for a pool without config, a pool or a
+// machine named twice, a machine of an unknown pool or in an unknown state.
+func newRuns(s *Snapshot) (map[string]*poolRun, []*poolRun, error) {
 	runs := make(map[string]*poolRun, len(s.Pools))
-	var poolOrder []*poolRun
+	order := make([]*poolRun, 0, len(s.Pools))
 	for i := range s.Pools {
 		ps := &s.Pools[i]
 		if ps.Pool == nil {
-			return d, fmt.Errorf("%w: pools[%d] has no config", ErrSnapshot, i)
+			return nil, nil, fmt.Errorf("%w: pools[%d] has no config", ErrSnapshot, i)
 		}
 		name := ps.Pool.Spec.Name
 		if runs[name] != nil {
-			return d, fmt.Errorf("%w: pool %q twice", ErrSnapshot, name)
+			return nil, nil, fmt.Errorf("%w: pool %q twice", ErrSnapshot, name)
 		}
 		r := &poolRun{st: ps, p: ps.Pool, byFree: make([][]int, ps.Pool.Shape.GPUs+1), domains: map[int]int{}, domVMs: map[int][]int{}, domFree: map[int]int{}, launches: map[launchKey]*Launch{}}
 		runs[name] = r
-		poolOrder = append(poolOrder, r)
+		order = append(order, r)
 	}
 	seen := make(map[string]bool, len(s.Machines))
 	for i := range s.Machines {
 		m := &s.Machines[i]
 		r := runs[m.Pool]
 		if r == nil {
-			return d, fmt.Errorf("%w: machine %q of pool %q: %w", ErrSnapshot, m.Name, m.Pool, ErrUnknownPool)
+			return nil, nil, fmt.Errorf("%w: machine %q of pool %q: %w", ErrSnapshot, m.Name, m.Pool, ErrUnknownPool)
 		}
 		if seen[m.Name] {
-			return d, fmt.Errorf("%w: machine %q twice", ErrSnapshot, m.Name)
+			return nil, nil, fmt.Errorf("%w: machine %q twice", ErrSnapshot, m.Name)
 		}
 		seen[m.Name] = true
-		r.count++
-		r.domains[m.Domain]++
-		switch m.State {
-		case Launching:
-			v := r.fresh()
-			v.domain = m.Domain
-			r.addVM(v)
-		case Draining:
-			r.draining++
-		case Ready:
-		default:
-			return d, fmt.Errorf("%w: machine %q in state %d", ErrSnapshot, m.Name, m.State)
+		if err := r.addMachine(m); err != nil {
+			return nil, nil, err
 		}
 	}
+	return runs, order, nil
+}
+
+// addMachine counts one of the pool's machines; a launching one is capacity in flight.
+func (r *poolRun) addMachine(m *Machine) error {
+	r.count++
+	r.domains[m.Domain]++
+	switch m.State {
+	case Launching:
+		v := r.fresh()
+		v.domain = m.Domain
+		r.addVM(v)
+	case Draining:
+		r.draining++
+	case Ready:
+	default:
+		return fmt.Errorf("%w: machine %q in state %d", ErrSnapshot, m.Name, m.State)
+	}
+	return nil
+}
+
+// replacements are the gangs with members on machines that just got an interruption
+// notice, each sized to its members there, and the machine each replaces (the last such
+// machine when a gang is on several).
+type replacements struct {
+	gangs    []Gang
+	replaces map[string]string
+}
+
+// drainStep goes through the machines in the snapshot's order: it drains those that just
+// got an interruption notice, and removes or preempts the gangs of those draining. It
+// returns the gangs to replace and the machines it drains.
+func (a *Autoscaler) drainStep(d *Decision, s *Snapshot, runs map[string]*poolRun) (replacements, map[string]bool) {
 	running := make(map[string]*Gang, len(s.Running))
 	for i := range s.Running {
 		running[s.Running[i].ID] = &s.Running[i]
 	}
-
-	// Interruption notices and draining machines.
-	var urgent []Gang
-	replaces := map[string]string{}
+	rep := replacements{replaces: map[string]string{}}
 	drainingNow := map[string]bool{}
 	for i := range s.Machines {
 		m := &s.Machines[i]
-		r := runs[m.Pool]
-		if !m.Notice.IsZero() && m.State != Draining {
-			d.Drains = append(d.Drains, Drain{Machine: m.Name, Pool: m.Pool, MoveObjects: m.LastCopies,
-				Reason: fmt.Sprintf("spot interruption notice: the provider takes it at %s", m.Notice.UTC().Format(time.RFC3339))})
+		switch {
+		case !m.Notice.IsZero() && m.State != Draining:
 			drainingNow[m.Name] = true
-			r.draining++
-			deadline := m.Notice.Add(-a.cfg.NoticeMargin)
-			if deadline.Before(now) {
-				deadline = now
+			runs[m.Pool].draining++
+			for _, g := range a.noticed(d, m, s.Now, running) {
+				rep.gangs = append(rep.gangs, g)
+				rep.replaces[g.ID] = m.Name
 			}
-			for _, h := range m.Gangs {
-				if h.Stopping {
-					continue
-				}
-				d.Preemptions = append(d.Preemptions, Preempt{Gang: h.Gang, Machine: m.Name, Deadline: deadline,
-					Reason: "checkpoint before the spot interruption of " + m.Name})
-				g := running[h.Gang]
-				if g == nil {
-					continue
-				}
-				rg := *g
-				rg.Size = h.Members
-				rg.SameIsland = g.SameIsland && h.Members == g.Size
-				rg.Pool = ""
-				urgent = append(urgent, rg)
-				replaces[rg.ID] = m.Name
-			}
+		case m.State == Draining:
+			a.drained(d, m, s.Now)
+		}
+	}
+	return rep, drainingNow
+}
+
+// noticed drains a machine that got an interruption notice and asks its gangs (those not
+// already stopping) to checkpoint before the notice's deadline less the margin (never
+// before now). It returns the running gangs to replace, each sized to its members there
+// and free to go to any pool.
+func (a *Autoscaler) noticed(d *Decision, m *Machine, now time.Time, running map[string]*Gang) []Gang {
+	d.Drains = append(d.Drains, Drain{Machine: m.Name, Pool: m.Pool, MoveObjects: m.LastCopies,
+		Reason: fmt.Sprintf("spot interruption notice: the provider takes it at %s", m.Notice.UTC().Format(time.RFC3339))})
+	deadline := m.Notice.Add(-a.cfg.NoticeMargin)
+	if deadline.Before(now) {
+		deadline = now
+	}
+	var out []Gang
+	for _, h := range m.Gangs {
+		if h.Stopping {
 			continue
 		}
-		if m.State != Draining {
+		d.Preemptions = append(d.Preemptions, Preempt{Gang: h.Gang, Machine: m.Name, Deadline: deadline,
+			Reason: "checkpoint before the spot interruption of " + m.Name})
+		g := running[h.Gang]
+		if g == nil {
 			continue
 		}
-		if !m.Notice.IsZero() && !now.Before(m.Notice) {
-			d.Removes = append(d.Removes, Remove{Machine: m.Name, Pool: m.Pool, Reason: "taken back by its provider (spot interruption)"})
-			continue
+		rg := *g
+		rg.Size = h.Members
+		rg.SameIsland = g.SameIsland && h.Members == g.Size
+		rg.Pool = ""
+		out = append(out, rg)
+	}
+	return out
+}
+
+// drained decides for a draining machine: removed once its provider took it, or once it
+// has no gangs and no last object copies; past the drain grace (without a notice), its
+// gangs not already stopping are preempted.
+func (a *Autoscaler) drained(d *Decision, m *Machine, now time.Time) {
+	switch {
+	case !m.Notice.IsZero() && !now.Before(m.Notice):
+		d.Removes = append(d.Removes, Remove{Machine: m.Name, Pool: m.Pool, Reason: "taken back by its provider (spot interruption)"})
+	case len(m.Gangs) == 0 && m.LastCopies == 0:
+		reason := "drained: no gangs, no last object copies"
+		if !m.Notice.IsZero() {
+			reason = "drained before its spot interruption"
 		}
-		if len(m.Gangs) == 0 && m.LastCopies == 0 {
-			reason := "drained: no gangs, no last object copies"
-			if !m.Notice.IsZero() {
-				reason = "drained before its spot interruption"
-			}
-			d.Removes = append(d.Removes, Remove{Machine: m.Name, Pool: m.Pool, Reason: reason})
-			continue
-		}
-		if m.Notice.IsZero() && now.Sub(m.Since) >= a.cfg.DrainGrace {
-			for _, h := range m.Gangs {
-				if !h.Stopping {
-					d.Preemptions = append(d.Preemptions, Preempt{Gang: h.Gang, Machine: m.Name, Deadline: now.Add(a.cfg.PreemptDeadline),
-						Reason: fmt.Sprintf("%s has drained for %v without its gangs finishing", m.Name, a.cfg.DrainGrace)})
-				}
+		d.Removes = append(d.Removes, Remove{Machine: m.Name, Pool: m.Pool, Reason: reason})
+	case m.Notice.IsZero() && now.Sub(m.Since) >= a.cfg.DrainGrace:
+		for _, h := range m.Gangs {
+			if !h.Stopping {
+				d.Preemptions = append(d.Preemptions, Preempt{Gang: h.Gang, Machine: m.Name, Deadline: now.Add(a.cfg.PreemptDeadline),
+					Reason: fmt.Sprintf("%s has drained for %v without its gangs finishing", m.Name, a.cfg.DrainGrace)})
 			}
 		}
 	}
+}
 
-	// Scale up: replacements first, then pending gangs in priority order.
-	pending := slices.Clone(s.Pending)
-	slices.SortFunc(pending, func(x, y Gang) int {
+// byPriority returns a copy of the gangs, larger priority first, then earlier arrival,
+// then by ID.
+func byPriority(gangs []Gang) []Gang {
+	out := slices.Clone(gangs)
+	slices.SortFunc(out, func(x, y Gang) int {
 		if c := cmp.Compare(y.Priority, x.Priority); c != 0 {
 			return c
 		}
@@ -313,67 +385,69 @@ func (a *Autoscaler) Decide(s *Snapshot) (Decision, error) {
 		}
 		return strings.Compare(x.ID, y.ID)
 	})
-	for i := range urgent {
-		g := &urgent[i]
-		a.scaleFor(&d, runs, poolOrder, g, replaces[g.ID], false)
-	}
-	for i := range pending {
-		a.scaleFor(&d, runs, poolOrder, &pending[i], "", false)
-	}
-	// Pool minimums.
-	for _, r := range poolOrder {
-		if short := r.p.Spec.Min - (r.count - r.draining); short > 0 {
-			room := r.p.Spec.Max - r.count
-			n := min(short, room)
-			if n > 0 {
-				r.launch(n, launchKey{domain: r.nextDomain(n)}, "", fmt.Sprintf("pool minimum %d machines", r.p.Spec.Min))
-			}
-		}
-	}
-	// Forecast demand: pre-warm where a pool has room; no verdicts.
-	for i := range s.Forecast {
-		a.scaleFor(nil, runs, poolOrder, &s.Forecast[i], "", true)
-	}
+	return out
+}
 
-	// Scale down: idle machines past their pool's timeout, pools above max.
-	for _, r := range poolOrder {
-		if len(r.launches) > 0 {
-			continue // capacity is short here: an idle machine will take the gangs it was launched for
+// launchMinimum plans the machines the pool lacks to reach its minimum (draining ones do
+// not count), as far as its max allows.
+func (r *poolRun) launchMinimum() {
+	short := r.p.Spec.Min - (r.count - r.draining)
+	if n := min(short, r.p.Spec.Max-r.count); n > 0 {
+		r.launch(n, launchKey{domain: r.nextDomain(n)}, "", fmt.Sprintf("pool minimum %d machines", r.p.Spec.Min))
+	}
+}
+
+// scaleDown drains the pool's ready machines (in the snapshot's order, those drainStep
+// drains aside): while the pool is above its max, idle ones, and busy ones as far as the
+// idle ones left cannot make up the excess; else idle ones past the pool's idle timeout,
+// down to its min. A pool that launches in this decision drains nothing: capacity is short
+// there, and an idle machine will take the gangs the launches are for.
+func (r *poolRun) scaleDown(d *Decision, s *Snapshot, drainingNow map[string]bool) {
+	if len(r.launches) > 0 {
+		return
+	}
+	sp := &r.p.Spec
+	keep := r.count - r.draining
+	over := keep - sp.Max
+	idleNow := r.idleReady(s)
+	for i := range s.Machines {
+		m := &s.Machines[i]
+		if m.Pool != sp.Name || m.State != Ready || drainingNow[m.Name] {
+			continue
 		}
-		keep := r.count - r.draining
-		over := keep - r.p.Spec.Max
-		idleNow := r.idleReady(s)
-		for i := range s.Machines {
-			m := &s.Machines[i]
-			if m.Pool != r.p.Spec.Name || m.State != Ready || drainingNow[m.Name] {
-				continue
+		idle := len(m.Gangs) == 0 && !m.IdleSince.IsZero()
+		switch {
+		case over > 0 && (idle || over > idleNow):
+			reason := fmt.Sprintf("pool has %d machines, above its max %d", keep, sp.Max)
+			d.Drains = append(d.Drains, Drain{Machine: m.Name, Pool: m.Pool, MoveObjects: m.LastCopies, Reason: reason})
+			over--
+			keep--
+			if idle {
+				idleNow--
 			}
-			idle := len(m.Gangs) == 0 && !m.IdleSince.IsZero()
-			switch {
-			case over > 0 && (idle || over > idleNow):
-				reason := fmt.Sprintf("pool has %d machines, above its max %d", keep, r.p.Spec.Max)
-				d.Drains = append(d.Drains, Drain{Machine: m.Name, Pool: m.Pool, MoveObjects: m.LastCopies, Reason: reason})
-				over--
-				keep--
-				if idle {
-					idleNow--
-				}
-			case idle && keep > r.p.Spec.Min && now.Sub(m.IdleSince) >= time.Duration(r.p.Spec.IdleTimeout):
-				reason := fmt.Sprintf("idle for %v, past the pool's idle timeout %v", now.Sub(m.IdleSince).Round(time.Second), time.Duration(r.p.Spec.IdleTimeout))
-				if m.LastCopies > 0 {
-					reason += fmt.Sprintf("; %d last object copies move first", m.LastCopies)
-				}
-				d.Drains = append(d.Drains, Drain{Machine: m.Name, Pool: m.Pool, MoveObjects: m.LastCopies, Reason: reason})
-				keep--
-			}
+		case idle && keep > sp.Min && s.Now.Sub(m.IdleSince) >= time.Duration(sp.IdleTimeout):
+			d.Drains = append(d.Drains, idleDrain(m, s.Now, time.Duration(sp.IdleTimeout)))
+			keep--
 		}
 	}
-	for _, r := range poolOrder {
-		for _, k := range r.order {
-			d.Launches = append(d.Launches, *r.launches[k])
-		}
+}
+
+// idleDrain drains a machine idle past its pool's timeout.
+func idleDrain(m *Machine, now time.Time, timeout time.Duration) Drain {
+	reason := fmt.Sprintf("idle for %v, past the pool's idle timeout %v", now.Sub(m.IdleSince).Round(time.Second), timeout)
+	if m.LastCopies > 0 {
+		reason += fmt.Sprintf("; %d last object copies move first", m.LastCopies)
 	}
-	return d, nil
+	return Drain{Machine: m.Name, Pool: m.Pool, MoveObjects: m.LastCopies, Reason: reason}
+}
+
+// appendLaunches appends the launches the decision planned in the pool, in the order
+// they were first planned.
+func (r *poolRun) appendLaunches(ls []Launch) []Launch {
+	for _, k := range r.order {
+		ls = append(ls, *r.launches[k])
+	}
+	return ls
 }
 
 // idleReady counts the pool's ready machines without gangs.
