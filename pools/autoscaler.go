@@ -700,88 +700,130 @@ func (a *Autoscaler) scaleFor(d *Decision, runs map[string]*poolRun, order []*po
 			*list = append(*list, Verdict{Gang: g.ID, Reason: reason})
 		}
 	}
-	if g.Size <= 0 || g.Member.GPUs < 0 || g.Member.CPUMilli < 0 || g.Member.MemMiB < 0 {
-		verdict(&d.Infeasible, fmt.Sprintf("gang of %d members asking %+v", g.Size, g.Member))
+	cands, why := candidates(runs, order, g)
+	if why != "" {
+		verdict(&d.Infeasible, why)
 		return
 	}
-	cands := order
-	if g.Pool != "" {
-		r := runs[g.Pool]
-		if r == nil {
-			verdict(&d.Infeasible, fmt.Sprintf("pinned to pool %q, which is not configured", g.Pool))
-			return
+	sv := surveyPools(cands, g)
+	switch {
+	case sv.inFlight != nil:
+		if !prewarm {
+			verdict(&d.Waiting, fmt.Sprintf("waits for machines launching in pool %s", sv.inFlight.p.Spec.Name))
 		}
-		cands = []*poolRun{r}
+		return
+	case len(sv.ok) == 0 && prewarm:
+		return
+	case len(sv.ok) == 0 && len(sv.notNow) == 0:
+		verdict(&d.Infeasible, "no pool can ever hold it: "+strings.Join(sv.never, "; "))
+		return
+	case len(sv.ok) == 0:
+		verdict(&d.Waiting, "no pool has room: "+strings.Join(sv.notNow, "; "))
+		return
 	}
-	type cand struct {
-		r       *poolRun
-		k       int
-		islands int
-		spot    bool
+	best := slices.MinFunc(sv.ok, compareCands)
+	reason := launchReason(g, best, replaces, prewarm) + spotNote(runs, order, g, best, prewarm, sv.notNow)
+	best.r.launchFor(g, best.k, launchKey{prewarm: prewarm, replaces: replaces}, reason)
+}
+
+// candidates returns the pools that may hold the gang (its pinned pool, else all), or why
+// the gang itself can never be placed.
+func candidates(runs map[string]*poolRun, order []*poolRun, g *Gang) ([]*poolRun, string) {
+	if g.Size <= 0 || g.Member.GPUs < 0 || g.Member.CPUMilli < 0 || g.Member.MemMiB < 0 {
+		return nil, fmt.Sprintf("gang of %d members asking %+v", g.Size, g.Member)
 	}
-	var ok []cand
-	var never, notNow []string
+	if g.Pool == "" {
+		return order, ""
+	}
+	r := runs[g.Pool]
+	if r == nil {
+		return nil, fmt.Sprintf("pinned to pool %q, which is not configured", g.Pool)
+	}
+	return []*poolRun{r}, ""
+}
+
+// cand is a pool that can launch the k machines a gang needs now, over islands NVLink
+// islands.
+type cand struct {
+	r       *poolRun
+	k       int
+	islands int
+	spot    bool
+}
+
+// survey is what the candidate pools say of a gang.
+type survey struct {
+	ok     []cand
+	never  []string // why pools can never hold it
+	notNow []string // why pools that could hold it cannot launch now
+	// inFlight is the pool whose capacity in flight took the gang; the survey stops there.
+	inFlight *poolRun
+}
+
+// surveyPools asks each candidate pool, in order, whether it can hold the gang; the first
+// with room for it on capacity in flight takes it.
+func surveyPools(cands []*poolRun, g *Gang) survey {
+	var sv survey
 	for _, r := range cands {
 		if r.p.Spec.Capacity == Spot && !g.Tolerant {
-			never = append(never, fmt.Sprintf("pool %s is spot and the gang is not preemptible with checkpoints", r.p.Spec.Name))
+			sv.never = append(sv.never, fmt.Sprintf("pool %s is spot and the gang is not preemptible with checkpoints", r.p.Spec.Name))
 			continue
 		}
 		k, why := r.need(g)
 		if why != "" {
-			never = append(never, why)
+			sv.never = append(sv.never, why)
 			continue
 		}
 		if r.inFlight(g) {
-			if !prewarm {
-				verdict(&d.Waiting, fmt.Sprintf("waits for machines launching in pool %s", r.p.Spec.Name))
-			}
-			return
+			sv.inFlight = r
+			return sv
 		}
 		if why := r.blocked(k); why != "" {
-			notNow = append(notNow, why)
+			sv.notNow = append(sv.notNow, why)
 			continue
 		}
-		ok = append(ok, cand{r: r, k: k, islands: r.islands(g, k), spot: r.p.Spec.Capacity == Spot})
+		sv.ok = append(sv.ok, cand{r: r, k: k, islands: r.islands(g, k), spot: r.p.Spec.Capacity == Spot})
 	}
-	if len(ok) == 0 {
-		if prewarm {
-			return
+	return sv
+}
+
+// compareCands orders candidates best first: spot (for gangs that tolerate it; others see
+// no spot pool), then fewest islands, lowest price for the machines, shortest launch
+// latency, and pool name.
+func compareCands(x, y cand) int {
+	if x.spot != y.spot {
+		if x.spot {
+			return -1
 		}
-		if len(notNow) == 0 {
-			verdict(&d.Infeasible, "no pool can ever hold it: "+strings.Join(never, "; "))
-		} else {
-			verdict(&d.Waiting, "no pool has room: "+strings.Join(notNow, "; "))
-		}
-		return
+		return 1
 	}
-	best := slices.MinFunc(ok, func(x, y cand) int {
-		if x.spot != y.spot { // spot first for gangs that tolerate it (others see no spot pool)
-			if x.spot {
-				return -1
-			}
-			return 1
-		}
-		if c := cmp.Compare(x.islands, y.islands); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(float64(x.k)*x.r.p.Spec.PricePerHour, float64(y.k)*y.r.p.Spec.PricePerHour); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(x.r.p.Spec.LaunchLatency, y.r.p.Spec.LaunchLatency); c != 0 {
-			return c
-		}
-		return strings.Compare(x.r.p.Spec.Name, y.r.p.Spec.Name)
-	})
-	r := best.r
-	var reason string
+	if c := cmp.Compare(x.islands, y.islands); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(float64(x.k)*x.r.p.Spec.PricePerHour, float64(y.k)*y.r.p.Spec.PricePerHour); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(x.r.p.Spec.LaunchLatency, y.r.p.Spec.LaunchLatency); c != 0 {
+		return c
+	}
+	return strings.Compare(x.r.p.Spec.Name, y.r.p.Spec.Name)
+}
+
+// launchReason says what a launch is for.
+func launchReason(g *Gang, best cand, replaces string, prewarm bool) string {
 	switch {
 	case prewarm:
-		reason = "pre-warm for forecast arrivals"
+		return "pre-warm for forecast arrivals"
 	case replaces != "":
-		reason = fmt.Sprintf("replacement for %s (spot interruption)", replaces)
-	default:
-		reason = fmt.Sprintf("gang %s: %d members of %d cards need %d machines, %d island(s)", g.ID, g.Size, g.Member.GPUs, best.k, best.islands)
+		return fmt.Sprintf("replacement for %s (spot interruption)", replaces)
 	}
+	return fmt.Sprintf("gang %s: %d members of %d cards need %d machines, %d island(s)", g.ID, g.Size, g.Member.GPUs, best.k, best.islands)
+}
+
+// spotNote says, when the gang goes on-demand, why: the spot pools that could not launch
+// now (notNow are the reasons of the pools blocked), or the gang not tolerating spot.
+func spotNote(runs map[string]*poolRun, order []*poolRun, g *Gang, best cand, prewarm bool, notNow []string) string {
+	var note string
 	if !best.spot && g.Tolerant {
 		var spotWhy []string
 		for _, w := range notNow {
@@ -790,27 +832,32 @@ func (a *Autoscaler) scaleFor(d *Decision, runs map[string]*poolRun, order []*po
 			}
 		}
 		if len(spotWhy) > 0 {
-			reason += "; on-demand fallback: " + strings.Join(spotWhy, "; ")
+			note += "; on-demand fallback: " + strings.Join(spotWhy, "; ")
 		}
 	}
 	if !g.Tolerant && !prewarm && hasSpot(order) {
-		reason += "; on-demand: the gang is not preemptible with checkpoints"
+		note += "; on-demand: the gang is not preemptible with checkpoints"
 	}
-	key := launchKey{domain: r.nextDomain(min(best.k, max(1, r.p.Shape.DomainMachines))), prewarm: prewarm, replaces: replaces}
-	if best.k > max(1, r.p.Shape.DomainMachines) && r.p.Shape.DomainMachines > 1 {
-		// A gang larger than a domain fills whole new domains.
-		left := best.k
-		var idx []int
-		for left > 0 {
-			n := min(left, r.p.Shape.DomainMachines)
-			k := launchKey{domain: r.nextDomain(r.p.Shape.DomainMachines), prewarm: prewarm, replaces: replaces}
-			idx = append(idx, r.launch(n, k, g.ID, reason)...)
-			left -= n
-		}
-		r.fill(g, idx)
+	return note
+}
+
+// launchFor plans k fresh machines for the gang (key gives the launch's prewarm and
+// replaces; the NVLink domain is chosen here) and places the gang on them. A gang larger
+// than a domain fills whole new domains.
+func (r *poolRun) launchFor(g *Gang, k int, key launchKey, reason string) {
+	dm := r.p.Shape.DomainMachines
+	if dm <= 1 || k <= dm {
+		key.domain = r.nextDomain(min(k, max(1, dm)))
+		r.fill(g, r.launch(k, key, g.ID, reason))
 		return
 	}
-	idx := r.launch(best.k, key, g.ID, reason)
+	var idx []int
+	for left := k; left > 0; {
+		n := min(left, dm)
+		key.domain = r.nextDomain(dm)
+		idx = append(idx, r.launch(n, key, g.ID, reason)...)
+		left -= n
+	}
 	r.fill(g, idx)
 }
 

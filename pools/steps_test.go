@@ -245,3 +245,153 @@ func TestIdleDrain(t *testing.T) {
 		})
 	}
 }
+
+func TestCandidates(t *testing.T) {
+	p := testPool(t, "p", "dgx-h100", OnDemand, 0, 8, 100)
+	q := testPool(t, "q", "dgx-h100", Spot, 0, 8, 30)
+	runs, order, err := newRuns(&Snapshot{Pools: []PoolState{{Pool: p}, {Pool: q}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		g     Gang
+		pools []string
+		why   string
+	}{
+		{name: "any pool", g: gpuGang("g", 1, 8, true), pools: []string{"p", "q"}},
+		{name: "pinned", g: Gang{ID: "g", Size: 1, Pool: "q"}, pools: []string{"q"}},
+		{name: "pinned to an unknown pool", g: Gang{ID: "g", Size: 1, Pool: "x"}, why: `pinned to pool "x", which is not configured`},
+		{name: "no members", g: Gang{ID: "g"}, why: "gang of 0 members"},
+		{name: "negative ask", g: Gang{ID: "g", Size: 1, Member: Member{MemMiB: -1}}, why: "gang of 1 members asking"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rs, why := candidates(runs, order, &c.g)
+			var got []string
+			for _, r := range rs {
+				got = append(got, r.p.Spec.Name)
+			}
+			if !reflect.DeepEqual(got, c.pools) || !strings.Contains(why, c.why) || (c.why == "") != (why == "") {
+				t.Errorf("pools %v why %q; want %v, %q", got, why, c.pools, c.why)
+			}
+		})
+	}
+}
+
+func TestCompareCands(t *testing.T) {
+	mk := func(name string, price float64, latency time.Duration) *poolRun {
+		p := testPool(t, name, "dgx-h100", OnDemand, 0, 8, price)
+		p.Spec.LaunchLatency = Duration(latency)
+		return &poolRun{p: p}
+	}
+	cheap, dear, slow, b := mk("a", 10, 0), mk("a", 50, 0), mk("a", 10, time.Minute), mk("b", 10, 0)
+	cases := []struct {
+		name string
+		x, y cand
+		want int
+	}{
+		{name: "spot first", x: cand{r: dear, k: 9, islands: 9, spot: true}, y: cand{r: cheap, k: 1, islands: 1}, want: -1},
+		{name: "fewest islands before price", x: cand{r: dear, k: 1, islands: 1}, y: cand{r: cheap, k: 1, islands: 2}, want: -1},
+		{name: "price of all the machines", x: cand{r: cheap, k: 6, islands: 1}, y: cand{r: dear, k: 1, islands: 1}, want: 1},
+		{name: "launch latency", x: cand{r: slow, k: 1}, y: cand{r: cheap, k: 1}, want: 1},
+		{name: "name last", x: cand{r: cheap, k: 1}, y: cand{r: b, k: 1}, want: -1},
+		{name: "equal", x: cand{r: cheap, k: 1}, y: cand{r: cheap, k: 1}, want: 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := compareCands(c.x, c.y); got != c.want {
+				t.Errorf("compare %d, want %d", got, c.want)
+			}
+			if got := compareCands(c.y, c.x); got != -c.want {
+				t.Errorf("reversed: compare %d, want %d", got, -c.want)
+			}
+		})
+	}
+}
+
+func TestLaunchReason(t *testing.T) {
+	od := testPool(t, "od", "dgx-h100", OnDemand, 0, 8, 100)
+	sp := testPool(t, "sp", "dgx-h100", Spot, 0, 8, 30)
+	runs, order, err := newRuns(&Snapshot{Pools: []PoolState{{Pool: od}, {Pool: sp}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	onlyOD := []*poolRun{runs["od"]}
+	g := gpuGang("g", 2, 8, false)
+	tol := gpuGang("g", 2, 8, true)
+	odCand := cand{r: runs["od"], k: 2, islands: 2}
+	cases := []struct {
+		name     string
+		g        Gang
+		best     cand
+		order    []*poolRun
+		replaces string
+		prewarm  bool
+		notNow   []string
+		want     string
+	}{
+		{name: "a pending gang", g: tol, best: odCand, order: order, want: "gang g: 2 members of 8 cards need 2 machines, 2 island(s)"},
+		{name: "a replacement", g: tol, best: odCand, order: order, replaces: "m", want: "replacement for m (spot interruption)"},
+		{name: "pre-warm, no spot note", g: g, best: odCand, order: order, prewarm: true, want: "pre-warm for forecast arrivals"},
+		{name: "a gang without checkpoints where there is spot", g: g, best: odCand, order: order,
+			want: "gang g: 2 members of 8 cards need 2 machines, 2 island(s); on-demand: the gang is not preemptible with checkpoints"},
+		{name: "a gang without checkpoints where there is no spot", g: g, best: odCand, order: onlyOD,
+			want: "gang g: 2 members of 8 cards need 2 machines, 2 island(s)"},
+		{name: "on-demand fallback names the spot pools that could not launch", g: tol, best: odCand, order: order, replaces: "m",
+			notNow: []string{"pool sp: 8 machines + 1 would pass its max 8", "pool od2: spent 5.00 USD of its 5.00 budget", "pool x: spot capacity unavailable"},
+			want:   "replacement for m (spot interruption); on-demand fallback: pool sp: 8 machines + 1 would pass its max 8; pool x: spot capacity unavailable"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := launchReason(&c.g, c.best, c.replaces, c.prewarm) + spotNote(runs, c.order, &c.g, c.best, c.prewarm, c.notNow)
+			if got != c.want {
+				t.Errorf("reason\n%q, want\n%q", got, c.want)
+			}
+		})
+	}
+}
+
+func TestLaunchFor(t *testing.T) {
+	cases := []struct {
+		name    string
+		machine string
+		g       Gang
+		k       int
+		want    []int // machines per launch, in order
+		domains []int
+	}{
+		{name: "NVSwitch boxes: one launch", machine: "dgx-h100", g: gpuGang("g", 3, 8, false), k: 3, want: []int{3}, domains: []int{0}},
+		{name: "within one rack-fabric domain", machine: "gb200-nvl72", g: gpuGang("g", 18, 4, false), k: 18, want: []int{18}, domains: []int{0}},
+		{name: "larger than a domain: whole new domains", machine: "gb200-nvl72", g: gpuGang("g", 40, 4, false), k: 40, want: []int{18, 18, 4}, domains: []int{0, 1, 2}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := testPool(t, "p", c.machine, OnDemand, 0, 100, 10)
+			runs, _, err := newRuns(&Snapshot{Pools: []PoolState{{Pool: p}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := runs["p"]
+			r.launchFor(&c.g, c.k, launchKey{replaces: "m"}, "why")
+			var counts, domains []int
+			for _, l := range r.appendLaunches(nil) {
+				counts = append(counts, l.Count)
+				domains = append(domains, l.Domain)
+				if l.Replaces != "m" || l.Reason != "why" || !reflect.DeepEqual(l.Gangs, []string{"g"}) {
+					t.Errorf("launch %+v", l)
+				}
+			}
+			if !reflect.DeepEqual(counts, c.want) || !reflect.DeepEqual(domains, c.domains) {
+				t.Errorf("launched %v in domains %v, want %v in %v", counts, domains, c.want, c.domains)
+			}
+			free := 0
+			for _, v := range r.flight {
+				free += v.total
+			}
+			if want := c.k*p.Shape.GPUs - c.g.Size*c.g.Member.GPUs; free != want {
+				t.Errorf("%d cards left free on the new machines, want %d (the gang placed on them)", free, want)
+			}
+		})
+	}
+}
