@@ -321,13 +321,7 @@ func (a *Agent) loadLoop() {
 		// GPU use: measuring it needs NVML's utilization counters on real GPUs, which this
 		// agent does not read yet; the share of GPUs held by running workers stands in, and
 		// the report says so (GPUMeasured false).
-		held := 0
-		for _, w := range a.workers {
-			held += len(w.spec.Member.GPUs)
-		}
-		if n := len(a.cfg.Spec.GPUs); n > 0 {
-			l.GPU = min(1, float64(held)/float64(n))
-		}
+		l.GPU = heldShare(a.heldGPUsLocked(), len(a.cfg.Spec.GPUs))
 		a.obs.last = l
 		a.mu.Unlock()
 		ctx, cancel := context.WithTimeout(a.ctx, 2*time.Second)
@@ -340,6 +334,23 @@ func (a *Agent) loadLoop() {
 			}
 		}
 	}
+}
+
+// heldGPUsLocked counts the cards held by the workers this agent runs (started or starting).
+func (a *Agent) heldGPUsLocked() int {
+	held := 0
+	for _, w := range a.workers {
+		held += len(w.spec.Member.GPUs)
+	}
+	return held
+}
+
+// heldShare is the share of a machine's n cards that are held, in [0, 1] (0 without cards).
+func heldShare(held, n int) float64 {
+	if n <= 0 {
+		return 0
+	}
+	return min(1, float64(held)/float64(n))
 }
 
 // watchLoop follows the gangs table and reconciles the workers after every change.
