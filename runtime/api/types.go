@@ -797,7 +797,7 @@ type Status struct {
 }
 
 // SchedulerConfig is the operator's configuration of the scheduler (GET and PUT
-// /v1/scheduler, `atoll queues`, `atoll head --queues FILE`), kept in the log.
+// /v1/scheduler, `atoll queues`), kept in the log.
 type SchedulerConfig struct {
 	// Queues share the cluster: each gang names one (GangSpec.Queue; DefaultQueue when it
 	// names none). A queue's path is slash-separated ("research/vision" is a child of
