@@ -15,7 +15,9 @@ import (
 // Status is the cluster as its leader head sees it: heads, machines, gangs.
 type Status struct {
 	// Leader is the id of the leader head; Revision the metadata log's revision.
-	Leader   uint64          `json:"leader"`
+	Leader uint64 `json:"leader"`
+	// Term is the leader term: it increases at every change of leader.
+	Term     int64           `json:"term"`
 	Heads    []HeadStatus    `json:"heads"`
 	Machines []MachineStatus `json:"machines"`
 	Gangs    []GangStatus    `json:"gangs"`
@@ -54,6 +56,14 @@ type MachineStatus struct {
 	Load *MachineLoad `json:"load,omitempty"`
 	// Agent is the agent's API address (host:port).
 	Agent string `json:"agent,omitempty"`
+	// Cordoned: nothing new is placed on it (atoll drain, or the pools removing it), for
+	// CordonReason, since CordonedAt, by CordonedBy; Drained: its gangs were also given
+	// drain notices. atoll undrain lifts it.
+	Cordoned     bool      `json:"cordoned"`
+	CordonReason string    `json:"cordon_reason"`
+	CordonedBy   string    `json:"cordoned_by,omitempty"`
+	CordonedAt   time.Time `json:"cordoned_at,omitzero"`
+	Drained      bool      `json:"drained,omitempty"`
 }
 
 // MachineLoad is a machine's measured use, each in [0, 1].

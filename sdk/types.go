@@ -43,7 +43,7 @@ func fromAPIMachine(m api.Machine) Machine {
 }
 
 func fromAPIStatus(s api.Status) Status {
-	return Status{Leader: s.Leader, Heads: convert(s.Heads, fromAPIHead), Machines: convert(s.Machines, fromAPIMachineStatus),
+	return Status{Leader: s.Leader, Term: s.Term, Heads: convert(s.Heads, fromAPIHead), Machines: convert(s.Machines, fromAPIMachineStatus),
 		Gangs: convert(s.Gangs, fromAPIGangStatus), Revision: s.Revision, Dashboard: s.Dashboard, Pools: fromAPIPools(s.Pools),
 		Queues: convert(s.Queues, fromAPIQueue)}
 }
@@ -54,7 +54,8 @@ func fromAPIHead(h api.HeadInfo) HeadStatus {
 
 func fromAPIMachineStatus(m api.MachineStatus) MachineStatus {
 	out := MachineStatus{Name: m.Name, GPUs: m.GPUs, FreeGPUs: m.FreeGPUs, Alive: m.Alive, PID: m.PID, Simulated: m.Simulated,
-		Rack: m.Rack, Agent: m.Agent}
+		Rack: m.Rack, Agent: m.Agent, Cordoned: m.Cordoned, CordonReason: m.CordonReason, CordonedBy: m.CordonedBy,
+		CordonedAt: m.CordonedAt, Drained: m.Drained}
 	if m.Load != nil {
 		out.Load = &MachineLoad{CPU: m.Load.CPU, GPU: m.Load.GPU, Mem: m.Load.Mem, Net: m.Load.Net, GPUMeasured: m.Load.GPUMeasured}
 	}
