@@ -463,7 +463,8 @@ func (r *poolRun) idleReady(s *Snapshot) int {
 }
 
 // nextDomain picks the NVLink domain for n new machines of a rack-fabric pool: the fullest
-// domain with room for all n, else a new one. 0 for other pools.
+// domain with room for all n (the lowest numbered of those equally full, so that the choice
+// does not hang on map order), else a new one. 0 for other pools.
 func (r *poolRun) nextDomain(n int) int {
 	dm := r.p.Shape.DomainMachines
 	if dm <= 1 {
@@ -472,7 +473,7 @@ func (r *poolRun) nextDomain(n int) int {
 	best, bestUsed, next := -1, -1, 0
 	for dom, used := range r.domains {
 		next = max(next, dom+1)
-		if used+n <= dm && used > bestUsed {
+		if used+n <= dm && (used > bestUsed || used == bestUsed && dom < best) {
 			best, bestUsed = dom, used
 		}
 	}

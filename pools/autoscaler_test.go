@@ -2,6 +2,9 @@ package pools
 
 import (
 	"errors"
+	"fmt"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -328,5 +331,41 @@ func TestSnapshotErrors(t *testing.T) {
 		if _, err := a.Decide(s); !errors.Is(err, ErrSnapshot) {
 			t.Errorf("snapshot %+v: error %v, want ErrSnapshot", s, err)
 		}
+	}
+}
+
+// TestDecideDeterministic runs Decide on one snapshot many times, and on the same machines
+// listed in other orders (so the per-domain counts are built in other insertion orders):
+// with two NVLink domains equally full, every decision must be the same.
+func TestDecideDeterministic(t *testing.T) {
+	gb := testPool(t, "gb200", "gb200-nvl72", OnDemand, 0, 36, 40)
+	var machines []Machine
+	for dom := 0; dom < 4; dom++ {
+		for i := 0; i < 3; i++ {
+			machines = append(machines, Machine{Name: fmt.Sprintf("gb-%d-%d", dom, i), Pool: "gb200", State: Ready, Domain: dom, Since: t0,
+				Gangs: []Hosted{{Gang: "busy", Members: 1}}})
+		}
+	}
+	orders := [][]Machine{machines, slices.Clone(machines), nil}
+	slices.Reverse(orders[1])
+	for i := range machines { // interleaved: domains first seen 3, 0, 2, 1
+		orders[2] = append(orders[2], machines[(i*5+9)%len(machines)])
+	}
+	var want Decision
+	for k, ms := range orders {
+		for i := 0; i < 50; i++ {
+			s := &Snapshot{Now: t0, Pools: []PoolState{{Pool: gb}}, Machines: ms, Pending: []Gang{gpuGang("g", 8, 4, false)}}
+			d := decide(t, s)
+			if k == 0 && i == 0 {
+				want = d
+				continue
+			}
+			if !reflect.DeepEqual(d, want) {
+				t.Fatalf("order %d, run %d: decision %+v, want %+v", k, i, d, want)
+			}
+		}
+	}
+	if len(want.Launches) != 1 || want.Launches[0].Domain != 0 {
+		t.Fatalf("launches %+v: want one, in domain 0 (the lowest of those equally full)", want.Launches)
 	}
 }
