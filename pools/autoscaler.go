@@ -696,30 +696,35 @@ func (r *poolRun) blocked(k int) string {
 // scaleFor sizes capacity for one gang: on capacity in flight, else on fresh machines of
 // the best pool. d is nil for forecast gangs (no verdicts).
 func (a *Autoscaler) scaleFor(d *Decision, runs map[string]*poolRun, order []*poolRun, g *Gang, replaces string, prewarm bool) {
-	verdict := func(list *[]Verdict, reason string) {
+	infeasible := func(reason string) {
 		if d != nil {
-			*list = append(*list, Verdict{Gang: g.ID, Reason: reason})
+			d.Infeasible = append(d.Infeasible, Verdict{Gang: g.ID, Reason: reason})
+		}
+	}
+	waiting := func(reason string) {
+		if d != nil {
+			d.Waiting = append(d.Waiting, Verdict{Gang: g.ID, Reason: reason})
 		}
 	}
 	cands, why := candidates(runs, order, g)
 	if why != "" {
-		verdict(&d.Infeasible, why)
+		infeasible(why)
 		return
 	}
 	sv := surveyPools(cands, g)
 	switch {
 	case sv.inFlight != nil:
 		if !prewarm {
-			verdict(&d.Waiting, fmt.Sprintf("waits for machines launching in pool %s", sv.inFlight.p.Spec.Name))
+			waiting(fmt.Sprintf("waits for machines launching in pool %s", sv.inFlight.p.Spec.Name))
 		}
 		return
 	case len(sv.ok) == 0 && prewarm:
 		return
 	case len(sv.ok) == 0 && len(sv.notNow) == 0:
-		verdict(&d.Infeasible, "no pool can ever hold it: "+strings.Join(sv.never, "; "))
+		infeasible("no pool can ever hold it: " + strings.Join(sv.never, "; "))
 		return
 	case len(sv.ok) == 0:
-		verdict(&d.Waiting, "no pool has room: "+strings.Join(sv.notNow, "; "))
+		waiting("no pool has room: " + strings.Join(sv.notNow, "; "))
 		return
 	}
 	best := slices.MinFunc(sv.ok, compareCands)

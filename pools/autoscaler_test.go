@@ -369,3 +369,30 @@ func TestDecideDeterministic(t *testing.T) {
 		t.Fatalf("launches %+v: want one, in domain 0 (the lowest of those equally full)", want.Launches)
 	}
 }
+
+// TestForecastWithoutVerdicts: a forecast gang that can never be placed (invalid, or pinned
+// to a pool no longer configured, as the Forecaster keeps the pool it observed) gets no
+// verdict and launches nothing; Decide must not fail on it.
+func TestForecastWithoutVerdicts(t *testing.T) {
+	p := testPool(t, "p", "dgx-h100", OnDemand, 0, 8, 100)
+	gone := gpuGang("forecast/gone", 1, 8, false)
+	gone.Pool = "removed"
+	cases := []struct {
+		name string
+		g    Gang
+	}{
+		{name: "invalid", g: gpuGang("forecast/invalid", 0, 8, false)},
+		{name: "pinned to a pool no longer configured", g: gone},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := decide(t, &Snapshot{Now: t0, Pools: []PoolState{{Pool: p}}, Forecast: []Gang{c.g}, Pending: []Gang{gpuGang("real", 1, 8, false)}})
+			if len(d.Infeasible)+len(d.Waiting) != 0 {
+				t.Errorf("verdicts for a forecast gang: infeasible %+v, waiting %+v", d.Infeasible, d.Waiting)
+			}
+			if len(d.Launches) != 1 || d.Launches[0].Prewarm || !slices.Equal(d.Launches[0].Gangs, []string{"real"}) {
+				t.Errorf("launches %+v: want only the pending gang's", d.Launches)
+			}
+		})
+	}
+}
