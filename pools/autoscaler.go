@@ -203,9 +203,8 @@ func (a *Autoscaler) Decide(s *Snapshot) (Decision, error) {
 	// Interruption notices and draining machines.
 	rep, drainingNow := a.drainStep(&d, s, runs)
 	// Scale up: replacements first, then pending gangs in priority order.
-	for i := range rep.gangs {
-		g := &rep.gangs[i]
-		a.scaleFor(&d, runs, order, g, rep.replaces[g.ID], false)
+	for i := range rep {
+		a.scaleFor(&d, runs, order, &rep[i].gang, rep[i].machine, false)
 	}
 	pending := byPriority(s.Pending)
 	for i := range pending {
@@ -283,23 +282,23 @@ func (r *poolRun) addMachine(m *Machine) error {
 	return nil
 }
 
-// replacements are the gangs with members on machines that just got an interruption
-// notice, each sized to its members there, and the machine each replaces (the last such
-// machine when a gang is on several).
-type replacements struct {
-	gangs    []Gang
-	replaces map[string]string
+// replacement is a gang's members on a machine that just got an interruption notice: the
+// gang sized to its members there, and the machine they leave. A gang on several such
+// machines has one replacement for each.
+type replacement struct {
+	gang    Gang
+	machine string
 }
 
 // drainStep goes through the machines in the snapshot's order: it drains those that just
 // got an interruption notice, and removes or preempts the gangs of those draining. It
-// returns the gangs to replace and the machines it drains.
-func (a *Autoscaler) drainStep(d *Decision, s *Snapshot, runs map[string]*poolRun) (replacements, map[string]bool) {
+// returns the replacements (one per gang and noticed machine) and the machines it drains.
+func (a *Autoscaler) drainStep(d *Decision, s *Snapshot, runs map[string]*poolRun) ([]replacement, map[string]bool) {
 	running := make(map[string]*Gang, len(s.Running))
 	for i := range s.Running {
 		running[s.Running[i].ID] = &s.Running[i]
 	}
-	rep := replacements{replaces: map[string]string{}}
+	var rep []replacement
 	drainingNow := map[string]bool{}
 	for i := range s.Machines {
 		m := &s.Machines[i]
@@ -308,8 +307,7 @@ func (a *Autoscaler) drainStep(d *Decision, s *Snapshot, runs map[string]*poolRu
 			drainingNow[m.Name] = true
 			runs[m.Pool].draining++
 			for _, g := range a.noticed(d, m, s.Now, running) {
-				rep.gangs = append(rep.gangs, g)
-				rep.replaces[g.ID] = m.Name
+				rep = append(rep, replacement{gang: g, machine: m.Name})
 			}
 		case m.State == Draining:
 			a.drained(d, m, s.Now)

@@ -396,3 +396,25 @@ func TestForecastWithoutVerdicts(t *testing.T) {
 		})
 	}
 }
+
+// TestReplacementsNameTheirMachine: a gang on two machines that both got an interruption
+// notice gets a replacement for each, each naming the machine it replaces.
+func TestReplacementsNameTheirMachine(t *testing.T) {
+	spot := testPool(t, "spot", "dgx-h100", Spot, 0, 4, 30)
+	od := testPool(t, "od", "dgx-h100", OnDemand, 0, 4, 98)
+	g := gpuGang("job/train", 3, 8, true)
+	hosted := func(n int) []Hosted { return []Hosted{{Gang: g.ID, Members: n}} }
+	notice := t0.Add(2 * time.Minute)
+	s := &Snapshot{Now: t0, Pools: []PoolState{{Pool: spot, SpotUnavailable: true}, {Pool: od}}, Running: []Gang{g}, Machines: []Machine{
+		{Name: "spot-0", Pool: "spot", State: Ready, Since: t0, Gangs: hosted(2), Notice: notice},
+		{Name: "spot-1", Pool: "spot", State: Ready, Since: t0, Gangs: hosted(1), Notice: notice},
+	}}
+	d := decide(t, s)
+	got := map[string]int{}
+	for _, l := range d.Launches {
+		got[l.Replaces] += l.Count
+	}
+	if want := map[string]int{"spot-0": 2, "spot-1": 1}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("machines launched per replaced machine %v, want %v: %+v", got, want, d.Launches)
+	}
+}
