@@ -397,9 +397,10 @@ func (r *poolRun) launchMinimum() {
 
 // scaleDown drains the pool's ready machines (in the snapshot's order, those drainStep
 // drains aside): while the pool is above its max, idle ones, and busy ones as far as the
-// idle ones left cannot make up the excess; else idle ones past the pool's idle timeout,
-// down to its min. A pool that launches in this decision drains nothing: capacity is short
-// there, and an idle machine will take the gangs the launches are for.
+// idle ones left cannot make up the excess; else idle ones past the pool's idle timeout
+// (those with an IdleSince), down to its min. A pool that launches in this decision drains
+// nothing: capacity is short there, and an idle machine will take the gangs the launches
+// are for.
 func (r *poolRun) scaleDown(d *Decision, s *Snapshot, drainingNow map[string]bool) {
 	if len(r.launches) > 0 {
 		return
@@ -407,13 +408,13 @@ func (r *poolRun) scaleDown(d *Decision, s *Snapshot, drainingNow map[string]boo
 	sp := &r.p.Spec
 	keep := r.count - r.draining
 	over := keep - sp.Max
-	idleNow := r.idleReady(s)
+	idleNow := r.idleReady(s, drainingNow)
 	for i := range s.Machines {
 		m := &s.Machines[i]
 		if m.Pool != sp.Name || m.State != Ready || drainingNow[m.Name] {
 			continue
 		}
-		idle := len(m.Gangs) == 0 && !m.IdleSince.IsZero()
+		idle := isIdle(m, drainingNow)
 		switch {
 		case over > 0 && (idle || over > idleNow):
 			reason := fmt.Sprintf("pool has %d machines, above its max %d", keep, sp.Max)
@@ -423,7 +424,7 @@ func (r *poolRun) scaleDown(d *Decision, s *Snapshot, drainingNow map[string]boo
 			if idle {
 				idleNow--
 			}
-		case idle && keep > sp.Min && s.Now.Sub(m.IdleSince) >= time.Duration(sp.IdleTimeout):
+		case idle && !m.IdleSince.IsZero() && keep > sp.Min && s.Now.Sub(m.IdleSince) >= time.Duration(sp.IdleTimeout):
 			d.Drains = append(d.Drains, idleDrain(m, s.Now, time.Duration(sp.IdleTimeout)))
 			keep--
 		}
@@ -448,12 +449,18 @@ func (r *poolRun) appendLaunches(ls []Launch) []Launch {
 	return ls
 }
 
-// idleReady counts the pool's ready machines without gangs.
-func (r *poolRun) idleReady(s *Snapshot) int {
+// isIdle is what scale-down counts as an idle machine: ready, not drained by this decision
+// (drainingNow), without gangs, whether or not its IdleSince is set.
+func isIdle(m *Machine, drainingNow map[string]bool) bool {
+	return m.State == Ready && !drainingNow[m.Name] && len(m.Gangs) == 0
+}
+
+// idleReady counts the pool's idle machines (isIdle).
+func (r *poolRun) idleReady(s *Snapshot, drainingNow map[string]bool) int {
 	n := 0
 	for i := range s.Machines {
 		m := &s.Machines[i]
-		if m.Pool == r.p.Spec.Name && m.State == Ready && len(m.Gangs) == 0 {
+		if m.Pool == r.p.Spec.Name && isIdle(m, drainingNow) {
 			n++
 		}
 	}
