@@ -203,9 +203,8 @@ func (a *Autoscaler) Decide(s *Snapshot) (Decision, error) {
 	// Interruption notices and draining machines.
 	rep, drainingNow := a.drainStep(&d, s, runs)
 	// Scale up: replacements first, then pending gangs in priority order.
-	for i := range rep.gangs {
-		g := &rep.gangs[i]
-		a.scaleFor(&d, runs, order, g, rep.replaces[g.ID], false)
+	for i := range rep {
+		a.scaleFor(&d, runs, order, &rep[i].gang, rep[i].machine, false)
 	}
 	pending := byPriority(s.Pending)
 	for i := range pending {
@@ -283,23 +282,23 @@ func (r *poolRun) addMachine(m *Machine) error {
 	return nil
 }
 
-// replacements are the gangs with members on machines that just got an interruption
-// notice, each sized to its members there, and the machine each replaces (the last such
-// machine when a gang is on several).
-type replacements struct {
-	gangs    []Gang
-	replaces map[string]string
+// replacement is a gang's members on a machine that just got an interruption notice: the
+// gang sized to its members there, and the machine they leave. A gang on several such
+// machines has one replacement for each.
+type replacement struct {
+	gang    Gang
+	machine string
 }
 
 // drainStep goes through the machines in the snapshot's order: it drains those that just
 // got an interruption notice, and removes or preempts the gangs of those draining. It
-// returns the gangs to replace and the machines it drains.
-func (a *Autoscaler) drainStep(d *Decision, s *Snapshot, runs map[string]*poolRun) (replacements, map[string]bool) {
+// returns the replacements (one per gang and noticed machine) and the machines it drains.
+func (a *Autoscaler) drainStep(d *Decision, s *Snapshot, runs map[string]*poolRun) ([]replacement, map[string]bool) {
 	running := make(map[string]*Gang, len(s.Running))
 	for i := range s.Running {
 		running[s.Running[i].ID] = &s.Running[i]
 	}
-	rep := replacements{replaces: map[string]string{}}
+	var rep []replacement
 	drainingNow := map[string]bool{}
 	for i := range s.Machines {
 		m := &s.Machines[i]
@@ -308,8 +307,7 @@ func (a *Autoscaler) drainStep(d *Decision, s *Snapshot, runs map[string]*poolRu
 			drainingNow[m.Name] = true
 			runs[m.Pool].draining++
 			for _, g := range a.noticed(d, m, s.Now, running) {
-				rep.gangs = append(rep.gangs, g)
-				rep.replaces[g.ID] = m.Name
+				rep = append(rep, replacement{gang: g, machine: m.Name})
 			}
 		case m.State == Draining:
 			a.drained(d, m, s.Now)
@@ -399,9 +397,10 @@ func (r *poolRun) launchMinimum() {
 
 // scaleDown drains the pool's ready machines (in the snapshot's order, those drainStep
 // drains aside): while the pool is above its max, idle ones, and busy ones as far as the
-// idle ones left cannot make up the excess; else idle ones past the pool's idle timeout,
-// down to its min. A pool that launches in this decision drains nothing: capacity is short
-// there, and an idle machine will take the gangs the launches are for.
+// idle ones left cannot make up the excess; else idle ones past the pool's idle timeout
+// (those with an IdleSince), down to its min. A pool that launches in this decision drains
+// nothing: capacity is short there, and an idle machine will take the gangs the launches
+// are for.
 func (r *poolRun) scaleDown(d *Decision, s *Snapshot, drainingNow map[string]bool) {
 	if len(r.launches) > 0 {
 		return
@@ -409,13 +408,13 @@ func (r *poolRun) scaleDown(d *Decision, s *Snapshot, drainingNow map[string]boo
 	sp := &r.p.Spec
 	keep := r.count - r.draining
 	over := keep - sp.Max
-	idleNow := r.idleReady(s)
+	idleNow := r.idleReady(s, drainingNow)
 	for i := range s.Machines {
 		m := &s.Machines[i]
 		if m.Pool != sp.Name || m.State != Ready || drainingNow[m.Name] {
 			continue
 		}
-		idle := len(m.Gangs) == 0 && !m.IdleSince.IsZero()
+		idle := isIdle(m, drainingNow)
 		switch {
 		case over > 0 && (idle || over > idleNow):
 			reason := fmt.Sprintf("pool has %d machines, above its max %d", keep, sp.Max)
@@ -425,7 +424,7 @@ func (r *poolRun) scaleDown(d *Decision, s *Snapshot, drainingNow map[string]boo
 			if idle {
 				idleNow--
 			}
-		case idle && keep > sp.Min && s.Now.Sub(m.IdleSince) >= time.Duration(sp.IdleTimeout):
+		case idle && !m.IdleSince.IsZero() && keep > sp.Min && s.Now.Sub(m.IdleSince) >= time.Duration(sp.IdleTimeout):
 			d.Drains = append(d.Drains, idleDrain(m, s.Now, time.Duration(sp.IdleTimeout)))
 			keep--
 		}
@@ -450,12 +449,18 @@ func (r *poolRun) appendLaunches(ls []Launch) []Launch {
 	return ls
 }
 
-// idleReady counts the pool's ready machines without gangs.
-func (r *poolRun) idleReady(s *Snapshot) int {
+// isIdle is what scale-down counts as an idle machine: ready, not drained by this decision
+// (drainingNow), without gangs, whether or not its IdleSince is set.
+func isIdle(m *Machine, drainingNow map[string]bool) bool {
+	return m.State == Ready && !drainingNow[m.Name] && len(m.Gangs) == 0
+}
+
+// idleReady counts the pool's idle machines (isIdle).
+func (r *poolRun) idleReady(s *Snapshot, drainingNow map[string]bool) int {
 	n := 0
 	for i := range s.Machines {
 		m := &s.Machines[i]
-		if m.Pool == r.p.Spec.Name && m.State == Ready && len(m.Gangs) == 0 {
+		if m.Pool == r.p.Spec.Name && isIdle(m, drainingNow) {
 			n++
 		}
 	}
@@ -463,7 +468,8 @@ func (r *poolRun) idleReady(s *Snapshot) int {
 }
 
 // nextDomain picks the NVLink domain for n new machines of a rack-fabric pool: the fullest
-// domain with room for all n, else a new one. 0 for other pools.
+// domain with room for all n (the lowest numbered of those equally full, so that the choice
+// does not hang on map order), else a new one. 0 for other pools.
 func (r *poolRun) nextDomain(n int) int {
 	dm := r.p.Shape.DomainMachines
 	if dm <= 1 {
@@ -472,7 +478,7 @@ func (r *poolRun) nextDomain(n int) int {
 	best, bestUsed, next := -1, -1, 0
 	for dom, used := range r.domains {
 		next = max(next, dom+1)
-		if used+n <= dm && used > bestUsed {
+		if used+n <= dm && (used > bestUsed || used == bestUsed && dom < best) {
 			best, bestUsed = dom, used
 		}
 	}
@@ -695,30 +701,35 @@ func (r *poolRun) blocked(k int) string {
 // scaleFor sizes capacity for one gang: on capacity in flight, else on fresh machines of
 // the best pool. d is nil for forecast gangs (no verdicts).
 func (a *Autoscaler) scaleFor(d *Decision, runs map[string]*poolRun, order []*poolRun, g *Gang, replaces string, prewarm bool) {
-	verdict := func(list *[]Verdict, reason string) {
+	infeasible := func(reason string) {
 		if d != nil {
-			*list = append(*list, Verdict{Gang: g.ID, Reason: reason})
+			d.Infeasible = append(d.Infeasible, Verdict{Gang: g.ID, Reason: reason})
+		}
+	}
+	waiting := func(reason string) {
+		if d != nil {
+			d.Waiting = append(d.Waiting, Verdict{Gang: g.ID, Reason: reason})
 		}
 	}
 	cands, why := candidates(runs, order, g)
 	if why != "" {
-		verdict(&d.Infeasible, why)
+		infeasible(why)
 		return
 	}
 	sv := surveyPools(cands, g)
 	switch {
 	case sv.inFlight != nil:
 		if !prewarm {
-			verdict(&d.Waiting, fmt.Sprintf("waits for machines launching in pool %s", sv.inFlight.p.Spec.Name))
+			waiting(fmt.Sprintf("waits for machines launching in pool %s", sv.inFlight.p.Spec.Name))
 		}
 		return
 	case len(sv.ok) == 0 && prewarm:
 		return
 	case len(sv.ok) == 0 && len(sv.notNow) == 0:
-		verdict(&d.Infeasible, "no pool can ever hold it: "+strings.Join(sv.never, "; "))
+		infeasible("no pool can ever hold it: " + strings.Join(sv.never, "; "))
 		return
 	case len(sv.ok) == 0:
-		verdict(&d.Waiting, "no pool has room: "+strings.Join(sv.notNow, "; "))
+		waiting("no pool has room: " + strings.Join(sv.notNow, "; "))
 		return
 	}
 	best := slices.MinFunc(sv.ok, compareCands)

@@ -129,6 +129,9 @@ func TestScaleDown(t *testing.T) {
 	busy := func(name string) Machine {
 		return Machine{Name: name, Pool: "p", State: Ready, Since: t0, Gangs: []Hosted{{Gang: "g", Members: 1}}}
 	}
+	unstamped := func(name string) Machine { // no gangs, no idle timestamp
+		return Machine{Name: name, Pool: "p", State: Ready, Since: t0.Add(-time.Hour)}
+	}
 	cases := []struct {
 		name     string
 		min, max int
@@ -146,6 +149,11 @@ func TestScaleDown(t *testing.T) {
 			machines: []Machine{busy("a"), idle("b", 0), idle("c", 0)}, want: []string{"b", "c"}},
 		{name: "a machine drained for its notice is not drained again and no longer counts", max: 2,
 			machines: []Machine{busy("a"), busy("b"), busy("c")}, noticed: "a", want: nil},
+		{name: "above max: a machine without gangs is idle even without an idle timestamp", max: 1,
+			machines: []Machine{busy("a"), unstamped("b"), busy("c")}, want: []string{"a", "b"}},
+		{name: "above max: a machine without gangs drained for its notice is not counted idle", max: 1,
+			machines: []Machine{idle("a", 0), busy("b"), busy("c")}, noticed: "a", want: []string{"b"}},
+		{name: "no idle timestamp: not drained for the idle timeout", max: 8, machines: []Machine{unstamped("a"), busy("b")}},
 		{name: "other pools' and draining machines are left alone", max: 8,
 			machines: []Machine{{Name: "q", Pool: "other", State: Ready, IdleSince: t0.Add(-time.Hour)}, {Name: "d", Pool: "p", State: Draining, IdleSince: t0.Add(-time.Hour)}}},
 	}

@@ -62,6 +62,12 @@ func (l *ExecLauncher) Launch(ctx context.Context, spec api.WorkerSpec, job api.
 	if err != nil {
 		return nil, err
 	}
+	started := false
+	defer func() {
+		if !started { // the log is the started worker's to close; on any error, ours
+			_ = logf.Close()
+		}
+	}()
 	cmd := exec.Command(bin, job.Args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Dir = workDir(job.Dir)
@@ -79,9 +85,9 @@ func (l *ExecLauncher) Launch(ctx context.Context, spec api.WorkerSpec, job api.
 	// The worker dies with its agent, and its whole process group can be signalled.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		logf.Close()
 		return nil, fmt.Errorf("agent: start worker %s (%s): %w", spec.Key(), bin, err)
 	}
+	started = true
 	h := &procHandle{cmd: cmd, done: make(chan struct{}), spec: specPath, log: logf}
 	go h.wait()
 	return h, nil

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -229,5 +230,54 @@ func TestExecLauncher(t *testing.T) {
 	}}
 	if _, err := missing.Launch(context.Background(), spec, api.Job{}); err == nil || !strings.Contains(err.Error(), "start worker j/g/1.g3") {
 		t.Errorf("a binary that does not start: %v", err)
+	}
+}
+
+// openFDs counts this process's open file descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	return len(fds)
+}
+
+// TestExecLauncherDriverFilesFail: when a driver's token or CA file cannot be written, Launch
+// fails and closes the worker's log file (no descriptor left open).
+func TestExecLauncherDriverFilesFail(t *testing.T) {
+	// The garbage collector would close a leaked file through its finalizer, hiding the leak.
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	dir := t.TempDir()
+	l := &ExecLauncher{RunDir: filepath.Join(dir, "run"), LogDir: filepath.Join(dir, "logs"),
+		Binary: func(context.Context, api.Job) (string, error) { return "/bin/true", nil }}
+	cases := []struct {
+		name   string
+		file   string // made a directory, so that it cannot be written
+		caCert string
+		err    string
+	}{
+		{name: "token file", file: "j.driver.0.g0.token", err: "driver token file"},
+		{name: "CA file", file: "j.driver.0.g0.ca.crt", caCert: "-----BEGIN CERTIFICATE-----\n", err: "driver CA file"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			// Written as root too, where a read-only run directory would not stop it.
+			blocked := filepath.Join(l.RunDir, c.file)
+			if err := os.MkdirAll(blocked, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			defer os.RemoveAll(blocked)
+			spec := api.WorkerSpec{Job: "j", Gang: "driver", Driver: true, Token: "secret", Heads: []string{"http://h:1"}, CACert: c.caCert}
+			before := openFDs(t)
+			for i := 0; i < 20; i++ {
+				if _, err := l.Launch(context.Background(), spec, api.Job{Name: "j"}); err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("launch: %v, want an error about the %s", err, c.err)
+				}
+			}
+			if after := openFDs(t); after > before {
+				t.Errorf("%d descriptors open after 20 failed launches, %d before", after, before)
+			}
+		})
 	}
 }

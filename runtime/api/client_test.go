@@ -146,13 +146,33 @@ func TestNewClientWithoutHeads(t *testing.T) {
 	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "no head answered") {
 		t.Fatalf("error %v, want ErrUnavailable", err)
 	}
-	// A wrong token is no better at this point: no head tells the client its id. (NewClient
-	// retries a 401 until its context ends, and its error then names the deadline, not the
-	// token: a candidate for failing at once with ErrUnauthenticated.)
-	f := newFakeHeads(t, 1, 1)
-	_, err = NewClient(ctxT(t, 200*time.Millisecond), ClientConfig{Heads: f.urls(), Token: "wrong"})
-	if !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("error %v, want ErrUnavailable", err)
+}
+
+// TestNewClientWrongToken: a head that refuses the token (401) ends NewClient at once, long
+// before its context, with ErrUnauthenticated saying so, also when another head is down.
+func TestNewClientWrongToken(t *testing.T) {
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close()
+	f := newFakeHeads(t, 2, 1)
+	cases := []struct {
+		name  string
+		heads []string
+	}{
+		{name: "one head", heads: f.urls()[:1]},
+		{name: "two heads", heads: f.urls()},
+		{name: "one head down, one refusing", heads: []string{down.URL, f.urls()[1]}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := ctxT(t, 3*time.Second)
+			_, err := NewClient(ctx, ClientConfig{Heads: c.heads, Token: "wrong"})
+			if !errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "refused the cluster token") {
+				t.Fatalf("error %v, want ErrUnauthenticated naming the token", err)
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("NewClient returned only once its context ended: %v", ctx.Err())
+			}
+		})
 	}
 }
 
