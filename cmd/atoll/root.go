@@ -41,6 +41,7 @@ func newRootCmd() *cobra.Command {
 		newDemoCmd(),
 		newDownCmd(),
 		newDrainCmd(),
+		newUndrainCmd(),
 		newEventsCmd(),
 		newHeadCmd(),
 		newInitCmd(),

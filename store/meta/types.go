@@ -46,6 +46,11 @@ const (
 	// TableConfig holds the cluster's configuration records (the runtime's
 	// api.SchedulerConfig: queues and priority classes).
 	TableConfig Table = "config/"
+	// TableControl holds the control plane's decision inputs that are no other table's
+	// records: the leader term, machines' cordons and drains, the restart costs and the
+	// workload the scheduler learned (the runtime's api.ControlTerm, api.Cordon,
+	// api.LearnedCosts).
+	TableControl Table = "control/"
 )
 
 // AllTables lists every table: the one place that says which key prefixes exist. Adding a
@@ -63,6 +68,7 @@ func AllTables() []Table {
 		TableBinaries,
 		TableEvents,
 		TableConfig,
+		TableControl,
 	}
 }
 
