@@ -645,11 +645,12 @@ func (a *Agent) launch(key string, w *worker) {
 	a.reconcile()
 }
 
-// start launches a worker if it is still wanted: its job's record (read at every launch,
-// from the leader) must say the job runs, and the agent must still want this incarnation.
-// A launch for a stopped job is refused, and its gang incarnation is remembered as ended
-// so that no reconcile starts its members again, whatever the watch still shows. It
-// returns started false with no error when the worker was dropped.
+// start launches a worker if it is still wanted: its job's and its gang's records (read at
+// every launch, from the leader) must say the job runs and this generation of the gang
+// starts or runs, and the agent must still want it. A launch for a stopped job or an
+// ended gang generation is refused, and that gang incarnation is remembered as ended so
+// that no reconcile starts its members again, whatever the watch still shows. It returns
+// started false with no error when the worker was dropped.
 func (a *Agent) start(w *worker) (Handle, bool, error) {
 	if !a.wanted(w) {
 		return nil, false, nil
@@ -660,11 +661,25 @@ func (a *Agent) start(w *worker) (Handle, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
-	if job.State != api.JobRunning {
+	var g api.Gang
+	found, err := a.client.Get(ctx, api.TableGangs+w.spec.Job+"/"+w.spec.Gang, &g)
+	if err != nil {
+		return nil, false, err
+	}
+	why := ""
+	switch {
+	case job.State != api.JobRunning:
+		why = "its job is stopped"
+	case !found || g.UID != w.spec.GangUID || g.Generation != w.spec.Generation:
+		why = "its gang generation is over"
+	case g.State != api.GangStarting && g.State != api.GangRunning:
+		why = "its gang is " + string(g.State)
+	}
+	if why != "" {
 		a.mu.Lock()
 		a.ended[incarnation(w.spec.GangUID, w.spec.Generation)] = true
 		a.mu.Unlock()
-		a.log.Info("launch refused: the worker's job is stopped", workerField(w.spec))
+		a.log.Info("launch refused: "+why, workerField(w.spec))
 		return nil, false, nil
 	}
 	if !a.wanted(w) {

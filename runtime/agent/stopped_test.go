@@ -146,4 +146,28 @@ func TestStoppedJobsWorkersAreNotLaunched(t *testing.T) {
 	if n != 0 || l.launches() != 2 {
 		t.Fatalf("after the refusal: %d workers, %d launches; want none started", n, l.launches())
 	}
+	// The same for a gang stopped by its driver while its job runs on.
+	if _, err := c.SubmitJob(ctx, api.Job{Name: "j2"}); err != nil {
+		t.Fatal(err)
+	}
+	g2, err := c.SpawnGang(ctx, api.GangSpec{Job: "j2", Name: "g", Kind: "k", Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-l.entered // its one member launches
+	if err := c.StopGang(ctx, "j2", "g"); err != nil {
+		t.Fatal(err)
+	}
+	waitAgent(t, a, "the agent sees the second gang stopped", func() bool { return a.gangs["j2/g"].State == api.GangStopped })
+	waitAgent(t, a, "every worker is gone again", func() bool { return len(a.workers) == 0 })
+	a.mu.Lock()
+	a.gangs["j2/g"] = g2
+	a.mu.Unlock()
+	a.reconcile()
+	waitAgent(t, a, "the launch for the stopped gang is refused", func() bool {
+		return a.ended[incarnation(g2.UID, g2.Generation)] && len(a.workers) == 0
+	})
+	if l.launches() != 3 {
+		t.Fatalf("%d launches: want 3 (none for the stopped gang's stale record)", l.launches())
+	}
 }
