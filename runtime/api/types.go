@@ -179,6 +179,11 @@ type GangSpec struct {
 	// Strategy spreads or packs the members across machines (Ray's placement group
 	// strategies); empty: the scheduler's topology-aware placement.
 	Strategy Strategy `json:"strategy,omitempty"`
+	// Machines, when set, pins the members to these machines (by name): the gang is placed
+	// by its Strategy on them alone, and waits while none of them has room. The head places
+	// such a gang (as it does a spread or strict one): it keeps no island, is not preempted,
+	// and preempts no one.
+	Machines []string `json:"machines,omitempty"`
 	Priority int      `json:"priority,omitempty"`
 	// PriorityClass names one of the operator's priority classes (SchedulerConfig); its
 	// value is the gang's priority. Empty: Priority as given, or the default class's.
@@ -242,8 +247,18 @@ func (s *GangSpec) Normalize() error {
 			StrategyPack, StrategySpread, StrategyStrictPack, StrategyStrictSpread)
 	case s.SameIsland && s.Strategy != "" && s.Strategy != StrategyPack:
 		return fmt.Errorf("%w: gang %q: SameIsland goes with no strategy or %q, not %q", ErrInvalid, s.Name, StrategyPack, s.Strategy)
+	case len(s.Machines) > 0 && (s.SameIsland || s.MinWorkers > 0):
+		return fmt.Errorf("%w: gang %q: a gang pinned to machines %v is placed by the head, which keeps no island and resizes no gang (no SameIsland, no min workers)",
+			ErrInvalid, s.Name, s.Machines)
 	case s.RestartWindow < 0 || s.Backoff < 0 || s.MaxBackoff < 0:
 		return fmt.Errorf("%w: gang %q restart window and backoffs must not be negative", ErrInvalid, s.Name)
+	}
+	seen := make(map[string]bool, len(s.Machines))
+	for _, m := range s.Machines {
+		if m == "" || seen[m] {
+			return fmt.Errorf("%w: gang %q machines %q: want distinct, non-empty machine names", ErrInvalid, s.Name, s.Machines)
+		}
+		seen[m] = true
 	}
 	if s.RestartWindow == 0 {
 		s.RestartWindow = Duration(time.Minute)

@@ -11,11 +11,15 @@ import (
 
 // The scheduler core places a gang on as few islands and machines as it can (which is the
 // pack strategy); it has no filter that spreads members over machines or pins them to one.
-// Gangs with those strategies are placed here, on the core's current free capacity, and
-// handed to the core with Adopt, so the core still accounts for every card they hold.
+// Gangs with those strategies, and gangs pinned to named machines (GangSpec.Machines), are
+// placed here, on the core's current free capacity, and handed to the core with Adopt, so
+// the core still accounts for every card they hold.
 
 // headPlaced reports whether the head, not the core's cycle, places gangs of this spec.
 func headPlaced(s api.GangSpec) bool {
+	if len(s.Machines) > 0 {
+		return true
+	}
 	switch s.Strategy {
 	case api.StrategySpread, api.StrategyStrictSpread, api.StrategyStrictPack:
 		return true
@@ -126,6 +130,9 @@ func placeByStrategy(s *gang.Scheduler, spec api.GangSpec) ([]gang.MemberPlaceme
 	if members != nil {
 		return members, "", false
 	}
+	if allowed, _ := allowedNodes(nodes, spec.Machines); len(allowed) == 0 {
+		return nil, reason, true
+	}
 	for i := range nodes { // the same machines, empty
 		n := &nodes[i]
 		n.FreeCPU, n.FreeMem = n.CPUMilli, n.MemMiB
@@ -139,27 +146,64 @@ func placeByStrategy(s *gang.Scheduler, spec api.GangSpec) ([]gang.MemberPlaceme
 	return nil, reason, false
 }
 
-// placeOn places a gang by its strategy on nodes (copies: they are not changed).
+// placeOn places a gang by its strategy on nodes (copies: they are not changed): on the
+// machines it is pinned to, when it names some.
 func placeOn(snapshot []gang.Node, spec api.GangSpec) ([]gang.MemberPlacement, string) {
 	m := coreMember(spec)
 	if m.MIG != "" {
 		m.GPUs = 1
 	}
+	allowed, on := allowedNodes(snapshot, spec.Machines)
+	if len(allowed) == 0 {
+		return nil, fmt.Sprintf("none of the machines %v it is pinned to is in the cluster", spec.Machines)
+	}
 	fresh := func() []*strategyNode {
-		nodes := make([]*strategyNode, len(snapshot))
-		for i, n := range snapshot {
+		nodes := make([]*strategyNode, len(allowed))
+		for k, i := range allowed {
+			n := snapshot[i]
 			n.GPUs = append([]gang.GPU(nil), n.GPUs...)
-			nodes[i] = &strategyNode{index: i, n: n}
+			nodes[k] = &strategyNode{index: i, n: n}
 		}
 		return nodes
 	}
+	members, reason := placeOnNodes(fresh, m, spec)
+	if members == nil {
+		reason += on
+	}
+	return members, reason
+}
+
+// allowedNodes returns the indices of the nodes a gang pinned to machines may use (every
+// node when it names none), and how a reason says so.
+func allowedNodes(snapshot []gang.Node, machines []string) ([]int, string) {
+	var out []int
+	if len(machines) == 0 {
+		for i := range snapshot {
+			out = append(out, i)
+		}
+		return out, ""
+	}
+	pinned := make(map[string]bool, len(machines))
+	for _, name := range machines {
+		pinned[name] = true
+	}
+	for i, n := range snapshot {
+		if pinned[n.Name] {
+			out = append(out, i)
+		}
+	}
+	return out, fmt.Sprintf(" on the machines it is pinned to %v", machines)
+}
+
+// placeOnNodes places the members by the spec's strategy on the nodes fresh makes.
+func placeOnNodes(fresh func() []*strategyNode, m gang.Member, spec api.GangSpec) ([]gang.MemberPlacement, string) {
 	n := spec.Workers
 	switch spec.Strategy {
 	case api.StrategyStrictSpread:
-		if n > len(snapshot) {
-			return nil, fmt.Sprintf("strict spread of %d members over %d machines", n, len(snapshot))
-		}
 		nodes := fresh()
+		if n > len(nodes) {
+			return nil, fmt.Sprintf("strict spread of %d members over %d machines", n, len(nodes))
+		}
 		sort.Slice(nodes, func(i, j int) bool { return moreFree(nodes[i], nodes[j]) })
 		var out []gang.MemberPlacement
 		for _, sn := range nodes {
@@ -192,6 +236,43 @@ func placeOn(snapshot []gang.Node, spec api.GangSpec) ([]gang.MemberPlacement, s
 			}
 		}
 		return nil, fmt.Sprintf("strict pack: no machine has room for all %d members (%+v)", n, spec.Resources)
+	case "", api.StrategyPack: // a pinned gang: as few of its machines as it can
+		nodes := fresh()
+		sort.Slice(nodes, func(i, j int) bool { return moreFree(nodes[j], nodes[i]) })
+		for _, sn := range nodes { // the fullest machine that takes them all
+			probe := *sn
+			probe.n.GPUs = append([]gang.GPU(nil), sn.n.GPUs...)
+			k := 0
+			for ; k < n; k++ {
+				if _, ok := probe.fit(m); !ok {
+					break
+				}
+			}
+			if k == n {
+				out := make([]gang.MemberPlacement, 0, n)
+				for len(out) < n {
+					mp, _ := sn.fit(m)
+					out = append(out, mp)
+				}
+				return out, ""
+			}
+		}
+		// None takes them all: fill the machines with the most room first.
+		sort.Slice(nodes, func(i, j int) bool { return moreFree(nodes[i], nodes[j]) })
+		out := make([]gang.MemberPlacement, 0, n)
+		for _, sn := range nodes {
+			for len(out) < n {
+				mp, ok := sn.fit(m)
+				if !ok {
+					break
+				}
+				out = append(out, mp)
+			}
+		}
+		if len(out) < n {
+			return nil, fmt.Sprintf("pack: room for %d of %d members (%+v)", len(out), n, spec.Resources)
+		}
+		return out, ""
 	default: // spread
 		nodes := fresh()
 		out := make([]gang.MemberPlacement, 0, n)
