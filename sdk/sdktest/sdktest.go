@@ -22,6 +22,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/atoll-run/atoll/internal/testtime"
 )
 
 // Cluster is a running cluster of processes.
@@ -83,7 +86,9 @@ func Atoll(t testing.TB) string {
 
 // Up starts a cluster of three heads and agents processes, each declaring one machine of
 // type machine ("dgx-h100" when empty), and stops it (atoll down) when the test ends; the
-// processes' logs are printed when the test failed. It skips the test under -short.
+// processes' logs are printed when the test failed. It skips the test under -short. It
+// gives the cluster a minute to come up, stretched on a loaded machine (by the load
+// average per CPU, or by ATOLL_TEST_SLOWDOWN=factor).
 func Up(t testing.TB, agents int, machine string) *Cluster {
 	t.Helper()
 	if testing.Short() {
@@ -94,7 +99,8 @@ func Up(t testing.TB, agents int, machine string) *Cluster {
 	}
 	bin := Atoll(t)
 	dir := filepath.Join(t.TempDir(), "cluster")
-	out, err := exec.Command(bin, "up", "--dir", dir, "--agents", fmt.Sprint(agents), "--machine", machine, "--json").Output()
+	out, err := exec.Command(bin, "up", "--dir", dir, "--agents", fmt.Sprint(agents), "--machine", machine, "--json",
+		"--timeout", testtime.Scale(time.Minute).String()).Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
@@ -118,11 +124,11 @@ func Up(t testing.TB, agents int, machine string) *Cluster {
 	}
 	c := &Cluster{Dir: dir, Address: address, Heads: cf.Heads, Agents: cf.Agents, Bin: bin}
 	t.Cleanup(func() {
+		if t.Failed() { // before down, so that the tails show the cluster as the test left it
+			c.printLogs(t)
+		}
 		if out, err := exec.Command(bin, "down", "--dir", dir, "--grace", "5s").CombinedOutput(); err != nil {
 			t.Errorf("atoll down: %v\n%s", err, out)
-		}
-		if t.Failed() {
-			c.printLogs(t)
 		}
 	})
 	return c
