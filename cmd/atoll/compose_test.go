@@ -112,9 +112,9 @@ func TestComposeClusterSurvivesFailures(t *testing.T) {
 			Alive bool   `json:"alive"`
 		} `json:"machines"`
 		Gangs []struct {
-			Job, Name, State string
-			Generation       int
-			Machines         []string
+			Job, Name, State, Reason string
+			Generation               int
+			Machines                 []string
 		} `json:"gangs"`
 	}
 	// statusOf asks a live head's container for the cluster's status.
@@ -138,19 +138,30 @@ func TestComposeClusterSurvivesFailures(t *testing.T) {
 		}
 		return st, last
 	}
-	// awaitGang waits until digits/dp runs in at least generation gen.
+	// awaitGang waits until digits/dp runs in at least generation gen; it fails at once when
+	// the gang has ended or the driver has exited (nothing will run it again).
 	awaitGang := func(gen int, why string) (machines []string) {
 		t.Helper()
-		deadline := testtime.Deadline(t, 3*time.Minute)
+		deadline := testtime.Deadline(t, time.Minute)
 		for time.Now().Before(deadline) {
 			st, err := statusOf()
 			if err == nil {
 				for _, g := range st.Gangs {
-					if g.Job == "digits" && g.Name == "dp" && g.State == "running" && g.Generation >= gen {
+					if g.Job != "digits" || g.Name != "dp" {
+						continue
+					}
+					if g.State == "running" && g.Generation >= gen {
 						t.Logf("%v: the gang runs in generation %d %s", time.Since(start).Round(time.Second), g.Generation, why)
 						return g.Machines
 					}
+					if g.State == "failed" || g.State == "stopped" {
+						t.Fatalf("%v: the gang %s in generation %d %s: %s", time.Since(start).Round(time.Second), g.State, g.Generation, why, g.Reason)
+					}
 				}
+			}
+			if out, err := run("docker", "inspect", "-f", "{{.State.Running}}", container("driver")); err == nil && strings.TrimSpace(out) == "false" {
+				logs, _ := run("docker", "logs", "--tail", "30", container("driver"))
+				t.Fatalf("%v: the driver exited before the gang ran in generation %d %s:\n%s", time.Since(start).Round(time.Second), gen, why, logs)
 			}
 			time.Sleep(500 * time.Millisecond)
 		}

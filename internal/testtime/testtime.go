@@ -27,8 +27,11 @@ import (
 // three times its quiet-machine figure.
 const Env = "ATOLL_TEST_SLOWDOWN"
 
-// MaxFactor bounds the factor measured from the load average (not one set by Env).
-const MaxFactor = 8
+// MaxFactor bounds the factor measured from the load average (not one set by Env): the
+// load average counts every runnable thread of the machine, and a test's processes get
+// more of it than its share; a larger factor would mostly make a wait that never ends
+// take longer to fail, out of the 10 minutes its package's tests share.
+const MaxFactor = 4
 
 // Grace is what Context leaves before the test binary's own deadline (go test -timeout),
 // for the test to fail with its message and clean up (stop its cluster of processes).

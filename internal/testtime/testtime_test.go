@@ -14,6 +14,7 @@ func TestMeasure(t *testing.T) {
 		{"", 0, 1},
 		{"", 0.7, 1},
 		{"", 2.5, 2.5},
+		{"", 6, MaxFactor},
 		{"", 40, MaxFactor},
 		{"3", 0, 3},
 		{"3", 9, 3},   // the variable wins over the load
