@@ -288,7 +288,7 @@ func newUpCmd() *cobra.Command {
 		asJSON       bool
 		insecure     bool
 		timeout      time.Duration
-		poolFile     string
+		opts         upOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -303,12 +303,12 @@ and logs. atoll down --dir stops it; atoll address --dir prints its address.`,
 			if dir == "" {
 				return errors.New("up: --dir is required")
 			}
-			if poolFile != "" {
-				if _, err := pools.LoadFile(poolFile); err != nil {
+			if opts.poolFile != "" {
+				if _, err := pools.LoadFile(opts.poolFile); err != nil {
 					return fmt.Errorf("up: %w", err)
 				}
 			}
-			cf, st, err := startCluster(cmd.Context(), dir, heads, agents, machine, !insecure, timeout, poolFile)
+			cf, st, err := startCluster(cmd.Context(), dir, heads, agents, machine, !insecure, timeout, opts)
 			if err != nil {
 				return fmt.Errorf("up: %w", err)
 			}
@@ -329,14 +329,24 @@ and logs. atoll down --dir stops it; atoll address --dir prints its address.`,
 	f.BoolVar(&asJSON, "json", false, "print the cluster file as JSON")
 	f.DurationVar(&timeout, "timeout", time.Minute, "how long to wait for the cluster to be ready")
 	f.BoolVar(&insecure, "insecure-no-tls", false, "run every link on the token alone, in clear (default: mutual TLS with the cluster's CA)")
-	f.StringVar(&poolFile, "pools", "", "a pool file: the leader adds and removes agents with the work (local provider; docs/pools.md)")
+	f.StringVar(&opts.poolFile, "pools", "", "a pool file: the leader adds and removes agents with the work (local provider; docs/pools.md)")
+	f.DurationVar(&opts.gossipProbe, "gossip-probe", 0, "the heads' and its agents' --gossip-probe (0: theirs, 500ms): "+gossipProbeUsage)
+	f.DurationVar(&opts.heartbeatTimeout, "heartbeat-timeout", 0, "the heads' --heartbeat-timeout (0: theirs, 10s): how long a machine may send no load report before it is declared dead")
 	return cmd
 }
 
+// upOptions are what a cluster of `atoll up` takes beyond its shape.
+type upOptions struct {
+	// poolFile makes the heads run the pools autoscaler with the local provider.
+	poolFile string
+	// gossipProbe and heartbeatTimeout set the failure detection of the heads and agents
+	// (0: their defaults).
+	gossipProbe, heartbeatTimeout time.Duration
+}
+
 // startCluster starts heads and agents as detached processes of this executable with their
-// state in dir, and waits until the heads lead and every agent has registered. A pool file
-// (poolFile, at most one) makes the heads run the pools autoscaler with the local provider.
-func startCluster(ctx context.Context, dir string, heads, agents int, machine string, secure bool, timeout time.Duration, poolFile ...string) (*clusterFile, api.Status, error) {
+// state in dir, and waits until the heads lead and every agent has registered.
+func startCluster(ctx context.Context, dir string, heads, agents int, machine string, secure bool, timeout time.Duration, opts upOptions) (*clusterFile, api.Status, error) {
 	var st api.Status
 	if agents < 0 || agents > 256 {
 		return nil, st, fmt.Errorf("--agents %d: want 0..256", agents)
@@ -416,8 +426,14 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		args := append([]string{"head", "--id", strconv.Itoa(id), "--peers", strings.Join(peers, ","),
 			"--client-listen", addrs[heads+i], "--data-dir", filepath.Join(abs, "heads", strconv.Itoa(id)),
 			"--gossip", gossips[i], "--gossip-join", strings.Join(others, ",")}, headArgs...)
-		if len(poolFile) > 0 && poolFile[0] != "" {
-			args = append(args, poolHeadArgs(poolFile[0], abs, cf.Address)...)
+		if opts.poolFile != "" {
+			args = append(args, poolHeadArgs(opts.poolFile, abs, cf.Address)...)
+		}
+		if opts.gossipProbe > 0 {
+			args = append(args, "--gossip-probe", opts.gossipProbe.String())
+		}
+		if opts.heartbeatTimeout > 0 {
+			args = append(args, "--heartbeat-timeout", opts.heartbeatTimeout.String())
 		}
 		pid, err := spawn(logPath, env, args...)
 		if err != nil {
@@ -440,8 +456,11 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 	for i := 0; i < agents; i++ {
 		name := fmt.Sprintf("node-%d", i)
 		logPath := filepath.Join(abs, "logs", name+".log")
-		pid, err := spawn(logPath, env, "agent", "--join", cf.Address, "--name", name, "--machine", machine,
-			"--dir", filepath.Join(abs, "agents", name))
+		args := []string{"agent", "--join", cf.Address, "--name", name, "--machine", machine, "--dir", filepath.Join(abs, "agents", name)}
+		if opts.gossipProbe > 0 {
+			args = append(args, "--gossip-probe", opts.gossipProbe.String())
+		}
+		pid, err := spawn(logPath, env, args...)
 		if err != nil {
 			return fail(fmt.Errorf("start agent %s: %w", name, err))
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/sdk/sdktest"
 	"github.com/atoll-run/atoll/store/transfer"
 )
 
@@ -59,8 +60,8 @@ func upCluster(t *testing.T, agents int) (bin, dir string) {
 	tmp := t.TempDir()
 	bin = buildAtoll(t)
 	dir = filepath.Join(tmp, "cluster")
-	out, err := exec.Command(bin, "up", "--dir", dir, "--agents", fmt.Sprint(agents), "--machine", "dgx-h100",
-		"--timeout", testtime.Scale(time.Minute).String()).CombinedOutput()
+	out, err := exec.Command(bin, append([]string{"up", "--dir", dir, "--agents", fmt.Sprint(agents), "--machine", "dgx-h100"},
+		sdktest.UpFlags()...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("atoll up: %v\n%s", err, out)
 	}

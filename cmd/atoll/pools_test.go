@@ -12,6 +12,7 @@ import (
 
 	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/sdk/sdktest"
 )
 
 // TestUpPoolsLaunchesReplacesAndDown runs `atoll up --pools` with real processes: the
@@ -31,8 +32,8 @@ func TestUpPoolsLaunchesReplacesAndDown(t *testing.T) {
 		"price_per_hour": 98.32, "idle_timeout": "10m", "provider": {"type": "local"}}]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(bin, "up", "--dir", dir, "--agents", "0", "--heads", "1", "--pools", poolFile,
-		"--timeout", testtime.Scale(time.Minute).String()).CombinedOutput()
+	out, err := exec.Command(bin, append([]string{"up", "--dir", dir, "--agents", "0", "--heads", "1", "--pools", poolFile},
+		sdktest.UpFlags()...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("atoll up --pools: %v\n%s", err, out)
 	}

@@ -123,10 +123,13 @@ func TestClusterSchedulerCarriedOut(t *testing.T) {
 	}
 
 	// A drain the program does not answer (the plain demo reads no notices): its gang is
-	// stopped at the deadline, queued again and resumed elsewhere from its checkpoint.
+	// stopped at the deadline, queued again and resumed elsewhere from its checkpoint. The
+	// drain takes effect a second or two after the gang is seen running; 2000 steps (half a
+	// minute on the 2-core project machine at a load average of 25) leave room for it, and
+	// the events below say whether it came in time.
 	ctx, cancel := testtime.Context(t, 3*time.Minute)
 	defer cancel()
-	demo := exec.CommandContext(ctx, bin, "demo", "--dir", dir, "--workers", "8", "--steps", "4000", "--kill-at", "-1", "--json")
+	demo := exec.CommandContext(ctx, bin, "demo", "--dir", dir, "--workers", "8", "--steps", "2000", "--kill-at", "-1", "--json")
 	demo.Stderr = os.Stderr
 	outc := make(chan []byte, 1)
 	errc := make(chan error, 1)
