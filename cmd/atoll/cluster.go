@@ -43,6 +43,19 @@ type clusterFile struct {
 	Started time.Time  `json:"started"`
 	// Pools is the pool file the heads run the autoscaler with ("" without).
 	Pools string `json:"pools,omitempty"`
+	// GossipProbe and HeartbeatTimeout are the failure detection the heads and agents were
+	// started with ("" for their defaults), kept so that a restart runs them the same.
+	GossipProbe      string `json:"gossip_probe,omitempty"`
+	HeartbeatTimeout string `json:"heartbeat_timeout,omitempty"`
+}
+
+// upOptions are what a cluster of `atoll up` takes beyond its shape.
+type upOptions struct {
+	// poolFile makes the heads run the pools autoscaler with the local provider.
+	poolFile string
+	// gossipProbe and heartbeatTimeout set the failure detection of the heads and agents
+	// (0: their defaults).
+	gossipProbe, heartbeatTimeout time.Duration
 }
 
 // procInfo is one process `atoll up` started, with what identifies it (procs.go).
@@ -312,7 +325,7 @@ func newUpCmd() *cobra.Command {
 		asJSON       bool
 		insecure     bool
 		timeout      time.Duration
-		poolFile     string
+		opts         upOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -333,12 +346,12 @@ another process reuses is never taken for one of them.`,
 			if dir == "" {
 				return errors.New("up: --dir is required")
 			}
-			if poolFile != "" {
-				if _, err := pools.LoadFile(poolFile); err != nil {
+			if opts.poolFile != "" {
+				if _, err := pools.LoadFile(opts.poolFile); err != nil {
 					return fmt.Errorf("up: %w", err)
 				}
 			}
-			cf, st, err := startCluster(cmd.Context(), dir, heads, agents, machine, !insecure, timeout, poolFile)
+			cf, st, err := startCluster(cmd.Context(), dir, heads, agents, machine, !insecure, timeout, opts)
 			if err != nil {
 				return fmt.Errorf("up: %w", err)
 			}
@@ -359,7 +372,9 @@ another process reuses is never taken for one of them.`,
 	f.BoolVar(&asJSON, "json", false, "print the cluster file as JSON")
 	f.DurationVar(&timeout, "timeout", time.Minute, "how long to wait for the cluster to be ready")
 	f.BoolVar(&insecure, "insecure-no-tls", false, "run every link on the token alone, in clear (default: mutual TLS with the cluster's CA)")
-	f.StringVar(&poolFile, "pools", "", "a pool file: the leader adds and removes agents with the work (local provider; docs/pools.md)")
+	f.StringVar(&opts.poolFile, "pools", "", "a pool file: the leader adds and removes agents with the work (local provider; docs/pools.md)")
+	f.DurationVar(&opts.gossipProbe, "gossip-probe", 0, "the heads' and its agents' --gossip-probe (0: theirs, 500ms): "+gossipProbeUsage)
+	f.DurationVar(&opts.heartbeatTimeout, "heartbeat-timeout", 0, "the heads' --heartbeat-timeout (0: theirs, 10s): how long a machine may send no load report before it is declared dead")
 	return cmd
 }
 
@@ -368,9 +383,9 @@ another process reuses is never taken for one of them.`,
 // its identity, not its pid alone), what does not is started again with the addresses,
 // directories and options it had. It returns once the heads have a leader and every agent
 // registered from the process that runs now (its machine's record names its pid and its new
-// address). A pool file (poolFile, at most one) makes the heads run the pools autoscaler
-// with the local provider.
-func startCluster(ctx context.Context, dir string, heads, agents int, machine string, secure bool, timeout time.Duration, poolFile ...string) (*clusterFile, api.Status, error) {
+// address). A pool file (opts.poolFile) makes the heads run the pools autoscaler with the
+// local provider; a restart keeps the options the cluster was started with.
+func startCluster(ctx context.Context, dir string, heads, agents int, machine string, secure bool, timeout time.Duration, opts upOptions) (*clusterFile, api.Status, error) {
 	var st api.Status
 	if agents < 0 || agents > 256 {
 		return nil, st, fmt.Errorf("--agents %d: want 0..256", agents)
@@ -383,8 +398,8 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		return nil, st, err
 	}
 	pools := ""
-	if len(poolFile) > 0 && poolFile[0] != "" {
-		if pools, err = filepath.Abs(poolFile[0]); err != nil {
+	if opts.poolFile != "" {
+		if pools, err = filepath.Abs(opts.poolFile); err != nil {
 			return nil, st, err
 		}
 	}
@@ -405,6 +420,12 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		}
 		if cf, err = newClusterFile(abs, heads, machine, secure, pools); err != nil {
 			return nil, st, err
+		}
+		if opts.gossipProbe > 0 {
+			cf.GossipProbe = opts.gossipProbe.String()
+		}
+		if opts.heartbeatTimeout > 0 {
+			cf.HeartbeatTimeout = opts.heartbeatTimeout.String()
 		}
 	}
 	for i := len(cf.Agents); i < agents; i++ {
@@ -480,7 +501,11 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		if a.running() {
 			continue
 		}
-		if err := start(a, []string{"agent", "--join", cf.Address, "--name", a.Name, "--machine", cf.Machine, "--dir", a.Dir}); err != nil {
+		args := []string{"agent", "--join", cf.Address, "--name", a.Name, "--machine", cf.Machine, "--dir", a.Dir}
+		if cf.GossipProbe != "" {
+			args = append(args, "--gossip-probe", cf.GossipProbe)
+		}
+		if err := start(a, args); err != nil {
 			return fail(err)
 		}
 	}
@@ -559,6 +584,12 @@ func headArgs(abs string, cf *clusterFile, i int) []string {
 	}
 	if cf.Pools != "" {
 		args = append(args, poolHeadArgs(cf.Pools, abs, cf.Address)...)
+	}
+	if cf.GossipProbe != "" {
+		args = append(args, "--gossip-probe", cf.GossipProbe)
+	}
+	if cf.HeartbeatTimeout != "" {
+		args = append(args, "--heartbeat-timeout", cf.HeartbeatTimeout)
 	}
 	return args
 }
