@@ -26,6 +26,7 @@ import (
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/pools"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/sdk"
 )
 
@@ -289,6 +290,7 @@ func newUpCmd() *cobra.Command {
 		insecure     bool
 		timeout      time.Duration
 		poolFile     string
+		agentFlags   agentOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -308,7 +310,7 @@ and logs. atoll down --dir stops it; atoll address --dir prints its address.`,
 					return fmt.Errorf("up: %w", err)
 				}
 			}
-			cf, st, err := startCluster(cmd.Context(), dir, heads, agents, machine, !insecure, timeout, poolFile)
+			cf, st, err := startCluster(cmd.Context(), dir, heads, agents, machine, !insecure, timeout, agentFlags, poolFile)
 			if err != nil {
 				return fmt.Errorf("up: %w", err)
 			}
@@ -330,13 +332,32 @@ and logs. atoll down --dir stops it; atoll address --dir prints its address.`,
 	f.DurationVar(&timeout, "timeout", time.Minute, "how long to wait for the cluster to be ready")
 	f.BoolVar(&insecure, "insecure-no-tls", false, "run every link on the token alone, in clear (default: mutual TLS with the cluster's CA)")
 	f.StringVar(&poolFile, "pools", "", "a pool file: the leader adds and removes agents with the work (local provider; docs/pools.md)")
+	f.DurationVar(&agentFlags.reconcileInterval, "reconcile-interval", 0, "the agents' --reconcile-interval (0: their default)")
+	f.Int64Var(&agentFlags.maxObjectSize, "max-object-size", 0, "the agents' --max-object-size (0: their default)")
 	return cmd
+}
+
+// agentOptions are flags `atoll up` passes on to its agents.
+type agentOptions struct {
+	reconcileInterval time.Duration
+	maxObjectSize     int64
+}
+
+func (o agentOptions) args() []string {
+	var a []string
+	if o.reconcileInterval > 0 {
+		a = append(a, "--reconcile-interval", o.reconcileInterval.String())
+	}
+	if o.maxObjectSize > 0 {
+		a = append(a, "--max-object-size", strconv.FormatInt(o.maxObjectSize, 10))
+	}
+	return a
 }
 
 // startCluster starts heads and agents as detached processes of this executable with their
 // state in dir, and waits until the heads lead and every agent has registered. A pool file
 // (poolFile, at most one) makes the heads run the pools autoscaler with the local provider.
-func startCluster(ctx context.Context, dir string, heads, agents int, machine string, secure bool, timeout time.Duration, poolFile ...string) (*clusterFile, api.Status, error) {
+func startCluster(ctx context.Context, dir string, heads, agents int, machine string, secure bool, timeout time.Duration, ao agentOptions, poolFile ...string) (*clusterFile, api.Status, error) {
 	var st api.Status
 	if agents < 0 || agents > 256 {
 		return nil, st, fmt.Errorf("--agents %d: want 0..256", agents)
@@ -440,8 +461,8 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 	for i := 0; i < agents; i++ {
 		name := fmt.Sprintf("node-%d", i)
 		logPath := filepath.Join(abs, "logs", name+".log")
-		pid, err := spawn(logPath, env, "agent", "--join", cf.Address, "--name", name, "--machine", machine,
-			"--dir", filepath.Join(abs, "agents", name))
+		pid, err := spawn(logPath, env, append([]string{"agent", "--join", cf.Address, "--name", name, "--machine", machine,
+			"--dir", filepath.Join(abs, "agents", name)}, ao.args()...)...)
 		if err != nil {
 			return fail(fmt.Errorf("start agent %s: %w", name, err))
 		}
@@ -620,6 +641,10 @@ func newStatusCmd() *cobra.Command {
 				return fmt.Errorf("status: %w", err)
 			}
 			st.Heads = headsOf(ctx, c, st.Leader)
+			if kvs, err := c.Meta().Range(ctx, api.TableObjects); err == nil {
+				os := objects.Count(kvs)
+				st.Objects = &os
+			}
 			if cf != nil {
 				for i := range st.Heads {
 					for _, h := range cf.Heads {
@@ -705,6 +730,9 @@ func printStatus(w io.Writer, st api.Status) {
 	}
 	printQueues(tw, st)
 	_ = tw.Flush()
+	if o := st.Objects; o != nil {
+		fmt.Fprintf(w, "\nobjects: %d live (%d durable, %d bytes), %d lost, %d whose owner ended\n", o.Live, o.Durable, o.LiveBytes, o.Lost, o.OwnerDied)
+	}
 }
 
 func pidText(pid int) string {

@@ -67,6 +67,15 @@ type Config struct {
 	// RAM); ShmDir is the shared-memory filesystem (default /dev/shm).
 	ObjectCapacity int64
 	ShmDir         string
+	// MaxObjectSize bounds one object in the store (a put over it is refused with 413,
+	// naming the limit). Default: the store's capacity.
+	MaxObjectSize int64
+	// ReconcileInterval is how often the reconciling agent (the alive machine whose name
+	// sorts first) checks the objects table against the live stores and owners. Default 10 s.
+	ReconcileInterval time.Duration
+	// DeadObjectKeep is how long the record of a lost object, or of one whose owner ended,
+	// is kept (so a reader learns why it is gone) before it is collected. Default 10 min.
+	DeadObjectKeep time.Duration
 	// Launcher starts workers. Default: an ExecLauncher (one process per worker).
 	Launcher Launcher
 	// LoadInterval is how often the agent samples and reports its load. Default 200 ms.
@@ -91,6 +100,8 @@ type Agent struct {
 	client *api.Client
 	node   *transfer.Node
 	local  *objects.Local
+	dir    *objects.Directory
+	hc     *http.Client // to other agents' APIs (with the agent's certificate under TLS)
 	srv    *http.Server
 	ln     net.Listener
 	addr   string
@@ -110,6 +121,8 @@ type Agent struct {
 	changed     chan struct{}         // closed at every change of workers (tests)
 	binaries    map[string]*sync.Once // by sha256
 	binErr      map[string]error
+	// lastReconcile is the last pass of the objects table this agent ran.
+	lastReconcile *objects.Report
 }
 
 // Identity is the agent's certificate (nil without TLS).
@@ -141,6 +154,12 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	if cfg.StopGrace == 0 {
 		cfg.StopGrace = 2 * time.Second
+	}
+	if cfg.ReconcileInterval == 0 {
+		cfg.ReconcileInterval = 10 * time.Second
+	}
+	if cfg.DeadObjectKeep == 0 {
+		cfg.DeadObjectKeep = 10 * time.Minute
 	}
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
@@ -182,10 +201,12 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	nc.Advertise = cfg.Advertise
 	obs := newAgentObs(cfg.Registry)
 	nc.Registerer = obs.reg
-	nc.Store.Directory = objects.NewDirectory(client.Meta())
+	dir := objects.NewDirectory(client.Meta())
+	nc.Store.Directory = dir
 	if cfg.ObjectCapacity > 0 {
 		nc.Store.Capacity = cfg.ObjectCapacity
 	}
+	nc.Store.MaxObjectSize = cfg.MaxObjectSize
 	if cfg.ShmDir != "" {
 		nc.Store.ShmDir = cfg.ShmDir
 	}
@@ -193,7 +214,13 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: object store: %w", cfg.Name, err)
 	}
-	a := &Agent{cfg: cfg, log: log, client: client, node: node, local: objects.NewLocal(node), sample: newLoadSampler(), obs: obs,
+	hc := &http.Client{}
+	if id != nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = id.Client()
+		hc.Transport = tr
+	}
+	a := &Agent{cfg: cfg, log: log, client: client, node: node, local: objects.NewLocal(node), dir: dir, hc: hc, sample: newLoadSampler(), obs: obs,
 		gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{},
 		changed: make(chan struct{}), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
 	a.registerMetrics()
@@ -225,15 +252,17 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		_ = a.Shutdown(context.Background())
 		return nil, err
 	}
+	a.readoptStore(ctx)
 	if cfg.Gossip != "" {
 		if err := a.joinGossip(ctx); err != nil {
 			_ = a.Shutdown(context.Background())
 			return nil, err
 		}
 	}
-	a.wg.Add(2)
+	a.wg.Add(3)
 	go a.loadLoop()
 	go a.watchLoop()
+	go a.reconcileLoop()
 	return a, nil
 }
 
@@ -527,6 +556,9 @@ func (a *Agent) launch(key string, w *worker) {
 	a.notifyLocked()
 	a.mu.Unlock()
 	_ = a.local.ReleaseHolder(context.Background(), w.spec.Holder)
+	ectx, ecancel := context.WithTimeout(context.Background(), 30*time.Second)
+	a.endOwner(ectx, w.spec.Holder) // what the worker owned ends with it
+	ecancel()
 	if !stopping && a.ctx.Err() == nil {
 		done := w.spec.Driver && errors.Is(h.Err(), ErrExitedZero)
 		a.obs.exits.WithLabelValues(strconv.FormatBool(isPermanent(h.Err()))).Inc()

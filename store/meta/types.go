@@ -46,6 +46,9 @@ const (
 	// TableConfig holds the cluster's configuration records (the runtime's
 	// api.SchedulerConfig: queues and priority classes).
 	TableConfig Table = "config/"
+	// TableOwners holds the live owners of objects that are neither machines nor gangs
+	// (the runtime's api.Owner: a driver process, renewed while it runs).
+	TableOwners Table = "owners/"
 )
 
 // AllTables lists every table: the one place that says which key prefixes exist. Adding a
@@ -63,6 +66,7 @@ func AllTables() []Table {
 		TableBinaries,
 		TableEvents,
 		TableConfig,
+		TableOwners,
 	}
 }
 

@@ -213,7 +213,7 @@ func (s *Store) Persist(ctx context.Context, id ID) (Meta, error) {
 			return Meta{}, fmt.Errorf("object: persist %s: %w", id.Short(), e.dropped)
 		}
 		if e.durable {
-			m := Meta{ID: id, Size: e.size, Fingerprint: e.fp, Owner: e.owner, Locations: []string{s.cfg.Location}}
+			m := Meta{ID: id, Size: e.size, Fingerprint: e.fp, Owner: e.owner, Locations: []string{s.cfg.Location}, Durable: true}
 			s.mu.Unlock()
 			return m, nil
 		}
@@ -264,7 +264,7 @@ func (s *Store) persistLocked(ctx context.Context, e *entry) (Meta, error) {
 	e.views--
 	freed := s.maybeFreeLocked(e) // removes the file just written if it was let go meanwhile
 	s.notifyLocked()
-	m := Meta{ID: e.id, Size: e.size, Fingerprint: fp, Owner: e.owner, Locations: []string{s.cfg.Location}}
+	m := Meta{ID: e.id, Size: e.size, Fingerprint: fp, Owner: e.owner, Locations: []string{s.cfg.Location}, Durable: true}
 	s.mu.Unlock()
 	s.forget(ctx, freed)
 	if err != nil {
@@ -272,6 +272,10 @@ func (s *Store) persistLocked(ctx context.Context, e *entry) (Meta, error) {
 	}
 	if len(freed) > 0 {
 		return Meta{}, s.fail(reasonNotFound, fmt.Errorf("object: persist %s: freed while being written: %w", e.id.Short(), ErrNotFound))
+	}
+	// The directory learns this copy is durable before the caller is told so.
+	if err := s.directory.Register(ctx, m); err != nil {
+		return Meta{}, fmt.Errorf("object: persist %s: register in directory: %w", e.id.Short(), err)
 	}
 	return m, nil
 }
@@ -360,9 +364,9 @@ func (s *Store) adoptDurable(ctx context.Context) (map[ID]bool, error) {
 			refs: map[string]int{h.owner: 1}, progress: make(chan struct{})}
 		s.objs[id] = e
 		adopted[id] = true
-		s.adopted = append(s.adopted, Meta{ID: id, Size: h.size, Fingerprint: h.fp, Owner: h.owner, Locations: []string{s.cfg.Location}, Refs: 1})
-		if err := s.directory.Register(ctx, Meta{ID: id, Size: h.size, Fingerprint: h.fp,
-			Owner: h.owner, Locations: []string{s.cfg.Location}, Refs: 1}); err != nil {
+		m := Meta{ID: id, Size: h.size, Fingerprint: h.fp, Owner: h.owner, Locations: []string{s.cfg.Location}, Refs: 1, Durable: true}
+		s.adopted = append(s.adopted, m)
+		if err := s.directory.Register(ctx, m); err != nil {
 			s.log.Warn("directory register of an adopted durable object failed", zap.Stringer("id", id), zap.Error(err))
 		}
 	}
