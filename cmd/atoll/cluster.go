@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -472,13 +473,14 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		return fail(err)
 	}
 	st, err = waitStatus(ctx, client, func(st api.Status) bool {
-		n := 0
-		for _, m := range st.Machines {
-			if m.Alive {
-				n++
+		// Every agent started here registered: on a directory that ran a cluster before,
+		// the log still holds its machines as they were, alive under their old processes.
+		for _, a := range cf.Agents {
+			if !slices.ContainsFunc(st.Machines, func(m api.MachineStatus) bool { return m.Name == a.Name && m.Alive && m.PID == a.PID }) {
+				return false
 			}
 		}
-		return n >= agents
+		return true
 	})
 	if err != nil {
 		return fail(fmt.Errorf("the agents did not register in %v (logs in %s): %w", timeout, filepath.Join(abs, "logs"), err))

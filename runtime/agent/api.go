@@ -225,7 +225,7 @@ func (a *Agent) put(w http.ResponseWriter, r *http.Request) {
 	body := http.MaxBytesReader(w, r.Body, r.ContentLength)
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Minute)
 	defer cancel()
-	id, err := a.local.PutFrom(ctx, holder, r.ContentLength, body)
+	m, err := a.local.PutFrom(ctx, holder, r.ContentLength, body)
 	if err != nil {
 		if !errors.Is(err, object.ErrTooLarge) && !errors.Is(err, object.ErrStoreFull) && !errors.Is(err, object.ErrDiskFull) {
 			err = fmt.Errorf("%w: %v", api.ErrInvalid, err) // the body broke off
@@ -233,8 +233,8 @@ func (a *Agent) put(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, err)
 		return
 	}
-	m := object.Meta{ID: id, Size: r.ContentLength}
 	if q.Get("durable") == "1" {
+		id := m.ID
 		if m, err = a.local.Persist(ctx, id); err != nil {
 			_ = a.local.Free(context.WithoutCancel(ctx), id)
 			a.fail(w, err)

@@ -88,13 +88,13 @@ func (l *Local) Put(ctx context.Context, holder string, data []byte) (object.ID,
 // PutFrom stores size bytes read from r as a new object held (and owned) by holder,
 // streamed into the store's shared memory: nothing is buffered on the way, and a body that
 // fails gives its room back at once. See object.Store.PutFrom.
-func (l *Local) PutFrom(ctx context.Context, holder string, size int64, r io.Reader) (object.ID, error) {
-	id := object.NewID()
-	if err := l.Node.Store.PutFrom(ctx, holder, id, size, r); err != nil {
-		return object.ID{}, err
+func (l *Local) PutFrom(ctx context.Context, holder string, size int64, r io.Reader) (object.Meta, error) {
+	m, err := l.Node.Store.PutFrom(ctx, holder, object.NewID(), size, r)
+	if err != nil {
+		return object.Meta{}, err
 	}
-	l.hold(id, holder)
-	return id, nil
+	l.hold(m.ID, holder)
+	return m, nil
 }
 
 // Persist makes this machine's copy of an object durable (fsync'd on disk, adopted again

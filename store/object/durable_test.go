@@ -343,19 +343,20 @@ func TestPutFromStreamsAndReleases(t *testing.T) {
 	ctx := context.Background()
 	data := randBytes(10<<20+3, 10)
 	id := NewID()
-	if err := s.PutFrom(ctx, "o", id, int64(len(data)), bytes.NewReader(data)); err != nil {
+	m, err := s.PutFrom(ctx, "o", id, int64(len(data)), bytes.NewReader(data))
+	if err != nil {
 		t.Fatal(err)
 	}
 	v, err := s.Get(ctx, id)
 	if err != nil || !bytes.Equal(v.Bytes(), data) {
 		t.Fatalf("streamed object: %v", err)
 	}
-	if fp := v.Fingerprint(ctx); fp == 0 {
-		t.Fatal("no fingerprint")
+	if fp := v.Fingerprint(ctx); fp == 0 || fp != m.Fingerprint || m.Size != int64(len(data)) {
+		t.Fatalf("fingerprint %x, put returned %+v", fp, m)
 	}
 	v.Release()
 	r := &failingReader{n: 1 << 30}
-	err = s.PutFrom(ctx, "o", NewID(), 17<<20, r)
+	_, err = s.PutFrom(ctx, "o", NewID(), 17<<20, r)
 	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), fmt.Sprint(16<<20)) {
 		t.Fatalf("over the limit: %v; want ErrTooLarge naming %d", err, 16<<20)
 	}
@@ -363,10 +364,10 @@ func TestPutFromStreamsAndReleases(t *testing.T) {
 		t.Fatal("a body over the limit was read")
 	}
 	before := s.Stats()
-	if err := s.PutFrom(ctx, "o", NewID(), 12<<20, &failingReader{n: 5 << 20}); !errors.Is(err, io.ErrClosedPipe) {
+	if _, err := s.PutFrom(ctx, "o", NewID(), 12<<20, &failingReader{n: 5 << 20}); !errors.Is(err, io.ErrClosedPipe) {
 		t.Fatalf("failing body: %v", err)
 	}
-	if err := s.PutFrom(ctx, "o", NewID(), 12<<20, bytes.NewReader(make([]byte, 1<<20))); !errors.Is(err, io.ErrUnexpectedEOF) {
+	if _, err := s.PutFrom(ctx, "o", NewID(), 12<<20, bytes.NewReader(make([]byte, 1<<20))); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("short body: %v", err)
 	}
 	after := s.Stats()

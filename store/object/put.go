@@ -38,11 +38,11 @@ func (s *Store) PutID(ctx context.Context, owner string, id ID, b []byte) error 
 // is admitted before the first byte is read (ErrTooLarge at once past
 // MaxObjectSize). If r fails or ends early, or ctx ends, the object is aborted
 // and its room given back before PutFrom returns; r is never read past size.
-// The fingerprint is computed on the way.
-func (s *Store) PutFrom(ctx context.Context, owner string, id ID, size int64, r io.Reader) error {
+// The fingerprint is computed on the way; the new object's metadata is returned.
+func (s *Store) PutFrom(ctx context.Context, owner string, id ID, size int64, r io.Reader) (Meta, error) {
 	w, err := s.create(ctx, owner, id, size, 0, false, "")
 	if err != nil {
-		return err
+		return Meta{}, err
 	}
 	dst := w.e.mem.rw
 	d := xxhash.New()
@@ -50,7 +50,7 @@ func (s *Store) PutFrom(ctx context.Context, owner string, id ID, size int64, r 
 	for off := 0; off < len(dst); {
 		if err := ctx.Err(); err != nil {
 			w.Abort()
-			return fmt.Errorf("object: put %s: %w", id.Short(), err)
+			return Meta{}, fmt.Errorf("object: put %s: %w", id.Short(), err)
 		}
 		end := min(off+block, len(dst))
 		n, err := io.ReadFull(r, dst[off:end])
@@ -59,15 +59,19 @@ func (s *Store) PutFrom(ctx context.Context, owner string, id ID, size int64, r 
 		if err != nil {
 			w.Abort()
 			if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-				return fmt.Errorf("object: put %s: the body ended after %d of %d bytes: %w", id.Short(), off, size, io.ErrUnexpectedEOF)
+				return Meta{}, fmt.Errorf("object: put %s: the body ended after %d of %d bytes: %w", id.Short(), off, size, io.ErrUnexpectedEOF)
 			}
-			return fmt.Errorf("object: put %s: read after %d of %d bytes: %w", id.Short(), off, size, err)
+			return Meta{}, fmt.Errorf("object: put %s: read after %d of %d bytes: %w", id.Short(), off, size, err)
 		}
 	}
+	fp := d.Sum64()
 	s.mu.Lock()
-	w.e.fp, w.e.fpOK = d.Sum64(), true
+	w.e.fp, w.e.fpOK = fp, true
 	s.mu.Unlock()
-	return w.seal(ctx, false)
+	if err := w.seal(ctx, false); err != nil {
+		return Meta{}, err
+	}
+	return Meta{ID: id, Size: size, Fingerprint: fp, Owner: owner, Locations: []string{s.cfg.Location}, Refs: 1}, nil
 }
 
 // copyHash copies src into dst and returns xxhash64(src), hashing each block
