@@ -35,9 +35,9 @@ import (
 type blob struct{ state []byte }
 
 type (
-	bump        struct{}         // the next step: returns it
-	digestReq   struct{}         // the SHA-256 of the state, in hex
-	putDetached struct{ N int }  // put N detached objects: returns their ids
+	bump        struct{}          // the next step: returns it
+	digestReq   struct{}          // the SHA-256 of the state, in hex
+	putDetached struct{ N int }   // put N detached objects: returns their ids
 	putOwned    struct{ Tag int } // put an ordinary object (owned by this worker): returns its id
 )
 
