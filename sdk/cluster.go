@@ -556,6 +556,13 @@ func (c *conn) dropAt(ctx context.Context, own objectHost, loc string, id object
 	case c.local(loc) != nil:
 		return c.local(loc).Drop(ctx, id, cause)
 	}
+	if dir, ok := strings.CutPrefix(loc, objects.SharedPrefix); ok { // a shared checkpoint directory
+		u, err := c.agentURL(ctx, func(m api.Machine) bool { return m.Alive && m.Agent.CheckpointDir == dir })
+		if err != nil {
+			return nil
+		}
+		return c.agentCall(ctx, u, "/v1/objects/unexport", api.ObjectRef{ID: id.String()})
+	}
 	u, err := c.agentURL(ctx, func(m api.Machine) bool { return m.Alive && m.Agent.Transfer == loc })
 	if err != nil {
 		return nil

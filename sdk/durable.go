@@ -20,10 +20,11 @@ import (
 // store that takes them, then copied to a second machine and persisted there, before the
 // put or the commit is acknowledged.
 
-// replicateDurably makes a durable copy of id on an alive machine other than the one whose
-// store is at from, trying the candidates in turn (starting from one picked by spread, so
-// that the parts of a checkpoint spread over the machines), and returns that copy's
-// metadata. With no second machine alive it fails with ErrNotDurable.
+// replicateDurably makes a second durable copy of id: in the shared checkpoint directory
+// when the machine whose store is at from mounts one, else on an alive machine other than
+// that one, trying the candidates in turn (starting from one picked by spread, so that the
+// parts of a checkpoint spread over the machines). It returns that copy's metadata. With
+// neither a shared directory nor a second machine alive it fails with ErrNotDurable.
 func (c *conn) replicateDurably(ctx context.Context, id object.ID, from, holder string, spread ...int) (api.ObjectInfo, error) {
 	ms, err := c.machines(ctx)
 	if err != nil {
@@ -36,6 +37,16 @@ func (c *conn) replicateDurably(ctx context.Context, id object.ID, from, holder 
 			continue
 		}
 		if m.Agent.Transfer == from {
+			if m.Agent.CheckpointDir != "" && c.local(from) == nil {
+				// The writer mounts the shared checkpoint directory: the copy there is
+				// the second one.
+				var in api.ObjectInfo
+				err := c.agentDo(ctx, m.Agent.API, "/v1/objects/export", agentObjectRef{ID: id.String(), Holder: holder}, &in)
+				if err != nil {
+					return api.ObjectInfo{}, fmt.Errorf("%w: object %s: its copy in the shared checkpoint directory of %s: %w", ErrNotDurable, id.Short(), m.Name, err)
+				}
+				return in, nil
+			}
 			writer = len(others)
 			continue
 		}
@@ -82,7 +93,8 @@ func (c *conn) replicateTo(ctx context.Context, m Machine, id object.ID, holder 
 	return in, err
 }
 
-// liveStores is the transfer addresses of the alive machines' stores.
+// liveStores is the transfer addresses of the alive machines' stores, and the locations
+// of the shared checkpoint directories they mount.
 func (c *conn) liveStores(ctx context.Context) (map[string]bool, error) {
 	ms, err := c.machines(ctx)
 	if err != nil {
@@ -92,6 +104,9 @@ func (c *conn) liveStores(ctx context.Context) (map[string]bool, error) {
 	for _, m := range ms {
 		if m.Alive {
 			live[m.Agent.Transfer] = true
+			if d := m.Agent.CheckpointDir; d != "" {
+				live[objects.SharedLocation(d)] = true
+			}
 		}
 	}
 	return live, nil

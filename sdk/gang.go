@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -536,12 +538,13 @@ func (g *Gang) Kill(ctx context.Context, rank int) error {
 
 // Checkpoint asks every worker for its state (Checkpointer.Checkpoint), stores each in its
 // machine's object store, and commits them as one checkpoint at step. It commits only once
-// every part is durable on two machines: each worker's store persists its part (fsync'd)
-// before answering, and a second machine takes a durable copy of it; the checkpoint
+// every part is durable twice: each worker's store persists its part (fsync'd) before
+// answering, and the shared checkpoint directory its machine mounts (agent
+// --checkpoint-dir), or else a second machine, takes a durable copy of it; the checkpoint
 // records each part's size and checksum. A checkpoint so committed survives the restart
-// of any agent, the loss of a machine, and a restart of the whole cluster; a cluster with
-// a single machine cannot commit one (ErrNotDurable). Older checkpoints beyond
-// KeepCheckpoints are freed.
+// of any agent, the loss of a machine, and a restart of the whole cluster; a cluster of a
+// single machine without a shared directory cannot commit one (ErrNotDurable). Older
+// checkpoints beyond KeepCheckpoints are freed.
 func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 	c := g.c
 	start := time.Now()
@@ -569,12 +572,15 @@ func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 		freeParts()
 		return fmt.Errorf("sdk: checkpoint of gang %q at step %d: %w", g.name, step, err)
 	}
-	parts, err := g.replicate(ctx, ids)
+	parts, shared, err := g.replicate(ctx, ids)
 	if err != nil {
 		freeParts()
 		return fmt.Errorf("sdk: checkpoint of gang %q at step %d: %w", g.name, step, err)
 	}
 	cp := api.Checkpoint{Job: g.job, Gang: g.name, Step: step, Objects: ids, Parts: parts, Copies: 2, Time: time.Now()}
+	if len(shared) > 0 && shared[0] != "" && !slices.ContainsFunc(shared, func(d string) bool { return d != shared[0] }) {
+		cp.SharedDir = shared[0]
+	}
 	b, _ := json.Marshal(cp)
 	if _, err := c.client.Meta().Put(ctx, api.TableCheckpoints+api.CheckpointKey(cp.Job, cp.Gang, step), b); err != nil {
 		return fmt.Errorf("sdk: commit checkpoint of gang %q at step %d: %w", g.name, step, err)
@@ -591,15 +597,17 @@ func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 	return g.prune(ctx)
 }
 
-// replicate copies every part of a checkpoint durably to a second machine (another than
-// the one that wrote it, spread over the machines by rank), so that the gang restarts
-// from it even when a machine of its is lost, and returns the parts as the checkpoint
-// records them. It fails with ErrNotDurable when a part cannot be made durable on two
-// machines.
-func (g *Gang) replicate(ctx context.Context, ids []string) ([]api.CheckpointPart, error) {
+// replicate copies every part of a checkpoint durably to the shared checkpoint directory
+// its writer mounts, or else to a second machine (another than the one that wrote it,
+// spread over the machines by rank), so that the gang restarts from it even when a machine
+// of its is lost, and returns the parts as the checkpoint records them, with the shared
+// directory of each part's second copy ("" for a second machine). It fails with
+// ErrNotDurable when a part cannot be made durable twice.
+func (g *Gang) replicate(ctx context.Context, ids []string) ([]api.CheckpointPart, []string, error) {
 	c := g.c
 	holder := objects.CheckpointOwnerPrefix + g.job + "/" + g.name
 	parts := make([]api.CheckpointPart, len(ids))
+	shared := make([]string, len(ids)) // the shared directory holding a part's second copy, if any
 	errs := make([]error, len(ids))
 	var wg sync.WaitGroup
 	for r, id := range ids {
@@ -632,10 +640,13 @@ func (g *Gang) replicate(ctx context.Context, ids []string) ([]api.CheckpointPar
 				return
 			}
 			parts[r] = api.CheckpointPart{ID: id, Size: in.Size, Fingerprint: in.Fingerprint}
+			if d, ok := strings.CutPrefix(in.Location, objects.SharedPrefix); ok {
+				shared[r] = d
+			}
 		}()
 	}
 	wg.Wait()
-	return parts, errors.Join(errs...)
+	return parts, shared, errors.Join(errs...)
 }
 
 // prune keeps the newest KeepCheckpoints checkpoints and frees the others' objects.

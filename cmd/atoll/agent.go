@@ -23,7 +23,7 @@ func newAgentCmd() *cobra.Command {
 	var (
 		join, name, machine, dir, tokenFile string
 		listen, transfer, gossip, advertise string
-		caCert                              string
+		caCert, checkpointDir               string
 		rack                                int
 		objectStore, maxObject              int64
 		loadInterval, reconcileInterval     time.Duration
@@ -100,7 +100,7 @@ worker processes of the gangs placed on it.`,
 			defer cancel()
 			a, err := agent.Start(sctx, agent.Config{Name: name, Rack: rack, Spec: spec, Simulated: simulated, Heads: heads, Token: token, CACert: caPEM,
 				Dir: dir, Listen: listen, TransferListen: transfer, Advertise: advertise, ObjectCapacity: objectStore, LoadInterval: loadInterval,
-				MaxObjectSize: maxObject, ReconcileInterval: reconcileInterval, DeadObjectKeep: deadObjectKeep,
+				MaxObjectSize: maxObject, ReconcileInterval: reconcileInterval, DeadObjectKeep: deadObjectKeep, CheckpointDir: checkpointDir,
 				Gossip: gossip, Logger: logger})
 			if err != nil {
 				return err
@@ -126,6 +126,7 @@ worker processes of the gangs placed on it.`,
 	f.StringVar(&gossip, "gossip", "127.0.0.1:0", "address to gossip on (serf membership); \"none\" turns it off")
 	f.Int64Var(&objectStore, "object-store", 0, "bytes of the object store's shared-memory tier (0: the store's default share of RAM)")
 	f.DurationVar(&loadInterval, "load-interval", 200*time.Millisecond, "how often the machine's load is sampled and reported")
+	f.StringVar(&checkpointDir, "checkpoint-dir", "", "a shared checkpoint directory (the same path on every machine that mounts it): the second durable copy of checkpoints and detached objects goes there instead of to another machine")
 	f.Int64Var(&maxObject, "max-object-size", 0, "bytes of the largest object the store takes (a larger put is refused with 413; 0: the store's capacity)")
 	f.DurationVar(&reconcileInterval, "reconcile-interval", 10*time.Second, "how often the object directory is reconciled with the live stores and owners (by the alive machine whose name sorts first)")
 	f.DurationVar(&deadObjectKeep, "dead-object-keep", 10*time.Minute, "how long the record of a lost object, or of one whose owner ended, is kept before it is collected")

@@ -39,7 +39,8 @@ func newCheckpointsCmd() *cobra.Command {
 		Long: `checkpoints lists every committed checkpoint (of --job and --gang when given): its parts, its
 bytes, and how many parts can be read back now. A part counts as readable when the store of an
 alive machine reads one of its copies whole (from shared memory, or from its durable file on
-disk) and its checksum matches the one the checkpoint recorded.`,
+disk, or from the shared checkpoint directory it mounts) and its checksum matches the one the
+checkpoint recorded.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			addr, _, err := clusterAddress(dir, address)
@@ -93,11 +94,14 @@ func listCheckpoints(ctx context.Context, c *dialed, job, gang string) ([]checkp
 	if err != nil {
 		return nil, err
 	}
-	agents := map[string]string{} // transfer address -> agent API, of alive machines
+	agents := map[string]string{} // location -> API of an alive machine's agent that reads it
 	for _, kv := range l.KVs {
 		var m api.Machine
 		if json.Unmarshal(kv.Value, &m) == nil && m.Alive {
 			agents[m.Agent.Transfer] = m.Agent.API
+			if d := m.Agent.CheckpointDir; d != "" {
+				agents[objects.SharedLocation(d)] = m.Agent.API
+			}
 		}
 	}
 	entries := make([]checkpointEntry, 0, len(kvs))
@@ -141,8 +145,9 @@ func listCheckpoints(ctx context.Context, c *dialed, job, gang string) ([]checkp
 	return entries, nil
 }
 
-// verifyPart asks the stores that hold a copy of a part (alive machines' agents) to read
-// it whole and check it, until one copy matches the checksum the checkpoint recorded (or,
+// verifyPart asks the stores that hold a copy of a part (alive machines' agents, and for
+// a copy in a shared checkpoint directory an agent that mounts it) to read it whole and
+// check it, until one copy matches the checksum the checkpoint recorded (or,
 // for a checkpoint that recorded none, the object's record). It returns the part's size.
 func verifyPart(ctx context.Context, c *dialed, agents map[string]string, id string, want *api.CheckpointPart) (int64, bool) {
 	var rec objects.Record
@@ -159,7 +164,7 @@ func verifyPart(ctx context.Context, c *dialed, agents map[string]string, id str
 		if !ok {
 			continue
 		}
-		in, err := agentVerify(ctx, c, u, id)
+		in, err := agentVerify(ctx, c, u, id, strings.HasPrefix(loc, objects.SharedPrefix))
 		if err == nil && in.Size == wantSize && (wantFP == 0 || in.Fingerprint == wantFP) {
 			return wantSize, true
 		}
@@ -167,8 +172,8 @@ func verifyPart(ctx context.Context, c *dialed, agents map[string]string, id str
 	return wantSize, false
 }
 
-func agentVerify(ctx context.Context, c *dialed, agentURL, id string) (api.ObjectInfo, error) {
-	b, _ := json.Marshal(api.ObjectRef{ID: id})
+func agentVerify(ctx context.Context, c *dialed, agentURL, id string, shared bool) (api.ObjectInfo, error) {
+	b, _ := json.Marshal(api.ObjectRef{ID: id, Shared: shared})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, agentURL+"/v1/objects/verify", bytes.NewReader(b))
 	if err != nil {
 		return api.ObjectInfo{}, err

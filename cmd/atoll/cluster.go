@@ -335,6 +335,7 @@ and logs. atoll down --dir stops it; atoll address --dir prints its address.`,
 	f.StringVar(&poolFile, "pools", "", "a pool file: the leader adds and removes agents with the work (local provider; docs/pools.md)")
 	f.DurationVar(&agentFlags.reconcileInterval, "reconcile-interval", 0, "the agents' --reconcile-interval (0: their default)")
 	f.Int64Var(&agentFlags.maxObjectSize, "max-object-size", 0, "the agents' --max-object-size (0: their default)")
+	f.StringVar(&agentFlags.checkpointDir, "checkpoint-dir", "", "a shared checkpoint directory every agent mounts (their --checkpoint-dir): the second durable copy of checkpoints and detached objects goes there")
 	return cmd
 }
 
@@ -342,6 +343,7 @@ and logs. atoll down --dir stops it; atoll address --dir prints its address.`,
 type agentOptions struct {
 	reconcileInterval time.Duration
 	maxObjectSize     int64
+	checkpointDir     string
 }
 
 func (o agentOptions) args() []string {
@@ -351,6 +353,11 @@ func (o agentOptions) args() []string {
 	}
 	if o.maxObjectSize > 0 {
 		a = append(a, "--max-object-size", strconv.FormatInt(o.maxObjectSize, 10))
+	}
+	if o.checkpointDir != "" {
+		if abs, err := filepath.Abs(o.checkpointDir); err == nil {
+			a = append(a, "--checkpoint-dir", abs)
+		}
 	}
 	return a
 }

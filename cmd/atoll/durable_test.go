@@ -200,11 +200,19 @@ func machine(ctx context.Context, t *testing.T, d *dialed, name string) api.Mach
 // waits until it is registered again.
 func restartAgent(ctx context.Context, t *testing.T, bin, dir, name string, d *dialed, args ...string) int {
 	t.Helper()
+	before := machine(ctx, t, d, name)
+	return startAgent(ctx, t, bin, dir, name, d, before.Incarnation, args...)
+}
+
+// startAgent starts an agent of machine name in an `atoll up` cluster (its directory under
+// the cluster's), records it in the cluster file (so that atoll down stops it), and waits
+// until it is registered past incarnation.
+func startAgent(ctx context.Context, t *testing.T, bin, dir, name string, d *dialed, incarnation uint64, args ...string) int {
+	t.Helper()
 	cf, err := readClusterFile(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := machine(ctx, t, d, name)
 	logf, err := os.OpenFile(filepath.Join(dir, "logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -219,18 +227,22 @@ func restartAgent(ctx context.Context, t *testing.T, bin, dir, name string, d *d
 		t.Fatal(err)
 	}
 	go func() { _ = cmd.Wait() }()
+	found := false
 	for i := range cf.Agents {
 		if cf.Agents[i].Name == name {
-			cf.Agents[i].PID = cmd.Process.Pid
+			cf.Agents[i].PID, found = cmd.Process.Pid, true
 		}
+	}
+	if !found {
+		cf.Agents = append(cf.Agents, procInfo{Name: name, PID: cmd.Process.Pid, Log: logf.Name()})
 	}
 	if err := writeClusterFile(dir, cf); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the restarted agent registers", time.Minute, func() (bool, string) {
+	waitFor(t, "the agent registers", time.Minute, func() (bool, string) {
 		var m api.Machine
 		ok, err := d.Get(ctx, api.TableMachines+name, &m)
-		return err == nil && ok && m.Alive && m.Incarnation > before.Incarnation, fmt.Sprintf("%+v %v", m.Agent, err)
+		return err == nil && ok && m.Alive && m.Incarnation > incarnation, fmt.Sprintf("%+v %v", m.Agent, err)
 	})
 	return cmd.Process.Pid
 }
@@ -567,5 +579,123 @@ func TestDurableClusterRestart(t *testing.T) {
 	}
 	if !strings.Contains(string(st), `"objects"`) {
 		t.Fatalf("atoll status --json counts no objects:\n%s", st)
+	}
+}
+
+// TestSharedCheckpointDir: with a shared checkpoint directory (atoll up --checkpoint-dir),
+// a cluster of one machine commits checkpoints and detached objects durably (their second
+// copy is in the directory), and when that machine is lost for good a new machine that
+// mounts the directory resumes the gang from its newest checkpoint, byte for byte. Without
+// one, a single machine cannot commit a checkpoint (ErrNotDurable).
+func TestSharedCheckpointDir(t *testing.T) {
+	shared := filepath.Join(t.TempDir(), "shared-checkpoints")
+	bin, dir := upCluster(t, 1, "--checkpoint-dir", shared, "--reconcile-interval", "500ms")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	addr, _, err := clusterAddress(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := dialCluster(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sdk.Connect(ctx, addr, testKinds()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Shutdown(context.Background())
+	job, err := c.Submit(ctx, sdk.JobSpec{Name: "shared"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := sdk.GangSpec{Name: "g", Kind: "blob", Workers: 2, GPUsPerWorker: 1, MaxRestarts: 10}
+	g, err := job.SpawnGang(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bumpAll(ctx, t, c, g, 1)
+	if err := g.Checkpoint(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	bumpAll(ctx, t, c, g, 2)
+	if err := g.Checkpoint(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	bumpAll(ctx, t, c, g, 3)
+	detached, err := sdk.Call[[]string](ctx, c, g.Worker(0), putDetached{N: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkCheckpoints(t, bin, dir, "shared", "g", 1, 2)
+	var cp api.Checkpoint
+	if ok, err := d.Get(ctx, api.TableCheckpoints+api.CheckpointKey("shared", "g", 2), &cp); err != nil || !ok || cp.SharedDir != shared || cp.Copies != 2 {
+		t.Fatalf("checkpoint record %+v (%v): want its second copies in %s", cp, err, shared)
+	}
+	for _, p := range cp.Objects {
+		if _, err := os.Stat(filepath.Join(shared, p+".obj")); err != nil {
+			t.Fatalf("part %s in the shared directory: %v", p[:12], err)
+		}
+	}
+
+	// The only machine is lost for good; a new one that mounts the directory joins.
+	kill(t, agentPID(t, dir, "node-0"))
+	if err := os.RemoveAll(filepath.Join(dir, "agents", "node-0")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the lost machine is declared dead", time.Minute, func() (bool, string) {
+		m := machine(ctx, t, d, "node-0")
+		return !m.Alive, m.Reason
+	})
+	startAgent(ctx, t, bin, dir, "node-1", d, 0, "--checkpoint-dir", shared, "--reconcile-interval", "500ms")
+	if err := g.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	spec.Resume = true
+	if g, err = job.SpawnGang(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	checkResumed(ctx, t, c, g, 2)
+	checkCheckpoints(t, bin, dir, "shared", "g", 1, 2)
+	checkDetached(ctx, t, c, detached)
+	waitFor(t, "reconciliation drops the lost machine's locations", time.Minute, func() (bool, string) {
+		n, example := deadLocations(ctx, d)
+		return n == 0, fmt.Sprintf("%d records name a dead store, e.g. %s", n, example)
+	})
+}
+
+// TestCheckpointNeedsTwoCopies: on a cluster of one machine without a shared checkpoint
+// directory, a checkpoint is not committed (it could not survive the machine's loss), nor
+// is a detached object put.
+func TestCheckpointNeedsTwoCopies(t *testing.T) {
+	_, dir := upCluster(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	addr, _, err := clusterAddress(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sdk.Connect(ctx, addr, testKinds()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Shutdown(context.Background())
+	job, err := c.Submit(ctx, sdk.JobSpec{Name: "single"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "g", Kind: "blob", Workers: 1, GPUsPerWorker: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bumpAll(ctx, t, c, g, 1)
+	if err := g.Checkpoint(ctx, 1); !errors.Is(err, sdk.ErrNotDurable) {
+		t.Fatalf("a checkpoint on a single machine: %v, want ErrNotDurable", err)
+	}
+	if _, ok, err := g.LatestCheckpoint(ctx); ok || err != nil {
+		t.Fatalf("a checkpoint was committed (%v, %v)", ok, err)
+	}
+	if _, err := sdk.Call[[]string](ctx, c, g.Worker(0), putDetached{N: 1}); !errors.Is(err, sdk.ErrNotDurable) {
+		t.Fatalf("a detached put on a single machine: %v, want ErrNotDurable", err)
 	}
 }

@@ -76,6 +76,11 @@ type Config struct {
 	// DeadObjectKeep is how long the record of a lost object, or of one whose owner ended,
 	// is kept (so a reader learns why it is gone) before it is collected. Default 10 min.
 	DeadObjectKeep time.Duration
+	// CheckpointDir is a shared checkpoint directory (the same path on every machine that
+	// mounts it, as clusters mount one over NFS or a parallel file system): a durable copy
+	// of a checkpoint's part or a detached object written there counts as its second copy,
+	// and any machine that mounts it reads from it what it cannot pull. "": none.
+	CheckpointDir string
 	// Launcher starts workers. Default: an ExecLauncher (one process per worker).
 	Launcher Launcher
 	// LoadInterval is how often the agent samples and reports its load. Default 200 ms.
@@ -170,6 +175,16 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("agent %s: %w", cfg.Name, err)
 	}
+	if cfg.CheckpointDir != "" {
+		abs, err := filepath.Abs(cfg.CheckpointDir)
+		if err != nil {
+			return nil, fmt.Errorf("agent %s: checkpoint directory: %w", cfg.Name, err)
+		}
+		if err := os.MkdirAll(abs, 0o700); err != nil {
+			return nil, fmt.Errorf("agent %s: checkpoint directory: %w", cfg.Name, err)
+		}
+		cfg.CheckpointDir = abs
+	}
 	log := cfg.Logger.Named("agent").With(zap.String("machine", cfg.Name))
 	secure, err := api.Secure(cfg.Heads)
 	if err != nil {
@@ -220,7 +235,9 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		tr.TLSClientConfig = id.Client()
 		hc.Transport = tr
 	}
-	a := &Agent{cfg: cfg, log: log, client: client, node: node, local: objects.NewLocal(node), dir: dir, hc: hc, sample: newLoadSampler(), obs: obs,
+	local := objects.NewLocal(node)
+	local.SharedDir = cfg.CheckpointDir
+	a := &Agent{cfg: cfg, log: log, client: client, node: node, local: local, dir: dir, hc: hc, sample: newLoadSampler(), obs: obs,
 		gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{},
 		changed: make(chan struct{}), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
 	a.registerMetrics()
@@ -282,7 +299,7 @@ func (a *Agent) Client() *api.Client { return a.client }
 func (a *Agent) register(ctx context.Context) error {
 	host, _ := os.Hostname()
 	m := api.Machine{Name: a.cfg.Name, Rack: a.cfg.Rack, Spec: a.cfg.Spec, Simulated: a.cfg.Simulated, PID: os.Getpid(), Host: host,
-		Agent: api.AgentAddrs{API: a.addr, Transfer: a.node.Addr}}
+		Agent: api.AgentAddrs{API: a.addr, Transfer: a.node.Addr, CheckpointDir: a.cfg.CheckpointDir}}
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	got, err := a.client.RegisterMachine(rctx, m)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/store/object"
 	"github.com/atoll-run/atoll/store/transfer"
 )
@@ -69,7 +70,45 @@ func (a *Agent) apiHandler() http.Handler {
 		}
 		return info(m, r.Holder), nil
 	}))
+	m.HandleFunc("POST /v1/objects/export", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
+		if a.cfg.CheckpointDir == "" {
+			return nil, fmt.Errorf("%w: %s mounts no shared checkpoint directory", api.ErrInvalid, a.cfg.Name)
+		}
+		m, err := a.node.Store.Export(ctx, id, a.cfg.CheckpointDir)
+		if err != nil {
+			return nil, err
+		}
+		m.Locations = []string{objects.SharedLocation(a.cfg.CheckpointDir)}
+		if err := a.dir.Register(ctx, m); err != nil {
+			_ = object.RemoveFile(a.cfg.CheckpointDir, id)
+			return nil, err
+		}
+		return info(m, r.Holder), nil
+	}))
+	m.HandleFunc("POST /v1/objects/unexport", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
+		if a.cfg.CheckpointDir == "" {
+			return nil, fmt.Errorf("%w: %s mounts no shared checkpoint directory", api.ErrInvalid, a.cfg.Name)
+		}
+		if err := object.RemoveFile(a.cfg.CheckpointDir, id); err != nil {
+			return nil, err
+		}
+		if err := a.dir.RemoveLocation(ctx, id, objects.SharedLocation(a.cfg.CheckpointDir)); err != nil && !errors.Is(err, object.ErrNotFound) {
+			return nil, err
+		}
+		return nil, nil
+	}))
 	m.HandleFunc("POST /v1/objects/verify", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
+		if r.Shared {
+			if a.cfg.CheckpointDir == "" {
+				return nil, fmt.Errorf("%w: %s mounts no shared checkpoint directory", api.ErrInvalid, a.cfg.Name)
+			}
+			m, err := object.VerifyFile(a.cfg.CheckpointDir, id)
+			if err != nil {
+				return nil, err
+			}
+			m.Locations = []string{objects.SharedLocation(a.cfg.CheckpointDir)}
+			return info(m, ""), nil
+		}
 		m, err := a.node.Store.Verify(ctx, id)
 		if err != nil {
 			return nil, err

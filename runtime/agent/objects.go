@@ -205,6 +205,9 @@ func (a *Agent) reconcileOnce(ctx context.Context, owners *ownerTracker) (*objec
 	for _, m := range ms {
 		if m.Alive {
 			live[m.Agent.Transfer] = true
+			if d := m.Agent.CheckpointDir; d != "" {
+				live[objects.SharedLocation(d)] = true // a machine that mounts it reads it
+			}
 			if first == "" {
 				first = m.Name
 			}

@@ -112,6 +112,9 @@ type AgentAddrs struct {
 	Transfer string `json:"transfer"`
 	// Serf is the agent's gossip address, host:port ("" without membership).
 	Serf string `json:"serf,omitempty"`
+	// CheckpointDir is the shared checkpoint directory the agent mounts ("" without one):
+	// a durable copy there is named by the location "shared:<dir>".
+	CheckpointDir string `json:"checkpoint_dir,omitempty"`
 }
 
 // Machine is one machine as its agent registered it.
@@ -600,10 +603,11 @@ type Checkpoint struct {
 	// Parts are Objects with their sizes and checksums (absent in checkpoints committed
 	// before they were recorded).
 	Parts []CheckpointPart `json:"parts,omitempty"`
-	// Copies is how many durable copies of every part existed when it was committed (2:
-	// two machines; 1 with SharedDir: one machine and the shared checkpoint directory).
+	// Copies is how many durable copies of every part existed when it was committed: 2, on
+	// two machines, or on one and in SharedDir.
 	Copies int `json:"copies,omitempty"`
-	// SharedDir is the shared checkpoint directory holding a copy of every part, if any.
+	// SharedDir is the shared checkpoint directory holding the second copy of every part,
+	// if any.
 	SharedDir string `json:"shared_dir,omitempty"`
 }
 

@@ -100,6 +100,9 @@ type ObjectRef struct {
 	// Cause (drop) is why the copy goes: CauseOwnerDied refuses later gets with the
 	// owner-died error; empty, as a free.
 	Cause string `json:"cause,omitempty"`
+	// Shared (verify) checks the copy in the agent's shared checkpoint directory instead
+	// of its store's.
+	Shared bool `json:"shared,omitempty"`
 }
 
 // CauseOwnerDied is an ObjectRef's Cause when an object's owner ended.

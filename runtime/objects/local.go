@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 
 	"github.com/atoll-run/atoll/store/object"
@@ -17,6 +18,9 @@ import (
 // to its worker processes; the embedded default and a driver use it in process.
 type Local struct {
 	Node *transfer.Node
+	// SharedDir is the shared checkpoint directory this machine mounts (""): an object
+	// with a copy there and none that can be pulled is read from it.
+	SharedDir string
 
 	mu      sync.Mutex
 	holders map[object.ID]map[string]int
@@ -37,6 +41,22 @@ func (l *Local) borrow(id object.ID) {
 		l.borrowed[id] = ""
 	}
 	l.mu.Unlock()
+}
+
+// SharedLocation is the location of the copies in a shared checkpoint directory.
+func SharedLocation(dir string) string { return SharedPrefix + dir }
+
+// SharedPrefix starts the location of a copy in a shared checkpoint directory.
+const SharedPrefix = "shared:"
+
+// sharedCopy reports whether id's record lists a copy in this machine's shared directory.
+func (l *Local) sharedCopy(ctx context.Context, id object.ID) bool {
+	d, ok := l.Node.Store.Directory().(*Directory)
+	if !ok {
+		return false
+	}
+	rec, found, err := d.Record(ctx, id)
+	return err == nil && found && rec.State == "" && slices.Contains(rec.Locations, SharedLocation(l.SharedDir))
 }
 
 // checkBorrowed refuses a copy this store pulled of an object whose owner has ended (its
@@ -118,6 +138,13 @@ func (l *Local) Get(ctx context.Context, id object.ID, holder string) (*object.V
 	}
 	held := l.Node.Store.Contains(id)
 	v, err := l.Node.Get(ctx, id, holder)
+	if err != nil && l.SharedDir != "" && !errors.Is(err, object.ErrOwnerDied) && l.sharedCopy(ctx, id) {
+		if _, ierr := l.Node.Store.Import(ctx, holder, id, l.SharedDir); ierr == nil || errors.Is(ierr, object.ErrExists) {
+			v, err = l.Node.Store.Get(ctx, id)
+		} else {
+			err = fmt.Errorf("%w; from the shared checkpoint directory: %w", err, ierr)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -384,3 +384,94 @@ func (s *Store) Adopted() []Meta {
 	defer s.mu.Unlock()
 	return append([]Meta(nil), s.adopted...)
 }
+
+// Export writes a copy of id into dir, a directory outside the store (a shared
+// checkpoint directory that other machines mount), in the durable file format:
+// written, fsync'd, renamed into place and the directory fsync'd before Export
+// returns. The store's own copy is unchanged. It returns the object's metadata
+// (Locations empty: the caller names the directory's location).
+func (s *Store) Export(ctx context.Context, id ID, dir string) (Meta, error) {
+	s.mu.Lock()
+	e, ok := s.objs[id]
+	if !ok || e.state == statePending || e.state == stateAborted || e.freePending {
+		s.mu.Unlock()
+		return Meta{}, s.fail(reasonNotFound, fmt.Errorf("object: export %s: %w", id.Short(), ErrNotFound))
+	}
+	if e.dropped != nil {
+		s.mu.Unlock()
+		return Meta{}, fmt.Errorf("object: export %s: %w", id.Short(), e.dropped)
+	}
+	e.views++
+	err := s.ensureHotLocked(ctx, e)
+	data := e.mem.ro
+	s.mu.Unlock()
+	defer s.unpin(e)
+	if err != nil {
+		return Meta{}, err
+	}
+	fp, err := s.fingerprint(ctx, e)
+	if err != nil {
+		return Meta{}, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return Meta{}, fmt.Errorf("object: export %s: %w", id.Short(), err)
+	}
+	d := durableDir{dir: dir, sync: s.durable.sync}
+	if err := d.write(spillHeader{id: id, size: e.size, fp: fp, owner: e.owner}, data); err != nil {
+		if errors.Is(err, syscall.ENOSPC) {
+			err = fmt.Errorf("%v: %w", err, ErrDiskFull)
+		}
+		return Meta{}, s.fail(reasonPersist, fmt.Errorf("object: export %s to %s: %w", id.Short(), dir, err))
+	}
+	return Meta{ID: id, Size: e.size, Fingerprint: fp, Owner: e.owner, Durable: true}, nil
+}
+
+// Import makes a copy of id in this store from its file in dir (written by
+// Export, on this machine or another), owned by owner with one reference: the
+// bytes are read straight into shared memory and checked against the file's
+// checksum before the object is sealed and registered at this store's location.
+// A file that fails its check is ErrLost; a missing one ErrNotFound.
+func (s *Store) Import(ctx context.Context, owner string, id ID, dir string) (Meta, error) {
+	d := durableDir{dir: dir}
+	f, h, err := d.open(id)
+	if errors.Is(err, os.ErrNotExist) {
+		return Meta{}, fmt.Errorf("object: import %s from %s: %w", id.Short(), dir, ErrNotFound)
+	}
+	if err != nil {
+		return Meta{}, s.fail(reasonLost, fmt.Errorf("object: import %s from %s: %v: %w", id.Short(), dir, err, ErrLost))
+	}
+	defer f.Close()
+	w, err := s.create(ctx, owner, id, h.size, h.fp, true, "")
+	if err != nil {
+		return Meta{}, err
+	}
+	if _, err := io.ReadFull(bufio.NewReaderSize(f, 1<<20), w.e.mem.rw); err != nil {
+		w.Abort()
+		return Meta{}, s.fail(reasonLost, fmt.Errorf("object: import %s from %s: %v: %w", id.Short(), dir, err, ErrLost))
+	}
+	if err := w.seal(ctx, true); err != nil {
+		if errors.Is(err, ErrFingerprint) {
+			err = fmt.Errorf("%v: %w", err, ErrLost)
+		}
+		return Meta{}, fmt.Errorf("object: import %s from %s: %w", id.Short(), dir, err)
+	}
+	return Meta{ID: id, Size: h.size, Fingerprint: h.fp, Owner: owner, Locations: []string{s.cfg.Location}, Refs: 1}, nil
+}
+
+// VerifyFile reads id's file in dir (written by Export) whole and checks it
+// against its checksum, returning its metadata (ErrLost when it does not match,
+// ErrNotFound when it is missing).
+func VerifyFile(dir string, id ID) (Meta, error) {
+	h, err := durableDir{dir: dir}.verify(id)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return Meta{}, fmt.Errorf("object: verify %s in %s: %w", id.Short(), dir, ErrNotFound)
+	case err != nil:
+		return Meta{}, fmt.Errorf("object: verify %s in %s: %v: %w", id.Short(), dir, err, ErrLost)
+	}
+	return Meta{ID: id, Size: h.size, Fingerprint: h.fp, Owner: h.owner, Durable: true}, nil
+}
+
+// RemoveFile removes id's file from dir (written by Export); a missing one is
+// not an error.
+func RemoveFile(dir string, id ID) error { return durableDir{dir: dir}.remove(id) }

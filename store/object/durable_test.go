@@ -378,3 +378,61 @@ func TestPutFromStreamsAndReleases(t *testing.T) {
 		t.Fatalf("too_large errors %v", got)
 	}
 }
+
+// TestExportImport: a copy exported to a shared directory (fsync'd) is imported by
+// another store, checked against its checksum; a damaged file is refused as lost.
+func TestExportImport(t *testing.T) {
+	shared := t.TempDir()
+	md := NewMemDirectory()
+	a := newTestStore(t, func(c *Config) { c.Directory = md; c.Location = "a:1" })
+	b := newTestStore(t, func(c *Config) { c.Directory = md; c.Location = "b:1" })
+	ctx := context.Background()
+	data := randBytes(2<<20+5, 11)
+	id, _ := a.Put(ctx, "checkpoint/j/g", data)
+	m, err := a.Export(ctx, id, shared)
+	if err != nil || m.Fingerprint == 0 || !m.Durable {
+		t.Fatalf("export: %+v %v", m, err)
+	}
+	if vm, err := VerifyFile(shared, id); err != nil || vm.Fingerprint != m.Fingerprint || vm.Owner != "checkpoint/j/g" {
+		t.Fatalf("verify file: %+v %v", vm, err)
+	}
+	got, err := b.Import(ctx, "reader", id, shared)
+	if err != nil || got.Fingerprint != m.Fingerprint {
+		t.Fatalf("import: %+v %v", got, err)
+	}
+	v, err := b.Get(ctx, id)
+	if err != nil || !bytes.Equal(v.Bytes(), data) {
+		t.Fatalf("imported copy: %v", err)
+	}
+	v.Release()
+	if dm, _ := md.Lookup(ctx, id); !slices.Contains(dm.Locations, "b:1") {
+		t.Fatalf("the imported copy is not registered: %+v", dm)
+	}
+	other := NewID()
+	if _, err := b.Import(ctx, "reader", other, shared); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("import of a missing file: %v", err)
+	}
+	id2, _ := a.Put(ctx, "o", data)
+	if _, err := a.Export(ctx, id2, shared); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(shared, durableName(id2))
+	f, _ := os.OpenFile(p, os.O_WRONLY, 0)
+	_, _ = f.WriteAt([]byte("zz"), 1<<20)
+	f.Close()
+	if _, err := VerifyFile(shared, id2); !errors.Is(err, ErrLost) {
+		t.Fatalf("verify of a damaged file: %v", err)
+	}
+	if _, err := b.Import(ctx, "reader", id2, shared); !errors.Is(err, ErrLost) {
+		t.Fatalf("import of a damaged file: %v", err)
+	}
+	if b.Contains(id2) {
+		t.Fatal("a damaged import was kept")
+	}
+	if err := RemoveFile(shared, id2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("file not removed")
+	}
+}
