@@ -16,9 +16,61 @@ import (
 	"github.com/atoll-run/atoll/store/object"
 )
 
-// Durability: a checkpoint's parts and detached objects are persisted (fsync'd) by the
-// store that takes them, then copied to a second machine and persisted there, before the
-// put or the commit is acknowledged.
+// Durability: a checkpoint's part or a detached object is persisted (fsync'd) by the store
+// that took it while a second machine pulls a copy and persists it too (or the first
+// machine writes one to the shared checkpoint directory it mounts); the put or the commit
+// is acknowledged once both copies are on disk. The second copy is pulled from shared
+// memory while the first is written, so it costs about the time of one send, not a send
+// after a write.
+
+// makeDurable persists the copy of id at loc (through own when it is that store, else
+// through the agent or in-process store at loc) while replicateDurably makes the second
+// copy; it returns the second copy's metadata. spread picks the second machine (-1: by
+// the id).
+func (c *conn) makeDurable(ctx context.Context, own objectHost, id object.ID, loc, holder string, spread int) (api.ObjectInfo, error) {
+	var first, second api.ObjectInfo
+	var ferr, serr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		first, ferr = c.persistAt(ctx, own, id, loc)
+	}()
+	if spread >= 0 {
+		second, serr = c.replicateDurably(ctx, id, loc, holder, spread)
+	} else {
+		second, serr = c.replicateDurably(ctx, id, loc, holder)
+	}
+	<-done
+	switch {
+	case ferr != nil:
+		return api.ObjectInfo{}, fmt.Errorf("%w: object %s: persisting the first copy: %w", ErrNotDurable, id.Short(), ferr)
+	case serr != nil:
+		return api.ObjectInfo{}, serr
+	case first.Size != second.Size || first.Fingerprint != second.Fingerprint:
+		return api.ObjectInfo{}, fmt.Errorf("%w: object %s: the copies differ: %d bytes/%x and %d/%x",
+			ErrNotDurable, id.Short(), first.Size, first.Fingerprint, second.Size, second.Fingerprint)
+	}
+	return second, nil
+}
+
+// persistAt makes the copy of id in the store at loc durable.
+func (c *conn) persistAt(ctx context.Context, own objectHost, id object.ID, loc string) (api.ObjectInfo, error) {
+	if own != nil && own.location() == loc {
+		return own.persist(ctx, id)
+	}
+	if l := c.local(loc); l != nil {
+		return localStore{l: l}.persist(ctx, id)
+	}
+	u, err := c.agentURL(ctx, func(m api.Machine) bool { return m.Alive && m.Agent.Transfer == loc })
+	if err != nil {
+		return api.ObjectInfo{}, fmt.Errorf("the store at %s: %w", loc, err)
+	}
+	var in api.ObjectInfo
+	if err := c.agentDo(ctx, u, "/v1/objects/persist", agentObjectRef{ID: id.String()}, &in); err != nil {
+		return api.ObjectInfo{}, err
+	}
+	return in, nil
+}
 
 // replicateDurably makes a second durable copy of id: in the shared checkpoint directory
 // when the machine whose store is at from mounts one, else on an alive machine other than
@@ -198,4 +250,52 @@ func checkPart(cp api.Checkpoint, rank int, b []byte) error {
 			ErrObjectLost, cp.Step, rank, shortID(p.ID), got, p.Fingerprint)
 	}
 	return nil
+}
+
+// sharedFallback reads through a store that may not mount the shared checkpoint directory
+// (a driver's): an object whose only copy left is in that directory is first staged into
+// the store of an alive machine that mounts it (held by its durable owner, so it goes
+// with the object's Free), and pulled from there.
+type sharedFallback struct {
+	objectHost
+	c *conn
+}
+
+func (s sharedFallback) get(ctx context.Context, id object.ID) ([]byte, func(), error) {
+	b, release, err := s.objectHost.get(ctx, id)
+	if err == nil || errors.Is(err, object.ErrOwnerDied) || ctx.Err() != nil {
+		return b, release, err
+	}
+	if serr := s.c.stageShared(ctx, id); serr != nil {
+		return nil, nil, err
+	}
+	return s.objectHost.get(ctx, id)
+}
+
+// stageShared asks an alive machine that mounts the shared directory holding a copy of a
+// durable object to read it into its store.
+func (c *conn) stageShared(ctx context.Context, id object.ID) error {
+	var rec objects.Record
+	found, err := c.client.Get(ctx, api.TableObjects+id.String(), &rec)
+	if err != nil || !found || rec.State != "" || !objects.DurableOwner(rec.Owner) {
+		return fmt.Errorf("sdk: %s has no copy in a shared directory", id.Short())
+	}
+	ms, err := c.machines(ctx)
+	if err != nil {
+		return err
+	}
+	for _, loc := range rec.Locations {
+		dir, ok := strings.CutPrefix(loc, objects.SharedPrefix)
+		if !ok {
+			continue
+		}
+		for _, m := range ms {
+			if m.Alive && m.Agent.CheckpointDir == dir {
+				if _, err := c.replicateTo(ctx, m, id, rec.Owner); err == nil {
+					return nil
+				}
+			}
+		}
+	}
+	return fmt.Errorf("sdk: no alive machine mounts a shared directory holding %s", id.Short())
 }

@@ -597,11 +597,12 @@ func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 	return g.prune(ctx)
 }
 
-// replicate copies every part of a checkpoint durably to the shared checkpoint directory
-// its writer mounts, or else to a second machine (another than the one that wrote it,
-// spread over the machines by rank), so that the gang restarts from it even when a machine
-// of its is lost, and returns the parts as the checkpoint records them, with the shared
-// directory of each part's second copy ("" for a second machine). It fails with
+// replicate makes every part of a checkpoint durable twice: the copy its worker put is
+// persisted on its machine while a second durable copy is made in the shared checkpoint
+// directory that machine mounts, or else on a second machine (another than the writer's,
+// spread over the machines by rank), so that the gang restarts from it even when a
+// machine of its is lost. It returns the parts as the checkpoint records them, with the
+// shared directory of each part's second copy ("" for a second machine), and fails with
 // ErrNotDurable when a part cannot be made durable twice.
 func (g *Gang) replicate(ctx context.Context, ids []string) ([]api.CheckpointPart, []string, error) {
 	c := g.c
@@ -625,18 +626,13 @@ func (g *Gang) replicate(ctx context.Context, ids []string) ([]api.CheckpointPar
 			case err != nil:
 				errs[r] = err
 				return
-			case !found || rec.State != "" || len(rec.Durable) == 0:
-				errs[r] = fmt.Errorf("%w: rank %d's part %s is not durable where it was written", ErrNotDurable, r, shortID(id))
+			case !found || rec.State != "" || len(rec.Locations) == 0:
+				errs[r] = fmt.Errorf("%w: rank %d's part %s has no copy", ErrNotDurable, r, shortID(id))
 				return
 			}
-			in, err := c.replicateDurably(ctx, oid, rec.Durable[0], holder, r)
+			in, err := c.makeDurable(ctx, nil, oid, rec.Locations[0], holder, r)
 			if err != nil {
 				errs[r] = fmt.Errorf("rank %d's part: %w", r, err)
-				return
-			}
-			if in.Size != rec.Size || (rec.Fingerprint != 0 && in.Fingerprint != rec.Fingerprint) {
-				errs[r] = fmt.Errorf("%w: rank %d's part %s: the copy is %d bytes/%x, the original %d/%x",
-					ErrNotDurable, r, shortID(id), in.Size, in.Fingerprint, rec.Size, rec.Fingerprint)
 				return
 			}
 			parts[r] = api.CheckpointPart{ID: id, Size: in.Size, Fingerprint: in.Fingerprint}

@@ -47,9 +47,9 @@ type objectHost interface {
 	// which outlive the worker incarnation that wrote them; a task's results, which its job
 	// owns).
 	putAs(ctx context.Context, holder string, data []byte) (object.ID, error)
-	// putDurable is putAs with the copy persisted (fsync'd on this machine's disk) before
-	// it returns: a checkpoint's part, a detached object.
-	putDurable(ctx context.Context, holder string, data []byte) (api.ObjectInfo, error)
+	// persist makes this store's copy of an object durable (fsync'd on this machine's
+	// disk): a checkpoint's part, a detached object.
+	persist(ctx context.Context, id object.ID) (api.ObjectInfo, error)
 	// get returns the object's bytes: the store's shared memory itself when it is on this
 	// machine (no copy), after a pull over the transfer plane otherwise. release once.
 	get(ctx context.Context, id object.ID) ([]byte, func(), error)
@@ -69,9 +69,9 @@ func (s ownedStore) put(ctx context.Context, data []byte) (object.ID, error) {
 	return s.putAs(ctx, s.holder, data)
 }
 
-// durableStore puts whole objects durably (Detached): persisted on the machine that takes
-// them, then replicated durably to a second machine (or the shared checkpoint directory)
-// before the put returns.
+// durableStore puts whole objects durably (Detached): the copy the store takes is
+// persisted while a second durable copy is made (on another machine, or in the shared
+// checkpoint directory), and the put returns once both are done.
 type durableStore struct {
 	objectHost
 	c      *conn
@@ -79,15 +79,11 @@ type durableStore struct {
 }
 
 func (s durableStore) put(ctx context.Context, data []byte) (object.ID, error) {
-	in, err := s.putDurable(ctx, s.holder, data)
+	id, err := s.putAs(ctx, s.holder, data)
 	if err != nil {
 		return object.ID{}, err
 	}
-	id, err := object.ParseID(in.ID)
-	if err != nil {
-		return object.ID{}, err
-	}
-	if _, err := s.c.replicateDurably(ctx, id, in.Location, s.holder); err != nil {
+	if _, err := s.c.makeDurable(ctx, s.objectHost, id, s.location(), s.holder, -1); err != nil {
 		_ = s.c.freeEverywhere(context.WithoutCancel(ctx), s.objectHost, id)
 		return object.ID{}, err
 	}
@@ -149,7 +145,7 @@ func Put[T any](ctx context.Context, h Host, v T, opts ...PutOption) (Ref[T], er
 // decodes it.
 func Get[T any](ctx context.Context, h Host, r Ref[T]) (T, error) {
 	var v T
-	b, release, err := getData(ctx, h.store(), r.ID, r.Parts)
+	b, release, err := getData(ctx, sharedFallback{h.store(), h.conn()}, r.ID, r.Parts)
 	if err != nil {
 		return v, err
 	}
@@ -171,7 +167,7 @@ func Get[T any](ctx context.Context, h Host, r Ref[T]) (T, error) {
 // release once, and do not use the bytes after. An object stored in parts is assembled
 // into one copy. codec-free views of []float32 objects: ViewFloat32.
 func View[T any](ctx context.Context, h Host, r Ref[T]) (data []byte, release func(), err error) {
-	return getData(ctx, h.store(), r.ID, r.Parts)
+	return getData(ctx, sharedFallback{h.store(), h.conn()}, r.ID, r.Parts)
 }
 
 // ViewFloat32 views a []float32 object in place (no copy when it is on this machine and
@@ -399,17 +395,12 @@ func (s localStore) putAs(ctx context.Context, holder string, data []byte) (obje
 	return s.l.Put(ctx, holder, data)
 }
 
-func (s localStore) putDurable(ctx context.Context, holder string, data []byte) (api.ObjectInfo, error) {
-	id, err := s.l.Put(ctx, holder, data)
-	if err != nil {
-		return api.ObjectInfo{}, err
-	}
+func (s localStore) persist(ctx context.Context, id object.ID) (api.ObjectInfo, error) {
 	m, err := s.l.Persist(ctx, id)
 	if err != nil {
-		_ = s.l.Free(context.WithoutCancel(ctx), id)
 		return api.ObjectInfo{}, err
 	}
-	return api.ObjectInfo{ID: id.String(), Holder: holder, Size: m.Size, Fingerprint: m.Fingerprint, Durable: true, Location: s.l.Node.Addr}, nil
+	return api.ObjectInfo{ID: id.String(), Size: m.Size, Fingerprint: m.Fingerprint, Durable: true, Location: s.l.Node.Addr}, nil
 }
 
 func (s localStore) get(ctx context.Context, id object.ID) ([]byte, func(), error) {
@@ -476,9 +467,10 @@ func (s *agentStore) putAs(ctx context.Context, holder string, data []byte) (obj
 	return object.ParseID(ref.ID)
 }
 
-func (s *agentStore) putDurable(ctx context.Context, holder string, data []byte) (api.ObjectInfo, error) {
+func (s *agentStore) persist(ctx context.Context, id object.ID) (api.ObjectInfo, error) {
+	body, _ := json.Marshal(api.ObjectRef{ID: id.String(), Holder: s.holder})
 	var in api.ObjectInfo
-	if err := s.call(ctx, "/v1/objects/put?durable=1&holder="+url.QueryEscape(holder), bytes.NewReader(data), &in); err != nil {
+	if err := s.call(ctx, "/v1/objects/persist", bytes.NewReader(body), &in); err != nil {
 		return api.ObjectInfo{}, err
 	}
 	if in.Location == "" {

@@ -456,15 +456,14 @@ func (w *cell) Receive(ac *actors.Context, msg any) (any, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sdk: checkpoint at step %d: %w", req.Step, err)
 		}
-		// The gang's checkpoints outlive this incarnation (pruning frees them), and this
-		// copy is on disk, fsync'd, before the driver hears of it; the driver has it
-		// copied durably to a second machine before it commits the checkpoint.
+		// The gang's checkpoints outlive this incarnation (pruning frees them); the driver
+		// has this copy persisted, and a second one made, before it commits the checkpoint.
 		s := w.h.spec
-		in, err := ctx.store().putDurable(ctx.Context, objects.CheckpointOwnerPrefix+s.Job+"/"+s.Gang, state)
+		id, err := ctx.store().putAs(ctx.Context, objects.CheckpointOwnerPrefix+s.Job+"/"+s.Gang, state)
 		if err != nil {
 			return nil, err
 		}
-		return in.ID, nil
+		return id.String(), nil
 	}
 	return w.user.Receive(&ctx, msg)
 }
