@@ -92,38 +92,56 @@ func (a *Agent) endOwner(ctx context.Context, owner string) {
 			}
 		}
 	}
-	a.dropElsewhere(ctx, remote)
+	a.dropElsewhere(ctx, remote, object.ErrOwnerDied)
 	if n > 0 {
 		a.log.Info("the objects of an ended owner are refused from now on", zap.String("owner", owner), zap.Int("objects", n))
 	}
 }
 
-// dropElsewhere asks the agents whose stores are at the given transfer addresses to let
-// their copies of the ids go (the owner died). A store that is no agent's (a driver's) or
-// does not answer is left to reconciliation.
-func (a *Agent) dropElsewhere(ctx context.Context, byLocation map[string][]object.ID) {
+// dropElsewhere asks the stores at the given locations (alive machines' agents, or the
+// shared checkpoint directory through an agent that mounts it) to let their copies of the
+// ids go: refused from now on with cause (object.ErrOwnerDied), or freed (nil). A store
+// that is no agent's (a driver's) or does not answer is left to reconciliation.
+func (a *Agent) dropElsewhere(ctx context.Context, byLocation map[string][]object.ID, cause error) {
 	if len(byLocation) == 0 {
 		return
 	}
 	ms, err := a.machines(ctx)
 	if err != nil {
-		a.log.Warn("finding the stores that hold an ended owner's objects", zap.Error(err))
+		a.log.Warn("finding the stores that hold copies to drop", zap.Error(err))
 		return
+	}
+	ref := func(id object.ID) api.ObjectRef {
+		r := api.ObjectRef{ID: id.String()}
+		if cause != nil {
+			r.Cause = api.CauseOwnerDied
+		}
+		return r
 	}
 	for loc, ids := range byLocation {
 		if loc == a.node.Addr {
 			for _, id := range ids {
-				_ = a.local.Drop(ctx, id, object.ErrOwnerDied)
+				_ = a.local.Drop(ctx, id, cause)
 			}
 			continue
 		}
+		dir, shared := strings.CutPrefix(loc, objects.SharedPrefix)
 		for _, m := range ms {
-			if !m.Alive || m.Agent.Transfer != loc {
+			switch {
+			case !m.Alive:
 				continue
-			}
-			for _, id := range ids {
-				if err := a.agentPost(ctx, m.Agent.API, "/v1/objects/drop", api.ObjectRef{ID: id.String(), Cause: api.CauseOwnerDied}); err != nil {
-					a.log.Debug("asking another store to drop a copy", zap.String("machine", m.Name), zap.Error(err))
+			case shared && m.Agent.CheckpointDir == dir:
+				for _, id := range ids {
+					if err := a.agentPost(ctx, m.Agent.API, "/v1/objects/unexport", ref(id)); err != nil {
+						a.log.Debug("removing a copy from the shared checkpoint directory", zap.String("machine", m.Name), zap.Error(err))
+					}
+				}
+				shared = false // once
+			case !shared && m.Agent.Transfer == loc:
+				for _, id := range ids {
+					if err := a.agentPost(ctx, m.Agent.API, "/v1/objects/drop", ref(id)); err != nil {
+						a.log.Debug("asking another store to drop a copy", zap.String("machine", m.Name), zap.Error(err))
+					}
 				}
 			}
 		}
@@ -214,7 +232,7 @@ func (a *Agent) reconcileOnce(ctx context.Context, owners *ownerTracker) (*objec
 		}
 	}
 	if first != a.cfg.Name {
-		owners.seen = map[string]ownerSeen{} // another agent reconciles: start afresh if this one takes over
+		owners.seen, owners.unref = map[string]ownerSeen{}, nil // another agent reconciles: start afresh if this one takes over
 		return nil, nil
 	}
 	now := time.Now()
@@ -232,11 +250,16 @@ func (a *Agent) reconcileOnce(ctx context.Context, owners *ownerTracker) (*objec
 	if err != nil {
 		return nil, err
 	}
-	rep, acts, err := objects.Reconcile(ctx, a.client.Meta(), objects.World{Live: live, OwnerEnded: ended, Now: now, Keep: a.cfg.DeadObjectKeep})
+	unref, err := owners.unreferenced(ctx, a.client.Meta(), now, a.cfg.DeadObjectKeep)
 	if err != nil {
 		return nil, err
 	}
-	drop := map[string][]object.ID{}
+	rep, acts, err := objects.Reconcile(ctx, a.client.Meta(), objects.World{Live: live, OwnerEnded: ended, Unreferenced: unref,
+		Now: now, Keep: a.cfg.DeadObjectKeep})
+	if err != nil {
+		return nil, err
+	}
+	drop, free := map[string][]object.ID{}, map[string][]object.ID{}
 	for _, act := range acts {
 		if len(act.Drop) == 0 {
 			continue
@@ -246,14 +269,54 @@ func (a *Agent) reconcileOnce(ctx context.Context, owners *ownerTracker) (*objec
 			continue
 		}
 		for _, l := range act.Drop {
-			drop[l] = append(drop[l], id)
+			if act.Free {
+				free[l] = append(free[l], id)
+			} else {
+				drop[l] = append(drop[l], id)
+			}
 		}
 	}
-	a.dropElsewhere(ctx, drop)
+	a.dropElsewhere(ctx, drop, object.ErrOwnerDied)
+	a.dropElsewhere(ctx, free, nil)
 	a.mu.Lock()
 	a.lastReconcile = &rep
 	a.mu.Unlock()
 	return &rep, nil
+}
+
+// unreferenced reads the committed checkpoints and returns which checkpoint parts are
+// orphans: referenced by none of them since at least grace ago, by this reconciler's
+// clock (a part is put before its checkpoint commits, so a young one is not).
+func (t *ownerTracker) unreferenced(ctx context.Context, kv objects.Table, now time.Time, grace time.Duration) (func(string) bool, error) {
+	kvs, err := kv.Range(ctx, api.TableCheckpoints)
+	if err != nil {
+		return nil, err
+	}
+	ref := map[string]bool{}
+	for _, c := range kvs {
+		var cp api.Checkpoint
+		if json.Unmarshal(c.Value, &cp) == nil {
+			for _, id := range cp.Objects {
+				ref[api.TableObjects+id] = true
+			}
+		}
+	}
+	if t.unref == nil {
+		t.unref = map[string]time.Time{}
+	}
+	seen := t.unref
+	t.unref = map[string]time.Time{} // only what this pass asks about is kept
+	return func(key string) bool {
+		if ref[key] {
+			return false
+		}
+		first, ok := seen[key]
+		if !ok {
+			first = now
+		}
+		t.unref[key] = first
+		return now.Sub(first) >= grace
+	}, nil
 }
 
 // ownerSeen is an owner record as the reconciler last saw it change, by its own clock.
@@ -264,7 +327,10 @@ type ownerSeen struct {
 
 // ownerTracker tells the live driver owners: those whose record the reconciler saw change
 // (renewed) within api.OwnerTTL, by its own clock, so that no two clocks are compared.
-type ownerTracker struct{ seen map[string]ownerSeen }
+type ownerTracker struct {
+	seen  map[string]ownerSeen
+	unref map[string]time.Time // checkpoint parts referenced by no checkpoint, since
+}
 
 func (t *ownerTracker) observe(kvs []meta.KeyValue, now time.Time) map[string]api.Owner {
 	live := map[string]api.Owner{}

@@ -29,6 +29,11 @@ type World struct {
 	// OwnerEnded reports whether an owner is known to have ended (false for an owner alive
 	// or unknown). Nil: no owner is known to have ended.
 	OwnerEnded func(owner string) bool
+	// Unreferenced reports whether a checkpoint's part (by its key) has been referenced by
+	// no committed checkpoint for long enough to be an orphan (a checkpoint pruned while
+	// the machine holding a copy was down, then restarted and re-adopted it; a commit that
+	// never came). Nil: none is.
+	Unreferenced func(key string) bool
 	// Now is the time of this pass; Keep how long a dead record stays (a reader learns why
 	// its object is gone) before it is collected.
 	Now  time.Time
@@ -40,8 +45,10 @@ type Action struct {
 	Key string
 	// Record is the new record; nil deletes it.
 	Record *Record
-	// Drop lists the live locations whose copy should be let go (its owner ended).
+	// Drop lists the live locations whose copy should be let go: its owner ended (Free
+	// false: later gets are refused as owner-died), or it is an orphan (Free).
 	Drop []string
+	Free bool
 	// Dropped counts the dead locations removed; Why says what changed.
 	Dropped int
 	Why     string
@@ -71,6 +78,12 @@ func Plan(key string, rec Record, w World) (Action, bool) {
 			return a, true
 		}
 		return a, false
+	}
+	if strings.HasPrefix(rec.Owner, CheckpointOwnerPrefix) && w.Unreferenced != nil && w.Unreferenced(key) {
+		a.Drop = slices.DeleteFunc(slices.Clone(rec.Locations), func(l string) bool { return !w.Live[l] })
+		a.Free = true
+		a.Why = "collected: a checkpoint part no committed checkpoint references"
+		return a, true
 	}
 	out := rec
 	out.Locations = slices.DeleteFunc(slices.Clone(rec.Locations), func(l string) bool { return !w.Live[l] })

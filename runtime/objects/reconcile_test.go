@@ -41,9 +41,10 @@ func TestPlan(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	live := map[string]bool{"a:1": true, "b:1": true}
 	ended := func(o string) bool { return o == "worker/j/g/0.g0" || o == "job/old" }
-	w := World{Live: live, OwnerEnded: ended, Now: now, Keep: time.Hour}
+	w := World{Live: live, OwnerEnded: ended, Now: now, Keep: time.Hour, Unreferenced: func(key string) bool { return key == "objects/orphan" }}
 	for _, tc := range []struct {
 		name      string
+		key       string
 		rec       Record
 		change    bool
 		state     State
@@ -62,9 +63,16 @@ func TestPlan(t *testing.T) {
 		{name: "a checkpoint outlives the worker that wrote it", rec: Record{Owner: "checkpoint/j/g", Locations: []string{"a:1"}}},
 		{name: "a young tombstone stays", rec: Record{Owner: "job/old", State: StateOwnerDied, Ended: now.Add(-time.Minute)}},
 		{name: "an old tombstone is collected", rec: Record{Owner: "x", State: StateLost, Ended: now.Add(-2 * time.Hour)}, change: true, collected: true},
+		{name: "an orphan checkpoint part is freed", key: "objects/orphan", rec: Record{Owner: "checkpoint/j/g", Locations: []string{"a:1", "z:0"}},
+			change: true, collected: true, drop: []string{"a:1"}},
+		{name: "an orphan of no checkpoint is not", key: "objects/orphan", rec: Record{Owner: DetachedOwner, Locations: []string{"a:1"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, ok := Plan("objects/x", tc.rec, w)
+			key := tc.key
+			if key == "" {
+				key = "objects/x"
+			}
+			a, ok := Plan(key, tc.rec, w)
 			if ok != tc.change {
 				t.Fatalf("change %v, want %v (%+v)", ok, tc.change, a)
 			}
@@ -72,8 +80,8 @@ func TestPlan(t *testing.T) {
 				return
 			}
 			if tc.collected {
-				if a.Record != nil {
-					t.Fatalf("want the record deleted, got %+v", a.Record)
+				if a.Record != nil || !slices.Equal(a.Drop, tc.drop) {
+					t.Fatalf("want the record deleted and %v dropped, got %+v", tc.drop, a)
 				}
 				return
 			}
