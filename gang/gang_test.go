@@ -109,13 +109,13 @@ func TestStatementDiscardRestores(t *testing.T) {
 	}
 	snap := func() view {
 		v := view{FreeWhole: append([]int(nil), c.freeWhole...), RackFree: append([]int(nil), c.rackFree...),
-			IslandFree: append([]int(nil), c.islandFree...), Used: c.usedMilli, Partial: len(c.partial)}
+			IslandFree: append([]int(nil), c.islandFree...), Used: c.usedMilli, Partial: c.partial.len()}
 		for _, n := range c.nodes {
 			n.GPUs = append([]GPU(nil), n.GPUs...)
 			v.Nodes = append(v.Nodes, n)
 		}
 		for _, b := range c.byFree {
-			v.Buckets = append(v.Buckets, len(b.ids))
+			v.Buckets = append(v.Buckets, b.len())
 		}
 		return v
 	}

@@ -51,6 +51,9 @@ var (
 	ErrNeverFits = api.ErrNeverFits
 	// ErrNoCapacity: a gang that does not fit now.
 	ErrNoCapacity = api.ErrNoCapacity
+	// ErrSaturated: the cluster's queue is full (past its bound of pending gangs); retry
+	// later (the error's RetryAfter says when).
+	ErrSaturated = api.ErrSaturated
 	// ErrUnknownObject: no object with that id (never created, or freed).
 	ErrUnknownObject = errors.New("sdk: unknown object")
 	// ErrOwnerDied: the object's owner (the driver, worker incarnation or job that put it)
@@ -422,14 +425,14 @@ func (c *Cluster) Address() string { return api.FormatAddress(c.c.client.Heads()
 // Embedded reports whether this is an embedded cluster (Local).
 func (c *Cluster) Embedded() bool { return c.embedded != nil }
 
-// Status is the cluster as its leader head sees it: heads, machines, gangs.
-type Status = api.Status
-
 // Status asks the leader head for the cluster's status.
-func (c *Cluster) Status(ctx context.Context) (Status, error) { return c.c.client.Status(ctx) }
-
-// Machine is a machine of the cluster as its agent registered it.
-type Machine = api.Machine
+func (c *Cluster) Status(ctx context.Context) (Status, error) {
+	st, err := c.c.client.Status(ctx)
+	if err != nil {
+		return Status{}, err
+	}
+	return fromAPIStatus(st), nil
+}
 
 // Machines lists the cluster's machines (alive or not), by name.
 func (c *Cluster) Machines(ctx context.Context) ([]Machine, error) { return c.c.machines(ctx) }
@@ -441,11 +444,11 @@ func (c *conn) machines(ctx context.Context) ([]Machine, error) {
 	}
 	var out []Machine
 	for _, kv := range l.KVs {
-		var m Machine
+		var m api.Machine
 		if err := json.Unmarshal(kv.Value, &m); err != nil {
 			return nil, fmt.Errorf("sdk: machine %s: %w", kv.Key, err)
 		}
-		out = append(out, m)
+		out = append(out, fromAPIMachine(m))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil

@@ -443,7 +443,7 @@ func (g *Gang) Placement() Placement {
 	if g.rec.Placement == nil {
 		return Placement{}
 	}
-	return *g.rec.Placement
+	return fromAPIPlacement(*g.rec.Placement)
 }
 
 // Restarts counts gang restarts so far.
@@ -461,11 +461,30 @@ func (g *Gang) Generation() int {
 	return g.rec.Generation
 }
 
+// GangState is where a gang is.
+type GangState string
+
+// Gang states.
+const (
+	// GangPending: accepted, waiting for capacity (its status's Reason says for what).
+	GangPending GangState = "pending"
+	// GangStarting: placed; its workers are starting.
+	GangStarting GangState = "starting"
+	// GangRunning: every worker of its current generation is ready.
+	GangRunning GangState = "running"
+	// GangRestarting: a worker failed; the gang restarts as its next generation.
+	GangRestarting GangState = "restarting"
+	// GangFailed: out of restarts (or a permanent error); its GPUs are free.
+	GangFailed GangState = "failed"
+	// GangStopped: stopped by its driver (or its job ended); its GPUs are free.
+	GangStopped GangState = "stopped"
+)
+
 // State is the gang's state: pending, starting, running, restarting, failed or stopped.
-func (g *Gang) State() string {
+func (g *Gang) State() GangState {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return string(g.rec.State)
+	return GangState(g.rec.State)
 }
 
 // Err is non-nil once the gang has failed for good (wrapping ErrGangFailed, with the
@@ -577,7 +596,13 @@ func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 		freeParts()
 		return fmt.Errorf("sdk: checkpoint of gang %q at step %d: %w", g.name, step, err)
 	}
-	cp := api.Checkpoint{Job: g.job, Gang: g.name, Step: step, Objects: ids, Parts: parts, Copies: 2, Time: time.Now()}
+	// The save's duration is in the manifest, so that a new leader prices a stop of the
+	// gang from the log as the old one did from the report below.
+	save := api.Duration(time.Since(start))
+	cp := api.Checkpoint{Job: g.job, Gang: g.name, Step: step, Objects: ids, Parts: parts, Copies: 2, Time: time.Now(), Save: save}
+	for _, p := range parts {
+		cp.Bytes += p.Size
+	}
 	if len(shared) > 0 && shared[0] != "" && !slices.ContainsFunc(shared, func(d string) bool { return d != shared[0] }) {
 		cp.SharedDir = shared[0]
 	}
@@ -591,7 +616,7 @@ func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 	g.mu.Unlock()
 	// The leader counts an eviction's lost work from here, and learns what a save costs.
 	if err := c.client.ReportCheckpoint(ctx, api.CheckpointReport{Job: g.job, Gang: g.name, UID: uid, Step: step, At: cp.Time,
-		Save: api.Duration(time.Since(start))}); err != nil {
+		Save: save}); err != nil {
 		c.log.Debug("could not report a checkpoint to the leader", zap.String("gang", g.key), zap.Error(err))
 	}
 	return g.prune(ctx)
@@ -787,7 +812,26 @@ func (j *Job) Stop(ctx context.Context) error {
 }
 
 // WorkerInfo is where a gang member runs: its machine, its process, its actor.
-type WorkerInfo = api.Worker
+type WorkerInfo struct {
+	Job        string `json:"job"`
+	Gang       string `json:"gang"`
+	Rank       int    `json:"rank"`
+	Generation int    `json:"generation"`
+	// GangUID tells the gang from an earlier one of the same job and gang names.
+	GangUID string `json:"gang_uid"`
+	Machine string `json:"machine"`
+	// Address is the worker's actor system (host:port, or "nonhost" for a worker inside
+	// the driver's process); ActorID its actor's id there.
+	Address string `json:"address"`
+	ActorID string `json:"actor_id"`
+	// Collective is the id of the worker's collective endpoint actor, on the same system.
+	Collective string `json:"collective,omitempty"`
+	// Transfer is where the worker serves its collective chunks (host:port), if it does.
+	Transfer string `json:"transfer,omitempty"`
+	// PID is the worker's process id; Started when it became ready.
+	PID     int       `json:"pid"`
+	Started time.Time `json:"started"`
+}
 
 // Workers describes the workers of the gang's current incarnation that are ready, by rank.
 func (g *Gang) Workers() []WorkerInfo {
@@ -796,7 +840,7 @@ func (g *Gang) Workers() []WorkerInfo {
 	var out []WorkerInfo
 	for _, m := range g.ranksLocked() {
 		if w, ok := g.workers[m]; ok && w.Generation == g.rec.Generation {
-			out = append(out, w)
+			out = append(out, fromAPIWorker(w))
 		}
 	}
 	return out

@@ -704,6 +704,7 @@ func headsOf(ctx context.Context, c *dialed, leader uint64) []api.HeadInfo {
 
 func printStatus(w io.Writer, st api.Status) {
 	fmt.Fprintf(w, "leader: head %d\n", st.Leader)
+	fmt.Fprintf(w, "term: %d\n", st.Term)
 	if st.Dashboard != "" {
 		fmt.Fprintf(w, "dashboard: %s\n", st.Dashboard)
 	}
@@ -731,6 +732,17 @@ func printStatus(w io.Writer, st api.Status) {
 			load = fmt.Sprintf("%.0f%%/%.0f%%", 100*m.Load.CPU, 100*m.Load.Mem)
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%v\t%s\t%s\t%s\n", m.Name, m.GPUs, m.FreeGPUs, m.Alive, pidText(m.PID), kind, load)
+	}
+	for _, m := range st.Machines {
+		if !m.Cordoned {
+			continue
+		}
+		what := "cordoned"
+		if m.Drained {
+			what = "drained"
+		}
+		fmt.Fprintf(tw, "  %s is %s by %s since %s: %s (atoll undrain %s lifts it)\n", m.Name, what, m.CordonedBy,
+			m.CordonedAt.Local().Format(time.DateTime), m.CordonReason, m.Name)
 	}
 	fmt.Fprintln(tw, "\nGANG\tSTATE\tQUEUE\tREADY\tGEN\tRESTARTS\tMACHINES\tREASON")
 	for _, g := range st.Gangs {

@@ -310,7 +310,7 @@ func TestClusterSurvivesFailures(t *testing.T) {
 	}
 	found := 0
 	for _, gs := range st2.Gangs {
-		if gs.Job == "survivor" && (gs.Name == "g" || gs.Name == "after") && gs.State == api.GangRunning {
+		if gs.Job == "survivor" && (gs.Name == "g" || gs.Name == "after") && gs.State == sdk.GangRunning {
 			found++
 		}
 	}

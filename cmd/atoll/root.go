@@ -42,6 +42,7 @@ func newRootCmd() *cobra.Command {
 		newDemoCmd(),
 		newDownCmd(),
 		newDrainCmd(),
+		newUndrainCmd(),
 		newEventsCmd(),
 		newHeadCmd(),
 		newInitCmd(),

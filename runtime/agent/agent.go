@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -367,13 +368,7 @@ func (a *Agent) loadLoop() {
 		// GPU use: measuring it needs NVML's utilization counters on real GPUs, which this
 		// agent does not read yet; the share of GPUs held by running workers stands in, and
 		// the report says so (GPUMeasured false).
-		held := 0
-		for _, w := range a.workers {
-			held += len(w.spec.Member.GPUs)
-		}
-		if n := len(a.cfg.Spec.GPUs); n > 0 {
-			l.GPU = min(1, float64(held)/float64(n))
-		}
+		l.GPU = heldShare(a.heldGPUsLocked(), len(a.cfg.Spec.GPUs))
 		a.obs.last = l
 		a.mu.Unlock()
 		ctx, cancel := context.WithTimeout(a.ctx, 2*time.Second)
@@ -388,32 +383,30 @@ func (a *Agent) loadLoop() {
 	}
 }
 
+// heldGPUsLocked counts the cards held by the workers this agent runs (started or starting).
+func (a *Agent) heldGPUsLocked() int {
+	held := 0
+	for _, w := range a.workers {
+		held += len(w.spec.Member.GPUs)
+	}
+	return held
+}
+
+// heldShare is the share of a machine's n cards that are held, in [0, 1] (0 without cards).
+func heldShare(held, n int) float64 {
+	if n <= 0 {
+		return 0
+	}
+	return min(1, float64(held)/float64(n))
+}
+
 // watchLoop follows the gangs table and reconciles the workers after every change.
 func (a *Agent) watchLoop() {
 	defer a.wg.Done()
 	for a.ctx.Err() == nil {
 		err := a.client.Watch(a.ctx, api.TableGangs, func(reset bool, l api.Listing, evs []meta.Event) error {
 			a.mu.Lock()
-			if reset {
-				a.gangs = map[string]api.Gang{}
-				for _, kv := range l.KVs {
-					var g api.Gang
-					if json.Unmarshal(kv.Value, &g) == nil {
-						a.gangs[g.Spec.Key()] = g
-					}
-				}
-			}
-			for _, ev := range evs {
-				k := ev.KV.Key[len(api.TableGangs):]
-				if ev.Type == meta.EventDelete {
-					delete(a.gangs, k)
-					continue
-				}
-				var g api.Gang
-				if json.Unmarshal(ev.KV.Value, &g) == nil {
-					a.gangs[k] = g
-				}
-			}
+			a.gangs = applyGangs(a.gangs, reset, l, evs)
 			a.mu.Unlock()
 			a.reconcile()
 			return nil
@@ -428,10 +421,47 @@ func (a *Agent) watchLoop() {
 	}
 }
 
+// applyGangs applies what a watch of the gangs table saw to gangs (by job/gang) and
+// returns it: a reset replaces it with the listing, events put and delete records.
+// Records that do not decode are skipped.
+func applyGangs(gangs map[string]api.Gang, reset bool, l api.Listing, evs []meta.Event) map[string]api.Gang {
+	if reset {
+		gangs = map[string]api.Gang{}
+		for _, kv := range l.KVs {
+			var g api.Gang
+			if json.Unmarshal(kv.Value, &g) == nil {
+				gangs[g.Spec.Key()] = g
+			}
+		}
+	}
+	for _, ev := range evs {
+		k := ev.KV.Key[len(api.TableGangs):]
+		if ev.Type == meta.EventDelete {
+			delete(gangs, k)
+			continue
+		}
+		var g api.Gang
+		if json.Unmarshal(ev.KV.Value, &g) == nil {
+			gangs[k] = g
+		}
+	}
+	return gangs
+}
+
 // desiredLocked computes the workers this machine should run, by job/gang/rank.
 func (a *Agent) desiredLocked() map[string]api.WorkerSpec {
+	base := api.WorkerSpec{Machine: a.cfg.Name, Simulated: a.cfg.Simulated, Heads: a.client.Heads(), Token: string(a.cfg.Token),
+		CACert: string(a.cfg.CACert), Agent: a.addr, Transfer: a.node.Addr}
+	return desired(a.gangs, a.exited, base)
+}
+
+// desired computes the workers the machine base.Machine should run, by job/gang/rank: its
+// members (not removed) of the gangs starting or running, each a copy of base (what is
+// the same for every worker of the machine) with the member's part filled in, but those
+// that exited by themselves (exited, by exitKey).
+func desired(gangs map[string]api.Gang, exited map[string]bool, base api.WorkerSpec) map[string]api.WorkerSpec {
 	out := map[string]api.WorkerSpec{}
-	for _, g := range a.gangs {
+	for _, g := range gangs {
 		if (g.State != api.GangStarting && g.State != api.GangRunning) || g.Placement == nil {
 			continue
 		}
@@ -441,14 +471,15 @@ func (a *Agent) desiredLocked() map[string]api.WorkerSpec {
 			epoch = g.World.Epoch
 		}
 		for rank, m := range g.Placement.Members {
-			if m.Machine != a.cfg.Name || m.Removed {
+			if m.Machine != base.Machine || m.Removed {
 				continue
 			}
-			s := api.WorkerSpec{Job: g.Spec.Job, Gang: g.Spec.Name, Rank: rank, Generation: g.Generation, GangUID: g.UID, Kind: g.Spec.Kind, Args: g.Spec.Args,
-				Machine: a.cfg.Name, Simulated: a.cfg.Simulated, Member: m, Placement: *g.Placement, World: world, Epoch: epoch, Heads: a.client.Heads(),
-				Token: string(a.cfg.Token), CACert: string(a.cfg.CACert), Agent: a.addr, Transfer: a.node.Addr, Driver: g.Spec.Driver}
+			s := base
+			s.Heads = slices.Clone(base.Heads)
+			s.Job, s.Gang, s.Rank, s.Generation, s.GangUID, s.Kind, s.Args = g.Spec.Job, g.Spec.Name, rank, g.Generation, g.UID, g.Spec.Kind, g.Spec.Args
+			s.Member, s.Placement, s.World, s.Epoch, s.Driver = m, *g.Placement, world, epoch, g.Spec.Driver
 			s.Holder = "worker/" + s.Key()
-			if a.exited[exitKey(s)] {
+			if exited[exitKey(s)] {
 				continue // it exited by itself: the leader decides what comes next
 			}
 			out[fmt.Sprintf("%s/%s/%d", s.Job, s.Gang, s.Rank)] = s
@@ -461,6 +492,43 @@ func (a *Agent) desiredLocked() map[string]api.WorkerSpec {
 // until that gang generation is over.
 func exitKey(s api.WorkerSpec) string { return s.GangUID + "/" + s.Key() }
 
+// forgetExits drops the exits remembered of gangs that are no longer in the table (by UID
+// and names).
+func forgetExits(exited map[string]bool, gangs map[string]api.Gang) {
+	live := map[string]bool{}
+	for _, g := range gangs {
+		live[fmt.Sprintf("%s/%s/%s/", g.UID, g.Spec.Job, g.Spec.Name)] = true
+	}
+	for k := range exited {
+		if i := strings.LastIndexByte(k, '/'); i < 0 || !live[k[:i+1]] {
+			delete(exited, k)
+		}
+	}
+}
+
+// reconcilePlan compares the workers there are with those wanted (both by job/gang/rank):
+// it returns those to stop (not wanted, or wanted in another generation; not stopping
+// already) and the keys of those to start, sorted. A worker still there, stopping or
+// not, is not started again: the reconcile after it stopped starts its successor.
+func reconcilePlan(workers map[string]*worker, want map[string]api.WorkerSpec) (stop []*worker, start []string) {
+	for k, w := range workers {
+		d, ok := want[k]
+		if ok && d.Generation == w.spec.Generation {
+			continue
+		}
+		if !w.stopping {
+			stop = append(stop, w)
+		}
+	}
+	for k := range want {
+		if _, ok := workers[k]; !ok {
+			start = append(start, k)
+		}
+	}
+	sort.Strings(start)
+	return stop, start
+}
+
 // reconcile stops the workers that should not run and starts those missing.
 func (a *Agent) reconcile() {
 	a.mu.Lock()
@@ -468,36 +536,14 @@ func (a *Agent) reconcile() {
 	if a.ctx.Err() != nil {
 		return
 	}
-	// Forget the exits of gang generations that are over.
-	live := map[string]bool{}
-	for _, g := range a.gangs {
-		live[fmt.Sprintf("%s/%s/%s/", g.UID, g.Spec.Job, g.Spec.Name)] = true
-	}
-	for k := range a.exited {
-		if i := strings.LastIndexByte(k, '/'); i < 0 || !live[k[:i+1]] {
-			delete(a.exited, k)
-		}
-	}
+	forgetExits(a.exited, a.gangs)
 	want := a.desiredLocked()
-	for k, w := range a.workers {
-		d, ok := want[k]
-		if ok && d.Generation == w.spec.Generation {
-			continue
-		}
-		if !w.stopping {
-			w.stopping = true
-			go a.stopWorker(w)
-		}
+	stop, start := reconcilePlan(a.workers, want)
+	for _, w := range stop {
+		w.stopping = true
+		go a.stopWorker(w)
 	}
-	keys := make([]string, 0, len(want))
-	for k := range want {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if _, ok := a.workers[k]; ok {
-			continue // running (or stopping: the next reconcile after it stops starts the new one)
-		}
+	for _, k := range start {
 		w := &worker{spec: want[k]}
 		a.workers[k] = w
 		go a.launch(k, w)

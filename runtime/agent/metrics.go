@@ -64,10 +64,7 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	a.mu.Lock()
-	workers, held := len(a.workers), 0
-	for _, w := range a.workers {
-		held += len(w.spec.Member.GPUs)
-	}
+	workers, held := len(a.workers), a.heldGPUsLocked()
 	l, inc := a.obs.last, a.incarnation
 	a.mu.Unlock()
 	g(descWorkers, float64(workers))

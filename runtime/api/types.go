@@ -26,6 +26,7 @@ package api
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"regexp"
 	"strings"
 	"time"
@@ -46,8 +47,17 @@ const (
 	TableEvents      = string(meta.TableEvents)
 	TableConfig      = string(meta.TableConfig)
 	TableOwners      = string(meta.TableOwners)
+	TableControl     = string(meta.TableControl)
 	// SchedulerConfigKey is the key of the SchedulerConfig record.
 	SchedulerConfigKey = TableConfig + "scheduler"
+	// TermKey is the key of the ControlTerm record: the leader term, counted in the log.
+	TermKey = TableControl + "term"
+	// CordonsPrefix prefixes the machines' Cordon records (CordonsPrefix + machine name).
+	CordonsPrefix = TableControl + "cordons/"
+	// CostsPrefix prefixes the LearnedCosts records (CostsPrefix + CostsKey(GPU model)).
+	CostsPrefix = TableControl + "costs/"
+	// WorkloadKey is the key of the workload the scheduler learned from submissions.
+	WorkloadKey = TableControl + "workload"
 )
 
 // Errors of the API. They cross HTTP as status codes and error kinds, so errors.Is works
@@ -388,10 +398,97 @@ type Gang struct {
 	Preemptions int `json:"preemptions,omitempty"`
 	Resizes     int `json:"resizes,omitempty"`
 	// Reason says why the gang waits, restarted, failed or stopped.
-	Reason  string    `json:"reason,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// Created is when it was admitted (its submission time: priority aging counts from
+	// here).
 	Created time.Time `json:"created"`
 	Updated time.Time `json:"updated"`
+	// Sched is what the scheduler's decisions about the gang depend on beyond its spec,
+	// committed with each change of the gang, so that a new leader decides as the old one
+	// would have.
+	Sched *GangSched `json:"sched,omitempty"`
 }
+
+// GangSched is a gang's scheduling record (the scheduler core's gang.Record, with machine
+// names for node indexes): its place in arrival order, its aging inputs, the service it
+// attained and the work it kept, a stop or shrink under way, a preemptor's hold.
+type GangSched struct {
+	// Seq is the gang's submission sequence, increasing across the cluster: the queue
+	// order among gangs that are otherwise equal.
+	Seq int64 `json:"seq"`
+	// Queued is when it last entered its queue (admitted, stopped, or its machine lost).
+	Queued time.Time `json:"queued,omitempty"`
+	// Started is when its current placement was made.
+	Started time.Time `json:"started,omitempty"`
+	// Attained is the GPU-seconds of service it received up to AttainedAt.
+	Attained   float64   `json:"attained_gpu_s,omitempty"`
+	AttainedAt time.Time `json:"attained_at,omitempty"`
+	// Progress is the work kept across stops.
+	Progress Duration `json:"progress,omitempty"`
+	// Evictions counts its preemptions (LastEvicted the latest); Resizes its grows and
+	// shrinks (LastResized the latest decided).
+	Evictions   int       `json:"evictions,omitempty"`
+	LastEvicted time.Time `json:"last_evicted,omitempty"`
+	Resizes     int       `json:"resizes,omitempty"`
+	LastResized time.Time `json:"last_resized,omitempty"`
+	// Stopping: a preemption victim whose checkpoint will hold the run up to KeptUntil.
+	Stopping  bool      `json:"stopping,omitempty"`
+	KeptUntil time.Time `json:"kept_until,omitempty"`
+	// ShrinkTo and ShrinkIndex: a shrink under way, to ShrinkTo members, dropping these
+	// positions of its active members.
+	ShrinkTo    int   `json:"shrink_to,omitempty"`
+	ShrinkIndex []int `json:"shrink_index,omitempty"`
+	// Hold is a waiting preemptor's hold on the machines freed for it.
+	Hold *GangHold `json:"hold,omitempty"`
+	// FitSince is when a waiting gang was first found room since it queued.
+	FitSince time.Time `json:"fit_since,omitempty"`
+}
+
+// GangHold is a preemptor's hold on machines, from Start until it is placed.
+type GangHold struct {
+	Machines   []string  `json:"machines"`
+	Start      time.Time `json:"start"`
+	SkipPermit bool      `json:"skip_permit,omitempty"`
+}
+
+// ControlTerm is the leader term: every head that takes the leadership commits the next
+// one before it decides anything (the TermKey record).
+type ControlTerm struct {
+	Term   int64     `json:"term"`
+	Leader uint64    `json:"leader"`
+	Since  time.Time `json:"since"`
+}
+
+// Cordon keeps new gangs off a machine (a CordonsPrefix record): an operator's drain
+// (atoll drain, lifted by atoll undrain) or the pools draining a machine before removing
+// it. It outlives leader changes and the machine's own restarts.
+type Cordon struct {
+	Machine string `json:"machine"`
+	// By is who cordoned it ("pools", or the operator's identity); Reason why.
+	By     string    `json:"by"`
+	Reason string    `json:"reason,omitempty"`
+	At     time.Time `json:"at"`
+	// Drain: its gangs were also given drain notices (checkpoint, stop, queue again).
+	Drain bool `json:"drain,omitempty"`
+}
+
+// LearnedCosts is what the leader learned of one GPU model's restart costs from
+// measurements (a CostsPrefix record): the correction factor of the default curve for
+// each kind ("cuda_context", "communicator") and the measurements it rests on. It is
+// committed in batches (a few a second at most), not once per measurement.
+type LearnedCosts struct {
+	GPUModel string                 `json:"gpu_model"`
+	Kinds    map[string]LearnedCost `json:"kinds"`
+}
+
+// LearnedCost is one kind's learned correction factor.
+type LearnedCost struct {
+	Factor float64 `json:"factor"`
+	Count  int     `json:"count"`
+}
+
+// CostsKey is the key, under CostsPrefix, of a GPU model's LearnedCosts.
+func CostsKey(model string) string { return url.PathEscape(model) }
 
 // Active lists the members that are not Removed, by index (all of them when the gang has
 // no placement yet: none).
@@ -609,6 +706,10 @@ type Checkpoint struct {
 	// SharedDir is the shared checkpoint directory holding the second copy of every part,
 	// if any.
 	SharedDir string `json:"shared_dir,omitempty"`
+	// Save is how long writing it took, Bytes its size (0: not measured): the leader
+	// prices a stop of the gang from them, from the log.
+	Save  Duration `json:"save,omitempty"`
+	Bytes int64    `json:"bytes,omitempty"`
 }
 
 // CheckpointPart is one rank's part of a checkpoint: its object, size and checksum
@@ -688,6 +789,13 @@ type MachineStatus struct {
 	Rack      int    `json:"rack"`
 	Load      *Load  `json:"load,omitempty"`
 	Agent     string `json:"agent,omitempty"`
+	// Cordoned: nothing new is placed on it (a drain, or the pools removing it), for
+	// CordonReason, since CordonedAt, by CordonedBy.
+	Cordoned     bool      `json:"cordoned"`
+	CordonReason string    `json:"cordon_reason"`
+	CordonedBy   string    `json:"cordoned_by,omitempty"`
+	CordonedAt   time.Time `json:"cordoned_at,omitzero"`
+	Drained      bool      `json:"drained,omitempty"`
 }
 
 // GangStatus is a gang's line in the cluster status.
@@ -716,7 +824,10 @@ type GangStatus struct {
 
 // Status is the cluster as the leader sees it (`atoll status --json`).
 type Status struct {
-	Leader   uint64          `json:"leader"`
+	Leader uint64 `json:"leader"`
+	// Term is the leader term: it increases at every change of leader (the ControlTerm
+	// the answering leader committed when it took office).
+	Term     int64           `json:"term"`
 	Heads    []HeadInfo      `json:"heads"`
 	Machines []MachineStatus `json:"machines"`
 	Gangs    []GangStatus    `json:"gangs"`
@@ -745,7 +856,7 @@ type ObjectsStatus struct {
 }
 
 // SchedulerConfig is the operator's configuration of the scheduler (GET and PUT
-// /v1/scheduler, `atoll queues`, `atoll head --queues FILE`), kept in the log.
+// /v1/scheduler, `atoll queues`), kept in the log.
 type SchedulerConfig struct {
 	// Queues share the cluster: each gang names one (GangSpec.Queue; DefaultQueue when it
 	// names none). A queue's path is slash-separated ("research/vision" is a child of
@@ -942,4 +1053,14 @@ type DrainRequest struct {
 	Machine  string    `json:"machine"`
 	Deadline time.Time `json:"deadline,omitempty"`
 	Reason   string    `json:"reason,omitempty"`
+	// By says who drains it (an operator's name; the head prefixes the name of the
+	// caller's certificate when it has one).
+	By string `json:"by,omitempty"`
+}
+
+// UndrainRequest lifts a machine's drain or cordon (POST /v1/machines/undrain): new gangs
+// may be placed on it again. Gangs already stopped by the drain stay where they went.
+type UndrainRequest struct {
+	Machine string `json:"machine"`
+	By      string `json:"by,omitempty"`
 }

@@ -120,8 +120,11 @@ func NewAPI(ctl *Controller, rep *paxos.Replica, sm *metaserver.StateMachine, to
 	m.HandleFunc("POST /v1/gangs/world", post(a, func(ctx context.Context, w api.WorldChange) (any, error) { return nil, ctl.TakeWorld(ctx, w) }))
 	m.HandleFunc("POST /v1/gangs/checkpointed", post(a, func(_ context.Context, r api.CheckpointReport) (any, error) { return nil, ctl.CheckpointReported(r) }))
 	m.HandleFunc("POST /v1/costs", post(a, func(_ context.Context, r api.CostReport) (any, error) { return nil, ctl.ObserveCost(r) }))
-	m.HandleFunc("POST /v1/machines/drain", post(a, func(ctx context.Context, d api.DrainRequest) (any, error) {
-		return nil, ctl.Drain(ctx, d.Machine, d.Deadline, d.Reason)
+	m.HandleFunc("POST /v1/machines/drain", postReq(a, func(r *http.Request, d api.DrainRequest) (any, error) {
+		return nil, ctl.DrainAs(a.ctx(r), caller(r, d.By), d)
+	}))
+	m.HandleFunc("POST /v1/machines/undrain", postReq(a, func(r *http.Request, u api.UndrainRequest) (any, error) {
+		return nil, ctl.Undrain(a.ctx(r), u.Machine, caller(r, u.By))
 	}))
 	m.HandleFunc("POST /v1/pools/interrupt", post(a, func(_ context.Context, r api.InterruptRequest) (any, error) { return nil, ctl.InjectInterruption(r) }))
 	m.HandleFunc("GET /v1/scheduler", func(w http.ResponseWriter, r *http.Request) {
@@ -173,8 +176,28 @@ func withDeadline(r *http.Request) (*http.Request, context.CancelFunc) {
 	return r.WithContext(context.WithValue(ctx, ctxKey{}, ctx)), cancel
 }
 
+// caller names who makes a request: the name the caller declares, after the name of its
+// certificate when it has one ("cli-admin: alice@host").
+func caller(r *http.Request, declared string) string {
+	if len(declared) > 200 {
+		declared = declared[:200]
+	}
+	if cn, ok := pki.Verified(r.TLS); ok {
+		if declared == "" {
+			return cn
+		}
+		return cn + ": " + declared
+	}
+	return declared
+}
+
 // post decodes a JSON body into In, calls fn, and answers its result.
 func post[In any](a *API, fn func(context.Context, In) (any, error)) http.HandlerFunc {
+	return postReq(a, func(r *http.Request, in In) (any, error) { return fn(a.ctx(r), in) })
+}
+
+// postReq is post for a handler that reads the request too (its caller).
+func postReq[In any](a *API, fn func(*http.Request, In) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r, cancel := withDeadline(r)
 		defer cancel()
@@ -188,7 +211,7 @@ func post[In any](a *API, fn func(context.Context, In) (any, error)) http.Handle
 			a.answer(w, r, nil, fmt.Errorf("%w: %s: %v", api.ErrInvalid, r.URL.Path, err))
 			return
 		}
-		out, err := fn(a.ctx(r), in)
+		out, err := fn(r, in)
 		a.answer(w, r, out, err)
 	}
 }

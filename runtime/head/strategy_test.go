@@ -31,9 +31,10 @@ func distinct(g api.Gang, gpus int) bool {
 }
 
 // TestStrictSpreadMachineLoss: a strict-spread gang placed by the core moves, when one of
-// its machines is lost, to machines that are all different again; a strict spread over
-// more machines than are left is refused as never fitting, and so, with two machines
-// left, the gang fails as any gang too large for the machines left does.
+// its machines is lost, to machines that are all different again; a new strict spread
+// over more machines than there are is refused as never fitting, but the admitted gang,
+// with two machines left, waits in its queue (a lost machine fails no gang) and is placed
+// on three distinct machines again when one comes back.
 func TestStrictSpreadMachineLoss(t *testing.T) {
 	heads, c := group(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -71,12 +72,29 @@ func TestStrictSpreadMachineLoss(t *testing.T) {
 	if _, err := c.SpawnGang(ctx, api.GangSpec{Job: "j", Name: "t", Kind: "k", Workers: 4, Strategy: api.StrategyStrictSpread}); !errors.Is(err, api.ErrNeverFits) {
 		t.Fatalf("a strict spread of 4 over 3 machines: %v, want ErrNeverFits", err)
 	}
-	if err := ctl.MachineDown(ctx, g.Placement.Members[0].Machine, "test"); err != nil {
+	second := g.Placement.Members[0].Machine
+	if err := ctl.MachineDown(ctx, second, "test"); err != nil {
 		t.Fatal(err)
 	}
-	g = waitGang(t, c, "j", "s", func(g api.Gang) bool { return g.State == api.GangFailed })
-	if !strings.Contains(g.Reason, "strict spread") {
-		t.Fatalf("failed with reason %q: want the strict spread named", g.Reason)
+	g = waitGang(t, c, "j", "s", func(g api.Gang) bool { return g.Generation == 2 })
+	if g.State != api.GangPending || !strings.Contains(g.Reason, second) {
+		t.Fatalf("after losing a second machine the gang is %s (%q): want it waiting, naming %s", g.State, g.Reason, second)
+	}
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, gs := range st.Gangs {
+		if gs.Name == "s" && (gs.State != api.GangPending || !strings.Contains(gs.Reason, "strict-spread")) {
+			t.Fatalf("status of the waiting gang: %s %q; want it pending for the strict spread", gs.State, gs.Reason)
+		}
+	}
+	if _, err := c.RegisterMachine(ctx, machine(t, lost)); err != nil {
+		t.Fatal(err)
+	}
+	g = waitGang(t, c, "j", "s", func(g api.Gang) bool { return g.State == api.GangStarting })
+	if !distinct(g, 2) || g.Generation != 2 {
+		t.Fatalf("after %s came back the gang is placed as %+v (generation %d)", lost, g.Placement, g.Generation)
 	}
 }
 
