@@ -45,7 +45,14 @@ func fromAPIMachine(m api.Machine) Machine {
 func fromAPIStatus(s api.Status) Status {
 	return Status{Leader: s.Leader, Term: s.Term, Heads: convert(s.Heads, fromAPIHead), Machines: convert(s.Machines, fromAPIMachineStatus),
 		Gangs: convert(s.Gangs, fromAPIGangStatus), Revision: s.Revision, Dashboard: s.Dashboard, Pools: fromAPIPools(s.Pools),
-		Queues: convert(s.Queues, fromAPIQueue)}
+		Queues: convert(s.Queues, fromAPIQueue), Objects: fromAPIObjects(s.Objects)}
+}
+
+func fromAPIObjects(o *api.ObjectsStatus) *ObjectsStatus {
+	if o == nil {
+		return nil
+	}
+	return &ObjectsStatus{Records: o.Records, Live: o.Live, Durable: o.Durable, Lost: o.Lost, OwnerDied: o.OwnerDied, LiveBytes: o.LiveBytes}
 }
 
 func fromAPIHead(h api.HeadInfo) HeadStatus {
