@@ -90,7 +90,7 @@ func storeMetric(ctx context.Context, t *testing.T, d *dialed, agentURL, tier st
 // object size limit with a 413 naming the limit before reading it, refuses a body of
 // undeclared length (411), and gives back at once what a body that broke off held;
 // `atoll submit` refuses a program that is not a regular file (/dev/zero) instead of
-// reading it.
+// reading it; a head refuses a body over its limit with a 413 naming the limit.
 func TestAgentUploadsStreamedAndBounded(t *testing.T) {
 	const limit = 128 << 20
 	bin, dir := upCluster(t, 1, "--max-object-size", strconv.Itoa(limit))
@@ -161,6 +161,24 @@ func TestAgentUploadsStreamedAndBounded(t *testing.T) {
 		now := inUse()
 		return now == held, fmt.Sprintf("%.0f bytes in use, %.0f before", now, held)
 	})
+
+	// A head refuses a body over its limit with a 413 naming it, before reading it whole.
+	hb := &countingReader{n: 64 << 20}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, d.Heads()[0]+"/v1/jobs", hb)
+	req.ContentLength = 64 << 20
+	req.Header.Set("Authorization", "Bearer "+d.token)
+	if resp, err := d.hc.Do(req); err != nil {
+		t.Fatalf("a large body to a head: %v", err)
+	} else {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "4194304") {
+			t.Fatalf("a body over a head's limit: %d %s; want 413 naming its limit", resp.StatusCode, b)
+		}
+	}
+	if hb.read > 16<<20 {
+		t.Fatalf("the head read %d MiB of a body it refused", hb.read>>20)
+	}
 
 	// `atoll submit` streams a regular file and refuses anything else.
 	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)

@@ -262,7 +262,7 @@ func (a *Agent) put(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body := http.MaxBytesReader(w, r.Body, r.ContentLength)
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Minute) // room, then the body
 	defer cancel()
 	m, err := a.local.PutFrom(ctx, holder, r.ContentLength, body)
 	if err != nil {
