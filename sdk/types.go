@@ -56,7 +56,7 @@ func fromAPIObjects(o *api.ObjectsStatus) *ObjectsStatus {
 }
 
 func fromAPIHead(h api.HeadInfo) HeadStatus {
-	return HeadStatus{ID: h.ID, Address: h.Address, Serf: h.Serf, PID: h.PID, Leader: h.Leader}
+	return HeadStatus{ID: h.ID, Address: h.Address, Serf: h.Serf, PID: h.PID, Leader: h.Leader, DiskFull: h.DiskFull, Error: h.Error}
 }
 
 func fromAPIMachineStatus(m api.MachineStatus) MachineStatus {

@@ -218,8 +218,9 @@ func startAgent(ctx context.Context, t *testing.T, bin, dir, name string, d *dia
 		t.Fatal(err)
 	}
 	defer logf.Close()
+	adir := filepath.Join(dir, "agents", name)
 	cmd := exec.Command(bin, append([]string{"agent", "--join", cf.Address, "--name", name, "--machine", cf.Machine,
-		"--dir", filepath.Join(dir, "agents", name)}, args...)...)
+		"--dir", adir}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), "ATOLL_TOKEN_FILE="+cf.TokenFile, api.CACertEnv+"="+cf.CACert)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -227,14 +228,15 @@ func startAgent(ctx context.Context, t *testing.T, bin, dir, name string, d *dia
 		t.Fatal(err)
 	}
 	go func() { _ = cmd.Wait() }()
-	found := false
-	for i := range cf.Agents {
-		if cf.Agents[i].Name == name {
-			cf.Agents[i].PID, found = cmd.Process.Pid, true
-		}
+	i := slices.IndexFunc(cf.Agents, func(p procInfo) bool { return p.Name == name })
+	if i < 0 {
+		cf.Agents = append(cf.Agents, procInfo{Name: name, Log: logf.Name(), Dir: adir})
+		i = len(cf.Agents) - 1
 	}
-	if !found {
-		cf.Agents = append(cf.Agents, procInfo{Name: name, PID: cmd.Process.Pid, Log: logf.Name()})
+	p := &cf.Agents[i]
+	p.PID, p.Start, p.Cmdline = cmd.Process.Pid, 0, nil
+	if err := p.identify(); err != nil { // so that atoll down knows it, as one atoll up started
+		t.Fatal(err)
 	}
 	if err := writeClusterFile(dir, cf); err != nil {
 		t.Fatal(err)
