@@ -20,8 +20,8 @@ import (
 // that took it while a second machine pulls a copy and persists it too (or the first
 // machine writes one to the shared checkpoint directory it mounts); the put or the commit
 // is acknowledged once both copies are on disk. The second copy is pulled from shared
-// memory while the first is written, so it costs about the time of one send, not a send
-// after a write.
+// memory while the first is written: on machines with disks of their own it costs a send
+// and a write that overlap the first write, not a send after a write.
 
 // makeDurable persists the copy of id at loc (through own when it is that store, else
 // through the agent or in-process store at loc) while replicateDurably makes the second
@@ -107,7 +107,7 @@ func (c *conn) replicateDurably(ctx context.Context, id object.ID, from, holder 
 	if len(others) == 0 {
 		return api.ObjectInfo{}, fmt.Errorf("%w: object %s: no second alive machine to keep a durable copy on", ErrNotDurable, id.Short())
 	}
-	start := writer + 1
+	start := max(writer, 0) // others[writer] is the alive machine after the writer's, in name order
 	if len(spread) > 0 {
 		start += spread[0]
 	} else {
