@@ -29,6 +29,21 @@ type Status struct {
 	Pools *PoolsStatus `json:"pools,omitempty"`
 	// Queues are the operator's queues with what they hold and wait for.
 	Queues []QueueStatus `json:"queues,omitempty"`
+	// Objects counts the object directory's records (filled by `atoll status`, which reads
+	// them; nil from Cluster.Status).
+	Objects *ObjectsStatus `json:"objects,omitempty"`
+}
+
+// ObjectsStatus counts the object directory's records: the live objects (those with a
+// durable copy among them), and the dead ones kept for a while so their readers learn why
+// they are gone: lost (no copy left anywhere) or owner-died (their owner ended).
+type ObjectsStatus struct {
+	Records   int   `json:"records"`
+	Live      int   `json:"live"`
+	Durable   int   `json:"durable"`
+	Lost      int   `json:"lost"`
+	OwnerDied int   `json:"owner_died"`
+	LiveBytes int64 `json:"live_bytes"`
 }
 
 // HeadStatus is one head as the cluster sees it.
@@ -234,4 +249,6 @@ type AgentAddrs struct {
 	Transfer string `json:"transfer"`
 	// Serf is the agent's gossip address, host:port ("" without membership).
 	Serf string `json:"serf,omitempty"`
+	// CheckpointDir is the shared checkpoint directory the agent mounts ("" without one).
+	CheckpointDir string `json:"checkpoint_dir,omitempty"`
 }

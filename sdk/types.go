@@ -38,14 +38,21 @@ func fromAPIEvictionCosts(c *api.EvictionCosts) *EvictionCosts {
 
 func fromAPIMachine(m api.Machine) Machine {
 	return Machine{Name: m.Name, Rack: m.Rack, Spec: m.Spec, Simulated: m.Simulated,
-		Agent: AgentAddrs{API: m.Agent.API, Transfer: m.Agent.Transfer, Serf: m.Agent.Serf},
+		Agent: AgentAddrs{API: m.Agent.API, Transfer: m.Agent.Transfer, Serf: m.Agent.Serf, CheckpointDir: m.Agent.CheckpointDir},
 		PID:   m.PID, Host: m.Host, Alive: m.Alive, Incarnation: m.Incarnation, Registered: m.Registered, Reason: m.Reason}
 }
 
 func fromAPIStatus(s api.Status) Status {
 	return Status{Leader: s.Leader, Term: s.Term, Heads: convert(s.Heads, fromAPIHead), Machines: convert(s.Machines, fromAPIMachineStatus),
 		Gangs: convert(s.Gangs, fromAPIGangStatus), Revision: s.Revision, Dashboard: s.Dashboard, Pools: fromAPIPools(s.Pools),
-		Queues: convert(s.Queues, fromAPIQueue)}
+		Queues: convert(s.Queues, fromAPIQueue), Objects: fromAPIObjects(s.Objects)}
+}
+
+func fromAPIObjects(o *api.ObjectsStatus) *ObjectsStatus {
+	if o == nil {
+		return nil
+	}
+	return &ObjectsStatus{Records: o.Records, Live: o.Live, Durable: o.Durable, Lost: o.Lost, OwnerDied: o.OwnerDied, LiveBytes: o.LiveBytes}
 }
 
 func fromAPIHead(h api.HeadInfo) HeadStatus {

@@ -27,6 +27,7 @@ import (
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/pools"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/sdk"
 )
 
@@ -47,6 +48,9 @@ type clusterFile struct {
 	// started with ("" for their defaults), kept so that a restart runs them the same.
 	GossipProbe      string `json:"gossip_probe,omitempty"`
 	HeartbeatTimeout string `json:"heartbeat_timeout,omitempty"`
+	// AgentArgs are the options its agents run with (atoll up --reconcile-interval,
+	// --max-object-size, --checkpoint-dir).
+	AgentArgs []string `json:"agent_args,omitempty"`
 }
 
 // upOptions are what a cluster of `atoll up` takes beyond its shape.
@@ -56,6 +60,8 @@ type upOptions struct {
 	// gossipProbe and heartbeatTimeout set the failure detection of the heads and agents
 	// (0: their defaults).
 	gossipProbe, heartbeatTimeout time.Duration
+	// agent are the agents' object store options.
+	agent agentOptions
 }
 
 // procInfo is one process `atoll up` started, with what identifies it (procs.go).
@@ -375,7 +381,33 @@ another process reuses is never taken for one of them.`,
 	f.StringVar(&opts.poolFile, "pools", "", "a pool file: the leader adds and removes agents with the work (local provider; docs/pools.md)")
 	f.DurationVar(&opts.gossipProbe, "gossip-probe", 0, "the heads' and its agents' --gossip-probe (0: theirs, 500ms): "+gossipProbeUsage)
 	f.DurationVar(&opts.heartbeatTimeout, "heartbeat-timeout", 0, "the heads' --heartbeat-timeout (0: theirs, 10s): how long a machine may send no load report before it is declared dead")
+	f.DurationVar(&opts.agent.reconcileInterval, "reconcile-interval", 0, "the agents' --reconcile-interval (0: their default)")
+	f.Int64Var(&opts.agent.maxObjectSize, "max-object-size", 0, "the agents' --max-object-size (0: their default)")
+	f.StringVar(&opts.agent.checkpointDir, "checkpoint-dir", "", "a shared checkpoint directory every agent mounts (their --checkpoint-dir): the second durable copy of checkpoints and detached objects goes there")
 	return cmd
+}
+
+// agentOptions are flags `atoll up` passes on to its agents.
+type agentOptions struct {
+	reconcileInterval time.Duration
+	maxObjectSize     int64
+	checkpointDir     string
+}
+
+func (o agentOptions) args() []string {
+	var a []string
+	if o.reconcileInterval > 0 {
+		a = append(a, "--reconcile-interval", o.reconcileInterval.String())
+	}
+	if o.maxObjectSize > 0 {
+		a = append(a, "--max-object-size", strconv.FormatInt(o.maxObjectSize, 10))
+	}
+	if o.checkpointDir != "" {
+		if abs, err := filepath.Abs(o.checkpointDir); err == nil {
+			a = append(a, "--checkpoint-dir", abs)
+		}
+	}
+	return a
 }
 
 // startCluster starts a cluster of heads and agents as detached processes of this executable
@@ -412,6 +444,9 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		if pools != "" && pools != cf.Pools {
 			return nil, st, fmt.Errorf("the cluster in %s runs the pool file %q, not %q", abs, cf.Pools, pools)
 		}
+		if args := opts.agent.args(); len(args) > 0 && !slices.Equal(args, cf.AgentArgs) {
+			return nil, st, fmt.Errorf("the cluster in %s runs its agents with %q, not %q", abs, cf.AgentArgs, args)
+		}
 		secure = cf.CACert != ""
 		machine = cf.Machine
 	} else {
@@ -427,6 +462,7 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		if opts.heartbeatTimeout > 0 {
 			cf.HeartbeatTimeout = opts.heartbeatTimeout.String()
 		}
+		cf.AgentArgs = opts.agent.args()
 	}
 	for i := len(cf.Agents); i < agents; i++ {
 		name := fmt.Sprintf("node-%d", i)
@@ -501,7 +537,7 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		if a.running() {
 			continue
 		}
-		args := []string{"agent", "--join", cf.Address, "--name", a.Name, "--machine", cf.Machine, "--dir", a.Dir}
+		args := append([]string{"agent", "--join", cf.Address, "--name", a.Name, "--machine", cf.Machine, "--dir", a.Dir}, cf.AgentArgs...)
 		if cf.GossipProbe != "" {
 			args = append(args, "--gossip-probe", cf.GossipProbe)
 		}
@@ -766,6 +802,10 @@ func newStatusCmd() *cobra.Command {
 				return fmt.Errorf("status: %w", err)
 			}
 			st.Heads = headsOf(ctx, c, st.Leader)
+			if kvs, err := c.Meta().Range(ctx, api.TableObjects); err == nil {
+				os := objects.Count(kvs)
+				st.Objects = &os
+			}
 			if cf != nil {
 				for i := range st.Heads {
 					for _, h := range cf.Heads {
@@ -876,6 +916,9 @@ func printStatus(w io.Writer, st api.Status) {
 	}
 	printQueues(tw, st)
 	_ = tw.Flush()
+	if o := st.Objects; o != nil {
+		fmt.Fprintf(w, "\nobjects: %d live (%d durable, %d bytes), %d lost, %d whose owner ended\n", o.Live, o.Durable, o.LiveBytes, o.Lost, o.OwnerDied)
+	}
 }
 
 func pidText(pid int) string {

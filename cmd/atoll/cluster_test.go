@@ -37,7 +37,8 @@ func (c *counter) Checkpoint() ([]byte, error)            { return []byte{byte(c
 func (c *counter) Restore(b []byte) error                 { c.N = int(b[0]); return nil }
 
 func testKinds() []sdk.Option {
-	return []sdk.Option{sdk.Kind("counter", func() sdk.Actor { return &counter{} }, tick{})}
+	return []sdk.Option{sdk.Kind("counter", func() sdk.Actor { return &counter{} }, tick{}),
+		sdk.Kind("blob", func() sdk.Actor { return &blob{} }, bump{}, digestReq{}, putDetached{}, putOwned{})}
 }
 
 func TestMain(m *testing.M) {
@@ -51,8 +52,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// upCluster starts a cluster of real processes and stops it when the test ends.
-func upCluster(t *testing.T, agents int) (bin, dir string) {
+// upCluster starts a cluster of real processes and stops it when the test ends; upArgs
+// are more flags of atoll up.
+func upCluster(t *testing.T, agents int, upArgs ...string) (bin, dir string) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a cluster of processes")
@@ -60,8 +62,8 @@ func upCluster(t *testing.T, agents int) (bin, dir string) {
 	tmp := t.TempDir()
 	bin = buildAtoll(t)
 	dir = filepath.Join(tmp, "cluster")
-	out, err := exec.Command(bin, append([]string{"up", "--dir", dir, "--agents", fmt.Sprint(agents), "--machine", "dgx-h100"},
-		sdktest.UpFlags()...)...).CombinedOutput()
+	out, err := exec.Command(bin, append(append([]string{"up", "--dir", dir, "--agents", fmt.Sprint(agents), "--machine", "dgx-h100"},
+		sdktest.UpFlags()...), upArgs...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("atoll up: %v\n%s", err, out)
 	}

@@ -37,6 +37,7 @@ func newRootCmd() *cobra.Command {
 		bench,
 		newAddressCmd(),
 		newAgentCmd(),
+		newCheckpointsCmd(),
 		newDashboardCmd(),
 		newDemoCmd(),
 		newDownCmd(),

@@ -68,6 +68,20 @@ type Config struct {
 	// RAM); ShmDir is the shared-memory filesystem (default /dev/shm).
 	ObjectCapacity int64
 	ShmDir         string
+	// MaxObjectSize bounds one object in the store (a put over it is refused with 413,
+	// naming the limit). Default: the store's capacity.
+	MaxObjectSize int64
+	// ReconcileInterval is how often the reconciling agent (the alive machine whose name
+	// sorts first) checks the objects table against the live stores and owners. Default 10 s.
+	ReconcileInterval time.Duration
+	// DeadObjectKeep is how long the record of a lost object, or of one whose owner ended,
+	// is kept (so a reader learns why it is gone) before it is collected. Default 10 min.
+	DeadObjectKeep time.Duration
+	// CheckpointDir is a shared checkpoint directory (the same path on every machine that
+	// mounts it, as clusters mount one over NFS or a parallel file system): a durable copy
+	// of a checkpoint's part or a detached object written there counts as its second copy,
+	// and any machine that mounts it reads from it what it cannot pull. "": none.
+	CheckpointDir string
 	// Launcher starts workers. Default: an ExecLauncher (one process per worker).
 	Launcher Launcher
 	// LoadInterval is how often the agent samples and reports its load. Default 200 ms.
@@ -98,6 +112,8 @@ type Agent struct {
 	client *api.Client
 	node   *transfer.Node
 	local  *objects.Local
+	dir    *objects.Directory
+	hc     *http.Client // to other agents' APIs (with the agent's certificate under TLS)
 	srv    *http.Server
 	ln     net.Listener
 	addr   string
@@ -119,6 +135,8 @@ type Agent struct {
 	slots       chan struct{}         // launches in flight (Config.MaxLaunches)
 	binaries    map[string]*sync.Once // by sha256
 	binErr      map[string]error
+	// lastReconcile is the last pass of the objects table this agent ran.
+	lastReconcile *objects.Report
 }
 
 // Identity is the agent's certificate (nil without TLS).
@@ -151,6 +169,12 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.StopGrace == 0 {
 		cfg.StopGrace = 2 * time.Second
 	}
+	if cfg.ReconcileInterval == 0 {
+		cfg.ReconcileInterval = 10 * time.Second
+	}
+	if cfg.DeadObjectKeep == 0 {
+		cfg.DeadObjectKeep = 10 * time.Minute
+	}
 	if cfg.MaxLaunches <= 0 {
 		cfg.MaxLaunches = 16
 	}
@@ -162,6 +186,16 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("agent %s: %w", cfg.Name, err)
+	}
+	if cfg.CheckpointDir != "" {
+		abs, err := filepath.Abs(cfg.CheckpointDir)
+		if err != nil {
+			return nil, fmt.Errorf("agent %s: checkpoint directory: %w", cfg.Name, err)
+		}
+		if err := os.MkdirAll(abs, 0o700); err != nil {
+			return nil, fmt.Errorf("agent %s: checkpoint directory: %w", cfg.Name, err)
+		}
+		cfg.CheckpointDir = abs
 	}
 	log := cfg.Logger.Named("agent").With(zap.String("machine", cfg.Name))
 	secure, err := api.Secure(cfg.Heads)
@@ -194,10 +228,12 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	nc.Advertise = cfg.Advertise
 	obs := newAgentObs(cfg.Registry)
 	nc.Registerer = obs.reg
-	nc.Store.Directory = objects.NewDirectory(client.Meta())
+	dir := objects.NewDirectory(client.Meta())
+	nc.Store.Directory = dir
 	if cfg.ObjectCapacity > 0 {
 		nc.Store.Capacity = cfg.ObjectCapacity
 	}
+	nc.Store.MaxObjectSize = cfg.MaxObjectSize
 	if cfg.ShmDir != "" {
 		nc.Store.ShmDir = cfg.ShmDir
 	}
@@ -205,7 +241,15 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: object store: %w", cfg.Name, err)
 	}
-	a := &Agent{cfg: cfg, log: log, client: client, node: node, local: objects.NewLocal(node), sample: newLoadSampler(), obs: obs,
+	hc := &http.Client{}
+	if id != nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = id.Client()
+		hc.Transport = tr
+	}
+	local := objects.NewLocal(node)
+	local.SharedDir = cfg.CheckpointDir
+	a := &Agent{cfg: cfg, log: log, client: client, node: node, local: local, dir: dir, hc: hc, sample: newLoadSampler(), obs: obs,
 		gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{}, ended: map[string]bool{},
 		changed: make(chan struct{}), slots: make(chan struct{}, cfg.MaxLaunches), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
 	a.registerMetrics()
@@ -237,15 +281,17 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		_ = a.Shutdown(context.Background())
 		return nil, err
 	}
+	a.readoptStore(ctx)
 	if cfg.Gossip != "" {
 		if err := a.joinGossip(ctx); err != nil {
 			_ = a.Shutdown(context.Background())
 			return nil, err
 		}
 	}
-	a.wg.Add(2)
+	a.wg.Add(3)
 	go a.loadLoop()
 	go a.watchLoop()
+	go a.reconcileLoop()
 	return a, nil
 }
 
@@ -265,7 +311,7 @@ func (a *Agent) Client() *api.Client { return a.client }
 func (a *Agent) register(ctx context.Context) error {
 	host, _ := os.Hostname()
 	m := api.Machine{Name: a.cfg.Name, Rack: a.cfg.Rack, Spec: a.cfg.Spec, Simulated: a.cfg.Simulated, PID: os.Getpid(), Host: host,
-		Agent: api.AgentAddrs{API: a.addr, Transfer: a.node.Addr}}
+		Agent: api.AgentAddrs{API: a.addr, Transfer: a.node.Addr, CheckpointDir: a.cfg.CheckpointDir}}
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	got, err := a.client.RegisterMachine(rctx, m)
@@ -637,6 +683,9 @@ func (a *Agent) launch(key string, w *worker) {
 	a.notifyLocked()
 	a.mu.Unlock()
 	_ = a.local.ReleaseHolder(context.Background(), w.spec.Holder)
+	ectx, ecancel := context.WithTimeout(context.Background(), 30*time.Second)
+	a.endOwner(ectx, w.spec.Holder) // what the worker owned ends with it
+	ecancel()
 	if !stopping && a.ctx.Err() == nil {
 		done := w.spec.Driver && errors.Is(h.Err(), ErrExitedZero)
 		a.obs.exits.WithLabelValues(strconv.FormatBool(isPermanent(h.Err()))).Inc()

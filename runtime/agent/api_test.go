@@ -100,7 +100,7 @@ func TestAPIErrors(t *testing.T) {
 		{name: "a wrong method", method: "GET", path: "/v1/objects/put", token: testToken, code: 405},
 		{name: "a put needs a holder", method: "POST", path: "/v1/objects/put", token: testToken, body: []byte("x"), code: 400, kind: "invalid", says: "needs a holder"},
 		{name: "a put over the store's capacity", method: "POST", path: "/v1/objects/put?holder=w", token: testToken, body: make([]byte, 2<<20),
-			code: 413, kind: api.KindTooLarge, says: "larger than store capacity"},
+			code: 413, kind: api.KindTooLarge, says: "object size limit of 1048576 bytes"},
 		{name: "bad JSON", method: "POST", path: "/v1/objects/map", token: testToken, body: []byte("{"), code: 400, kind: "invalid", says: "/v1/objects/map"},
 		{name: "a field of the wrong type is named", method: "POST", path: "/v1/objects/map", token: testToken, body: []byte(`{"id": 5}`),
 			code: 400, kind: "invalid", says: "ObjectRef.id"},
@@ -131,19 +131,37 @@ func TestAPIErrors(t *testing.T) {
 	}
 }
 
-// TestAPIPutOverTheBound: a put whose length passes MaxPutBytes is refused before its body
-// is read.
+// TestAPIPutOverTheBound: a put whose declared length passes the store's object size
+// limit is refused before its body is read, with a 413 naming the limit; one that declares
+// no length is refused too (411): a body is streamed into the store, never buffered.
 func TestAPIPutOverTheBound(t *testing.T) {
 	a := newTestAgent(t, 1<<20)
-	req := httptest.NewRequest("POST", "/v1/objects/put?holder=w", strings.NewReader("small"))
+	body := &countReader{}
+	req := httptest.NewRequest("POST", "/v1/objects/put?holder=w", body)
 	req.Header.Set("Authorization", "Bearer "+testToken)
-	req.ContentLength = MaxPutBytes + 1
+	req.ContentLength = 1<<20 + 1
 	rec := httptest.NewRecorder()
 	a.apiHandler().ServeHTTP(rec, req)
-	if eb := errorBody(t, rec.Body.Bytes()); rec.Code != 400 || eb.Kind != "invalid" || !strings.Contains(eb.Error, "over the") {
-		t.Errorf("%d %+v, want 400 invalid", rec.Code, eb)
+	if eb := errorBody(t, rec.Body.Bytes()); rec.Code != 413 || eb.Kind != api.KindTooLarge || !strings.Contains(eb.Error, "limit of 1048576 bytes") {
+		t.Errorf("%d %+v, want 413 too_large naming the limit", rec.Code, eb)
+	}
+	if body.n != 0 {
+		t.Errorf("%d bytes of a refused body were read", body.n)
+	}
+	req = httptest.NewRequest("POST", "/v1/objects/put?holder=w", strings.NewReader("small"))
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	req.ContentLength = -1
+	rec = httptest.NewRecorder()
+	a.apiHandler().ServeHTTP(rec, req)
+	if rec.Code != http.StatusLengthRequired {
+		t.Errorf("a put of undeclared length: %d, want 411", rec.Code)
 	}
 }
+
+// countReader is an endless body that counts what was read of it.
+type countReader struct{ n int }
+
+func (r *countReader) Read(p []byte) (int, error) { r.n += len(p); return len(p), nil }
 
 // TestAPIObjects follows an object through the API: put by one holder, mapped and read,
 // replicated to a second holder, released, freed.
@@ -185,7 +203,7 @@ func TestAPIObjects(t *testing.T) {
 		code int
 	}{
 		{"/v1/objects/unmap", api.ObjectRef{ID: ref.ID, Holder: ref.Holder}, 204},
-		{"/v1/objects/replicate", api.ObjectRef{ID: ref.ID, Holder: "worker/j/g/1.g0"}, 204},
+		{"/v1/objects/replicate", api.ObjectRef{ID: ref.ID, Holder: "worker/j/g/1.g0"}, 200},
 		{"/v1/objects/release", api.ObjectRef{ID: ref.ID, Holder: "worker/j/g/1.g0"}, 204},
 		{"/v1/objects/free", api.ObjectRef{ID: ref.ID}, 204},
 		{"/v1/objects/map", api.ObjectRef{ID: ref.ID, Holder: ref.Holder}, 404},

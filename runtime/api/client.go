@@ -46,6 +46,7 @@ var errorKinds = []struct {
 	{"unavailable", ErrUnavailable, http.StatusServiceUnavailable},
 	{"unauthenticated", ErrUnauthenticated, http.StatusUnauthorized},
 	{"saturated", ErrSaturated, http.StatusTooManyRequests},
+	{"too_large", ErrTooLarge, http.StatusRequestEntityTooLarge},
 }
 
 // Body is the error answer of err: its status and body (with the retry hint of a

@@ -16,6 +16,8 @@
 //	binaries/<sha256>               Binary      a job's executable, stored by content hash
 //	events/<seq>                    Event       the control plane's decisions, bounded (the
 //	                                            leader commits each with its decision)
+//	owners/<owner>                  Owner       a driver process that owns objects, renewed
+//	                                            while it runs
 //
 // Agents and drivers watch these tables (GET /v1/watch); only the leader head writes the
 // first four, so its decisions are committed before anyone acts on them.
@@ -44,6 +46,7 @@ const (
 	TableBinaries    = string(meta.TableBinaries)
 	TableEvents      = string(meta.TableEvents)
 	TableConfig      = string(meta.TableConfig)
+	TableOwners      = string(meta.TableOwners)
 	TableControl     = string(meta.TableControl)
 	// SchedulerConfigKey is the key of the SchedulerConfig record.
 	SchedulerConfigKey = TableConfig + "scheduler"
@@ -66,6 +69,9 @@ var (
 	ErrNeverFits = errors.New("atoll: gang can never fit on this cluster")
 	// ErrNoCapacity: a gang that does not fit now.
 	ErrNoCapacity = errors.New("atoll: not enough free capacity now")
+	// ErrTooLarge: a request body over the limit of the process that reads it (HTTP 413,
+	// the limit named in the message); nothing past the limit was read.
+	ErrTooLarge = errors.New("atoll: request body too large")
 	// ErrSaturated: the cluster's queue is full (past its bound of pending gangs); the
 	// submission may be retried later (RetryAfter). Nothing queued was dropped.
 	ErrSaturated = errors.New("atoll: cluster saturated")
@@ -120,6 +126,9 @@ type AgentAddrs struct {
 	Transfer string `json:"transfer"`
 	// Serf is the agent's gossip address, host:port ("" without membership).
 	Serf string `json:"serf,omitempty"`
+	// CheckpointDir is the shared checkpoint directory the agent mounts ("" without one):
+	// a durable copy there is named by the location "shared:<dir>".
+	CheckpointDir string `json:"checkpoint_dir,omitempty"`
 }
 
 // Machine is one machine as its agent registered it.
@@ -707,11 +716,47 @@ type Checkpoint struct {
 	Step    int64     `json:"step"`
 	Objects []string  `json:"objects"`
 	Time    time.Time `json:"time"`
+	// Parts are Objects with their sizes and checksums (absent in checkpoints committed
+	// before they were recorded).
+	Parts []CheckpointPart `json:"parts,omitempty"`
+	// Copies is how many durable copies of every part existed when it was committed: 2, on
+	// two machines, or on one and in SharedDir.
+	Copies int `json:"copies,omitempty"`
+	// SharedDir is the shared checkpoint directory holding the second copy of every part,
+	// if any.
+	SharedDir string `json:"shared_dir,omitempty"`
 	// Save is how long writing it took, Bytes its size (0: not measured): the leader
 	// prices a stop of the gang from them, from the log.
 	Save  Duration `json:"save,omitempty"`
 	Bytes int64    `json:"bytes,omitempty"`
 }
+
+// CheckpointPart is one rank's part of a checkpoint: its object, size and checksum
+// (xxhash64), which a resumed gang checks what it reads against.
+type CheckpointPart struct {
+	ID          string `json:"id"`
+	Size        int64  `json:"size"`
+	Fingerprint uint64 `json:"fingerprint"`
+}
+
+// Owner is a driver process that owns objects (owners/<name>): it renews the record while
+// it runs and deletes it when it disconnects. Reconciliation counts an owner as ended, and
+// its objects with it, once its record is gone or has not been renewed for OwnerTTL.
+type Owner struct {
+	Name string `json:"name"`
+	// Store is the transfer address of the driver's own object store ("" when it has none).
+	Store   string    `json:"store,omitempty"`
+	Host    string    `json:"host,omitempty"`
+	PID     int       `json:"pid,omitempty"`
+	Started time.Time `json:"started"`
+	Renewed time.Time `json:"renewed"`
+}
+
+// How often a driver renews its Owner record, and how long an unrenewed one is trusted.
+const (
+	OwnerRenewEvery = 5 * time.Second
+	OwnerTTL        = 30 * time.Second
+)
 
 // CheckpointKey is a checkpoint's key in its table (sorted by step).
 func CheckpointKey(job, gang string, step int64) string {
@@ -817,6 +862,20 @@ type Status struct {
 	Pools *PoolsStatus `json:"pools,omitempty"`
 	// Queues are the operator's queues with what they hold and wait for.
 	Queues []QueueStatus `json:"queues,omitempty"`
+	// Objects counts the object directory's records (`atoll status` reads them).
+	Objects *ObjectsStatus `json:"objects,omitempty"`
+}
+
+// ObjectsStatus counts the object directory's records: the live objects (those with a
+// durable copy among them), and the dead ones kept for a while so their readers learn why
+// they are gone: lost (no copy left anywhere) or owner-died (their owner ended).
+type ObjectsStatus struct {
+	Records   int   `json:"records"`
+	Live      int   `json:"live"`
+	Durable   int   `json:"durable"`
+	Lost      int   `json:"lost"`
+	OwnerDied int   `json:"owner_died"`
+	LiveBytes int64 `json:"live_bytes"`
 }
 
 // SchedulerConfig is the operator's configuration of the scheduler (GET and PUT

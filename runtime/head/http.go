@@ -64,9 +64,9 @@ func (a *API) signCert(w http.ResponseWriter, r *http.Request) {
 		a.answer(w, r, nil, fmt.Errorf("%w: this head runs without TLS: it signs no certificates", api.ErrInvalid))
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10+1))
-	if err != nil || len(body) > 64<<10 {
-		a.answer(w, r, nil, fmt.Errorf("%w: /v1/certs: body unreadable or over 64 KiB", api.ErrInvalid))
+	body, err := readBody(w, r, 64<<10)
+	if err != nil {
+		a.answer(w, r, nil, err)
 		return
 	}
 	var req api.CertRequest
@@ -205,9 +205,9 @@ func postReq[In any](a *API, fn func(*http.Request, In) (any, error)) http.Handl
 	return func(w http.ResponseWriter, r *http.Request) {
 		r, cancel := withDeadline(r)
 		defer cancel()
-		body, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
-		if err != nil || len(body) > MaxBodyBytes {
-			a.answer(w, r, nil, fmt.Errorf("%w: body unreadable or over %d bytes", api.ErrInvalid, MaxBodyBytes))
+		body, err := readBody(w, r, MaxBodyBytes)
+		if err != nil {
+			a.answer(w, r, nil, err)
 			return
 		}
 		var in In
@@ -224,6 +224,23 @@ func postReq[In any](a *API, fn func(*http.Request, In) (any, error)) http.Handl
 		out, err := fn(r, in)
 		a.answer(w, r, out, err)
 	}
+}
+
+// readBody reads a request body of at most limit bytes, never more: a body declared or
+// found larger is refused with api.ErrTooLarge (413), naming the limit.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		return nil, fmt.Errorf("%w: %s: a body of %d bytes is over this head's limit of %d bytes", api.ErrTooLarge, r.URL.Path, r.ContentLength, limit)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return nil, fmt.Errorf("%w: %s: the body is over this head's limit of %d bytes", api.ErrTooLarge, r.URL.Path, limit)
+	case err != nil:
+		return nil, fmt.Errorf("%w: %s: body unreadable: %v", api.ErrInvalid, r.URL.Path, err)
+	}
+	return body, nil
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -46,6 +46,9 @@ const (
 	// TableConfig holds the cluster's configuration records (the runtime's
 	// api.SchedulerConfig: queues and priority classes).
 	TableConfig Table = "config/"
+	// TableOwners holds the live owners of objects that are neither machines nor gangs
+	// (the runtime's api.Owner: a driver process, renewed while it runs).
+	TableOwners Table = "owners/"
 	// TableControl holds the control plane's decision inputs that are no other table's
 	// records: the leader term, machines' cordons and drains, the restart costs and the
 	// workload the scheduler learned (the runtime's api.ControlTerm, api.Cordon,
@@ -68,6 +71,7 @@ func AllTables() []Table {
 		TableBinaries,
 		TableEvents,
 		TableConfig,
+		TableOwners,
 		TableControl,
 	}
 }
