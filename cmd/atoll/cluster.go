@@ -289,6 +289,7 @@ func newUpCmd() *cobra.Command {
 		insecure     bool
 		timeout      time.Duration
 		poolFile     string
+		timing       headTiming
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -308,7 +309,10 @@ and logs. atoll down --dir stops it; atoll address --dir prints its address.`,
 					return fmt.Errorf("up: %w", err)
 				}
 			}
-			cf, st, err := startCluster(cmd.Context(), dir, heads, agents, machine, !insecure, timeout, poolFile)
+			if err := checkTiming(timing.tick, timing.election); err != nil {
+				return fmt.Errorf("up: %w", err)
+			}
+			cf, st, err := startCluster(cmd.Context(), dir, heads, agents, machine, !insecure, timeout, timing, poolFile)
 			if err != nil {
 				return fmt.Errorf("up: %w", err)
 			}
@@ -330,13 +334,31 @@ and logs. atoll down --dir stops it; atoll address --dir prints its address.`,
 	f.DurationVar(&timeout, "timeout", time.Minute, "how long to wait for the cluster to be ready")
 	f.BoolVar(&insecure, "insecure-no-tls", false, "run every link on the token alone, in clear (default: mutual TLS with the cluster's CA)")
 	f.StringVar(&poolFile, "pools", "", "a pool file: the leader adds and removes agents with the work (local provider; docs/pools.md)")
+	timingFlags(f, &timing.tick, &timing.election)
 	return cmd
+}
+
+// headTiming is the heads' Paxos timing (zero: the heads' defaults).
+type headTiming struct {
+	tick, election time.Duration
+}
+
+// args are the head command's flags for it.
+func (h headTiming) args() []string {
+	var out []string
+	if h.tick != 0 {
+		out = append(out, "--tick", h.tick.String())
+	}
+	if h.election != 0 {
+		out = append(out, "--election-timeout", h.election.String())
+	}
+	return out
 }
 
 // startCluster starts heads and agents as detached processes of this executable with their
 // state in dir, and waits until the heads lead and every agent has registered. A pool file
 // (poolFile, at most one) makes the heads run the pools autoscaler with the local provider.
-func startCluster(ctx context.Context, dir string, heads, agents int, machine string, secure bool, timeout time.Duration, poolFile ...string) (*clusterFile, api.Status, error) {
+func startCluster(ctx context.Context, dir string, heads, agents int, machine string, secure bool, timeout time.Duration, timing headTiming, poolFile ...string) (*clusterFile, api.Status, error) {
 	var st api.Status
 	if agents < 0 || agents > 256 {
 		return nil, st, fmt.Errorf("--agents %d: want 0..256", agents)
@@ -416,6 +438,7 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		args := append([]string{"head", "--id", strconv.Itoa(id), "--peers", strings.Join(peers, ","),
 			"--client-listen", addrs[heads+i], "--data-dir", filepath.Join(abs, "heads", strconv.Itoa(id)),
 			"--gossip", gossips[i], "--gossip-join", strings.Join(others, ",")}, headArgs...)
+		args = append(args, timing.args()...)
 		if len(poolFile) > 0 && poolFile[0] != "" {
 			args = append(args, poolHeadArgs(poolFile[0], abs, cf.Address)...)
 		}
