@@ -239,6 +239,21 @@ func (n *Node) Tick() {
 	}
 }
 
+// TicksUntilTimer returns how many ticks from now the node's next timer is due: a
+// follower's election timeout, a leader's heartbeat or check-quorum (at least 1). Ticking
+// it more often changes nothing: a driver may sleep until then (unless a message, a
+// proposal or a read arrives first), and then tick the elapsed ticks.
+func (n *Node) TicksUntilTimer() int {
+	switch {
+	case n.role == Leader:
+		return max(1, min(n.cfg.HeartbeatTicks-n.hbElapsed, n.cfg.ElectionTicks-n.checkElapsed))
+	case !n.isMember():
+		return max(1, n.cfg.ElectionTicks) // no timer: a look now and then costs nothing
+	default:
+		return max(1, n.electionTimeout-n.electionElapsed)
+	}
+}
+
 // Campaign starts phase 1 now, without a pre-vote (tests and leadership transfer use it).
 func (n *Node) Campaign() { n.campaign() }
 

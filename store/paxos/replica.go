@@ -417,15 +417,17 @@ func (r *Replica) run() {
 		r.watchers = nil
 		r.mu.Unlock()
 	}()
-	ticker := time.NewTicker(r.cfg.TickInterval)
-	defer ticker.Stop()
+	// No ticker: the loop sleeps until the node's next timer is due (an idle follower
+	// wakes for the leader's heartbeats only), and catchUp ticks whatever elapsed.
+	timer := time.NewTimer(r.cfg.TickInterval)
+	defer timer.Stop()
 	recv := r.tr.Recv()
 	for {
 		select {
 		case <-r.stop:
 			r.failAll(ErrStopped)
 			return
-		case <-ticker.C:
+		case <-timer.C:
 			r.catchUp()
 		case m, ok := <-recv:
 			if !ok {
@@ -455,6 +457,8 @@ func (r *Replica) run() {
 			r.fatal(err)
 			return
 		}
+		due := r.node.Now() + uint64(r.node.TicksUntilTimer())
+		timer.Reset(time.Until(r.t0.Add(time.Duration(due) * r.cfg.TickInterval)))
 	}
 }
 
