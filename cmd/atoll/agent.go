@@ -114,7 +114,7 @@ worker processes of the gangs placed on it.`,
 	f.StringVar(&advertise, "advertise", "", "host the other machines reach this one at, when it listens on 0.0.0.0 (a container's name); its workers listen there too")
 	f.StringVar(&gossip, "gossip", "127.0.0.1:0", "address to gossip on (serf membership); \"none\" turns it off")
 	f.Int64Var(&objectStore, "object-store", 0, "bytes of the object store's shared-memory tier (0: the store's default share of RAM)")
-	f.DurationVar(&loadInterval, "load-interval", 200*time.Millisecond, "how often the machine's load is sampled and reported")
+	f.DurationVar(&loadInterval, "load-interval", time.Second, "how often the machine's load is sampled and reported (the report is its heartbeat to the leader)")
 	return cmd
 }
 
