@@ -193,7 +193,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		st := h.Replica.Status()
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(map[string]any{"id": st.ID, "role": st.Role.String(), "leader": st.Leader,
-			"commit": st.Commit, "applied": st.Applied, "revision": h.SM.Revision(), "epoch": st.Epoch, "members": st.Members})
+			"commit": st.Commit, "applied": st.Applied, "revision": h.SM.Revision(), "epoch": st.Epoch, "members": st.Members,
+			"ballot": st.Promised}) // the highest ballot promised: it rises at every election
 	case "/v1/members/add", "/v1/members/remove":
 		q := r.URL.Query()
 		id, err := strconv.ParseUint(q.Get("id"), 10, 16)
