@@ -460,8 +460,9 @@ func (n *Node) broadcastHeartbeat() {
 // of at most MaxBatch entries (an Accepted acknowledges a contiguous range).
 func (n *Node) flushAccepts() {
 	// A heartbeat sequence number on the batch lets its acknowledgement extend the lease.
+	// The heartbeat timer runs on: only heartbeats reach the learners and retransmit a
+	// lost Accept, and a steady stream of batches must not starve them.
 	seq := n.ro.next(n.now)
-	n.hbElapsed = 0
 	runs := [][]Entry{}
 	start, size := 0, len(n.unsent[0].Data)
 	for i := 1; i <= len(n.unsent); i++ {

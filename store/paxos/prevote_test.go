@@ -3,6 +3,7 @@ package paxos
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -206,5 +207,35 @@ func TestSetTiming(t *testing.T) {
 		if c.Node.ElectionTicks != tc.et || c.Node.HeartbeatTicks != tc.hb || c.TickInterval != tc.tick || c.Validate() != nil {
 			t.Errorf("SetTiming(%v, %v): %d election ticks, heartbeat every %d, valid: %v", tc.tick, tc.election, c.Node.ElectionTicks, c.Node.HeartbeatTicks, c.Validate())
 		}
+	}
+}
+
+// Heartbeats go out every HeartbeatTicks even while proposals stream: only they reach a
+// learner (and retransmit lost Accepts). With heartbeats a fifth of the election timeout
+// apart, a batch of Accepts per tick used to postpone them forever, and a replica being
+// added under a steady write load never heard from the leader.
+func TestHeartbeatsReachLearnersUnderSteadyProposals(t *testing.T) {
+	h := newHarness(t, 3, nil)
+	cfg := DefaultConfig(4, nil)
+	cfg.Join = true
+	n4, err := NewNode(cfg, HardState{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.nodes[4], h.ids = n4, append(h.ids, 4)
+	h.elect(1)
+	l := h.nodes[1]
+	l.cfg.HeartbeatTicks = 4
+	if err := l.AddLearner(4); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3*l.cfg.HeartbeatTicks; i++ {
+		if _, _, err := l.Propose([]byte(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+		h.tick(1) // a batch of Accepts every tick
+	}
+	if c, ok := l.LearnerCommit(4); !ok || c == 0 {
+		t.Fatalf("the learner reported %d (%v) after %d ticks of steady proposals", c, ok, 3*l.cfg.HeartbeatTicks)
 	}
 }
