@@ -93,10 +93,11 @@ type Node struct {
 	preGrants map[uint64]bool
 
 	// leader
-	stopAt    uint64 // slot of the configuration entry in flight: nothing is proposed past it
-	nextSlot  uint64
-	startSlot uint64 // first slot of this leadership's own proposals
-	unsent    []Entry
+	stopAt     uint64 // slot of the configuration entry in flight: nothing is proposed past it
+	sentCommit uint64 // the commit index last sent to the voters (Accepts and heartbeats carry it)
+	nextSlot   uint64
+	startSlot  uint64 // first slot of this leadership's own proposals
+	unsent     []Entry
 
 	out pendingOutput
 }
@@ -424,6 +425,7 @@ func (n *Node) propose(t EntryType, data []byte) (uint64, uint64, error) {
 
 func (n *Node) broadcastHeartbeat() {
 	n.hbElapsed = 0
+	n.sentCommit = n.log.commit
 	seq := n.ro.next(n.now)
 	n.ro.prune()
 	// Retransmit the oldest undecided run, to the peers that have not acknowledged its
@@ -463,6 +465,7 @@ func (n *Node) flushAccepts() {
 	// The heartbeat timer runs on: only heartbeats reach the learners and retransmit a
 	// lost Accept, and a steady stream of batches must not starve them.
 	seq := n.ro.next(n.now)
+	n.sentCommit = n.log.commit
 	runs := [][]Entry{}
 	start, size := 0, len(n.unsent[0].Data)
 	for i := 1; i <= len(n.unsent); i++ {
