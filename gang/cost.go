@@ -1,8 +1,10 @@
 package gang
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -127,6 +129,48 @@ func (m *CostModel) Estimate(model string, ranks int, kind CostKind) time.Durati
 // Observations returns how many measurements of kind on model the estimate rests on.
 func (m *CostModel) Observations(model string, kind CostKind) int {
 	return m.count[costKey{model, kind}]
+}
+
+// LearnedCost is what a CostModel learned of one cost on one GPU model: the correction
+// factor applied to the default curve and the measurements it rests on.
+type LearnedCost struct {
+	Model  string   `json:"model"`
+	Kind   CostKind `json:"kind"`
+	Factor float64  `json:"factor"`
+	Count  int      `json:"count"`
+}
+
+// Learned returns what the model learned, ordered by GPU model and kind: with SetLearned
+// it carries the model over to another scheduler (a new leader's) exactly.
+func (m *CostModel) Learned() []LearnedCost {
+	out := make([]LearnedCost, 0, len(m.factor))
+	for k, f := range m.factor {
+		out = append(out, LearnedCost{Model: k.model, Kind: k.kind, Factor: f, Count: m.count[k]})
+	}
+	slices.SortFunc(out, func(a, b LearnedCost) int {
+		if c := cmp.Compare(a.Model, b.Model); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Kind, b.Kind)
+	})
+	return out
+}
+
+// SetLearned sets what the model learned of a GPU model's cost (one entry of Learned),
+// replacing what it had learned of it.
+func (m *CostModel) SetLearned(l LearnedCost) error {
+	if l.Kind != CostCUDAContext && l.Kind != CostCommunicator {
+		return fmt.Errorf("gang: learned cost kind %d: %w", l.Kind, ErrInvalidRequest)
+	}
+	if !(l.Factor >= 0) || math.IsInf(l.Factor, 0) || l.Count < 1 {
+		return fmt.Errorf("gang: learned cost %+v: want a finite factor >= 0 and a count >= 1: %w", l, ErrInvalidRequest)
+	}
+	if m.factor == nil {
+		m.factor, m.count = map[costKey]float64{}, map[costKey]int{}
+	}
+	k := costKey{l.Model, l.Kind}
+	m.factor[k], m.count[k] = l.Factor, l.Count
+	return nil
 }
 
 func (m *CostModel) validate() error {

@@ -3,6 +3,7 @@ package gang
 import (
 	"container/heap"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -58,8 +59,11 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 		}
 		s.att = nil
 	}
-	for _, g := range c.placed {
-		s.removePending(g)
+	if len(c.placed) > 0 {
+		for _, g := range c.placed {
+			s.queues.addPending(g.q, -1)
+		}
+		s.pending = slices.DeleteFunc(s.pending, func(g *gangState) bool { return g.status != stPending })
 	}
 	s.notePlacements(len(c.placed), now)
 	s.grow(&d, now)

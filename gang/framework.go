@@ -394,8 +394,9 @@ type ReservePlugin interface {
 type Handle interface {
 	// Config returns the scheduler's configuration.
 	Config() Config
-	// RunningGangs returns the admitted gangs that are not already being stopped, in a
-	// deterministic order (admission order, with removals filled from the end).
+	// RunningGangs returns the admitted gangs that are not already being stopped, in
+	// arrival order (Seq): the same whatever order they were admitted, adopted or
+	// restored in.
 	RunningGangs(now time.Time) []RunningGang
 	// NewTrial starts a tentative change of the cluster; it must be discarded.
 	NewTrial() *Trial

@@ -109,13 +109,13 @@ func TestStatementDiscardRestores(t *testing.T) {
 	}
 	snap := func() view {
 		v := view{FreeWhole: append([]int(nil), c.freeWhole...), RackFree: append([]int(nil), c.rackFree...),
-			IslandFree: append([]int(nil), c.islandFree...), Used: c.usedMilli, Partial: len(c.partial)}
+			IslandFree: append([]int(nil), c.islandFree...), Used: c.usedMilli, Partial: c.partial.len()}
 		for _, n := range c.nodes {
 			n.GPUs = append([]GPU(nil), n.GPUs...)
 			v.Nodes = append(v.Nodes, n)
 		}
 		for _, b := range c.byFree {
-			v.Buckets = append(v.Buckets, len(b.ids))
+			v.Buckets = append(v.Buckets, b.len())
 		}
 		return v
 	}
@@ -391,6 +391,8 @@ func TestSubmitErrors(t *testing.T) {
 		{Request{ID: "x", Min: 3, Member: Member{GPUs: 4}}, ErrNeverFits},
 		{Request{ID: "x", Min: 2, Member: Member{GPUs: 4}, SameIsland: true}, ErrNeverFits},
 		{Request{ID: "x", Min: 1, Member: Member{MIG: "1g.10gb"}}, ErrNeverFits},
+		{Request{ID: "x", Min: 1281, Member: Member{CPUMilli: 100}}, ErrNeverFits}, // over the cluster's 128 cores
+		{Request{ID: "x", Min: 3, Member: Member{MemMiB: 400 << 10}}, ErrNeverFits},
 	}
 	for _, tt := range tests {
 		st, err := s.Submit(tt.r, epoch)

@@ -124,7 +124,7 @@ func (s *Scheduler) unfit(g *gangState, members int, excl map[int]bool) *Status 
 	case m.GPUs > 0:
 		idle, most := 0, 0
 		for f := 1; f < len(c.byFree); f++ {
-			if n := len(c.byFree[f].ids); n > 0 {
+			if n := c.byFree[f].len(); n > 0 {
 				idle += f * n
 				most = f
 			}
@@ -195,22 +195,19 @@ func (s *Scheduler) wholePlans(g *gangState, members, w int, excl map[int]bool) 
 	if D <= c.maxGPUs {
 		tries := 0
 		for f := D; f <= c.maxGPUs && len(out) < K && tries < 4*K; f++ {
-			for _, id := range c.byFree[f].ids {
-				n := int(id)
+			c.byFree[f].each(func(n int) bool {
 				if excl[n] {
-					continue
+					return true
 				}
 				tries++
 				if cand := s.tryPlan(g, members, []int{n}); cand != nil {
 					out = append(out, cand)
 					if len(out) >= K {
-						break
+						return false
 					}
 				}
-				if tries >= 4*K {
-					break
-				}
-			}
+				return tries < 4*K
+			})
 		}
 		if len(out) > 0 {
 			return out
@@ -374,10 +371,8 @@ func (s *Scheduler) candidateNodes(m Member, asc bool, yield func(n int) bool) {
 		}
 		return
 	case m.GPUs > 0 && m.gpuMilli() < Milli:
-		for _, n := range c.partial {
-			if !yield(int(n)) {
-				return
-			}
+		if !c.partial.each(yield) {
+			return
 		}
 	}
 	lo := m.wholeGPUs()
@@ -386,19 +381,15 @@ func (s *Scheduler) candidateNodes(m Member, asc bool, yield func(n int) bool) {
 	}
 	if asc {
 		for f := lo; f <= c.maxGPUs; f++ {
-			for _, n := range c.byFree[f].ids {
-				if !yield(int(n)) {
-					return
-				}
+			if !c.byFree[f].each(yield) {
+				return
 			}
 		}
 		return
 	}
 	for f := c.maxGPUs; f >= lo; f-- {
-		for _, n := range c.byFree[f].ids {
-			if !yield(int(n)) {
-				return
-			}
+		if !c.byFree[f].each(yield) {
+			return
 		}
 	}
 }

@@ -187,43 +187,82 @@ func shapeFrag(n *Node, s *Shape, total int, opt FragOptions) int {
 	return small
 }
 
-// workloadLearner keeps the popularity of member shapes seen at submission.
+// workloadLearner keeps the popularity of member shapes seen at submission. The workload
+// it offers is rebuilt at each of the first learnEvery observations, then at every
+// learnEvery-th: it is a function of the sequence of observations alone (not of when
+// cycles asked for it), so that a scheduler given back its learned state (SetLearnedWorkload)
+// scores fragmentation as the original did; between rebuilds fragmentation values stay
+// comparable and cacheable.
 type workloadLearner struct {
 	counts map[shapeKey]float64
 	total  float64
+	n      int // observations
+	since  int // observations since the workload was built
 	cached Workload
-	dirty  bool
-	since  int // observations since the cached workload was built
 }
+
+// learnEvery is how many observations pass between rebuilds of the learned workload once
+// the first ones are in; maxLearnedShapes bounds the shapes remembered (the least popular
+// goes), so that the learned state stays small enough to be recorded with each admission.
+const (
+	learnEvery       = 64
+	maxLearnedShapes = 128
+)
 
 type shapeKey struct {
 	gpus, milli int
 	cpu, mem    int64
 }
 
+func (a shapeKey) less(b shapeKey) bool {
+	if a.gpus != b.gpus {
+		return a.gpus < b.gpus
+	}
+	if a.milli != b.milli {
+		return a.milli < b.milli
+	}
+	if a.cpu != b.cpu {
+		return a.cpu < b.cpu
+	}
+	return a.mem < b.mem
+}
+
 func (l *workloadLearner) observe(m Member, n int) {
+	if m.MIG != "" {
+		return
+	}
 	if l.counts == nil {
 		l.counts = map[shapeKey]float64{}
 	}
 	k := shapeKey{gpus: m.GPUs, milli: m.gpuMilli(), cpu: m.CPUMilli, mem: m.MemMiB}
-	if m.MIG != "" {
-		return
-	}
 	l.counts[k] += float64(n)
 	l.total += float64(n)
-	l.dirty = true
+	l.n++
 	l.since++
+	if len(l.counts) > maxLearnedShapes {
+		var drop shapeKey
+		first := true
+		for s, c := range l.counts {
+			if s == k {
+				continue
+			}
+			if first || c < l.counts[drop] || c == l.counts[drop] && drop.less(s) {
+				drop, first = s, false
+			}
+		}
+		l.total -= l.counts[drop]
+		delete(l.counts, drop)
+	}
+	if l.n <= learnEvery || l.since >= learnEvery {
+		l.cached = l.build()
+		l.since = 0
+	}
 }
 
-// workload returns the shapes covering 95% of observed members (at most 16).
-// It is rebuilt at most every 64 observations once built, so that fragmentation values
-// stay comparable (and cacheable) between submissions.
-func (l *workloadLearner) workload() Workload {
-	if !l.dirty || (l.cached != nil && l.since < 64) {
-		return l.cached
-	}
-	l.dirty = false
-	l.since = 0
+// workload returns the shapes covering 95% of observed members (at most 16), as last built.
+func (l *workloadLearner) workload() Workload { return l.cached }
+
+func (l *workloadLearner) build() Workload {
 	type kv struct {
 		k shapeKey
 		v float64
@@ -236,17 +275,7 @@ func (l *workloadLearner) workload() Workload {
 		if all[i].v != all[j].v {
 			return all[i].v > all[j].v
 		}
-		a, b := all[i].k, all[j].k
-		if a.gpus != b.gpus {
-			return a.gpus < b.gpus
-		}
-		if a.milli != b.milli {
-			return a.milli < b.milli
-		}
-		if a.cpu != b.cpu {
-			return a.cpu < b.cpu
-		}
-		return a.mem < b.mem
+		return all[i].k.less(all[j].k)
 	})
 	var w Workload
 	cum := 0.0
@@ -260,7 +289,6 @@ func (l *workloadLearner) workload() Workload {
 	for i := range w {
 		w[i].Freq /= cum
 	}
-	l.cached = w
 	return w
 }
 

@@ -1,7 +1,9 @@
 package gang
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -149,7 +151,7 @@ type Scheduler struct {
 	gangs  map[string]*gangState
 	seq    int
 
-	pending  []*gangState            // unordered; sorted per cycle
+	pending  []*gangState            // in arrival order (seq), so that a cycle's heap starts the same whatever the history
 	overflow []*gangState            // FIFO beyond MaxPending
 	running  []*gangState            // admitted gangs (running or stopping), unordered
 	resvs    []*reservation          // this cycle's reservations (backfill, compact)
@@ -161,6 +163,7 @@ type Scheduler struct {
 	att                        *attempt // the gang whose placement is searched, with its plugins
 	caps                       map[string]*capStats
 	maxCPU, maxMem             int64
+	totalCPU, totalMem         int64     // every node's, for gangs over the whole cluster
 	cycles                     int       // cycles run
 	rate                       float64   // placements per second (EWMA), for RetryAfter
 	rateSince                  time.Time // start of the current rate window
@@ -171,6 +174,9 @@ type Scheduler struct {
 func New(cfg Config, snap Snapshot, opts ...Option) (*Scheduler, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if len(snap.Nodes) == 0 {
+		return nil, fmt.Errorf("gang: snapshot has no nodes: %w", ErrInvalidSnapshot)
 	}
 	c, err := newCluster(snap)
 	if err != nil {
@@ -204,14 +210,22 @@ func New(cfg Config, snap Snapshot, opts ...Option) (*Scheduler, error) {
 		return nil, err
 	}
 	s.steps = cfg.steps()
-	for _, n := range c.islandGPUs {
+	s.nodesChanged()
+	return s, nil
+}
+
+// nodesChanged recomputes what the scheduler derives from its nodes' capacity.
+func (s *Scheduler) nodesChanged() {
+	s.maxIslandGPUs, s.maxRackGPUs = 0, 0
+	for _, n := range s.c.islandGPUs {
 		s.maxIslandGPUs = max(s.maxIslandGPUs, n)
 	}
-	for _, n := range c.rackGPUs {
+	for _, n := range s.c.rackGPUs {
 		s.maxRackGPUs = max(s.maxRackGPUs, n)
 	}
+	s.maxCPU, s.maxMem = 0, 0
 	s.buildCapStats()
-	return s, nil
+	s.frag = nil
 }
 
 // Pending returns the number of gangs waiting.
@@ -329,18 +343,15 @@ func (s *Scheduler) addPending(g *gangState, now time.Time) {
 	g.wait = Waiting{Gang: g.req.ID, Kind: WaitNotReached, Reason: "not tried yet"}
 	g.waitSeen = now
 	g.fitSince = time.Time{}
-	s.pending = append(s.pending, g)
+	i, _ := slices.BinarySearchFunc(s.pending, g.seq, func(p *gangState, seq int) int { return cmp.Compare(p.seq, seq) })
+	s.pending = slices.Insert(s.pending, i, g)
 	s.queues.addPending(g.q, 1)
 }
 
 func (s *Scheduler) removePending(g *gangState) {
-	for i, p := range s.pending {
-		if p == g {
-			s.pending[i] = s.pending[len(s.pending)-1]
-			s.pending = s.pending[:len(s.pending)-1]
-			s.queues.addPending(g.q, -1)
-			return
-		}
+	if i, ok := slices.BinarySearchFunc(s.pending, g.seq, func(p *gangState, seq int) int { return cmp.Compare(p.seq, seq) }); ok && s.pending[i] == g {
+		s.pending = slices.Delete(s.pending, i, i+1)
+		s.queues.addPending(g.q, -1)
 	}
 }
 
@@ -352,6 +363,7 @@ type capStats struct {
 
 func (s *Scheduler) buildCapStats() {
 	s.caps = map[string]*capStats{}
+	s.maxCPU, s.maxMem, s.totalCPU, s.totalMem = 0, 0, 0, 0
 	islands := map[string]map[int]int{}
 	for i := range s.c.nodes {
 		n := &s.c.nodes[i]
@@ -376,6 +388,8 @@ func (s *Scheduler) buildCapStats() {
 		}
 		s.maxCPU = max(s.maxCPU, n.CPUMilli)
 		s.maxMem = max(s.maxMem, n.MemMiB)
+		s.totalCPU += n.CPUMilli
+		s.totalMem += n.MemMiB
 	}
 	for m, is := range islands {
 		for _, k := range is {
@@ -408,6 +422,10 @@ func (s *Scheduler) neverFits(r *Request) string {
 		return fmt.Sprintf("member asks %d milli-CPU, the largest node has %d", m.CPUMilli, s.maxCPU)
 	case m.MemMiB > s.maxMem:
 		return fmt.Sprintf("member asks %d MiB, the largest node has %d", m.MemMiB, s.maxMem)
+	case int64(r.Min)*m.CPUMilli > s.totalCPU:
+		return fmt.Sprintf("gang asks %d milli-CPU (%d members × %d), the cluster has %d", int64(r.Min)*m.CPUMilli, r.Min, m.CPUMilli, s.totalCPU)
+	case int64(r.Min)*m.MemMiB > s.totalMem:
+		return fmt.Sprintf("gang asks %d MiB (%d members × %d), the cluster has %d", int64(r.Min)*m.MemMiB, r.Min, m.MemMiB, s.totalMem)
 	case m.MIG != "":
 		if !mig {
 			return fmt.Sprintf("no MIG-enabled GPU%s can host profile %s", of, m.MIG)
@@ -551,10 +569,7 @@ func (s *Scheduler) unbind(g *gangState, now time.Time) {
 	g.shrinkTo, g.shrinkIdx = 0, nil
 	g.allocs = nil
 	g.milli, g.cpu, g.mem = 0, 0, 0
-	last := s.running[len(s.running)-1]
-	s.running[g.runIdx] = last
-	last.runIdx = g.runIdx
-	s.running = s.running[:len(s.running)-1]
+	s.dropRunning(g)
 }
 
 // Config implements Handle.
@@ -569,7 +584,8 @@ func (s *Scheduler) QueueRatio(queue string) float64 {
 	return q.ratio(s.c)
 }
 
-// RunningGangs implements Handle.
+// RunningGangs implements Handle. The gangs come in arrival order (Seq), whatever order
+// they were admitted or adopted in.
 func (s *Scheduler) RunningGangs(now time.Time) []RunningGang {
 	out := make([]RunningGang, 0, len(s.running))
 	for _, g := range s.running {
@@ -578,6 +594,7 @@ func (s *Scheduler) RunningGangs(now time.Time) []RunningGang {
 		}
 		out = append(out, s.runningView(g, now))
 	}
+	slices.SortFunc(out, func(a, b RunningGang) int { return cmp.Compare(a.Seq, b.Seq) })
 	return out
 }
 

@@ -2,6 +2,7 @@ package gang
 
 import (
 	"fmt"
+	"math/bits"
 )
 
 // alloc is one member's hold on one node.
@@ -21,9 +22,50 @@ func (a alloc) totalMilli() int {
 	return a.milli * len(a.gpus)
 }
 
-// bucketSet is an indexed set of node ids with O(1) add and remove.
-type bucketSet struct {
-	ids []int32
+// nodeSet is a set of node ids with O(1) add and remove, iterated in ascending id order: a
+// placement search that walks it visits nodes in the same order whatever the history of
+// allocations was, so that a scheduler rebuilt from a record of its gangs decides as the
+// original would have.
+type nodeSet struct {
+	words []uint64
+	n     int
+}
+
+func (b *nodeSet) add(i int) {
+	w := i >> 6
+	for len(b.words) <= w {
+		b.words = append(b.words, 0)
+	}
+	if b.words[w]&(1<<(uint(i)&63)) == 0 {
+		b.words[w] |= 1 << (uint(i) & 63)
+		b.n++
+	}
+}
+
+func (b *nodeSet) remove(i int) {
+	w := i >> 6
+	if w < len(b.words) && b.words[w]&(1<<(uint(i)&63)) != 0 {
+		b.words[w] &^= 1 << (uint(i) & 63)
+		b.n--
+	}
+}
+
+// len returns the number of nodes in the set.
+func (b *nodeSet) len() int { return b.n }
+
+// each calls yield with the set's nodes in ascending order until it returns false; it
+// reports whether it went through them all. The set must not change meanwhile.
+func (b *nodeSet) each(yield func(int) bool) bool {
+	for w, word := range b.words {
+		for word != 0 {
+			t := bits.TrailingZeros64(word)
+			if !yield(w<<6 | t) {
+				return false
+			}
+			word &= word - 1
+		}
+	}
+	return true
 }
 
 // cluster is the scheduler's mutable view of the machines plus the free-capacity indexes
@@ -35,8 +77,7 @@ type bucketSet struct {
 type cluster struct {
 	nodes     []Node
 	freeWhole []int
-	pos       []int32 // position of node in byFree[freeWhole[node]]
-	byFree    []bucketSet
+	byFree    []nodeSet
 	maxGPUs   int
 
 	rackOf           []int // dense rack index per node
@@ -51,9 +92,8 @@ type cluster struct {
 	islandGPUs       []int
 	multiNodeIslands bool
 
-	partial    []int32 // nodes with a partly allocated card
-	partialPos []int32 // position in partial, -1 when absent
-	migNodes   []int
+	partial  nodeSet // nodes with a partly allocated card
+	migNodes []int
 
 	totalMilli int64
 	totalCPU   int64
@@ -65,17 +105,12 @@ type cluster struct {
 }
 
 func newCluster(s Snapshot) (*cluster, error) {
-	if len(s.Nodes) == 0 {
-		return nil, fmt.Errorf("gang: snapshot has no nodes: %w", ErrInvalidSnapshot)
-	}
 	c := &cluster{
-		nodes:      make([]Node, len(s.Nodes)),
-		freeWhole:  make([]int, len(s.Nodes)),
-		pos:        make([]int32, len(s.Nodes)),
-		rackOf:     make([]int, len(s.Nodes)),
-		islandOf:   make([][]int, len(s.Nodes)),
-		partialPos: make([]int32, len(s.Nodes)),
-		models:     map[string]int{},
+		nodes:     make([]Node, len(s.Nodes)),
+		freeWhole: make([]int, len(s.Nodes)),
+		rackOf:    make([]int, len(s.Nodes)),
+		islandOf:  make([][]int, len(s.Nodes)),
+		models:    map[string]int{},
 	}
 	rackIdx := map[int]int{}
 	islIdx := map[int]int{}
@@ -137,10 +172,7 @@ func newCluster(s Snapshot) (*cluster, error) {
 			c.maxGPUs = len(n.GPUs)
 		}
 	}
-	c.byFree = make([]bucketSet, c.maxGPUs+1)
-	for i := range c.partialPos {
-		c.partialPos[i] = -1
-	}
+	c.byFree = make([]nodeSet, c.maxGPUs+1)
 	for i := range c.nodes {
 		c.freeWhole[i] = c.countWhole(i)
 		c.bucketAdd(i)
@@ -173,20 +205,9 @@ func (c *cluster) countWhole(i int) int {
 	return n
 }
 
-func (c *cluster) bucketAdd(i int) {
-	b := &c.byFree[c.freeWhole[i]]
-	c.pos[i] = int32(len(b.ids))
-	b.ids = append(b.ids, int32(i))
-}
+func (c *cluster) bucketAdd(i int) { c.byFree[c.freeWhole[i]].add(i) }
 
-func (c *cluster) bucketRemove(i int) {
-	b := &c.byFree[c.freeWhole[i]]
-	p := c.pos[i]
-	last := b.ids[len(b.ids)-1]
-	b.ids[p] = last
-	c.pos[last] = p
-	b.ids = b.ids[:len(b.ids)-1]
-}
+func (c *cluster) bucketRemove(i int) { c.byFree[c.freeWhole[i]].remove(i) }
 
 func (c *cluster) updatePartial(i int) {
 	part := false
@@ -198,17 +219,10 @@ func (c *cluster) updatePartial(i int) {
 			}
 		}
 	}
-	p := c.partialPos[i]
-	switch {
-	case part && p < 0:
-		c.partialPos[i] = int32(len(c.partial))
-		c.partial = append(c.partial, int32(i))
-	case !part && p >= 0:
-		last := c.partial[len(c.partial)-1]
-		c.partial[p] = last
-		c.partialPos[last] = p
-		c.partial = c.partial[:len(c.partial)-1]
-		c.partialPos[i] = -1
+	if part {
+		c.partial.add(i)
+	} else {
+		c.partial.remove(i)
 	}
 }
 

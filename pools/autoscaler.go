@@ -196,115 +196,185 @@ func (r *poolRun) fresh() *vm {
 // Decide makes one decision. It returns ErrSnapshot for a snapshot that contradicts itself.
 func (a *Autoscaler) Decide(s *Snapshot) (Decision, error) {
 	var d Decision
-	now := s.Now
+	runs, order, err := newRuns(s)
+	if err != nil {
+		return d, err
+	}
+	// Interruption notices and draining machines.
+	rep, drainingNow := a.drainStep(&d, s, runs)
+	// Scale up: replacements first, then pending gangs in priority order.
+	for i := range rep {
+		a.scaleFor(&d, runs, order, &rep[i].gang, rep[i].machine, false)
+	}
+	pending := byPriority(s.Pending)
+	for i := range pending {
+		a.scaleFor(&d, runs, order, &pending[i], "", false)
+	}
+	for _, r := range order {
+		r.launchMinimum()
+	}
+	// Forecast demand: pre-warm where a pool has room; no verdicts.
+	for i := range s.Forecast {
+		a.scaleFor(nil, runs, order, &s.Forecast[i], "", true)
+	}
+	// Scale down: idle machines past their pool's timeout, pools above max.
+	for _, r := range order {
+		r.scaleDown(&d, s, drainingNow)
+	}
+	for _, r := range order {
+		d.Launches = r.appendLaunches(d.Launches)
+	}
+	return d, nil
+}
+
+// newRuns sets up each pool's working state, in the snapshot's order, and counts the
+// pools' machines into it. It returns ErrSnapshot for a pool without config, a pool or a
+// machine named twice, a machine of an unknown pool or in an unknown state.
+func newRuns(s *Snapshot) (map[string]*poolRun, []*poolRun, error) {
 	runs := make(map[string]*poolRun, len(s.Pools))
-	var poolOrder []*poolRun
+	order := make([]*poolRun, 0, len(s.Pools))
 	for i := range s.Pools {
 		ps := &s.Pools[i]
 		if ps.Pool == nil {
-			return d, fmt.Errorf("%w: pools[%d] has no config", ErrSnapshot, i)
+			return nil, nil, fmt.Errorf("%w: pools[%d] has no config", ErrSnapshot, i)
 		}
 		name := ps.Pool.Spec.Name
 		if runs[name] != nil {
-			return d, fmt.Errorf("%w: pool %q twice", ErrSnapshot, name)
+			return nil, nil, fmt.Errorf("%w: pool %q twice", ErrSnapshot, name)
 		}
 		r := &poolRun{st: ps, p: ps.Pool, byFree: make([][]int, ps.Pool.Shape.GPUs+1), domains: map[int]int{}, domVMs: map[int][]int{}, domFree: map[int]int{}, launches: map[launchKey]*Launch{}}
 		runs[name] = r
-		poolOrder = append(poolOrder, r)
+		order = append(order, r)
 	}
 	seen := make(map[string]bool, len(s.Machines))
 	for i := range s.Machines {
 		m := &s.Machines[i]
 		r := runs[m.Pool]
 		if r == nil {
-			return d, fmt.Errorf("%w: machine %q of pool %q: %w", ErrSnapshot, m.Name, m.Pool, ErrUnknownPool)
+			return nil, nil, fmt.Errorf("%w: machine %q of pool %q: %w", ErrSnapshot, m.Name, m.Pool, ErrUnknownPool)
 		}
 		if seen[m.Name] {
-			return d, fmt.Errorf("%w: machine %q twice", ErrSnapshot, m.Name)
+			return nil, nil, fmt.Errorf("%w: machine %q twice", ErrSnapshot, m.Name)
 		}
 		seen[m.Name] = true
-		r.count++
-		r.domains[m.Domain]++
-		switch m.State {
-		case Launching:
-			v := r.fresh()
-			v.domain = m.Domain
-			r.addVM(v)
-		case Draining:
-			r.draining++
-		case Ready:
-		default:
-			return d, fmt.Errorf("%w: machine %q in state %d", ErrSnapshot, m.Name, m.State)
+		if err := r.addMachine(m); err != nil {
+			return nil, nil, err
 		}
 	}
+	return runs, order, nil
+}
+
+// addMachine counts one of the pool's machines; a launching one is capacity in flight.
+func (r *poolRun) addMachine(m *Machine) error {
+	r.count++
+	r.domains[m.Domain]++
+	switch m.State {
+	case Launching:
+		v := r.fresh()
+		v.domain = m.Domain
+		r.addVM(v)
+	case Draining:
+		r.draining++
+	case Ready:
+	default:
+		return fmt.Errorf("%w: machine %q in state %d", ErrSnapshot, m.Name, m.State)
+	}
+	return nil
+}
+
+// replacement is a gang's members on a machine that just got an interruption notice: the
+// gang sized to its members there, and the machine they leave. A gang on several such
+// machines has one replacement for each.
+type replacement struct {
+	gang    Gang
+	machine string
+}
+
+// drainStep goes through the machines in the snapshot's order: it drains those that just
+// got an interruption notice, and removes or preempts the gangs of those draining. It
+// returns the replacements (one per gang and noticed machine) and the machines it drains.
+func (a *Autoscaler) drainStep(d *Decision, s *Snapshot, runs map[string]*poolRun) ([]replacement, map[string]bool) {
 	running := make(map[string]*Gang, len(s.Running))
 	for i := range s.Running {
 		running[s.Running[i].ID] = &s.Running[i]
 	}
-
-	// Interruption notices and draining machines.
-	var urgent []Gang
-	replaces := map[string]string{}
+	var rep []replacement
 	drainingNow := map[string]bool{}
 	for i := range s.Machines {
 		m := &s.Machines[i]
-		r := runs[m.Pool]
-		if !m.Notice.IsZero() && m.State != Draining {
-			d.Drains = append(d.Drains, Drain{Machine: m.Name, Pool: m.Pool, MoveObjects: m.LastCopies,
-				Reason: fmt.Sprintf("spot interruption notice: the provider takes it at %s", m.Notice.UTC().Format(time.RFC3339))})
+		switch {
+		case !m.Notice.IsZero() && m.State != Draining:
 			drainingNow[m.Name] = true
-			r.draining++
-			deadline := m.Notice.Add(-a.cfg.NoticeMargin)
-			if deadline.Before(now) {
-				deadline = now
+			runs[m.Pool].draining++
+			for _, g := range a.noticed(d, m, s.Now, running) {
+				rep = append(rep, replacement{gang: g, machine: m.Name})
 			}
-			for _, h := range m.Gangs {
-				if h.Stopping {
-					continue
-				}
-				d.Preemptions = append(d.Preemptions, Preempt{Gang: h.Gang, Machine: m.Name, Deadline: deadline,
-					Reason: "checkpoint before the spot interruption of " + m.Name})
-				g := running[h.Gang]
-				if g == nil {
-					continue
-				}
-				rg := *g
-				rg.Size = h.Members
-				rg.SameIsland = g.SameIsland && h.Members == g.Size
-				rg.Pool = ""
-				urgent = append(urgent, rg)
-				replaces[rg.ID] = m.Name
-			}
+		case m.State == Draining:
+			a.drained(d, m, s.Now)
+		}
+	}
+	return rep, drainingNow
+}
+
+// noticed drains a machine that got an interruption notice and asks its gangs (those not
+// already stopping) to checkpoint before the notice's deadline less the margin (never
+// before now). It returns the running gangs to replace, each sized to its members there
+// and free to go to any pool.
+func (a *Autoscaler) noticed(d *Decision, m *Machine, now time.Time, running map[string]*Gang) []Gang {
+	d.Drains = append(d.Drains, Drain{Machine: m.Name, Pool: m.Pool, MoveObjects: m.LastCopies,
+		Reason: fmt.Sprintf("spot interruption notice: the provider takes it at %s", m.Notice.UTC().Format(time.RFC3339))})
+	deadline := m.Notice.Add(-a.cfg.NoticeMargin)
+	if deadline.Before(now) {
+		deadline = now
+	}
+	var out []Gang
+	for _, h := range m.Gangs {
+		if h.Stopping {
 			continue
 		}
-		if m.State != Draining {
+		d.Preemptions = append(d.Preemptions, Preempt{Gang: h.Gang, Machine: m.Name, Deadline: deadline,
+			Reason: "checkpoint before the spot interruption of " + m.Name})
+		g := running[h.Gang]
+		if g == nil {
 			continue
 		}
-		if !m.Notice.IsZero() && !now.Before(m.Notice) {
-			d.Removes = append(d.Removes, Remove{Machine: m.Name, Pool: m.Pool, Reason: "taken back by its provider (spot interruption)"})
-			continue
+		rg := *g
+		rg.Size = h.Members
+		rg.SameIsland = g.SameIsland && h.Members == g.Size
+		rg.Pool = ""
+		out = append(out, rg)
+	}
+	return out
+}
+
+// drained decides for a draining machine: removed once its provider took it, or once it
+// has no gangs and no last object copies; past the drain grace (without a notice), its
+// gangs not already stopping are preempted.
+func (a *Autoscaler) drained(d *Decision, m *Machine, now time.Time) {
+	switch {
+	case !m.Notice.IsZero() && !now.Before(m.Notice):
+		d.Removes = append(d.Removes, Remove{Machine: m.Name, Pool: m.Pool, Reason: "taken back by its provider (spot interruption)"})
+	case len(m.Gangs) == 0 && m.LastCopies == 0:
+		reason := "drained: no gangs, no last object copies"
+		if !m.Notice.IsZero() {
+			reason = "drained before its spot interruption"
 		}
-		if len(m.Gangs) == 0 && m.LastCopies == 0 {
-			reason := "drained: no gangs, no last object copies"
-			if !m.Notice.IsZero() {
-				reason = "drained before its spot interruption"
-			}
-			d.Removes = append(d.Removes, Remove{Machine: m.Name, Pool: m.Pool, Reason: reason})
-			continue
-		}
-		if m.Notice.IsZero() && now.Sub(m.Since) >= a.cfg.DrainGrace {
-			for _, h := range m.Gangs {
-				if !h.Stopping {
-					d.Preemptions = append(d.Preemptions, Preempt{Gang: h.Gang, Machine: m.Name, Deadline: now.Add(a.cfg.PreemptDeadline),
-						Reason: fmt.Sprintf("%s has drained for %v without its gangs finishing", m.Name, a.cfg.DrainGrace)})
-				}
+		d.Removes = append(d.Removes, Remove{Machine: m.Name, Pool: m.Pool, Reason: reason})
+	case m.Notice.IsZero() && now.Sub(m.Since) >= a.cfg.DrainGrace:
+		for _, h := range m.Gangs {
+			if !h.Stopping {
+				d.Preemptions = append(d.Preemptions, Preempt{Gang: h.Gang, Machine: m.Name, Deadline: now.Add(a.cfg.PreemptDeadline),
+					Reason: fmt.Sprintf("%s has drained for %v without its gangs finishing", m.Name, a.cfg.DrainGrace)})
 			}
 		}
 	}
+}
 
-	// Scale up: replacements first, then pending gangs in priority order.
-	pending := slices.Clone(s.Pending)
-	slices.SortFunc(pending, func(x, y Gang) int {
+// byPriority returns a copy of the gangs, larger priority first, then earlier arrival,
+// then by ID.
+func byPriority(gangs []Gang) []Gang {
+	out := slices.Clone(gangs)
+	slices.SortFunc(out, func(x, y Gang) int {
 		if c := cmp.Compare(y.Priority, x.Priority); c != 0 {
 			return c
 		}
@@ -313,75 +383,84 @@ func (a *Autoscaler) Decide(s *Snapshot) (Decision, error) {
 		}
 		return strings.Compare(x.ID, y.ID)
 	})
-	for i := range urgent {
-		g := &urgent[i]
-		a.scaleFor(&d, runs, poolOrder, g, replaces[g.ID], false)
-	}
-	for i := range pending {
-		a.scaleFor(&d, runs, poolOrder, &pending[i], "", false)
-	}
-	// Pool minimums.
-	for _, r := range poolOrder {
-		if short := r.p.Spec.Min - (r.count - r.draining); short > 0 {
-			room := r.p.Spec.Max - r.count
-			n := min(short, room)
-			if n > 0 {
-				r.launch(n, launchKey{domain: r.nextDomain(n)}, "", fmt.Sprintf("pool minimum %d machines", r.p.Spec.Min))
-			}
-		}
-	}
-	// Forecast demand: pre-warm where a pool has room; no verdicts.
-	for i := range s.Forecast {
-		a.scaleFor(nil, runs, poolOrder, &s.Forecast[i], "", true)
-	}
-
-	// Scale down: idle machines past their pool's timeout, pools above max.
-	for _, r := range poolOrder {
-		if len(r.launches) > 0 {
-			continue // capacity is short here: an idle machine will take the gangs it was launched for
-		}
-		keep := r.count - r.draining
-		over := keep - r.p.Spec.Max
-		idleNow := r.idleReady(s)
-		for i := range s.Machines {
-			m := &s.Machines[i]
-			if m.Pool != r.p.Spec.Name || m.State != Ready || drainingNow[m.Name] {
-				continue
-			}
-			idle := len(m.Gangs) == 0 && !m.IdleSince.IsZero()
-			switch {
-			case over > 0 && (idle || over > idleNow):
-				reason := fmt.Sprintf("pool has %d machines, above its max %d", keep, r.p.Spec.Max)
-				d.Drains = append(d.Drains, Drain{Machine: m.Name, Pool: m.Pool, MoveObjects: m.LastCopies, Reason: reason})
-				over--
-				keep--
-				if idle {
-					idleNow--
-				}
-			case idle && keep > r.p.Spec.Min && now.Sub(m.IdleSince) >= time.Duration(r.p.Spec.IdleTimeout):
-				reason := fmt.Sprintf("idle for %v, past the pool's idle timeout %v", now.Sub(m.IdleSince).Round(time.Second), time.Duration(r.p.Spec.IdleTimeout))
-				if m.LastCopies > 0 {
-					reason += fmt.Sprintf("; %d last object copies move first", m.LastCopies)
-				}
-				d.Drains = append(d.Drains, Drain{Machine: m.Name, Pool: m.Pool, MoveObjects: m.LastCopies, Reason: reason})
-				keep--
-			}
-		}
-	}
-	for _, r := range poolOrder {
-		for _, k := range r.order {
-			d.Launches = append(d.Launches, *r.launches[k])
-		}
-	}
-	return d, nil
+	return out
 }
 
-// idleReady counts the pool's ready machines without gangs.
-func (r *poolRun) idleReady(s *Snapshot) int {
+// launchMinimum plans the machines the pool lacks to reach its minimum (draining ones do
+// not count), as far as its max allows.
+func (r *poolRun) launchMinimum() {
+	short := r.p.Spec.Min - (r.count - r.draining)
+	if n := min(short, r.p.Spec.Max-r.count); n > 0 {
+		r.launch(n, launchKey{domain: r.nextDomain(n)}, "", fmt.Sprintf("pool minimum %d machines", r.p.Spec.Min))
+	}
+}
+
+// scaleDown drains the pool's ready machines (in the snapshot's order, those drainStep
+// drains aside): while the pool is above its max, idle ones, and busy ones as far as the
+// idle ones left cannot make up the excess; else idle ones past the pool's idle timeout
+// (those with an IdleSince), down to its min. A pool that launches in this decision drains
+// nothing: capacity is short there, and an idle machine will take the gangs the launches
+// are for.
+func (r *poolRun) scaleDown(d *Decision, s *Snapshot, drainingNow map[string]bool) {
+	if len(r.launches) > 0 {
+		return
+	}
+	sp := &r.p.Spec
+	keep := r.count - r.draining
+	over := keep - sp.Max
+	idleNow := r.idleReady(s, drainingNow)
+	for i := range s.Machines {
+		m := &s.Machines[i]
+		if m.Pool != sp.Name || m.State != Ready || drainingNow[m.Name] {
+			continue
+		}
+		idle := isIdle(m, drainingNow)
+		switch {
+		case over > 0 && (idle || over > idleNow):
+			reason := fmt.Sprintf("pool has %d machines, above its max %d", keep, sp.Max)
+			d.Drains = append(d.Drains, Drain{Machine: m.Name, Pool: m.Pool, MoveObjects: m.LastCopies, Reason: reason})
+			over--
+			keep--
+			if idle {
+				idleNow--
+			}
+		case idle && !m.IdleSince.IsZero() && keep > sp.Min && s.Now.Sub(m.IdleSince) >= time.Duration(sp.IdleTimeout):
+			d.Drains = append(d.Drains, idleDrain(m, s.Now, time.Duration(sp.IdleTimeout)))
+			keep--
+		}
+	}
+}
+
+// idleDrain drains a machine idle past its pool's timeout.
+func idleDrain(m *Machine, now time.Time, timeout time.Duration) Drain {
+	reason := fmt.Sprintf("idle for %v, past the pool's idle timeout %v", now.Sub(m.IdleSince).Round(time.Second), timeout)
+	if m.LastCopies > 0 {
+		reason += fmt.Sprintf("; %d last object copies move first", m.LastCopies)
+	}
+	return Drain{Machine: m.Name, Pool: m.Pool, MoveObjects: m.LastCopies, Reason: reason}
+}
+
+// appendLaunches appends the launches the decision planned in the pool, in the order
+// they were first planned.
+func (r *poolRun) appendLaunches(ls []Launch) []Launch {
+	for _, k := range r.order {
+		ls = append(ls, *r.launches[k])
+	}
+	return ls
+}
+
+// isIdle is what scale-down counts as an idle machine: ready, not drained by this decision
+// (drainingNow), without gangs, whether or not its IdleSince is set.
+func isIdle(m *Machine, drainingNow map[string]bool) bool {
+	return m.State == Ready && !drainingNow[m.Name] && len(m.Gangs) == 0
+}
+
+// idleReady counts the pool's idle machines (isIdle).
+func (r *poolRun) idleReady(s *Snapshot, drainingNow map[string]bool) int {
 	n := 0
 	for i := range s.Machines {
 		m := &s.Machines[i]
-		if m.Pool == r.p.Spec.Name && m.State == Ready && len(m.Gangs) == 0 {
+		if m.Pool == r.p.Spec.Name && isIdle(m, drainingNow) {
 			n++
 		}
 	}
@@ -389,7 +468,8 @@ func (r *poolRun) idleReady(s *Snapshot) int {
 }
 
 // nextDomain picks the NVLink domain for n new machines of a rack-fabric pool: the fullest
-// domain with room for all n, else a new one. 0 for other pools.
+// domain with room for all n (the lowest numbered of those equally full, so that the choice
+// does not hang on map order), else a new one. 0 for other pools.
 func (r *poolRun) nextDomain(n int) int {
 	dm := r.p.Shape.DomainMachines
 	if dm <= 1 {
@@ -398,7 +478,7 @@ func (r *poolRun) nextDomain(n int) int {
 	best, bestUsed, next := -1, -1, 0
 	for dom, used := range r.domains {
 		next = max(next, dom+1)
-		if used+n <= dm && used > bestUsed {
+		if used+n <= dm && (used > bestUsed || used == bestUsed && dom < best) {
 			best, bestUsed = dom, used
 		}
 	}
@@ -621,93 +701,140 @@ func (r *poolRun) blocked(k int) string {
 // scaleFor sizes capacity for one gang: on capacity in flight, else on fresh machines of
 // the best pool. d is nil for forecast gangs (no verdicts).
 func (a *Autoscaler) scaleFor(d *Decision, runs map[string]*poolRun, order []*poolRun, g *Gang, replaces string, prewarm bool) {
-	verdict := func(list *[]Verdict, reason string) {
+	infeasible := func(reason string) {
 		if d != nil {
-			*list = append(*list, Verdict{Gang: g.ID, Reason: reason})
+			d.Infeasible = append(d.Infeasible, Verdict{Gang: g.ID, Reason: reason})
 		}
 	}
-	if g.Size <= 0 || g.Member.GPUs < 0 || g.Member.CPUMilli < 0 || g.Member.MemMiB < 0 {
-		verdict(&d.Infeasible, fmt.Sprintf("gang of %d members asking %+v", g.Size, g.Member))
+	waiting := func(reason string) {
+		if d != nil {
+			d.Waiting = append(d.Waiting, Verdict{Gang: g.ID, Reason: reason})
+		}
+	}
+	cands, why := candidates(runs, order, g)
+	if why != "" {
+		infeasible(why)
 		return
 	}
-	cands := order
-	if g.Pool != "" {
-		r := runs[g.Pool]
-		if r == nil {
-			verdict(&d.Infeasible, fmt.Sprintf("pinned to pool %q, which is not configured", g.Pool))
-			return
+	sv := surveyPools(cands, g)
+	switch {
+	case sv.inFlight != nil:
+		if !prewarm {
+			waiting(fmt.Sprintf("waits for machines launching in pool %s", sv.inFlight.p.Spec.Name))
 		}
-		cands = []*poolRun{r}
+		return
+	case len(sv.ok) == 0 && prewarm:
+		return
+	case len(sv.ok) == 0 && len(sv.notNow) == 0:
+		infeasible("no pool can ever hold it: " + strings.Join(sv.never, "; "))
+		return
+	case len(sv.ok) == 0:
+		waiting("no pool has room: " + strings.Join(sv.notNow, "; "))
+		return
 	}
-	type cand struct {
-		r       *poolRun
-		k       int
-		islands int
-		spot    bool
+	best := slices.MinFunc(sv.ok, compareCands)
+	reason := launchReason(g, best, replaces, prewarm) + spotNote(runs, order, g, best, prewarm, sv.notNow)
+	best.r.launchFor(g, best.k, launchKey{prewarm: prewarm, replaces: replaces}, reason)
+}
+
+// candidates returns the pools that may hold the gang (its pinned pool, else all), or why
+// the gang itself can never be placed.
+func candidates(runs map[string]*poolRun, order []*poolRun, g *Gang) ([]*poolRun, string) {
+	if g.Size <= 0 || g.Member.GPUs < 0 || g.Member.CPUMilli < 0 || g.Member.MemMiB < 0 {
+		return nil, fmt.Sprintf("gang of %d members asking %+v", g.Size, g.Member)
 	}
-	var ok []cand
-	var never, notNow []string
+	if g.Pool == "" {
+		return order, ""
+	}
+	r := runs[g.Pool]
+	if r == nil {
+		return nil, fmt.Sprintf("pinned to pool %q, which is not configured", g.Pool)
+	}
+	return []*poolRun{r}, ""
+}
+
+// cand is a pool that can launch the k machines a gang needs now, over islands NVLink
+// islands.
+type cand struct {
+	r       *poolRun
+	k       int
+	islands int
+	spot    bool
+}
+
+// survey is what the candidate pools say of a gang.
+type survey struct {
+	ok     []cand
+	never  []string // why pools can never hold it
+	notNow []string // why pools that could hold it cannot launch now
+	// inFlight is the pool whose capacity in flight took the gang; the survey stops there.
+	inFlight *poolRun
+}
+
+// surveyPools asks each candidate pool, in order, whether it can hold the gang; the first
+// with room for it on capacity in flight takes it.
+func surveyPools(cands []*poolRun, g *Gang) survey {
+	var sv survey
 	for _, r := range cands {
 		if r.p.Spec.Capacity == Spot && !g.Tolerant {
-			never = append(never, fmt.Sprintf("pool %s is spot and the gang is not preemptible with checkpoints", r.p.Spec.Name))
+			sv.never = append(sv.never, fmt.Sprintf("pool %s is spot and the gang is not preemptible with checkpoints", r.p.Spec.Name))
 			continue
 		}
 		k, why := r.need(g)
 		if why != "" {
-			never = append(never, why)
+			sv.never = append(sv.never, why)
 			continue
 		}
 		if r.inFlight(g) {
-			if !prewarm {
-				verdict(&d.Waiting, fmt.Sprintf("waits for machines launching in pool %s", r.p.Spec.Name))
-			}
-			return
+			sv.inFlight = r
+			return sv
 		}
 		if why := r.blocked(k); why != "" {
-			notNow = append(notNow, why)
+			sv.notNow = append(sv.notNow, why)
 			continue
 		}
-		ok = append(ok, cand{r: r, k: k, islands: r.islands(g, k), spot: r.p.Spec.Capacity == Spot})
+		sv.ok = append(sv.ok, cand{r: r, k: k, islands: r.islands(g, k), spot: r.p.Spec.Capacity == Spot})
 	}
-	if len(ok) == 0 {
-		if prewarm {
-			return
+	return sv
+}
+
+// compareCands orders candidates best first: spot (for gangs that tolerate it; others see
+// no spot pool), then fewest islands, lowest price for the machines, shortest launch
+// latency, and pool name.
+func compareCands(x, y cand) int {
+	if x.spot != y.spot {
+		if x.spot {
+			return -1
 		}
-		if len(notNow) == 0 {
-			verdict(&d.Infeasible, "no pool can ever hold it: "+strings.Join(never, "; "))
-		} else {
-			verdict(&d.Waiting, "no pool has room: "+strings.Join(notNow, "; "))
-		}
-		return
+		return 1
 	}
-	best := slices.MinFunc(ok, func(x, y cand) int {
-		if x.spot != y.spot { // spot first for gangs that tolerate it (others see no spot pool)
-			if x.spot {
-				return -1
-			}
-			return 1
-		}
-		if c := cmp.Compare(x.islands, y.islands); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(float64(x.k)*x.r.p.Spec.PricePerHour, float64(y.k)*y.r.p.Spec.PricePerHour); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(x.r.p.Spec.LaunchLatency, y.r.p.Spec.LaunchLatency); c != 0 {
-			return c
-		}
-		return strings.Compare(x.r.p.Spec.Name, y.r.p.Spec.Name)
-	})
-	r := best.r
-	var reason string
+	if c := cmp.Compare(x.islands, y.islands); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(float64(x.k)*x.r.p.Spec.PricePerHour, float64(y.k)*y.r.p.Spec.PricePerHour); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(x.r.p.Spec.LaunchLatency, y.r.p.Spec.LaunchLatency); c != 0 {
+		return c
+	}
+	return strings.Compare(x.r.p.Spec.Name, y.r.p.Spec.Name)
+}
+
+// launchReason says what a launch is for.
+func launchReason(g *Gang, best cand, replaces string, prewarm bool) string {
 	switch {
 	case prewarm:
-		reason = "pre-warm for forecast arrivals"
+		return "pre-warm for forecast arrivals"
 	case replaces != "":
-		reason = fmt.Sprintf("replacement for %s (spot interruption)", replaces)
-	default:
-		reason = fmt.Sprintf("gang %s: %d members of %d cards need %d machines, %d island(s)", g.ID, g.Size, g.Member.GPUs, best.k, best.islands)
+		return fmt.Sprintf("replacement for %s (spot interruption)", replaces)
 	}
+	return fmt.Sprintf("gang %s: %d members of %d cards need %d machines, %d island(s)", g.ID, g.Size, g.Member.GPUs, best.k, best.islands)
+}
+
+// spotNote says, when the gang goes on-demand, why: the spot pools that could not launch
+// now (notNow are the reasons of the pools blocked), or the gang not tolerating spot.
+func spotNote(runs map[string]*poolRun, order []*poolRun, g *Gang, best cand, prewarm bool, notNow []string) string {
+	var note string
 	if !best.spot && g.Tolerant {
 		var spotWhy []string
 		for _, w := range notNow {
@@ -716,27 +843,32 @@ func (a *Autoscaler) scaleFor(d *Decision, runs map[string]*poolRun, order []*po
 			}
 		}
 		if len(spotWhy) > 0 {
-			reason += "; on-demand fallback: " + strings.Join(spotWhy, "; ")
+			note += "; on-demand fallback: " + strings.Join(spotWhy, "; ")
 		}
 	}
 	if !g.Tolerant && !prewarm && hasSpot(order) {
-		reason += "; on-demand: the gang is not preemptible with checkpoints"
+		note += "; on-demand: the gang is not preemptible with checkpoints"
 	}
-	key := launchKey{domain: r.nextDomain(min(best.k, max(1, r.p.Shape.DomainMachines))), prewarm: prewarm, replaces: replaces}
-	if best.k > max(1, r.p.Shape.DomainMachines) && r.p.Shape.DomainMachines > 1 {
-		// A gang larger than a domain fills whole new domains.
-		left := best.k
-		var idx []int
-		for left > 0 {
-			n := min(left, r.p.Shape.DomainMachines)
-			k := launchKey{domain: r.nextDomain(r.p.Shape.DomainMachines), prewarm: prewarm, replaces: replaces}
-			idx = append(idx, r.launch(n, k, g.ID, reason)...)
-			left -= n
-		}
-		r.fill(g, idx)
+	return note
+}
+
+// launchFor plans k fresh machines for the gang (key gives the launch's prewarm and
+// replaces; the NVLink domain is chosen here) and places the gang on them. A gang larger
+// than a domain fills whole new domains.
+func (r *poolRun) launchFor(g *Gang, k int, key launchKey, reason string) {
+	dm := r.p.Shape.DomainMachines
+	if dm <= 1 || k <= dm {
+		key.domain = r.nextDomain(min(k, max(1, dm)))
+		r.fill(g, r.launch(k, key, g.ID, reason))
 		return
 	}
-	idx := r.launch(best.k, key, g.ID, reason)
+	var idx []int
+	for left := k; left > 0; {
+		n := min(left, dm)
+		key.domain = r.nextDomain(dm)
+		idx = append(idx, r.launch(n, key, g.ID, reason)...)
+		left -= n
+	}
 	r.fill(g, idx)
 }
 

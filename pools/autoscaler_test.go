@@ -2,6 +2,9 @@ package pools
 
 import (
 	"errors"
+	"fmt"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -328,5 +331,90 @@ func TestSnapshotErrors(t *testing.T) {
 		if _, err := a.Decide(s); !errors.Is(err, ErrSnapshot) {
 			t.Errorf("snapshot %+v: error %v, want ErrSnapshot", s, err)
 		}
+	}
+}
+
+// TestDecideDeterministic runs Decide on one snapshot many times, and on the same machines
+// listed in other orders (so the per-domain counts are built in other insertion orders):
+// with two NVLink domains equally full, every decision must be the same.
+func TestDecideDeterministic(t *testing.T) {
+	gb := testPool(t, "gb200", "gb200-nvl72", OnDemand, 0, 36, 40)
+	var machines []Machine
+	for dom := 0; dom < 4; dom++ {
+		for i := 0; i < 3; i++ {
+			machines = append(machines, Machine{Name: fmt.Sprintf("gb-%d-%d", dom, i), Pool: "gb200", State: Ready, Domain: dom, Since: t0,
+				Gangs: []Hosted{{Gang: "busy", Members: 1}}})
+		}
+	}
+	orders := [][]Machine{machines, slices.Clone(machines), nil}
+	slices.Reverse(orders[1])
+	for i := range machines { // interleaved: domains first seen 3, 0, 2, 1
+		orders[2] = append(orders[2], machines[(i*5+9)%len(machines)])
+	}
+	var want Decision
+	for k, ms := range orders {
+		for i := 0; i < 50; i++ {
+			s := &Snapshot{Now: t0, Pools: []PoolState{{Pool: gb}}, Machines: ms, Pending: []Gang{gpuGang("g", 8, 4, false)}}
+			d := decide(t, s)
+			if k == 0 && i == 0 {
+				want = d
+				continue
+			}
+			if !reflect.DeepEqual(d, want) {
+				t.Fatalf("order %d, run %d: decision %+v, want %+v", k, i, d, want)
+			}
+		}
+	}
+	if len(want.Launches) != 1 || want.Launches[0].Domain != 0 {
+		t.Fatalf("launches %+v: want one, in domain 0 (the lowest of those equally full)", want.Launches)
+	}
+}
+
+// TestForecastWithoutVerdicts: a forecast gang that can never be placed (invalid, or pinned
+// to a pool no longer configured, as the Forecaster keeps the pool it observed) gets no
+// verdict and launches nothing; Decide must not fail on it.
+func TestForecastWithoutVerdicts(t *testing.T) {
+	p := testPool(t, "p", "dgx-h100", OnDemand, 0, 8, 100)
+	gone := gpuGang("forecast/gone", 1, 8, false)
+	gone.Pool = "removed"
+	cases := []struct {
+		name string
+		g    Gang
+	}{
+		{name: "invalid", g: gpuGang("forecast/invalid", 0, 8, false)},
+		{name: "pinned to a pool no longer configured", g: gone},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := decide(t, &Snapshot{Now: t0, Pools: []PoolState{{Pool: p}}, Forecast: []Gang{c.g}, Pending: []Gang{gpuGang("real", 1, 8, false)}})
+			if len(d.Infeasible)+len(d.Waiting) != 0 {
+				t.Errorf("verdicts for a forecast gang: infeasible %+v, waiting %+v", d.Infeasible, d.Waiting)
+			}
+			if len(d.Launches) != 1 || d.Launches[0].Prewarm || !slices.Equal(d.Launches[0].Gangs, []string{"real"}) {
+				t.Errorf("launches %+v: want only the pending gang's", d.Launches)
+			}
+		})
+	}
+}
+
+// TestReplacementsNameTheirMachine: a gang on two machines that both got an interruption
+// notice gets a replacement for each, each naming the machine it replaces.
+func TestReplacementsNameTheirMachine(t *testing.T) {
+	spot := testPool(t, "spot", "dgx-h100", Spot, 0, 4, 30)
+	od := testPool(t, "od", "dgx-h100", OnDemand, 0, 4, 98)
+	g := gpuGang("job/train", 3, 8, true)
+	hosted := func(n int) []Hosted { return []Hosted{{Gang: g.ID, Members: n}} }
+	notice := t0.Add(2 * time.Minute)
+	s := &Snapshot{Now: t0, Pools: []PoolState{{Pool: spot, SpotUnavailable: true}, {Pool: od}}, Running: []Gang{g}, Machines: []Machine{
+		{Name: "spot-0", Pool: "spot", State: Ready, Since: t0, Gangs: hosted(2), Notice: notice},
+		{Name: "spot-1", Pool: "spot", State: Ready, Since: t0, Gangs: hosted(1), Notice: notice},
+	}}
+	d := decide(t, s)
+	got := map[string]int{}
+	for _, l := range d.Launches {
+		got[l.Replaces] += l.Count
+	}
+	if want := map[string]int{"spot-0": 2, "spot-1": 1}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("machines launched per replaced machine %v, want %v: %+v", got, want, d.Launches)
 	}
 }

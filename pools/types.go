@@ -77,7 +77,8 @@ type Machine struct {
 	// Since is when the machine entered its state (launch asked, registered, drain began).
 	Since time.Time `json:"since"`
 	// Gangs are the gangs with members on it; IdleSince is when it last became free of
-	// them (zero while it hosts any).
+	// them (zero while it hosts any). A ready machine without gangs is idle; it is drained
+	// for its pool's idle timeout only once IdleSince is set.
 	Gangs     []Hosted  `json:"gangs,omitempty"`
 	IdleSince time.Time `json:"idle_since"`
 	// LastCopies counts objects whose only copy lives on this machine.

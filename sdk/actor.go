@@ -15,7 +15,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/actors"
-	"github.com/atoll-run/atoll/runtime/api"
 )
 
 // Actor is what an actor kind implements. Receive handles one message at a time; its return
@@ -318,16 +317,44 @@ func Send(h Caller, to ActorRef, msg any) error {
 	return actors.Send(h.conn().sys, to.ref, msg)
 }
 
-// Member is where one gang member runs: Machine, GPUs (its cards' indices on the machine),
-// UUIDs (their UUIDs, "GPU-sim-..." when simulated), Islands (their NVLink islands), and
-// what it holds of them: Milli (a share of its card, 1000 for whole cards), MIG (its MIG
-// profile), CPUMilli and MemMiB.
-type Member = api.Member
+// Member is where one gang member runs and what it holds there.
+type Member struct {
+	// Machine is the machine's name.
+	Machine string `json:"machine"`
+	// GPUs are the member's card indices on its machine; UUIDs their UUIDs (NVML's, or
+	// "GPU-sim-..." on simulated machines).
+	GPUs  []int    `json:"gpus"`
+	UUIDs []string `json:"uuids,omitempty"`
+	// Islands are the global NVLink island ids of those cards.
+	Islands []int `json:"islands,omitempty"`
+	// Milli is the member's share of its card (1..999) when it holds a fraction of one.
+	Milli int `json:"milli,omitempty"`
+	// MIG is the MIG profile of the slice group it holds, if any.
+	MIG string `json:"mig,omitempty"`
+	// CPUMilli and MemMiB are the CPU (in thousandths of a core) and memory it reserves.
+	CPUMilli int64 `json:"cpu_milli,omitempty"`
+	MemMiB   int64 `json:"mem_mib,omitempty"`
+	// Removed marks a member an elastic gang shrank away: its slot stays (members keep
+	// their index for life) but nothing runs there.
+	Removed bool `json:"removed,omitempty"`
+	// GPUModel is the model of its cards (with a " (simulated)" suffix on a declared
+	// machine).
+	GPUModel string `json:"gpu_model,omitempty"`
+}
 
-// Placement is where the scheduler put a gang: Members (by rank), Islands (how many NVLink
-// islands it spans), Machines (their names), and Scores (the scheduler's per-plugin
-// scores, "total", and "allreduce_us", the modeled AllReduce time of the placement).
-type Placement = api.Placement
+// Placement is where the scheduler put a gang.
+type Placement struct {
+	// Members, by index: for a gang of fixed size its rank; an elastic gang's grows are
+	// appended and its shrinks marked Removed.
+	Members []Member `json:"members"`
+	// Islands counts the distinct NVLink islands the gang spans; Machines lists its
+	// machines.
+	Islands  int      `json:"islands"`
+	Machines []string `json:"machines"`
+	// Scores are the scheduler's per-plugin scores, "total", and "allreduce_us", the
+	// modeled AllReduce time of the placement.
+	Scores map[string]float64 `json:"scores,omitempty"`
+}
 
 // Resources is what one gang member, placed actor or task asks for. The zero value asks
 // for nothing: a CPU-only member that reserves no CPU.
@@ -428,7 +455,7 @@ func (c *Context) Placement() Member {
 	if c.w == nil {
 		return Member{}
 	}
-	return c.w.spec.Member
+	return fromAPIMember(c.w.spec.Member)
 }
 
 // AllReduce sums data element-wise across every worker of the gang, in place: a ring

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -50,8 +51,20 @@ var (
 	ErrNeverFits = api.ErrNeverFits
 	// ErrNoCapacity: a gang that does not fit now.
 	ErrNoCapacity = api.ErrNoCapacity
+	// ErrSaturated: the cluster's queue is full (past its bound of pending gangs); retry
+	// later (the error's RetryAfter says when).
+	ErrSaturated = api.ErrSaturated
 	// ErrUnknownObject: no object with that id (never created, or freed).
 	ErrUnknownObject = errors.New("sdk: unknown object")
+	// ErrOwnerDied: the object's owner (the driver, worker incarnation or job that put it)
+	// ended, and the object with it, as Ray's OwnerDiedError. The error matches
+	// ErrUnknownObject too. Detached objects and checkpoints have no such owner.
+	ErrOwnerDied = object.ErrOwnerDied
+	// ErrObjectLost: no copy of the object is left (the machines that held it are gone).
+	ErrObjectLost = object.ErrLost
+	// ErrNotDurable: a checkpoint or a detached object could not be made durable on two
+	// machines (or on one and the shared checkpoint directory): nothing was committed.
+	ErrNotDurable = errors.New("sdk: not durable")
 	// ErrGangFailed: the gang used up its restarts (or failed for good) and freed its GPUs.
 	ErrGangFailed = errors.New("sdk: gang failed")
 	// ErrStopped: the gang or placed actor was stopped (by its driver, or with its job).
@@ -349,6 +362,13 @@ func connect(ctx context.Context, s settings, address string) (*Cluster, error) 
 	local := objects.NewLocal(node)
 	c.locals[node.Addr] = local
 	c.objects, c.ownStore = localStore{l: local, holder: c.owner}, true
+	if err := c.registerOwner(ctx, node.Addr); err != nil {
+		c.endLife()
+		_ = node.Shutdown(ctx)
+		_ = sys.Shutdown(ctx)
+		_ = td.remove()
+		return nil, err
+	}
 	return &Cluster{c: c, driver: node, driverD: td}, nil
 }
 
@@ -378,6 +398,13 @@ func (c *Cluster) Shutdown(ctx context.Context) error {
 	for _, job := range pools { // tasks still waiting for a worker fail with ErrStopped
 		c.c.closePool(job)
 	}
+	if c.embedded == nil { // this driver's objects end with it (an embedded cluster ends whole)
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := c.c.endOwner(sctx); err != nil {
+			errs = append(errs, fmt.Errorf("end this driver's objects: %w", err))
+		}
+		cancel()
+	}
 	c.c.endLife()
 	if c.embedded != nil {
 		errs = append(errs, c.embedded.shutdown(ctx))
@@ -398,14 +425,14 @@ func (c *Cluster) Address() string { return api.FormatAddress(c.c.client.Heads()
 // Embedded reports whether this is an embedded cluster (Local).
 func (c *Cluster) Embedded() bool { return c.embedded != nil }
 
-// Status is the cluster as its leader head sees it: heads, machines, gangs.
-type Status = api.Status
-
 // Status asks the leader head for the cluster's status.
-func (c *Cluster) Status(ctx context.Context) (Status, error) { return c.c.client.Status(ctx) }
-
-// Machine is a machine of the cluster as its agent registered it.
-type Machine = api.Machine
+func (c *Cluster) Status(ctx context.Context) (Status, error) {
+	st, err := c.c.client.Status(ctx)
+	if err != nil {
+		return Status{}, err
+	}
+	return fromAPIStatus(st), nil
+}
 
 // Machines lists the cluster's machines (alive or not), by name.
 func (c *Cluster) Machines(ctx context.Context) ([]Machine, error) { return c.c.machines(ctx) }
@@ -417,11 +444,11 @@ func (c *conn) machines(ctx context.Context) ([]Machine, error) {
 	}
 	var out []Machine
 	for _, kv := range l.KVs {
-		var m Machine
+		var m api.Machine
 		if err := json.Unmarshal(kv.Value, &m); err != nil {
 			return nil, fmt.Errorf("sdk: machine %s: %w", kv.Key, err)
 		}
-		out = append(out, m)
+		out = append(out, fromAPIMachine(m))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
@@ -464,6 +491,11 @@ func (c *conn) agentURL(ctx context.Context, match func(api.Machine) bool) (stri
 
 // agentCall posts to an agent's API.
 func (c *conn) agentCall(ctx context.Context, agentURL, path string, body any) error {
+	return c.agentDo(ctx, agentURL, path, body, nil)
+}
+
+// agentDo posts to an agent's API and decodes its answer into out (when not nil).
+func (c *conn) agentDo(ctx context.Context, agentURL, path string, body, out any) error {
 	var rd *strings.Reader
 	if body != nil {
 		b, _ := json.Marshal(body)
@@ -484,10 +516,18 @@ func (c *conn) agentCall(ctx context.Context, agentURL, path string, body any) e
 	if resp.StatusCode/100 != 2 {
 		var eb api.ErrorBody
 		_ = json.NewDecoder(resp.Body).Decode(&eb)
-		if eb.Kind == "not_found" {
+		switch eb.Kind {
+		case "not_found":
 			return fmt.Errorf("%s: %w", eb.Error, api.ErrNotFound)
+		case api.KindOwnerDied:
+			return fmt.Errorf("%s: %w", eb.Error, object.ErrOwnerDied)
+		case api.KindObjectLost:
+			return fmt.Errorf("%s: %w", eb.Error, object.ErrLost)
 		}
 		return fmt.Errorf("sdk: agent %s%s: %d: %s", agentURL, path, resp.StatusCode, eb.Error)
+	}
+	if out != nil {
+		return json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(out)
 	}
 	return nil
 }
@@ -504,22 +544,41 @@ func (c *conn) freeEverywhere(ctx context.Context, own objectHost, id object.ID)
 	}
 	var errs []error
 	for _, loc := range rec.Locations {
-		switch {
-		case loc == own.location():
-			errs = append(errs, own.free(ctx, id))
-		case c.local(loc) != nil:
-			errs = append(errs, c.local(loc).Free(ctx, id))
-		default:
-			u, err := c.agentURL(ctx, func(m api.Machine) bool { return m.Agent.Transfer == loc })
-			if err != nil {
-				continue // a driver's store: it frees its own copy with its owner
-			}
-			if err := c.agentCall(ctx, u, "/v1/objects/free", api.ObjectRef{ID: id.String()}); err != nil && !errors.Is(err, api.ErrNotFound) {
-				errs = append(errs, err)
-			}
-		}
+		errs = append(errs, c.dropAt(ctx, own, loc, id, nil))
 	}
 	return errors.Join(errs...)
+}
+
+// dropAt asks the store at a transfer address to let its copy of id go, refusing later
+// gets with cause (nil: as a free; object.ErrOwnerDied: its owner ended). A store that is
+// no alive machine's (a driver's, or gone) is left to its owner and to reconciliation.
+func (c *conn) dropAt(ctx context.Context, own objectHost, loc string, id object.ID, cause error) error {
+	switch {
+	case loc == own.location() && cause == nil:
+		return own.free(ctx, id)
+	case c.local(loc) != nil:
+		return c.local(loc).Drop(ctx, id, cause)
+	}
+	if dir, ok := strings.CutPrefix(loc, objects.SharedPrefix); ok { // a shared checkpoint directory
+		u, err := c.agentURL(ctx, func(m api.Machine) bool { return m.Alive && m.Agent.CheckpointDir == dir })
+		if err != nil {
+			return nil
+		}
+		return c.agentCall(ctx, u, "/v1/objects/unexport", api.ObjectRef{ID: id.String()})
+	}
+	u, err := c.agentURL(ctx, func(m api.Machine) bool { return m.Alive && m.Agent.Transfer == loc })
+	if err != nil {
+		return nil
+	}
+	ref := api.ObjectRef{ID: id.String()}
+	path := "/v1/objects/free"
+	if cause != nil {
+		ref.Cause, path = api.CauseOwnerDied, "/v1/objects/drop"
+	}
+	if err := c.agentCall(ctx, u, path, ref); err != nil && !errors.Is(err, api.ErrNotFound) {
+		return err
+	}
+	return nil
 }
 
 func (c *conn) local(location string) *objects.Local {
@@ -579,8 +638,13 @@ func (c *conn) uploadBinary(ctx context.Context) (*api.Binary, error) {
 	var known api.Binary
 	if ok, err := c.client.Get(ctx, api.TableBinaries+hash, &known); err == nil && ok {
 		var rec objects.Record
-		if ok, err := c.client.Get(ctx, api.TableObjects+known.Object, &rec); err == nil && ok && len(rec.Locations) > 0 {
-			return &known, nil
+		if ok, err := c.client.Get(ctx, api.TableObjects+known.Object, &rec); err == nil && ok && rec.State == "" {
+			live, err := c.liveStores(ctx)
+			for _, l := range rec.Locations {
+				if err == nil && live[l] { // a copy an alive machine serves
+					return &known, nil
+				}
+			}
 		}
 	}
 	id := object.ID(sum)

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 
 	"github.com/atoll-run/atoll/actors"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/object"
 )
@@ -69,6 +72,12 @@ type GangSpec struct {
 	// Strategy spreads or packs the workers over machines (Pack, Spread, StrictPack,
 	// StrictSpread); empty: the scheduler's topology-aware placement (Pack).
 	Strategy Strategy
+	// Machines, when set, pins the workers to these machines (their names, as
+	// Cluster.Machines and Placement report them): the gang is placed by its Strategy on
+	// them alone, and waits while they are full; none of them in the cluster is
+	// ErrNeverFits. It queues, preempts and is preempted like every gang (Ray's hard node
+	// affinity).
+	Machines []string
 	// Priority orders gangs for the scheduler (higher first); PriorityClass names one of
 	// the operator's classes instead (atoll queues). A gang of a higher priority preempts
 	// lower ones when it does not fit (unless they are NotPreemptible): they are given a
@@ -197,7 +206,7 @@ func (j *Job) SpawnGang(ctx context.Context, spec GangSpec) (*Gang, error) {
 		res.GPUs = spec.GPUsPerWorker
 	}
 	as := api.GangSpec{Job: j.name, Name: spec.Name, Kind: spec.Kind, Args: args, Workers: spec.Workers, MinWorkers: spec.MinWorkers, Resources: api.Resources(res),
-		SameIsland: spec.SameIsland, Strategy: api.Strategy(spec.Strategy), Priority: spec.Priority, PriorityClass: spec.PriorityClass, Queue: spec.Queue,
+		SameIsland: spec.SameIsland, Strategy: api.Strategy(spec.Strategy), Machines: spec.Machines, Priority: spec.Priority, PriorityClass: spec.PriorityClass, Queue: spec.Queue,
 		NotPreemptible: spec.NotPreemptible, JustInTime: spec.CheckpointOnNotice, CheckpointEvery: api.Duration(spec.CheckpointEvery), Duration: api.Duration(spec.Duration),
 		AllReduceBytes: spec.AllReduceBytes, MaxRestarts: spec.MaxRestarts,
 		RestartWindow: api.Duration(spec.RestartWindow), Backoff: api.Duration(spec.Backoff)}
@@ -440,7 +449,7 @@ func (g *Gang) Placement() Placement {
 	if g.rec.Placement == nil {
 		return Placement{}
 	}
-	return *g.rec.Placement
+	return fromAPIPlacement(*g.rec.Placement)
 }
 
 // Restarts counts gang restarts so far.
@@ -458,11 +467,30 @@ func (g *Gang) Generation() int {
 	return g.rec.Generation
 }
 
+// GangState is where a gang is.
+type GangState string
+
+// Gang states.
+const (
+	// GangPending: accepted, waiting for capacity (its status's Reason says for what).
+	GangPending GangState = "pending"
+	// GangStarting: placed; its workers are starting.
+	GangStarting GangState = "starting"
+	// GangRunning: every worker of its current generation is ready.
+	GangRunning GangState = "running"
+	// GangRestarting: a worker failed; the gang restarts as its next generation.
+	GangRestarting GangState = "restarting"
+	// GangFailed: out of restarts (or a permanent error); its GPUs are free.
+	GangFailed GangState = "failed"
+	// GangStopped: stopped by its driver (or its job ended); its GPUs are free.
+	GangStopped GangState = "stopped"
+)
+
 // State is the gang's state: pending, starting, running, restarting, failed or stopped.
-func (g *Gang) State() string {
+func (g *Gang) State() GangState {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return string(g.rec.State)
+	return GangState(g.rec.State)
 }
 
 // Err is non-nil once the gang has failed for good (wrapping ErrGangFailed, with the
@@ -534,9 +562,14 @@ func (g *Gang) Kill(ctx context.Context, rank int) error {
 }
 
 // Checkpoint asks every worker for its state (Checkpointer.Checkpoint), stores each in its
-// machine's object store, and commits them as one checkpoint at step: only a checkpoint
-// whose every part is stored is ever restored from. Older checkpoints beyond
-// KeepCheckpoints are freed.
+// machine's object store, and commits them as one checkpoint at step. It commits only once
+// every part is durable twice: each worker's store persists its part (fsync'd) before
+// answering, and the shared checkpoint directory its machine mounts (agent
+// --checkpoint-dir), or else a second machine, takes a durable copy of it; the checkpoint
+// records each part's size and checksum. A checkpoint so committed survives the restart
+// of any agent, the loss of a machine, and a restart of the whole cluster; a cluster of a
+// single machine without a shared directory cannot commit one (ErrNotDurable). Older
+// checkpoints beyond KeepCheckpoints are freed.
 func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 	c := g.c
 	start := time.Now()
@@ -553,23 +586,32 @@ func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 		}
 		ids[r] = id
 	}
+	freeParts := func() {
+		for _, id := range ids {
+			if oid, perr := object.ParseID(id); perr == nil {
+				_ = c.freeEverywhere(context.WithoutCancel(ctx), c.objects, oid)
+			}
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
-		for _, id := range ids {
-			if oid, perr := object.ParseID(id); perr == nil {
-				_ = c.freeEverywhere(context.WithoutCancel(ctx), c.objects, oid)
-			}
-		}
+		freeParts()
 		return fmt.Errorf("sdk: checkpoint of gang %q at step %d: %w", g.name, step, err)
 	}
-	if err := g.replicate(ctx, ids); err != nil {
-		for _, id := range ids {
-			if oid, perr := object.ParseID(id); perr == nil {
-				_ = c.freeEverywhere(context.WithoutCancel(ctx), c.objects, oid)
-			}
-		}
+	parts, shared, err := g.replicate(ctx, ids)
+	if err != nil {
+		freeParts()
 		return fmt.Errorf("sdk: checkpoint of gang %q at step %d: %w", g.name, step, err)
 	}
-	cp := api.Checkpoint{Job: g.job, Gang: g.name, Step: step, Objects: ids, Time: time.Now()}
+	// The save's duration is in the manifest, so that a new leader prices a stop of the
+	// gang from the log as the old one did from the report below.
+	save := api.Duration(time.Since(start))
+	cp := api.Checkpoint{Job: g.job, Gang: g.name, Step: step, Objects: ids, Parts: parts, Copies: 2, Time: time.Now(), Save: save}
+	for _, p := range parts {
+		cp.Bytes += p.Size
+	}
+	if len(shared) > 0 && shared[0] != "" && !slices.ContainsFunc(shared, func(d string) bool { return d != shared[0] }) {
+		cp.SharedDir = shared[0]
+	}
 	b, _ := json.Marshal(cp)
 	if _, err := c.client.Meta().Put(ctx, api.TableCheckpoints+api.CheckpointKey(cp.Job, cp.Gang, step), b); err != nil {
 		return fmt.Errorf("sdk: commit checkpoint of gang %q at step %d: %w", g.name, step, err)
@@ -580,74 +622,58 @@ func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 	g.mu.Unlock()
 	// The leader counts an eviction's lost work from here, and learns what a save costs.
 	if err := c.client.ReportCheckpoint(ctx, api.CheckpointReport{Job: g.job, Gang: g.name, UID: uid, Step: step, At: cp.Time,
-		Save: api.Duration(time.Since(start))}); err != nil {
+		Save: save}); err != nil {
 		c.log.Debug("could not report a checkpoint to the leader", zap.String("gang", g.key), zap.Error(err))
 	}
 	return g.prune(ctx)
 }
 
-// replicate copies every part of a checkpoint to a second machine (another than the one
-// that wrote it), so that a gang restarts from it even when a machine of its is lost.
-func (g *Gang) replicate(ctx context.Context, ids []string) error {
+// replicate makes every part of a checkpoint durable twice: the copy its worker put is
+// persisted on its machine while a second durable copy is made in the shared checkpoint
+// directory that machine mounts, or else on a second machine (another than the writer's,
+// spread over the machines by rank), so that the gang restarts from it even when a
+// machine of its is lost. It returns the parts as the checkpoint records them, with the
+// shared directory of each part's second copy ("" for a second machine), and fails with
+// ErrNotDurable when a part cannot be made durable twice.
+func (g *Gang) replicate(ctx context.Context, ids []string) ([]api.CheckpointPart, []string, error) {
 	c := g.c
-	ms, err := c.machines(ctx)
-	if err != nil {
-		return err
-	}
-	var alive []api.Machine
-	for _, m := range ms {
-		if m.Alive {
-			alive = append(alive, m)
-		}
-	}
-	if len(alive) < 2 {
-		return nil // nowhere else to keep a copy
-	}
-	p := g.Placement()
-	g.mu.Lock()
-	ranks := g.ranksLocked()
-	g.mu.Unlock()
-	holder := fmt.Sprintf("checkpoint/%s/%s", g.job, g.name)
+	holder := objects.CheckpointOwnerPrefix + g.job + "/" + g.name
+	parts := make([]api.CheckpointPart, len(ids))
+	shared := make([]string, len(ids)) // the shared directory holding a part's second copy, if any
 	errs := make([]error, len(ids))
 	var wg sync.WaitGroup
 	for r, id := range ids {
-		if r >= len(ranks) || ranks[r] >= len(p.Members) {
-			break
-		}
-		writer := p.Members[ranks[r]].Machine
-		// The next alive machine after the writer's, in name order.
-		at := 0
-		for i, m := range alive {
-			if m.Name == writer {
-				at = i
-			}
-		}
-		target := alive[(at+1+r/len(alive))%len(alive)]
-		if target.Name == writer {
-			target = alive[(at+1)%len(alive)]
-		}
 		wg.Add(1)
-		go func(r int, id string, m api.Machine) {
+		go func() {
 			defer wg.Done()
 			oid, err := object.ParseID(id)
 			if err != nil {
 				errs[r] = err
 				return
 			}
-			if l := c.local(m.Agent.Transfer); l != nil {
-				errs[r] = l.Replicate(ctx, oid, holder)
+			var rec objects.Record
+			found, err := c.client.Get(ctx, api.TableObjects+id, &rec)
+			switch {
+			case err != nil:
+				errs[r] = err
+				return
+			case !found || rec.State != "" || len(rec.Locations) == 0:
+				errs[r] = fmt.Errorf("%w: rank %d's part %s has no copy", ErrNotDurable, r, shortID(id))
 				return
 			}
-			errs[r] = c.agentCall(ctx, m.Agent.API, "/v1/objects/replicate", agentObjectRef{ID: id, Holder: holder})
-		}(r, id, target)
+			in, err := c.makeDurable(ctx, nil, oid, rec.Locations[0], holder, r)
+			if err != nil {
+				errs[r] = fmt.Errorf("rank %d's part: %w", r, err)
+				return
+			}
+			parts[r] = api.CheckpointPart{ID: id, Size: in.Size, Fingerprint: in.Fingerprint}
+			if d, ok := strings.CutPrefix(in.Location, objects.SharedPrefix); ok {
+				shared[r] = d
+			}
+		}()
 	}
 	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			return fmt.Errorf("replicate rank %d's part: %w", r, err)
-		}
-	}
-	return nil
+	return parts, shared, errors.Join(errs...)
 }
 
 // prune keeps the newest KeepCheckpoints checkpoints and frees the others' objects.
@@ -695,8 +721,10 @@ func (c *conn) dropCheckpoints(ctx context.Context, job, name string, keep int) 
 }
 
 // ReadCheckpoint returns the contents of the gang's complete checkpoint at step (a negative
-// step: the newest), one part per rank as each worker's Checkpointer.Checkpoint returned
-// it, and the step it read. It fails with ErrNotFound when there is no such checkpoint.
+// step: the newest one whose every part can be read back), one part per rank as each
+// worker's Checkpointer.Checkpoint returned it, each checked against the checksum the
+// checkpoint recorded, and the step it read. It fails with ErrNotFound when there is no
+// such checkpoint, and with ErrObjectLost when a part is gone or does not match.
 func (g *Gang) ReadCheckpoint(ctx context.Context, step int64) ([][]byte, int64, error) {
 	c := g.c
 	var cp api.Checkpoint
@@ -723,6 +751,9 @@ func (g *Gang) ReadCheckpoint(ctx context.Context, step int64) ([][]byte, int64,
 		b, err := Get(ctx, c, Ref[[]byte]{ID: id})
 		if err != nil {
 			return nil, cp.Step, fmt.Errorf("sdk: checkpoint of gang %s at step %d, rank %d: %w", g.key, cp.Step, r, err)
+		}
+		if err := checkPart(cp, r, b); err != nil {
+			return nil, cp.Step, fmt.Errorf("sdk: gang %s: %w", g.key, err)
 		}
 		parts[r] = b
 	}
@@ -783,11 +814,30 @@ func (j *Job) Stop(ctx context.Context) error {
 		}
 		g.stop()
 	}
-	return errors.Join(err, c.freeOwnedBy(ctx, jobOwner(j.name)))
+	return errors.Join(err, c.endOwnedBy(ctx, jobOwner(j.name)))
 }
 
 // WorkerInfo is where a gang member runs: its machine, its process, its actor.
-type WorkerInfo = api.Worker
+type WorkerInfo struct {
+	Job        string `json:"job"`
+	Gang       string `json:"gang"`
+	Rank       int    `json:"rank"`
+	Generation int    `json:"generation"`
+	// GangUID tells the gang from an earlier one of the same job and gang names.
+	GangUID string `json:"gang_uid"`
+	Machine string `json:"machine"`
+	// Address is the worker's actor system (host:port, or "nonhost" for a worker inside
+	// the driver's process); ActorID its actor's id there.
+	Address string `json:"address"`
+	ActorID string `json:"actor_id"`
+	// Collective is the id of the worker's collective endpoint actor, on the same system.
+	Collective string `json:"collective,omitempty"`
+	// Transfer is where the worker serves its collective chunks (host:port), if it does.
+	Transfer string `json:"transfer,omitempty"`
+	// PID is the worker's process id; Started when it became ready.
+	PID     int       `json:"pid"`
+	Started time.Time `json:"started"`
+}
 
 // Workers describes the workers of the gang's current incarnation that are ready, by rank.
 func (g *Gang) Workers() []WorkerInfo {
@@ -796,7 +846,7 @@ func (g *Gang) Workers() []WorkerInfo {
 	var out []WorkerInfo
 	for _, m := range g.ranksLocked() {
 		if w, ok := g.workers[m]; ok && w.Generation == g.rec.Generation {
-			out = append(out, w)
+			out = append(out, fromAPIWorker(w))
 		}
 	}
 	return out

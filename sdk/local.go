@@ -123,6 +123,11 @@ func startLocal(ctx context.Context, s settings) (*Cluster, error) {
 		c.locals[st.Local.Node.Addr] = st.Local
 	}
 	c.objects = localStore{l: stores[0].Local, holder: c.owner}
+	if err := c.registerOwner(ctx, ""); err != nil {
+		_ = c.plane.Close()
+		_ = sys.Shutdown(ctx)
+		return fail(err)
+	}
 	open(c)
 	return &Cluster{c: c, embedded: e}, nil
 }

@@ -14,26 +14,38 @@ import (
 )
 
 // NoticeKind says what a notice asks of a gang.
-type NoticeKind = api.NoticeKind
+type NoticeKind string
 
 // Notice kinds.
 const (
 	// NoticePreempt: a more important gang needs the GPUs. Checkpoint, then Yield: the gang
 	// stops, queues again and resumes from that checkpoint when placed (AwaitRunning).
-	NoticePreempt = api.NoticePreempt
+	NoticePreempt NoticeKind = "preempt"
 	// NoticeDrain: the same, because a machine of the gang goes (an operator's drain, a spot
 	// interruption, a scale-down).
-	NoticeDrain = api.NoticeDrain
+	NoticeDrain NoticeKind = "drain"
 	// NoticeShrink: an elastic gang gives up members (From -> To). Yield at a step boundary:
 	// the others keep running and learn their new rank and size.
-	NoticeShrink = api.NoticeShrink
+	NoticeShrink NoticeKind = "shrink"
 	// NoticeGrow: capacity freed and an elastic gang's new members are starting (From ->
 	// To). Yield at a step boundary: they join with a copy of rank 0's state.
-	NoticeGrow = api.NoticeGrow
+	NoticeGrow NoticeKind = "grow"
 )
 
-// EvictionCosts is the scheduler's estimate of what stopping a gang costs, in seconds.
-type EvictionCosts = api.EvictionCosts
+// EvictionCosts is the scheduler's estimate of what stopping a gang costs, in seconds (of
+// the whole gang: multiply by its GPUs for GPU-seconds).
+type EvictionCosts struct {
+	// WorkLost is the work since the newest checkpoint; Checkpoint, Restore, CUDAContext
+	// and Communicator the times to save, to load, to create the CUDA contexts and to set
+	// up the collective at the gang's size.
+	WorkLost     float64 `json:"work_lost"`
+	Checkpoint   float64 `json:"checkpoint"`
+	Restore      float64 `json:"restore"`
+	CUDAContext  float64 `json:"cuda_context"`
+	Communicator float64 `json:"communicator"`
+	// GPUSeconds is the cost over all the gang's GPUs, in GPU-seconds.
+	GPUSeconds float64 `json:"gpu_seconds"`
+}
 
 // Notice asks a running gang to change. Its driver takes it at a step boundary (select on
 // Gang.Notices between steps) and answers with Yield; a stop notice is best answered after
@@ -67,8 +79,8 @@ func noticeOf(rec api.Gang) Notice {
 	if rec.World != nil {
 		epoch = rec.World.Epoch
 	}
-	return Notice{Kind: n.Kind, Generation: rec.Generation, Issued: n.Issued, Deadline: n.Deadline, For: n.For, Reason: n.Reason, From: n.From, To: n.To,
-		Costs: n.Costs, uid: rec.UID, issued: n.Issued, remove: slices.Clone(n.Remove), add: slices.Clone(n.Add), epoch: epoch, members: rec.Ranks()}
+	return Notice{Kind: NoticeKind(n.Kind), Generation: rec.Generation, Issued: n.Issued, Deadline: n.Deadline, For: n.For, Reason: n.Reason, From: n.From, To: n.To,
+		Costs: fromAPIEvictionCosts(n.Costs), uid: rec.UID, issued: n.Issued, remove: slices.Clone(n.Remove), add: slices.Clone(n.Add), epoch: epoch, members: rec.Ranks()}
 }
 
 // Notices delivers the notices given to the gang, in order. A driver that never reads them

@@ -19,6 +19,7 @@ import (
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/store/object"
+	"github.com/atoll-run/atoll/store/transfer"
 )
 
 // Ref is a typed reference to an immutable object in the cluster's object store. It is a
@@ -46,6 +47,9 @@ type objectHost interface {
 	// which outlive the worker incarnation that wrote them; a task's results, which its job
 	// owns).
 	putAs(ctx context.Context, holder string, data []byte) (object.ID, error)
+	// persist makes this store's copy of an object durable (fsync'd on this machine's
+	// disk): a checkpoint's part, a detached object.
+	persist(ctx context.Context, id object.ID) (api.ObjectInfo, error)
 	// get returns the object's bytes: the store's shared memory itself when it is on this
 	// machine (no copy), after a pull over the transfer plane otherwise. release once.
 	get(ctx context.Context, id object.ID) ([]byte, func(), error)
@@ -65,6 +69,27 @@ func (s ownedStore) put(ctx context.Context, data []byte) (object.ID, error) {
 	return s.putAs(ctx, s.holder, data)
 }
 
+// durableStore puts whole objects durably (Detached): the copy the store takes is
+// persisted while a second durable copy is made (on another machine, or in the shared
+// checkpoint directory), and the put returns once both are done.
+type durableStore struct {
+	objectHost
+	c      *conn
+	holder string
+}
+
+func (s durableStore) put(ctx context.Context, data []byte) (object.ID, error) {
+	id, err := s.putAs(ctx, s.holder, data)
+	if err != nil {
+		return object.ID{}, err
+	}
+	if _, err := s.c.makeDurable(ctx, s.objectHost, id, s.location(), s.holder, -1); err != nil {
+		_ = s.c.freeEverywhere(context.WithoutCancel(ctx), s.objectHost, id)
+		return object.ID{}, err
+	}
+	return id, nil
+}
+
 // Owners of objects that are not a process: a job (what its tasks put) and nobody (a
 // detached object).
 const detachedOwner = "detached"
@@ -77,9 +102,12 @@ type PutOption func(*putOptions)
 type putOptions struct{ detached bool }
 
 // Detached makes an object that belongs to no process: it outlives the driver, worker or
-// job that put it, and goes only with Free. Without it an object belongs to who put it: a
-// driver's go when it disconnects, a worker's when its incarnation ends, a task's (and a
-// task worker's) when its job stops.
+// job that put it, and goes only with Free. It is durable: Put returns once it is on disk
+// (fsync'd) on two machines (or on one and the shared checkpoint directory), so it
+// survives the restart of an agent, the loss of a machine and a restart of the cluster.
+// Without it an object belongs to who put it: a driver's go when it disconnects, a
+// worker's when its incarnation ends, a task's (and a task worker's) when its job stops;
+// a Get of it after that fails with ErrOwnerDied.
 func Detached() PutOption { return func(o *putOptions) { o.detached = true } }
 
 // Put stores v as an immutable object and returns a typed reference to it. []byte and
@@ -104,6 +132,7 @@ func Put[T any](ctx context.Context, h Host, v T, opts ...PutOption) (Ref[T], er
 		if st, err = h.conn().detachedStore(ctx); err != nil {
 			return Ref[T]{}, fmt.Errorf("sdk: put %T: %w", v, err)
 		}
+		st = durableStore{objectHost: st, c: h.conn(), holder: detachedOwner}
 	}
 	id, parts, err := putData(ctx, st, data)
 	if err != nil {
@@ -116,7 +145,7 @@ func Put[T any](ctx context.Context, h Host, v T, opts ...PutOption) (Ref[T], er
 // decodes it.
 func Get[T any](ctx context.Context, h Host, r Ref[T]) (T, error) {
 	var v T
-	b, release, err := getData(ctx, h.store(), r.ID, r.Parts)
+	b, release, err := getData(ctx, sharedFallback{h.store(), h.conn()}, r.ID, r.Parts)
 	if err != nil {
 		return v, err
 	}
@@ -138,7 +167,7 @@ func Get[T any](ctx context.Context, h Host, r Ref[T]) (T, error) {
 // release once, and do not use the bytes after. An object stored in parts is assembled
 // into one copy. codec-free views of []float32 objects: ViewFloat32.
 func View[T any](ctx context.Context, h Host, r Ref[T]) (data []byte, release func(), err error) {
-	return getData(ctx, h.store(), r.ID, r.Parts)
+	return getData(ctx, sharedFallback{h.store(), h.conn()}, r.ID, r.Parts)
 }
 
 // ViewFloat32 views a []float32 object in place (no copy when it is on this machine and
@@ -292,7 +321,12 @@ func getData(ctx context.Context, st objectHost, ref string, parts int) ([]byte,
 }
 
 func objectErr(id string, err error) error {
-	if errors.Is(err, object.ErrNotFound) {
+	switch {
+	case errors.Is(err, object.ErrOwnerDied):
+		return fmt.Errorf("%w (%w): %s: %v", ErrOwnerDied, ErrUnknownObject, id, err)
+	case errors.Is(err, object.ErrLost), errors.Is(err, transfer.ErrObjectLost):
+		return fmt.Errorf("%w: %s: %v", ErrObjectLost, id, err)
+	case errors.Is(err, object.ErrNotFound):
 		return fmt.Errorf("%w: %s: %v", ErrUnknownObject, id, err)
 	}
 	return err
@@ -361,6 +395,14 @@ func (s localStore) putAs(ctx context.Context, holder string, data []byte) (obje
 	return s.l.Put(ctx, holder, data)
 }
 
+func (s localStore) persist(ctx context.Context, id object.ID) (api.ObjectInfo, error) {
+	m, err := s.l.Persist(ctx, id)
+	if err != nil {
+		return api.ObjectInfo{}, err
+	}
+	return api.ObjectInfo{ID: id.String(), Size: m.Size, Fingerprint: m.Fingerprint, Durable: true, Location: s.l.Node.Addr}, nil
+}
+
 func (s localStore) get(ctx context.Context, id object.ID) ([]byte, func(), error) {
 	v, err := s.l.Get(ctx, id, s.holder)
 	if err != nil {
@@ -400,6 +442,10 @@ func (s *agentStore) call(ctx context.Context, path string, body io.Reader, out 
 			return fmt.Errorf("%s: %w", eb.Error, object.ErrNotFound)
 		case api.KindTooLarge:
 			return fmt.Errorf("%s: %w", eb.Error, object.ErrTooLarge)
+		case api.KindOwnerDied:
+			return fmt.Errorf("%s: %w", eb.Error, object.ErrOwnerDied)
+		case api.KindObjectLost:
+			return fmt.Errorf("%s: %w", eb.Error, object.ErrLost)
 		}
 		return fmt.Errorf("sdk: agent %s%s: %d: %s", s.url, path, resp.StatusCode, eb.Error)
 	}
@@ -419,6 +465,18 @@ func (s *agentStore) putAs(ctx context.Context, holder string, data []byte) (obj
 		return object.ID{}, err
 	}
 	return object.ParseID(ref.ID)
+}
+
+func (s *agentStore) persist(ctx context.Context, id object.ID) (api.ObjectInfo, error) {
+	body, _ := json.Marshal(api.ObjectRef{ID: id.String(), Holder: s.holder})
+	var in api.ObjectInfo
+	if err := s.call(ctx, "/v1/objects/persist", bytes.NewReader(body), &in); err != nil {
+		return api.ObjectInfo{}, err
+	}
+	if in.Location == "" {
+		in.Location = s.transfer
+	}
+	return in, nil
 }
 
 func (s *agentStore) get(ctx context.Context, id object.ID) ([]byte, func(), error) {

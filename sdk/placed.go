@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/store/object"
@@ -26,6 +28,9 @@ type ActorSpec struct {
 	Args any
 	// Resources is what the actor holds while it lives (zero: CPU only, nothing reserved).
 	Resources Resources
+	// Machines, when set, pins the actor to one of these machines (by name), as
+	// GangSpec.Machines does a gang.
+	Machines []string
 	// MaxRestarts bounds its restarts within a minute (as a gang's); a restarted actor
 	// starts from its newest checkpoint when it is a Checkpointer.
 	MaxRestarts int
@@ -73,7 +78,7 @@ func (j *Job) SpawnActor(ctx context.Context, spec ActorSpec) (ActorRef, error) 
 		in = &Job{c: c, name: rec.Name}
 	}
 	g, err := in.SpawnGang(ctx, GangSpec{Name: spec.Name, Kind: spec.Kind, Args: spec.Args, Workers: 1, Resources: spec.Resources,
-		MaxRestarts: spec.MaxRestarts})
+		Machines: spec.Machines, MaxRestarts: spec.MaxRestarts})
 	if err != nil {
 		if spec.Detached {
 			_ = c.client.StopJob(context.WithoutCancel(ctx), in.name)
@@ -161,16 +166,20 @@ func (c *conn) detachedStore(ctx context.Context) (objectHost, error) {
 	return nil, fmt.Errorf("%w: no machine is alive to keep a detached object", ErrNoCapacity)
 }
 
-// freeOwnedBy frees every object of an owner (a stopped job's task results).
-func (c *conn) freeOwnedBy(ctx context.Context, owner string) error {
+// endOwnedBy ends every object of an owner that ended (a stopped job's task results, a
+// driver that disconnects): its record becomes an owner-died tombstone, so that a later
+// Get fails with ErrOwnerDied, and every store that holds a copy lets it go.
+func (c *conn) endOwnedBy(ctx context.Context, owner string) error {
 	l, err := c.client.List(ctx, api.TableObjects)
 	if err != nil {
 		return err
 	}
+	dir := objects.NewDirectory(c.client.Meta())
+	now := time.Now()
 	var errs []error
 	for _, kv := range l.KVs {
 		var rec objects.Record
-		if json.Unmarshal(kv.Value, &rec) != nil || rec.Owner != owner {
+		if json.Unmarshal(kv.Value, &rec) != nil || rec.Owner != owner || rec.State != "" {
 			continue
 		}
 		id, err := object.ParseID(rec.ID)
@@ -178,10 +187,58 @@ func (c *conn) freeOwnedBy(ctx context.Context, owner string) error {
 			continue
 		}
 		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		if err := c.freeEverywhere(fctx, c.objects, id); err != nil && !errors.Is(err, ErrUnknownObject) {
+		locs, err := dir.End(fctx, id, objects.StateOwnerDied, now)
+		if err != nil {
 			errs = append(errs, err)
+		}
+		for _, loc := range locs {
+			if err := c.dropAt(fctx, c.objects, loc, id, object.ErrOwnerDied); err != nil && !errors.Is(err, ErrUnknownObject) {
+				errs = append(errs, err)
+			}
 		}
 		cancel()
 	}
 	return errors.Join(errs...)
+}
+
+// registerOwner records this driver as a live owner of objects (owners/<owner>, with its
+// store's address) and renews the record until the connection ends: reconciliation counts
+// a driver whose record is gone or stale as ended, and its objects with it.
+func (c *conn) registerOwner(ctx context.Context, store string) error {
+	host, _ := os.Hostname()
+	o := api.Owner{Name: c.owner, Store: store, Host: host, PID: os.Getpid(), Started: time.Now()}
+	put := func(ctx context.Context) error {
+		o.Renewed = time.Now()
+		b, _ := json.Marshal(o)
+		_, err := c.client.Meta().Put(ctx, api.TableOwners+c.owner, b)
+		return err
+	}
+	if err := put(ctx); err != nil {
+		return fmt.Errorf("sdk: register this driver as an owner of objects: %w", err)
+	}
+	go func() {
+		t := time.NewTicker(api.OwnerRenewEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-c.life.Done():
+				return
+			case <-t.C:
+			}
+			rctx, cancel := context.WithTimeout(c.life, api.OwnerRenewEvery)
+			if err := put(rctx); err != nil && c.life.Err() == nil {
+				c.log.Warn("renewing this driver's owner record", zap.Error(err))
+			}
+			cancel()
+		}
+	}()
+	return nil
+}
+
+// endOwner ends what this driver owns (its objects are refused from now on) and removes
+// its owner record: the driver disconnects.
+func (c *conn) endOwner(ctx context.Context) error {
+	err := c.endOwnedBy(ctx, c.owner)
+	_, derr := c.client.Meta().Delete(ctx, api.TableOwners+c.owner)
+	return errors.Join(err, derr)
 }

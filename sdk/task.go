@@ -478,8 +478,8 @@ func (p *taskPool) release(s *slot, failed bool, gen int) {
 	if failed {
 		s.minGen = max(s.minGen, gen+1)
 	}
-	state := api.GangState(s.g.State())
-	if p.closed || state == api.GangFailed || state == api.GangStopped {
+	state := s.g.State()
+	if p.closed || state == GangFailed || state == GangStopped {
 		delete(s.sh.slots, s)
 		p.growLocked(s.sh)
 		return

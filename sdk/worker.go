@@ -19,6 +19,7 @@ import (
 	"github.com/atoll-run/atoll/internal/cudactx"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/coll"
+	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/sdk/internal/embed"
 	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/object"
@@ -427,6 +428,9 @@ func (w *cell) restore(cp Checkpointer) error {
 		return fmt.Errorf("sdk: restore rank %d from step %d: %w", s.Rank, m.Step, err)
 	}
 	defer release()
+	if err := checkPart(m, part, b); err != nil {
+		return fmt.Errorf("sdk: restore rank %d: %w", s.Rank, err)
+	}
 	if err := cp.Restore(b); err != nil {
 		return fmt.Errorf("sdk: restore rank %d from step %d: %w", s.Rank, m.Step, err)
 	}
@@ -452,27 +456,16 @@ func (w *cell) Receive(ac *actors.Context, msg any) (any, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sdk: checkpoint at step %d: %w", req.Step, err)
 		}
-		s := w.h.spec // the gang's checkpoints outlive this incarnation: pruning frees them
-		id, err := ctx.store().putAs(ctx.Context, fmt.Sprintf("checkpoint/%s/%s", s.Job, s.Gang), state)
+		// The gang's checkpoints outlive this incarnation (pruning frees them); the driver
+		// has this copy persisted, and a second one made, before it commits the checkpoint.
+		s := w.h.spec
+		id, err := ctx.store().putAs(ctx.Context, objects.CheckpointOwnerPrefix+s.Job+"/"+s.Gang, state)
 		if err != nil {
 			return nil, err
 		}
 		return id.String(), nil
 	}
 	return w.user.Receive(&ctx, msg)
-}
-
-// latestCheckpoint reads a gang's newest complete checkpoint.
-func (c *conn) latestCheckpoint(ctx context.Context, job, gang string) (api.Checkpoint, bool, error) {
-	kvs, err := c.client.Meta().Range(ctx, api.TableCheckpoints+job+"/"+gang+"/")
-	if err != nil || len(kvs) == 0 {
-		return api.Checkpoint{}, false, err
-	}
-	var cp api.Checkpoint
-	if err := json.Unmarshal(kvs[len(kvs)-1].Value, &cp); err != nil {
-		return api.Checkpoint{}, false, fmt.Errorf("sdk: checkpoint %s: %w", kvs[len(kvs)-1].Key, err)
-	}
-	return cp, true, nil
 }
 
 // ExitPermanent is a worker process's exit status when a restart cannot help (an unknown

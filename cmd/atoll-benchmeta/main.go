@@ -12,8 +12,8 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/atoll-run/atoll/internal/bench/metabench"
 	"github.com/atoll-run/atoll/cmd/atoll-benchmeta/etcdbaseline"
+	"github.com/atoll-run/atoll/internal/bench/metabench"
 )
 
 func main() {

@@ -23,10 +23,12 @@ func newAgentCmd() *cobra.Command {
 	var (
 		join, name, machine, dir, tokenFile string
 		listen, transfer, gossip, advertise string
-		caCert                              string
+		gossipProbe                         time.Duration
+		caCert, checkpointDir               string
 		rack                                int
-		objectStore                         int64
-		loadInterval                        time.Duration
+		objectStore, maxObject              int64
+		loadInterval, reconcileInterval     time.Duration
+		deadObjectKeep                      time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -67,6 +69,15 @@ worker processes of the gangs placed on it.`,
 			if loadInterval < 10*time.Millisecond || loadInterval > time.Minute {
 				return fmt.Errorf("agent: --load-interval %v: want 10ms..1m", loadInterval)
 			}
+			if reconcileInterval < 100*time.Millisecond || reconcileInterval > time.Hour {
+				return fmt.Errorf("agent: --reconcile-interval %v: want 100ms..1h", reconcileInterval)
+			}
+			if deadObjectKeep < time.Second {
+				return fmt.Errorf("agent: --dead-object-keep %v: want 1s or more", deadObjectKeep)
+			}
+			if maxObject < 0 {
+				return fmt.Errorf("agent: --max-object-size %d is negative", maxObject)
+			}
 			logger, err := zap.NewProduction()
 			if err != nil {
 				return err
@@ -90,7 +101,8 @@ worker processes of the gangs placed on it.`,
 			defer cancel()
 			a, err := agent.Start(sctx, agent.Config{Name: name, Rack: rack, Spec: spec, Simulated: simulated, Heads: heads, Token: token, CACert: caPEM,
 				Dir: dir, Listen: listen, TransferListen: transfer, Advertise: advertise, ObjectCapacity: objectStore, LoadInterval: loadInterval,
-				Gossip: gossip, Logger: logger})
+				MaxObjectSize: maxObject, ReconcileInterval: reconcileInterval, DeadObjectKeep: deadObjectKeep, CheckpointDir: checkpointDir,
+				Gossip: gossip, GossipProbe: gossipProbe, Logger: logger})
 			if err != nil {
 				return err
 			}
@@ -113,8 +125,13 @@ worker processes of the gangs placed on it.`,
 	f.StringVar(&transfer, "transfer-listen", "127.0.0.1:0", "address of the object store's transfer server")
 	f.StringVar(&advertise, "advertise", "", "host the other machines reach this one at, when it listens on 0.0.0.0 (a container's name); its workers listen there too")
 	f.StringVar(&gossip, "gossip", "127.0.0.1:0", "address to gossip on (serf membership); \"none\" turns it off")
+	f.DurationVar(&gossipProbe, "gossip-probe", 500*time.Millisecond, gossipProbeUsage)
 	f.Int64Var(&objectStore, "object-store", 0, "bytes of the object store's shared-memory tier (0: the store's default share of RAM)")
 	f.DurationVar(&loadInterval, "load-interval", time.Second, "how often the machine's load is sampled and reported (the report is its heartbeat to the leader)")
+	f.StringVar(&checkpointDir, "checkpoint-dir", "", "a shared checkpoint directory (the same path on every machine that mounts it): the second durable copy of checkpoints and detached objects goes there instead of to another machine")
+	f.Int64Var(&maxObject, "max-object-size", 0, "bytes of the largest object the store takes (a larger put is refused with 413; 0: the store's capacity)")
+	f.DurationVar(&reconcileInterval, "reconcile-interval", 10*time.Second, "how often the object directory is reconciled with the live stores and owners (by the alive machine whose name sorts first)")
+	f.DurationVar(&deadObjectKeep, "dead-object-keep", 10*time.Minute, "how long the record of a lost object, or of one whose owner ended, is kept before it is collected")
 	return cmd
 }
 

@@ -51,6 +51,13 @@ func newBenchStoreCmd() *cobra.Command {
 					res.PullTLSGBps, res.PullPlainGBps, res.TLSRatio, res.TLSRatioLo, res.TLSRatioHi, res.PullTLSCPUPerGB)
 				fmt.Fprintf(out, "4 KiB pull, TLS   %8.0f us    pooled; %.0f us dialing (and handshaking) every pull\n", res.SmallPullTLSPooledUS, res.SmallPullTLSDialUS)
 			}
+			if res.CkptRuns > 0 {
+				fmt.Fprintf(out, "checkpoint commit %8.3f s     one durable copy of %d bytes in %d parts (persisted, fsync'd: %.2f GB/s), median of %d\n",
+					res.CkptCommit1S, res.CkptBytes, res.CkptParts, res.CkptPersistGBps, res.CkptRuns)
+				fmt.Fprintf(out, "  two copies      %8.3f s     the second pulled by another process over loopback and persisted there\n", res.CkptCommit2S)
+				fmt.Fprintf(out, "  second copy     %8.3f s     added (median of pairs); sending the parts once takes %.3f s: %.2fx (target < 1)\n",
+					res.CkptSecondCopyS, res.CkptSendS, res.CkptSecondCopyVsSend)
+			}
 			fmt.Fprintf(out, "1 KiB puts        %8.0f /s    (target >= 50000)\n", res.SmallPutsPerS)
 			fmt.Fprintf(out, "1 KiB gets        %8.0f /s\n", res.SmallGetsPerS)
 			for _, s := range res.Sizes {
@@ -76,6 +83,9 @@ func newBenchStoreCmd() *cobra.Command {
 	f.BoolVar(&cfg.TLS, "tls", false, "also pull over mutual TLS (throwaway CA), paired with plain pulls")
 	f.IntVar(&cfg.SmallPulls, "small-pulls", cfg.SmallPulls, "4 KiB pulls timed with pooled connections, and as many dialing every pull")
 	f.IntVar(&cfg.SmallCount, "small-count", cfg.SmallCount, "number of 1 KiB objects")
+	f.Int64Var(&cfg.CkptBytes, "ckpt-bytes", cfg.CkptBytes, "bytes of the checkpoint whose durable commit is timed with one copy and with two")
+	f.IntVar(&cfg.CkptParts, "ckpt-parts", cfg.CkptParts, "parts of that checkpoint")
+	f.IntVar(&cfg.CkptRuns, "ckpt-runs", cfg.CkptRuns, "pairs of a one-copy and a two-copy commit (0: skip the measurement)")
 	return cmd
 }
 

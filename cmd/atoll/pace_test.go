@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -23,36 +21,14 @@ import (
 // Tests of a control plane on a loaded machine (issue 20): a paused leader misjudges no
 // machine, and leadership holds when the heads do not get the CPU for a while.
 
-// upClusterArgs starts `atoll up` with extra flags and stops it when the test ends.
+// upClusterArgs starts `atoll up` (upCluster) with extra flags; a process a test stopped is
+// continued before the cluster is brought down.
 func upClusterArgs(t *testing.T, agents int, extra ...string) (bin, dir string) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("starts a cluster of processes")
-	}
-	tmp := t.TempDir()
-	bin = buildAtoll(t, tmp)
-	dir = filepath.Join(tmp, "cluster")
-	args := append([]string{"up", "--dir", dir, "--agents", fmt.Sprint(agents), "--machine", "dgx-h100"}, extra...)
-	out, err := exec.Command(bin, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("atoll %v: %v\n%s", args, err, out)
-	}
-	t.Cleanup(func() {
-		for _, p := range readPIDs(dir) { // a test that stopped a process must not leave it stopped
+	bin, dir = upCluster(t, agents, extra...)
+	t.Cleanup(func() { // runs before upCluster's: cleanups run last-registered first
+		for _, p := range readPIDs(dir) {
 			_ = syscall.Kill(p, syscall.SIGCONT)
-		}
-		if out, err := exec.Command(bin, "down", "--dir", dir, "--grace", "5s").CombinedOutput(); err != nil {
-			t.Errorf("atoll down: %v\n%s", err, out)
-		}
-		if t.Failed() {
-			logs, _ := filepath.Glob(filepath.Join(dir, "logs", "head-*.log"))
-			for _, l := range logs {
-				b, _ := os.ReadFile(l)
-				if len(b) > 6000 {
-					b = b[len(b)-6000:]
-				}
-				t.Logf("--- %s (tail)\n%s", filepath.Base(l), b)
-			}
 		}
 	})
 	return bin, dir
@@ -116,16 +92,16 @@ func (s *headScraper) metric(api, name string) float64 {
 	return -1
 }
 
-// replicaStatus is a head's Paxos replica as /v1/status reports it.
-type replicaStatus struct {
+// paceReplica is a head's Paxos replica as /v1/status reports it.
+type paceReplica struct {
 	ID     uint64 `json:"id"`
 	Role   string `json:"role"`
 	Leader uint64 `json:"leader"`
 	Ballot uint64 `json:"ballot"`
 }
 
-func (s *headScraper) replica(ctx context.Context, api string) (replicaStatus, error) {
-	var st replicaStatus
+func (s *headScraper) replica(ctx context.Context, api string) (paceReplica, error) {
+	var st paceReplica
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(rctx, http.MethodGet, api+"/v1/status", nil)
@@ -145,7 +121,9 @@ func (s *headScraper) replica(ctx context.Context, api string) (replicaStatus, e
 // 16-GPU gang across both machines keeps running, in the same generation, and the
 // controller carries on deciding.
 func TestPausedSingleHeadFailsNoJob(t *testing.T) {
-	_, dir := upClusterArgs(t, 2, "--heads", "1")
+	// The issue's timing: a 10 s heartbeat timeout (not the tests' stretched one), paused
+	// for 12 s.
+	_, dir := upClusterArgs(t, 2, "--heads", "1", "--heartbeat-timeout", "10s")
 	cf, err := readClusterFile(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -276,7 +254,7 @@ func TestPausedSingleHeadFailsNoJob(t *testing.T) {
 				t.Errorf("round %d: machine %s is dead after the head's pause", round+1, m.Name)
 			}
 		}
-		if g.Generation() != gen || g.State() != string(api.GangRunning) {
+		if g.Generation() != gen || g.State() != sdk.GangRunning {
 			t.Errorf("round %d: gang g: generation %d (was %d), state %s", round+1, g.Generation(), gen, g.State())
 		}
 		if t.Failed() {
@@ -299,8 +277,8 @@ func TestLoadedHeadsKeepTheirLeader(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	s := newHeadScraper(t, ctx, dir)
-	snapshot := func() map[uint64]replicaStatus {
-		out := map[uint64]replicaStatus{}
+	snapshot := func() map[uint64]paceReplica {
+		out := map[uint64]paceReplica{}
 		for _, h := range cf.Heads {
 			st, err := s.replica(ctx, h.API)
 			if err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"text/tabwriter"
 	"time"
 
@@ -38,8 +39,11 @@ example:
   {"queues": [{"name": "research", "weight": 2}, {"name": "prod", "weight": 1, "quota_gpus": 16}],
    "default_queue": "research",
    "priority_classes": [{"name": "low", "value": 0, "default": true}, {"name": "high", "value": 1}],
-   "notice_grace": "30s"}
+   "notice_grace": "30s",
+   "max_job_workers": 10000, "max_cluster_workers": 100000}
 
+max_job_workers and max_cluster_workers bound the workers of one job's live gangs, and of
+all of them (0: the defaults shown); a gang past either is refused, naming the bound.
 The leader commits it through the metadata log before it takes effect; a gang that names a
 queue or class the new configuration lacks is refused at submission, and gangs already
 queued keep their place.`,
@@ -138,8 +142,8 @@ func readSchedulerConfig(stdin io.Reader, path string) (api.SchedulerConfig, err
 func printSchedulerConfig(w io.Writer, conf api.SchedulerConfig, qs []api.QueueStatus) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	defer tw.Flush()
-	fmt.Fprintf(tw, "default queue %s · notice grace %s · min run before preempt %s\n",
-		queueName(conf.DefaultQueue), time.Duration(conf.NoticeGrace), time.Duration(conf.MinRunBeforePreempt))
+	fmt.Fprintf(tw, "default queue %s · notice grace %s · min run before preempt %s · workers at most %d a job, %d in all\n",
+		queueName(conf.DefaultQueue), time.Duration(conf.NoticeGrace), time.Duration(conf.MinRunBeforePreempt), conf.JobWorkersBound(), conf.ClusterWorkersBound())
 	byName := map[string]api.QueueStatus{}
 	for _, q := range qs {
 		byName[q.Name] = q
@@ -172,7 +176,11 @@ member on it a drain notice: the gang's program checkpoints just in time, its wo
 its GPUs are freed and it queues again, to resume from that checkpoint on other machines.
 A gang that does not answer by the deadline (--within, default the notice grace of
 atoll queues) is stopped anyway and resumes from its newest committed checkpoint. The same
-path serves spot interruptions and scale-downs of the pools.`,
+path serves spot interruptions and scale-downs of the pools.
+
+The drain is recorded in the cluster's log with who asked, why and when: it holds across
+changes of leader and restarts of the machine's agent until atoll undrain lifts it, and
+atoll status shows it (cordoned, cordon_reason).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if within < 0 || within > 24*time.Hour {
@@ -191,7 +199,7 @@ path serves spot interruptions and scale-downs of the pools.`,
 			if err != nil {
 				return fmt.Errorf("drain: %w", err)
 			}
-			d := api.DrainRequest{Machine: args[0], Reason: reason}
+			d := api.DrainRequest{Machine: args[0], Reason: reason, By: operator()}
 			if within > 0 {
 				d.Deadline = time.Now().Add(within)
 			}
@@ -211,4 +219,49 @@ path serves spot interruptions and scale-downs of the pools.`,
 	f.StringVar(&reason, "reason", "", "why (shown in the gangs' notices and the events)")
 	f.DurationVar(&within, "within", 0, "the gangs' deadline to checkpoint and stop (0: the notice grace)")
 	return cmd
+}
+
+func newUndrainCmd() *cobra.Command {
+	var dir, address string
+	cmd := &cobra.Command{
+		Use:   "undrain MACHINE",
+		Short: "Lift a machine's drain or cordon: new gangs may be placed on it again",
+		Long: `undrain lifts what atoll drain (or the pools) placed on a machine: the scheduler may place
+gangs on it again, at once if some wait for it. Gangs the drain already stopped stay where
+they went; drain notices already given stand.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			addr, _, err := clusterAddress(dir, address)
+			if err != nil {
+				return fmt.Errorf("undrain: %w", err)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+			defer cancel()
+			c, err := dialCluster(ctx, addr)
+			if err != nil {
+				return fmt.Errorf("undrain: %w", err)
+			}
+			if err := c.Undrain(ctx, api.UndrainRequest{Machine: args[0], By: operator()}); err != nil {
+				return fmt.Errorf("undrain %s: %w", args[0], err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "machine %s undrained: gangs may be placed on it again\n", args[0])
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
+	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	return cmd
+}
+
+// operator names who runs this command, for the cluster's records: user@host.
+func operator() string {
+	name := "someone"
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	if h, err := os.Hostname(); err == nil && h != "" {
+		name += "@" + h
+	}
+	return name
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -46,10 +45,11 @@ otherwise.`,
 					return fmt.Errorf("submit: --env %q: want NAME=value (and no ATOLL_ variable: the agent sets those)", e)
 				}
 			}
-			program, err := os.ReadFile(args[0])
+			program, err := openProgram(args[0])
 			if err != nil {
 				return fmt.Errorf("submit: the program: %w", err)
 			}
+			defer program.Close()
 			addr, _, err := clusterAddress(dir, address)
 			if err != nil {
 				return fmt.Errorf("submit: %w", err)
@@ -105,10 +105,35 @@ otherwise.`,
 	return cmd
 }
 
-// storeProgram puts the program into an alive agent's object store (it outlives this
-// command) and records it by content hash.
-func storeProgram(ctx context.Context, c *dialed, program []byte, job string) (*api.Binary, error) {
-	sum := sha256.Sum256(program)
+// program is an executable to submit: a regular file, read as it is sent.
+type program struct {
+	*os.File
+	size int64
+}
+
+// openProgram opens a program to submit, refusing what is not a regular file (a device
+// such as /dev/zero, a pipe): it is streamed to an agent with its size declared, never
+// read whole into memory.
+func openProgram(path string) (*program, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s is not a regular file (%v): submit an executable file", path, st.Mode().Type())
+	}
+	return &program{File: f, size: st.Size()}, nil
+}
+
+// storeProgram streams the program into an alive agent's object store (it outlives this
+// command), hashing it on the way, and records it by content hash.
+func storeProgram(ctx context.Context, c *dialed, prog *program, job string) (*api.Binary, error) {
 	l, err := c.List(ctx, api.TableMachines)
 	if err != nil {
 		return nil, err
@@ -124,27 +149,30 @@ func storeProgram(ctx context.Context, c *dialed, program []byte, job string) (*
 	if agentURL == "" {
 		return nil, errors.New("no machine is alive to keep the program")
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, agentURL+"/v1/objects/put?holder="+url.QueryEscape("submit/"+job), bytes.NewReader(program))
+	h := sha256.New()
+	body := io.TeeReader(io.LimitReader(prog, prog.size), h)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, agentURL+"/v1/objects/put?holder="+url.QueryEscape("submit/"+job), body)
 	if err != nil {
 		return nil, err
 	}
+	req.ContentLength = prog.size
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("store the program on %s: %s", agentURL, strings.TrimSpace(string(body)))
+		return nil, fmt.Errorf("store the program on %s: %s", agentURL, strings.TrimSpace(string(answer)))
 	}
 	var ref struct {
 		ID string `json:"id"`
 	}
-	if err := json.Unmarshal(body, &ref); err != nil {
+	if err := json.Unmarshal(answer, &ref); err != nil {
 		return nil, err
 	}
-	b := &api.Binary{SHA256: hex.EncodeToString(sum[:]), Size: int64(len(program)), Object: ref.ID}
+	b := &api.Binary{SHA256: hex.EncodeToString(h.Sum(nil)), Size: prog.size, Object: ref.ID}
 	rec, _ := json.Marshal(b)
 	if _, err := c.Meta().Put(ctx, api.TableBinaries+b.SHA256, rec); err != nil {
 		return nil, err

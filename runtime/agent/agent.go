@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -67,6 +68,20 @@ type Config struct {
 	// RAM); ShmDir is the shared-memory filesystem (default /dev/shm).
 	ObjectCapacity int64
 	ShmDir         string
+	// MaxObjectSize bounds one object in the store (a put over it is refused with 413,
+	// naming the limit). Default: the store's capacity.
+	MaxObjectSize int64
+	// ReconcileInterval is how often the reconciling agent (the alive machine whose name
+	// sorts first) checks the objects table against the live stores and owners. Default 10 s.
+	ReconcileInterval time.Duration
+	// DeadObjectKeep is how long the record of a lost object, or of one whose owner ended,
+	// is kept (so a reader learns why it is gone) before it is collected. Default 10 min.
+	DeadObjectKeep time.Duration
+	// CheckpointDir is a shared checkpoint directory (the same path on every machine that
+	// mounts it, as clusters mount one over NFS or a parallel file system): a durable copy
+	// of a checkpoint's part or a detached object written there counts as its second copy,
+	// and any machine that mounts it reads from it what it cannot pull. "": none.
+	CheckpointDir string
 	// Launcher starts workers. Default: an ExecLauncher (one process per worker).
 	Launcher Launcher
 	// LoadInterval is how often the agent samples and reports its load; each report is also
@@ -76,9 +91,15 @@ type Config struct {
 	LoadInterval time.Duration
 	// StopGrace is how long a stopped worker has before it is killed. Default 2 s.
 	StopGrace time.Duration
+	// MaxLaunches bounds the launches in flight at once (default 16): the members of a
+	// large gang wait their turn, and those whose gang ended meanwhile are never started.
+	MaxLaunches int
 	// Gossip, when set, is the address (host:port) the agent gossips on (hashicorp/serf):
 	// it joins the heads' gossip, so that they learn within seconds when it fails.
 	Gossip string
+	// GossipProbe is how often gossip probes a member (the heads' GossipProbe). Default
+	// 500 ms.
+	GossipProbe time.Duration
 	// Registry receives the agent's Prometheus metrics (its store's and transfer plane's
 	// included), served on /metrics (default: a registry of its own).
 	Registry *prometheus.Registry
@@ -94,6 +115,8 @@ type Agent struct {
 	client *api.Client
 	node   *transfer.Node
 	local  *objects.Local
+	dir    *objects.Directory
+	hc     *http.Client // to other agents' APIs (with the agent's certificate under TLS)
 	srv    *http.Server
 	ln     net.Listener
 	addr   string
@@ -110,9 +133,13 @@ type Agent struct {
 	gangs       map[string]api.Gang   // the log's gangs table, as watched
 	workers     map[string]*worker    // by job/gang/rank
 	exited      map[string]bool       // api.WorkerSpec.Key()s that exited by themselves
-	changed     chan struct{}         // closed at every change of workers (tests)
+	ended       map[string]bool       // gang incarnations (incarnation) known over, ahead of the watch
+	changed     chan struct{}         // closed at every change of workers or gangs (tests)
+	slots       chan struct{}         // launches in flight (Config.MaxLaunches)
 	binaries    map[string]*sync.Once // by sha256
 	binErr      map[string]error
+	// lastReconcile is the last pass of the objects table this agent ran.
+	lastReconcile *objects.Report
 }
 
 // Identity is the agent's certificate (nil without TLS).
@@ -145,6 +172,15 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.StopGrace == 0 {
 		cfg.StopGrace = 2 * time.Second
 	}
+	if cfg.ReconcileInterval == 0 {
+		cfg.ReconcileInterval = 10 * time.Second
+	}
+	if cfg.DeadObjectKeep == 0 {
+		cfg.DeadObjectKeep = 10 * time.Minute
+	}
+	if cfg.MaxLaunches <= 0 {
+		cfg.MaxLaunches = 16
+	}
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
 	}
@@ -153,6 +189,16 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("agent %s: %w", cfg.Name, err)
+	}
+	if cfg.CheckpointDir != "" {
+		abs, err := filepath.Abs(cfg.CheckpointDir)
+		if err != nil {
+			return nil, fmt.Errorf("agent %s: checkpoint directory: %w", cfg.Name, err)
+		}
+		if err := os.MkdirAll(abs, 0o700); err != nil {
+			return nil, fmt.Errorf("agent %s: checkpoint directory: %w", cfg.Name, err)
+		}
+		cfg.CheckpointDir = abs
 	}
 	log := cfg.Logger.Named("agent").With(zap.String("machine", cfg.Name))
 	secure, err := api.Secure(cfg.Heads)
@@ -185,10 +231,12 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	nc.Advertise = cfg.Advertise
 	obs := newAgentObs(cfg.Registry)
 	nc.Registerer = obs.reg
-	nc.Store.Directory = objects.NewDirectory(client.Meta())
+	dir := objects.NewDirectory(client.Meta())
+	nc.Store.Directory = dir
 	if cfg.ObjectCapacity > 0 {
 		nc.Store.Capacity = cfg.ObjectCapacity
 	}
+	nc.Store.MaxObjectSize = cfg.MaxObjectSize
 	if cfg.ShmDir != "" {
 		nc.Store.ShmDir = cfg.ShmDir
 	}
@@ -196,9 +244,17 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: object store: %w", cfg.Name, err)
 	}
-	a := &Agent{cfg: cfg, log: log, client: client, node: node, local: objects.NewLocal(node), sample: newLoadSampler(), obs: obs,
-		gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{},
-		changed: make(chan struct{}), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
+	hc := &http.Client{}
+	if id != nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = id.Client()
+		hc.Transport = tr
+	}
+	local := objects.NewLocal(node)
+	local.SharedDir = cfg.CheckpointDir
+	a := &Agent{cfg: cfg, log: log, client: client, node: node, local: local, dir: dir, hc: hc, sample: newLoadSampler(), obs: obs,
+		gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{}, ended: map[string]bool{},
+		changed: make(chan struct{}), slots: make(chan struct{}, cfg.MaxLaunches), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
 	a.registerMetrics()
 	if a.cfg.Launcher == nil {
 		a.cfg.Launcher = &ExecLauncher{RunDir: filepath.Join(cfg.Dir, "run"), LogDir: filepath.Join(cfg.Dir, "logs"), Binary: a.binary}
@@ -228,15 +284,17 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		_ = a.Shutdown(context.Background())
 		return nil, err
 	}
+	a.readoptStore(ctx)
 	if cfg.Gossip != "" {
 		if err := a.joinGossip(ctx); err != nil {
 			_ = a.Shutdown(context.Background())
 			return nil, err
 		}
 	}
-	a.wg.Add(2)
+	a.wg.Add(3)
 	go a.loadLoop()
 	go a.watchLoop()
+	go a.reconcileLoop()
 	return a, nil
 }
 
@@ -256,7 +314,7 @@ func (a *Agent) Client() *api.Client { return a.client }
 func (a *Agent) register(ctx context.Context) error {
 	host, _ := os.Hostname()
 	m := api.Machine{Name: a.cfg.Name, Rack: a.cfg.Rack, Spec: a.cfg.Spec, Simulated: a.cfg.Simulated, PID: os.Getpid(), Host: host,
-		Agent: api.AgentAddrs{API: a.addr, Transfer: a.node.Addr}}
+		Agent: api.AgentAddrs{API: a.addr, Transfer: a.node.Addr, CheckpointDir: a.cfg.CheckpointDir}}
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	got, err := a.client.RegisterMachine(rctx, m)
@@ -279,7 +337,7 @@ func (a *Agent) joinGossip(ctx context.Context) error {
 		}
 	}
 	g, err := member.Start(member.Config{Name: a.cfg.Name, Role: member.RoleAgent, Bind: a.cfg.Gossip, Advertise: adv, Secret: a.cfg.Token,
-		Tags: map[string]string{"api": a.addr}, Logger: a.cfg.Logger})
+		Tags: map[string]string{"api": a.addr}, ProbeInterval: a.cfg.GossipProbe, Logger: a.cfg.Logger})
 	if err != nil {
 		return fmt.Errorf("agent %s: %w", a.cfg.Name, err)
 	}
@@ -324,13 +382,7 @@ func (a *Agent) loadLoop() {
 		// GPU use: measuring it needs NVML's utilization counters on real GPUs, which this
 		// agent does not read yet; the share of GPUs held by running workers stands in, and
 		// the report says so (GPUMeasured false).
-		held := 0
-		for _, w := range a.workers {
-			held += len(w.spec.Member.GPUs)
-		}
-		if n := len(a.cfg.Spec.GPUs); n > 0 {
-			l.GPU = min(1, float64(held)/float64(n))
-		}
+		l.GPU = heldShare(a.heldGPUsLocked(), len(a.cfg.Spec.GPUs))
 		a.obs.last = l
 		a.mu.Unlock()
 		ctx, cancel := context.WithTimeout(a.ctx, 2*time.Second)
@@ -345,32 +397,31 @@ func (a *Agent) loadLoop() {
 	}
 }
 
+// heldGPUsLocked counts the cards held by the workers this agent runs (started or starting).
+func (a *Agent) heldGPUsLocked() int {
+	held := 0
+	for _, w := range a.workers {
+		held += len(w.spec.Member.GPUs)
+	}
+	return held
+}
+
+// heldShare is the share of a machine's n cards that are held, in [0, 1] (0 without cards).
+func heldShare(held, n int) float64 {
+	if n <= 0 {
+		return 0
+	}
+	return min(1, float64(held)/float64(n))
+}
+
 // watchLoop follows the gangs table and reconciles the workers after every change.
 func (a *Agent) watchLoop() {
 	defer a.wg.Done()
 	for a.ctx.Err() == nil {
 		err := a.client.Watch(a.ctx, api.TableGangs, func(reset bool, l api.Listing, evs []meta.Event) error {
 			a.mu.Lock()
-			if reset {
-				a.gangs = map[string]api.Gang{}
-				for _, kv := range l.KVs {
-					var g api.Gang
-					if json.Unmarshal(kv.Value, &g) == nil {
-						a.gangs[g.Spec.Key()] = g
-					}
-				}
-			}
-			for _, ev := range evs {
-				k := ev.KV.Key[len(api.TableGangs):]
-				if ev.Type == meta.EventDelete {
-					delete(a.gangs, k)
-					continue
-				}
-				var g api.Gang
-				if json.Unmarshal(ev.KV.Value, &g) == nil {
-					a.gangs[k] = g
-				}
-			}
+			a.gangs = applyGangs(a.gangs, reset, l, evs)
+			a.notifyLocked()
 			a.mu.Unlock()
 			a.reconcile()
 			return nil
@@ -385,10 +436,78 @@ func (a *Agent) watchLoop() {
 	}
 }
 
+// applyGangs applies what a watch of the gangs table saw to gangs (by job/gang) and
+// returns it: a reset replaces it with the listing, events put and delete records.
+// Records that do not decode are skipped.
+func applyGangs(gangs map[string]api.Gang, reset bool, l api.Listing, evs []meta.Event) map[string]api.Gang {
+	if reset {
+		gangs = map[string]api.Gang{}
+		for _, kv := range l.KVs {
+			var g api.Gang
+			if json.Unmarshal(kv.Value, &g) == nil {
+				gangs[g.Spec.Key()] = g
+			}
+		}
+	}
+	for _, ev := range evs {
+		k := ev.KV.Key[len(api.TableGangs):]
+		if ev.Type == meta.EventDelete {
+			delete(gangs, k)
+			continue
+		}
+		var g api.Gang
+		if json.Unmarshal(ev.KV.Value, &g) == nil {
+			gangs[k] = g
+		}
+	}
+	return gangs
+}
+
 // desiredLocked computes the workers this machine should run, by job/gang/rank.
 func (a *Agent) desiredLocked() map[string]api.WorkerSpec {
+	base := api.WorkerSpec{Machine: a.cfg.Name, Simulated: a.cfg.Simulated, Heads: a.client.Heads(), Token: string(a.cfg.Token),
+		CACert: string(a.cfg.CACert), Agent: a.addr, Transfer: a.node.Addr}
+	return desired(withoutEnded(a.gangs, a.ended), a.exited, base)
+}
+
+// withoutEnded is gangs without the incarnations known ended ahead of the watch (a launch
+// found their job stopped).
+func withoutEnded(gangs map[string]api.Gang, ended map[string]bool) map[string]api.Gang {
+	if len(ended) == 0 {
+		return gangs
+	}
+	out := make(map[string]api.Gang, len(gangs))
+	for k, g := range gangs {
+		if !ended[incarnation(g.UID, g.Generation)] {
+			out[k] = g
+		}
+	}
+	return out
+}
+
+// forgetEnded forgets the ended incarnations the watch has caught up with (it shows them
+// ended, or another incarnation): only those it still shows starting or running matter.
+func forgetEnded(ended map[string]bool, gangs map[string]api.Gang) {
+	current := map[string]bool{}
+	for _, g := range gangs {
+		if g.State == api.GangStarting || g.State == api.GangRunning {
+			current[incarnation(g.UID, g.Generation)] = true
+		}
+	}
+	for k := range ended {
+		if !current[k] {
+			delete(ended, k)
+		}
+	}
+}
+
+// desired computes the workers the machine base.Machine should run, by job/gang/rank: its
+// members (not removed) of the gangs starting or running, each a copy of base (what is
+// the same for every worker of the machine) with the member's part filled in, but those
+// that exited by themselves (exited, by exitKey).
+func desired(gangs map[string]api.Gang, exited map[string]bool, base api.WorkerSpec) map[string]api.WorkerSpec {
 	out := map[string]api.WorkerSpec{}
-	for _, g := range a.gangs {
+	for _, g := range gangs {
 		if (g.State != api.GangStarting && g.State != api.GangRunning) || g.Placement == nil {
 			continue
 		}
@@ -398,14 +517,15 @@ func (a *Agent) desiredLocked() map[string]api.WorkerSpec {
 			epoch = g.World.Epoch
 		}
 		for rank, m := range g.Placement.Members {
-			if m.Machine != a.cfg.Name || m.Removed {
+			if m.Machine != base.Machine || m.Removed {
 				continue
 			}
-			s := api.WorkerSpec{Job: g.Spec.Job, Gang: g.Spec.Name, Rank: rank, Generation: g.Generation, GangUID: g.UID, Kind: g.Spec.Kind, Args: g.Spec.Args,
-				Machine: a.cfg.Name, Simulated: a.cfg.Simulated, Member: m, Placement: *g.Placement, World: world, Epoch: epoch, Heads: a.client.Heads(),
-				Token: string(a.cfg.Token), CACert: string(a.cfg.CACert), Agent: a.addr, Transfer: a.node.Addr, Driver: g.Spec.Driver}
+			s := base
+			s.Heads = slices.Clone(base.Heads)
+			s.Job, s.Gang, s.Rank, s.Generation, s.GangUID, s.Kind, s.Args = g.Spec.Job, g.Spec.Name, rank, g.Generation, g.UID, g.Spec.Kind, g.Spec.Args
+			s.Member, s.Placement, s.World, s.Epoch, s.Driver = m, *g.Placement, world, epoch, g.Spec.Driver
 			s.Holder = "worker/" + s.Key()
-			if a.exited[exitKey(s)] {
+			if exited[exitKey(s)] {
 				continue // it exited by itself: the leader decides what comes next
 			}
 			out[fmt.Sprintf("%s/%s/%d", s.Job, s.Gang, s.Rank)] = s
@@ -414,9 +534,50 @@ func (a *Agent) desiredLocked() map[string]api.WorkerSpec {
 	return out
 }
 
+// incarnation names one generation of one gang (its UID tells it from an earlier gang of
+// the same names).
+func incarnation(uid string, gen int) string { return fmt.Sprintf("%s/g%d", uid, gen) }
+
 // exitKey names a worker incarnation of a gang incarnation: its exit is remembered under it
 // until that gang generation is over.
 func exitKey(s api.WorkerSpec) string { return s.GangUID + "/" + s.Key() }
+
+// forgetExits drops the exits remembered of gangs that are no longer in the table (by UID
+// and names).
+func forgetExits(exited map[string]bool, gangs map[string]api.Gang) {
+	live := map[string]bool{}
+	for _, g := range gangs {
+		live[fmt.Sprintf("%s/%s/%s/", g.UID, g.Spec.Job, g.Spec.Name)] = true
+	}
+	for k := range exited {
+		if i := strings.LastIndexByte(k, '/'); i < 0 || !live[k[:i+1]] {
+			delete(exited, k)
+		}
+	}
+}
+
+// reconcilePlan compares the workers there are with those wanted (both by job/gang/rank):
+// it returns those to stop (not wanted, or wanted in another generation; not stopping
+// already) and the keys of those to start, sorted. A worker still there, stopping or
+// not, is not started again: the reconcile after it stopped starts its successor.
+func reconcilePlan(workers map[string]*worker, want map[string]api.WorkerSpec) (stop []*worker, start []string) {
+	for k, w := range workers {
+		d, ok := want[k]
+		if ok && d.Generation == w.spec.Generation {
+			continue
+		}
+		if !w.stopping {
+			stop = append(stop, w)
+		}
+	}
+	for k := range want {
+		if _, ok := workers[k]; !ok {
+			start = append(start, k)
+		}
+	}
+	sort.Strings(start)
+	return stop, start
+}
 
 // reconcile stops the workers that should not run and starts those missing.
 func (a *Agent) reconcile() {
@@ -425,36 +586,15 @@ func (a *Agent) reconcile() {
 	if a.ctx.Err() != nil {
 		return
 	}
-	// Forget the exits of gang generations that are over.
-	live := map[string]bool{}
-	for _, g := range a.gangs {
-		live[fmt.Sprintf("%s/%s/%s/", g.UID, g.Spec.Job, g.Spec.Name)] = true
-	}
-	for k := range a.exited {
-		if i := strings.LastIndexByte(k, '/'); i < 0 || !live[k[:i+1]] {
-			delete(a.exited, k)
-		}
-	}
+	forgetExits(a.exited, a.gangs)
+	forgetEnded(a.ended, a.gangs)
 	want := a.desiredLocked()
-	for k, w := range a.workers {
-		d, ok := want[k]
-		if ok && d.Generation == w.spec.Generation {
-			continue
-		}
-		if !w.stopping {
-			w.stopping = true
-			go a.stopWorker(w)
-		}
+	stop, start := reconcilePlan(a.workers, want)
+	for _, w := range stop {
+		w.stopping = true
+		go a.stopWorker(w)
 	}
-	keys := make([]string, 0, len(want))
-	for k := range want {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if _, ok := a.workers[k]; ok {
-			continue // running (or stopping: the next reconcile after it stops starts the new one)
-		}
+	for _, k := range start {
 		w := &worker{spec: want[k]}
 		a.workers[k] = w
 		go a.launch(k, w)
@@ -480,13 +620,29 @@ func (a *Agent) job(ctx context.Context, name string) (api.Job, error) {
 	return j, nil
 }
 
+// launch starts a worker when its turn comes (Config.MaxLaunches), unless it is no longer
+// wanted by then, and supervises it until it stops.
 func (a *Agent) launch(key string, w *worker) {
-	ctx, cancel := context.WithTimeout(a.ctx, time.Minute)
-	defer cancel()
-	job, err := a.job(ctx, w.spec.Job)
 	var h Handle
-	if err == nil {
-		h, err = a.cfg.Launcher.Launch(ctx, w.spec, job)
+	var started bool
+	var err error
+	select {
+	case a.slots <- struct{}{}:
+		h, started, err = a.start(w)
+		<-a.slots
+	case <-a.ctx.Done():
+	}
+	if !started && err == nil {
+		// Not wanted any more (stopped, or its gang or job ended before its turn): it was
+		// never started, so there is nothing to report; a later incarnation may take the key.
+		a.mu.Lock()
+		if a.workers[key] == w {
+			delete(a.workers, key)
+		}
+		a.notifyLocked()
+		a.mu.Unlock()
+		a.reconcile()
+		return
 	}
 	a.mu.Lock()
 	if err != nil {
@@ -530,6 +686,9 @@ func (a *Agent) launch(key string, w *worker) {
 	a.notifyLocked()
 	a.mu.Unlock()
 	_ = a.local.ReleaseHolder(context.Background(), w.spec.Holder)
+	ectx, ecancel := context.WithTimeout(context.Background(), 30*time.Second)
+	a.endOwner(ectx, w.spec.Holder) // what the worker owned ends with it
+	ecancel()
 	if !stopping && a.ctx.Err() == nil {
 		done := w.spec.Driver && errors.Is(h.Err(), ErrExitedZero)
 		a.obs.exits.WithLabelValues(strconv.FormatBool(isPermanent(h.Err()))).Inc()
@@ -539,6 +698,58 @@ func (a *Agent) launch(key string, w *worker) {
 		a.reportExit(w.spec, h.Err().Error(), isPermanent(h.Err()), done)
 	}
 	a.reconcile()
+}
+
+// start launches a worker if it is still wanted: its job's and its gang's records (read at
+// every launch, from the leader) must say the job runs and this generation of the gang
+// starts or runs, and the agent must still want it. A launch for a stopped job or an
+// ended gang generation is refused, and that gang incarnation is remembered as ended so
+// that no reconcile starts its members again, whatever the watch still shows. It returns
+// started false with no error when the worker was dropped.
+func (a *Agent) start(w *worker) (Handle, bool, error) {
+	if !a.wanted(w) {
+		return nil, false, nil
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, time.Minute)
+	defer cancel()
+	job, err := a.job(ctx, w.spec.Job)
+	if err != nil {
+		return nil, false, err
+	}
+	var g api.Gang
+	found, err := a.client.Get(ctx, api.TableGangs+w.spec.Job+"/"+w.spec.Gang, &g)
+	if err != nil {
+		return nil, false, err
+	}
+	why := ""
+	switch {
+	case job.State != api.JobRunning:
+		why = "its job is stopped"
+	case !found || g.UID != w.spec.GangUID || g.Generation != w.spec.Generation:
+		why = "its gang generation is over"
+	case g.State != api.GangStarting && g.State != api.GangRunning:
+		why = "its gang is " + string(g.State)
+	}
+	if why != "" {
+		a.mu.Lock()
+		a.ended[incarnation(w.spec.GangUID, w.spec.Generation)] = true
+		a.mu.Unlock()
+		a.log.Info("launch refused: "+why, workerField(w.spec))
+		return nil, false, nil
+	}
+	if !a.wanted(w) {
+		return nil, false, nil
+	}
+	h, err := a.cfg.Launcher.Launch(ctx, w.spec, job)
+	return h, err == nil, err
+}
+
+// wanted reports whether a worker not yet started should still start: it is not stopping,
+// and its gang incarnation is not known to be over.
+func (a *Agent) wanted(w *worker) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ctx.Err() == nil && !w.stopping && !a.ended[incarnation(w.spec.GangUID, w.spec.Generation)]
 }
 
 // Permanent is implemented by launch and exit errors that a restart cannot cure.
@@ -565,7 +776,7 @@ func (a *Agent) stopWorker(w *worker) {
 
 // reportExit tells the leader a worker exited by itself, retrying until it is heard.
 func (a *Agent) reportExit(s api.WorkerSpec, reason string, permanent, completed bool) {
-	x := api.WorkerExit{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation, Machine: a.cfg.Name, Reason: reason,
+	x := api.WorkerExit{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation, Machine: a.cfg.Name, Reason: api.TruncateReason(reason),
 		Permanent: permanent, Completed: completed}
 	for a.ctx.Err() == nil {
 		ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)

@@ -19,11 +19,10 @@ import (
 
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/store/object"
+	"github.com/atoll-run/atoll/store/transfer"
 )
-
-// MaxPutBytes bounds one object put through the agent API.
-const MaxPutBytes = 64 << 30
 
 // WorkerInfo is one worker in GET /v1/workers.
 type WorkerInfo struct {
@@ -58,7 +57,72 @@ func (a *Agent) apiHandler() http.Handler {
 		if r.Holder == "" {
 			return nil, fmt.Errorf("%w: a replica needs a holder", api.ErrInvalid)
 		}
-		return nil, a.local.Replicate(ctx, id, r.Holder)
+		m, err := a.local.Replicate(ctx, id, r.Holder, r.Durable)
+		if err != nil {
+			return nil, err
+		}
+		return info(m, r.Holder), nil
+	}))
+	m.HandleFunc("POST /v1/objects/persist", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
+		m, err := a.local.Persist(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return info(m, r.Holder), nil
+	}))
+	m.HandleFunc("POST /v1/objects/export", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
+		if a.cfg.CheckpointDir == "" {
+			return nil, fmt.Errorf("%w: %s mounts no shared checkpoint directory", api.ErrInvalid, a.cfg.Name)
+		}
+		m, err := a.node.Store.Export(ctx, id, a.cfg.CheckpointDir)
+		if err != nil {
+			return nil, err
+		}
+		m.Locations = []string{objects.SharedLocation(a.cfg.CheckpointDir)}
+		if err := a.dir.Register(ctx, m); err != nil {
+			_ = object.RemoveFile(a.cfg.CheckpointDir, id)
+			return nil, err
+		}
+		return info(m, r.Holder), nil
+	}))
+	m.HandleFunc("POST /v1/objects/unexport", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
+		if a.cfg.CheckpointDir == "" {
+			return nil, fmt.Errorf("%w: %s mounts no shared checkpoint directory", api.ErrInvalid, a.cfg.Name)
+		}
+		if err := object.RemoveFile(a.cfg.CheckpointDir, id); err != nil {
+			return nil, err
+		}
+		if err := a.dir.RemoveLocation(ctx, id, objects.SharedLocation(a.cfg.CheckpointDir)); err != nil && !errors.Is(err, object.ErrNotFound) {
+			return nil, err
+		}
+		return nil, nil
+	}))
+	m.HandleFunc("POST /v1/objects/verify", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
+		if r.Shared {
+			if a.cfg.CheckpointDir == "" {
+				return nil, fmt.Errorf("%w: %s mounts no shared checkpoint directory", api.ErrInvalid, a.cfg.Name)
+			}
+			m, err := object.VerifyFile(a.cfg.CheckpointDir, id)
+			if err != nil {
+				return nil, err
+			}
+			m.Locations = []string{objects.SharedLocation(a.cfg.CheckpointDir)}
+			return info(m, ""), nil
+		}
+		m, err := a.node.Store.Verify(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		ai := info(m, "")
+		ai.Durable = a.node.Store.Durable(id)
+		return ai, nil
+	}))
+	m.HandleFunc("POST /v1/objects/drop", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
+		var cause error
+		if r.Cause == api.CauseOwnerDied {
+			cause = object.ErrOwnerDied
+		}
+		return nil, a.local.Drop(ctx, id, cause)
 	}))
 	m.HandleFunc("POST /v1/leases/renew", func(w http.ResponseWriter, r *http.Request) {
 		var ref api.ObjectRef
@@ -132,6 +196,10 @@ func (a *Agent) fail(w http.ResponseWriter, err error) {
 		code, kind = http.StatusNotFound, "not_found"
 	case errors.Is(err, object.ErrTooLarge):
 		code, kind = http.StatusRequestEntityTooLarge, api.KindTooLarge
+	case errors.Is(err, object.ErrOwnerDied):
+		code, kind = http.StatusGone, api.KindOwnerDied
+	case errors.Is(err, object.ErrLost), errors.Is(err, transfer.ErrObjectLost):
+		code, kind = http.StatusGone, api.KindObjectLost
 	}
 	writeJSON(w, code, api.ErrorBody{Error: err.Error(), Kind: kind})
 }
@@ -163,30 +231,56 @@ func objectOp(a *Agent, fn func(context.Context, object.ID, api.ObjectRef) (any,
 	}
 }
 
-// put stores the request body as a new object held by ?holder=.
+func info(m object.Meta, holder string) api.ObjectInfo {
+	ai := api.ObjectInfo{ID: m.ID.String(), Holder: holder, Size: m.Size, Fingerprint: m.Fingerprint, Durable: m.Durable}
+	if len(m.Locations) > 0 {
+		ai.Location = m.Locations[0]
+	}
+	return ai
+}
+
+// put stores the request body as a new object held by ?holder=; with ?durable=1 the copy
+// is persisted (fsync'd) before the answer. The body is streamed into the store's shared
+// memory as it arrives, never buffered: its length must be declared (411 otherwise), and
+// one over the store's object size limit is refused before a byte is read (413, naming
+// the limit). A body that breaks off gives back what it held at once.
 func (a *Agent) put(w http.ResponseWriter, r *http.Request) {
-	holder := r.URL.Query().Get("holder")
+	q := r.URL.Query()
+	holder := q.Get("holder")
 	if holder == "" {
 		a.fail(w, fmt.Errorf("%w: a put needs a holder", api.ErrInvalid))
 		return
 	}
-	if r.ContentLength > MaxPutBytes {
-		a.fail(w, fmt.Errorf("%w: object of %d bytes is over the %d-byte bound", api.ErrInvalid, r.ContentLength, int64(MaxPutBytes)))
+	if r.ContentLength < 0 {
+		writeJSON(w, http.StatusLengthRequired, api.ErrorBody{Error: "a put needs a Content-Length: bodies are streamed into the store, never buffered",
+			Kind: "invalid"})
 		return
 	}
-	data, err := io.ReadAll(io.LimitReader(r.Body, MaxPutBytes+1))
-	if err != nil {
-		a.fail(w, fmt.Errorf("%w: read object: %v", api.ErrInvalid, err))
+	if limit := a.node.Store.MaxObjectSize(); r.ContentLength > limit {
+		a.fail(w, fmt.Errorf("an object of %d bytes is over this store's object size limit of %d bytes (%s): %w",
+			r.ContentLength, limit, a.cfg.Name, object.ErrTooLarge))
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
+	body := http.MaxBytesReader(w, r.Body, r.ContentLength)
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Minute) // room, then the body
 	defer cancel()
-	id, err := a.local.Put(ctx, holder, data)
+	m, err := a.local.PutFrom(ctx, holder, r.ContentLength, body)
 	if err != nil {
+		if !errors.Is(err, object.ErrTooLarge) && !errors.Is(err, object.ErrStoreFull) && !errors.Is(err, object.ErrDiskFull) {
+			err = fmt.Errorf("%w: %v", api.ErrInvalid, err) // the body broke off
+		}
 		a.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, api.ObjectRef{ID: id.String(), Holder: holder})
+	if q.Get("durable") == "1" {
+		id := m.ID
+		if m, err = a.local.Persist(ctx, id); err != nil {
+			_ = a.local.Free(context.WithoutCancel(ctx), id)
+			a.fail(w, err)
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, info(m, holder))
 }
 
 // LogPath is where a worker's stdout and stderr go on its agent.

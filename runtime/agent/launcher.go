@@ -54,75 +54,128 @@ func (l *ExecLauncher) Launch(ctx context.Context, spec api.WorkerSpec, job api.
 		return nil, err
 	}
 	name := fmt.Sprintf("%s.%s.%d.g%d", spec.Job, spec.Gang, spec.Rank, spec.Generation)
-	if err := os.MkdirAll(l.RunDir, 0o700); err != nil {
-		return nil, err
-	}
-	specPath := filepath.Join(l.RunDir, name+".json")
-	b, err := json.Marshal(spec)
+	specPath, err := writeWorkerSpec(l.RunDir, name, spec)
 	if err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(specPath, b, 0o600); err != nil {
-		return nil, fmt.Errorf("agent: worker spec %s: %w", specPath, err)
-	}
-	logDir := filepath.Join(l.LogDir, spec.Job)
-	if err := os.MkdirAll(logDir, 0o700); err != nil {
+	logf, err := openWorkerLog(l.LogDir, spec)
+	if err != nil {
 		return nil, err
 	}
-	logPath := filepath.Join(logDir, fmt.Sprintf("%s.%d.g%d.log", spec.Gang, spec.Rank, spec.Generation))
+	started := false
+	defer func() {
+		if !started { // the log is the started worker's to close; on any error, ours
+			_ = logf.Close()
+		}
+	}()
+	cmd := exec.Command(bin, job.Args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Dir = workDir(job.Dir)
+	env := append(inheritedEnv(os.Environ()), job.Env...)
+	if spec.Driver {
+		denv, err := writeDriverFiles(l.RunDir, name, spec)
+		if err != nil {
+			return nil, err
+		}
+		env = append(env, denv...)
+	} else {
+		env = append(env, api.WorkerEnv+"="+specPath)
+	}
+	cmd.Env = append(env, gpuEnv(spec)...)
+	// The worker dies with its agent, and its whole process group can be signalled.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("agent: start worker %s (%s): %w", spec.Key(), bin, err)
+	}
+	started = true
+	h := &procHandle{cmd: cmd, done: make(chan struct{}), spec: specPath, log: logf}
+	go h.wait()
+	return h, nil
+}
+
+// writeWorkerSpec writes a worker's spec file, name.json in runDir (made 0700): mode 0600,
+// for it holds the cluster token (api.ReadWorkerSpec refuses any other). It returns the
+// file's path.
+func writeWorkerSpec(runDir, name string, spec api.WorkerSpec) (string, error) {
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		return "", err
+	}
+	specPath := filepath.Join(runDir, name+".json")
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(specPath, b, 0o600); err != nil {
+		return "", fmt.Errorf("agent: worker spec %s: %w", specPath, err)
+	}
+	return specPath, nil
+}
+
+// openWorkerLog opens (appending; 0600 in a 0700 directory per job) the file a worker's
+// stdout and stderr go to: LogPath's layout.
+func openWorkerLog(logDir string, spec api.WorkerSpec) (*os.File, error) {
+	dir := filepath.Join(logDir, spec.Job)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(dir, fmt.Sprintf("%s.%d.g%d.log", spec.Gang, spec.Rank, spec.Generation))
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("agent: worker log %s: %w", logPath, err)
 	}
-	cmd := exec.Command(bin, job.Args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Dir = job.Dir
-	if cmd.Dir != "" {
-		if st, err := os.Stat(cmd.Dir); err != nil || !st.IsDir() {
-			cmd.Dir = "" // the driver's directory does not exist on this machine
+	return logf, nil
+}
+
+// workDir is the job's directory when it exists on this machine, else "" (the agent's).
+func workDir(dir string) string {
+	if dir != "" {
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			return "" // the driver's directory does not exist on this machine
 		}
 	}
+	return dir
+}
+
+// inheritedEnv is the agent's own environment minus Atoll's and CUDA's variables.
+func inheritedEnv(environ []string) []string {
 	env := []string{}
-	for _, kv := range os.Environ() { // the agent's own environment, minus Atoll's and CUDA's
+	for _, kv := range environ {
 		if !strings.HasPrefix(kv, "ATOLL_") && !strings.HasPrefix(kv, "CUDA_VISIBLE_DEVICES=") {
 			env = append(env, kv)
 		}
 	}
-	env = append(env, job.Env...)
-	if spec.Driver {
-		// A driver connects like any other: the heads' address and a token file (0600).
-		tokenPath := filepath.Join(l.RunDir, name+".token")
-		if err := os.WriteFile(tokenPath, []byte(spec.Token+"\n"), 0o600); err != nil {
-			return nil, fmt.Errorf("agent: driver token file: %w", err)
+	return env
+}
+
+// writeDriverFiles writes what a submitted driver connects with, a token file (0600) and
+// the cluster CA's certificate when there is one, beside its spec in runDir, and returns
+// the environment that names them and the heads.
+func writeDriverFiles(runDir, name string, spec api.WorkerSpec) ([]string, error) {
+	tokenPath := filepath.Join(runDir, name+".token")
+	if err := os.WriteFile(tokenPath, []byte(spec.Token+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("agent: driver token file: %w", err)
+	}
+	env := []string{"ATOLL_ADDRESS=" + strings.Join(spec.Heads, ","), "ATOLL_TOKEN_FILE=" + tokenPath}
+	if spec.CACert != "" { // and the cluster CA's certificate, to get its own from the heads
+		caPath := filepath.Join(runDir, name+".ca.crt")
+		if err := os.WriteFile(caPath, []byte(spec.CACert), 0o644); err != nil {
+			return nil, fmt.Errorf("agent: driver CA file: %w", err)
 		}
-		env = append(env, "ATOLL_ADDRESS="+strings.Join(spec.Heads, ","), "ATOLL_TOKEN_FILE="+tokenPath)
-		if spec.CACert != "" { // and the cluster CA's certificate, to get its own from the heads
-			caPath := filepath.Join(l.RunDir, name+".ca.crt")
-			if err := os.WriteFile(caPath, []byte(spec.CACert), 0o644); err != nil {
-				return nil, fmt.Errorf("agent: driver CA file: %w", err)
-			}
-			env = append(env, api.CACertEnv+"="+caPath)
-		}
-	} else {
-		env = append(env, api.WorkerEnv+"="+specPath)
+		env = append(env, api.CACertEnv+"="+caPath)
 	}
-	if spec.Simulated {
-		env = append(env, "CUDA_VISIBLE_DEVICES=", api.SimulatedGPUsEnv+"="+strings.Join(spec.Member.UUIDs, ","))
-	} else if len(spec.Member.UUIDs) > 0 {
-		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(spec.Member.UUIDs, ","))
-	} else {
-		env = append(env, "CUDA_VISIBLE_DEVICES=")
+	return env, nil
+}
+
+// gpuEnv gives a worker its GPUs: CUDA_VISIBLE_DEVICES lists its cards' UUIDs (empty
+// without cards, and on simulated GPUs, whose UUIDs go in api.SimulatedGPUsEnv).
+func gpuEnv(spec api.WorkerSpec) []string {
+	switch {
+	case spec.Simulated:
+		return []string{"CUDA_VISIBLE_DEVICES=", api.SimulatedGPUsEnv + "=" + strings.Join(spec.Member.UUIDs, ",")}
+	case len(spec.Member.UUIDs) > 0:
+		return []string{"CUDA_VISIBLE_DEVICES=" + strings.Join(spec.Member.UUIDs, ",")}
 	}
-	cmd.Env = env
-	// The worker dies with its agent, and its whole process group can be signalled.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("agent: start worker %s (%s): %w", spec.Key(), bin, err)
-	}
-	h := &procHandle{cmd: cmd, done: make(chan struct{}), spec: specPath, log: logf}
-	go h.wait()
-	return h, nil
+	return []string{"CUDA_VISIBLE_DEVICES="}
 }
 
 type procHandle struct {
@@ -140,26 +193,35 @@ type procHandle struct {
 var ErrExitedZero = errors.New("exited with status 0")
 
 func (h *procHandle) wait() {
-	err := h.cmd.Wait()
-	if err == nil {
-		err = ErrExitedZero
-	}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			err = fmt.Errorf("killed by signal %v", ws.Signal())
-		} else if ok && ws.ExitStatus() == api.ExitPermanent {
-			err = permanentErr{fmt.Errorf("exited with status %d (permanent: a restart cannot help; see its log)", ws.ExitStatus())}
-		} else if ok {
-			err = fmt.Errorf("exited with status %d", ws.ExitStatus())
-		}
-	}
+	err := exitError(h.cmd.Wait())
 	_ = h.log.Close()
 	_ = os.Remove(h.spec)
 	h.mu.Lock()
 	h.err = err
 	h.mu.Unlock()
 	close(h.done)
+}
+
+// exitError says why a worker process ended, from its Wait's error: ErrExitedZero, the
+// signal that killed it, or its exit status (permanent for api.ExitPermanent).
+func exitError(err error) error {
+	if err == nil {
+		return ErrExitedZero
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return err
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	switch {
+	case !ok:
+		return err
+	case ws.Signaled():
+		return fmt.Errorf("killed by signal %v", ws.Signal())
+	case ws.ExitStatus() == api.ExitPermanent:
+		return permanentErr{fmt.Errorf("exited with status %d (permanent: a restart cannot help; see its log)", ws.ExitStatus())}
+	}
+	return fmt.Errorf("exited with status %d", ws.ExitStatus())
 }
 
 func (h *procHandle) PID() int              { return h.cmd.Process.Pid }

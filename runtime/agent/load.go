@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -25,25 +26,61 @@ func newLoadSampler() *loadSampler { return &loadSampler{} }
 // known (10 Gb/s).
 const netCapacity = 10e9 / 8
 
+// procReading is one reading of the machine's counters; each ok says its file was read.
+type procReading struct {
+	busy, total uint64 // CPU jiffies, all CPUs
+	cpuOK       bool
+	mem         float64 // share of memory in use
+	memOK       bool
+	net         uint64 // bytes received and sent, loopback aside
+	netOK       bool
+}
+
+// readProc reads /proc/stat, /proc/meminfo and /proc/net/dev.
+func readProc() procReading {
+	var r procReading
+	withFile("/proc/stat", func(f io.Reader) { r.busy, r.total, r.cpuOK = parseCPU(f) })
+	withFile("/proc/meminfo", func(f io.Reader) { r.mem, r.memOK = parseMem(f) })
+	withFile("/proc/net/dev", func(f io.Reader) { r.net, r.netOK = parseNet(f) })
+	return r
+}
+
+// withFile calls read with the file at path, when it opens.
+func withFile(path string, read func(io.Reader)) {
+	f, err := os.Open(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	read(f)
+}
+
 func (s *loadSampler) sample() api.Load {
-	var l api.Load
 	now := time.Now()
-	if busy, total, ok := readCPU(); ok {
-		if s.lastTotal != 0 && total > s.lastTotal {
-			l.CPU = float64(busy-s.lastBusy) / float64(total-s.lastTotal)
+	return s.next(readProc(), now)
+}
+
+// next turns a reading taken at now into a load, against the previous reading: CPU and
+// network use are deltas (zero on the first reading, or when a counter went back), memory
+// the reading's share.
+func (s *loadSampler) next(r procReading, now time.Time) api.Load {
+	var l api.Load
+	if r.cpuOK {
+		if s.lastTotal != 0 && r.total > s.lastTotal {
+			l.CPU = float64(r.busy-s.lastBusy) / float64(r.total-s.lastTotal)
 		}
-		s.lastBusy, s.lastTotal = busy, total
+		s.lastBusy, s.lastTotal = r.busy, r.total
 	}
-	if used, ok := readMem(); ok {
-		l.Mem = used
+	if r.memOK {
+		l.Mem = r.mem
 	}
-	if bytes, ok := readNet(); ok {
-		if !s.lastAt.IsZero() && bytes >= s.lastNet {
+	if r.netOK {
+		if !s.lastAt.IsZero() && r.net >= s.lastNet {
 			if dt := now.Sub(s.lastAt).Seconds(); dt > 0 {
-				l.Net = min(1, float64(bytes-s.lastNet)/dt/netCapacity)
+				l.Net = min(1, float64(r.net-s.lastNet)/dt/netCapacity)
 			}
 		}
-		s.lastNet = bytes
+		s.lastNet = r.net
 	}
 	s.lastAt = now
 	l.CPU = clamp01(l.CPU)
@@ -58,14 +95,10 @@ func clamp01(v float64) float64 {
 	return min(v, 1)
 }
 
-// readCPU reads the busy and total jiffies of all CPUs from /proc/stat.
-func readCPU() (busy, total uint64, ok bool) {
-	f, err := os.Open("/proc/stat")
-	if err != nil {
-		return 0, 0, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
+// parseCPU reads the busy and total jiffies of all CPUs from /proc/stat's first line
+// (idle and iowait are not busy).
+func parseCPU(r io.Reader) (busy, total uint64, ok bool) {
+	sc := bufio.NewScanner(r)
 	if !sc.Scan() {
 		return 0, 0, false
 	}
@@ -89,15 +122,10 @@ func readCPU() (busy, total uint64, ok bool) {
 	return total - idle, total, true
 }
 
-// readMem reads the share of memory in use from /proc/meminfo.
-func readMem() (float64, bool) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
+// parseMem reads the share of memory in use from /proc/meminfo (false without MemTotal).
+func parseMem(r io.Reader) (float64, bool) {
 	var total, avail float64
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
 		if len(fields) < 2 {
@@ -120,15 +148,11 @@ func readMem() (float64, bool) {
 	return (total - avail) / total, true
 }
 
-// readNet sums the bytes received and sent by the machine's interfaces but loopback.
-func readNet() (uint64, bool) {
-	f, err := os.Open("/proc/net/dev")
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
+// parseNet sums the bytes received and sent by the interfaces of /proc/net/dev but
+// loopback; lines it cannot read are skipped.
+func parseNet(r io.Reader) (uint64, bool) {
 	var sum uint64
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		name, rest, ok := strings.Cut(sc.Text(), ":")
 		if !ok || strings.TrimSpace(name) == "lo" {

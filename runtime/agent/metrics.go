@@ -48,7 +48,7 @@ var (
 	descWorkers   = prometheus.NewDesc("atoll_agent_workers", "Workers this agent runs (started or starting).", nil, nil)
 	descGPUs      = prometheus.NewDesc("atoll_agent_gpus", "This machine's GPUs by state (held by a worker, free).", []string{"state"}, nil)
 	descLoad      = prometheus.NewDesc("atoll_agent_load", "This machine's last load sample in [0, 1] (gpu: measured by NVML, or the share held by workers on simulated GPUs).", []string{"resource"}, nil)
-	descStore     = prometheus.NewDesc("atoll_agent_object_store_bytes", "This machine's object store bytes by tier (shm: shared memory, spill: disk).", []string{"tier"}, nil)
+	descStore     = prometheus.NewDesc("atoll_agent_object_store_bytes", "This machine's object store bytes by tier (shm: shared memory, recycled memory included; recycled: the freed part of it kept for reuse; spill: only on disk; durable: with a durable copy on disk).", []string{"tier"}, nil)
 	descStoreCap  = prometheus.NewDesc("atoll_agent_object_store_capacity_bytes", "This machine's object store shared-memory capacity.", nil, nil)
 	descStoreObjs = prometheus.NewDesc("atoll_agent_object_store_objects", "Objects in this machine's store by tier.", []string{"tier"}, nil)
 	descIncarn    = prometheus.NewDesc("atoll_agent_incarnation", "This agent's registration count with the heads.", nil, nil)
@@ -64,10 +64,7 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	a.mu.Lock()
-	workers, held := len(a.workers), 0
-	for _, w := range a.workers {
-		held += len(w.spec.Member.GPUs)
-	}
+	workers, held := len(a.workers), a.heldGPUsLocked()
 	l, inc := a.obs.last, a.incarnation
 	a.mu.Unlock()
 	g(descWorkers, float64(workers))
@@ -80,6 +77,8 @@ func (c *agentCollector) Collect(ch chan<- prometheus.Metric) {
 	st := a.node.Store.Stats()
 	g(descStore, float64(st.HotBytes), "shm")
 	g(descStore, float64(st.ColdBytes), "spill")
+	g(descStore, float64(st.Recycled), "recycled")
+	g(descStore, float64(st.DurableBytes), "durable")
 	g(descStoreCap, float64(st.Capacity))
 	g(descStoreObjs, float64(st.HotObjects), "shm")
 	g(descStoreObjs, float64(st.ColdObjects), "spill")

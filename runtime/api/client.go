@@ -46,6 +46,7 @@ var errorKinds = []struct {
 	{"unavailable", ErrUnavailable, http.StatusServiceUnavailable},
 	{"unauthenticated", ErrUnauthenticated, http.StatusUnauthorized},
 	{"saturated", ErrSaturated, http.StatusTooManyRequests},
+	{"too_large", ErrTooLarge, http.StatusRequestEntityTooLarge},
 }
 
 // Body is the error answer of err: its status and body (with the retry hint of a
@@ -124,8 +125,9 @@ type Client struct {
 }
 
 // NewClient returns a client of the heads. It asks each head for its replica id (so that a
-// follower's hint names a URL), tolerating heads that do not answer, and fails only when
-// none answers before ctx ends.
+// follower's hint names a URL), tolerating heads that do not answer, and fails when none
+// answers before ctx ends (ErrUnavailable), or at once when a head refuses the token or
+// the client certificate (ErrUnauthenticated).
 func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	if len(cfg.Heads) == 0 {
 		return nil, fmt.Errorf("%w: no head addresses", ErrInvalid)
@@ -151,6 +153,8 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	for {
 		if err := c.learnIDs(ctx); err == nil {
 			break
+		} else if errors.Is(err, ErrUnauthenticated) {
+			return nil, err
 		} else if ctx.Err() != nil {
 			return nil, fmt.Errorf("%w: no head answered at %v: %v", ErrUnavailable, cfg.Heads, err)
 		}
@@ -171,7 +175,8 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	return c, nil
 }
 
-// learnIDs asks every head for its id; it succeeds when at least one answers.
+// learnIDs asks every head for its id; it succeeds when at least one answers, and stops at
+// the first head that refuses the client (ErrUnauthenticated: no retry can help).
 func (c *Client) learnIDs(ctx context.Context) error {
 	var last error
 	found := false
@@ -183,6 +188,9 @@ func (c *Client) learnIDs(ctx context.Context) error {
 		actx, cancel := context.WithTimeout(ctx, min(c.cfg.AttemptTimeout, time.Second))
 		_, err := c.once(actx, h, http.MethodGet, "/v1/status", nil, &st)
 		cancel()
+		if errors.Is(err, ErrUnauthenticated) {
+			return err
+		}
 		if err != nil {
 			last = err
 			continue
@@ -516,6 +524,11 @@ func (c *Client) ReportCost(ctx context.Context, r CostReport) error {
 // Drain drains a machine (see DrainRequest).
 func (c *Client) Drain(ctx context.Context, d DrainRequest) error {
 	return c.Do(ctx, http.MethodPost, "/v1/machines/drain", d, nil)
+}
+
+// Undrain lifts a machine's drain or cordon (see UndrainRequest).
+func (c *Client) Undrain(ctx context.Context, u UndrainRequest) error {
+	return c.Do(ctx, http.MethodPost, "/v1/machines/undrain", u, nil)
 }
 
 // InjectInterruption injects a spot interruption notice for a pool machine (a drill).

@@ -51,6 +51,10 @@ const (
 	// declared dead); EventMachineDown: a machine was declared dead.
 	EventMachineUp   EventKind = "machine_up"
 	EventMachineDown EventKind = "machine_down"
+	// EventMachineCordoned: a machine was cordoned or drained (Reason: by whom, why);
+	// EventMachineUncordoned: its cordon was lifted.
+	EventMachineCordoned   EventKind = "machine_cordoned"
+	EventMachineUncordoned EventKind = "machine_uncordoned"
 )
 
 // Event is one entry of the control plane's event log (table events/): a decision of the

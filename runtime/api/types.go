@@ -16,6 +16,8 @@
 //	binaries/<sha256>               Binary      a job's executable, stored by content hash
 //	events/<seq>                    Event       the control plane's decisions, bounded (the
 //	                                            leader commits each with its decision)
+//	owners/<owner>                  Owner       a driver process that owns objects, renewed
+//	                                            while it runs
 //
 // Agents and drivers watch these tables (GET /v1/watch); only the leader head writes the
 // first four, so its decisions are committed before anyone acts on them.
@@ -24,6 +26,7 @@ package api
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"regexp"
 	"strings"
 	"time"
@@ -43,8 +46,18 @@ const (
 	TableBinaries    = string(meta.TableBinaries)
 	TableEvents      = string(meta.TableEvents)
 	TableConfig      = string(meta.TableConfig)
+	TableOwners      = string(meta.TableOwners)
+	TableControl     = string(meta.TableControl)
 	// SchedulerConfigKey is the key of the SchedulerConfig record.
 	SchedulerConfigKey = TableConfig + "scheduler"
+	// TermKey is the key of the ControlTerm record: the leader term, counted in the log.
+	TermKey = TableControl + "term"
+	// CordonsPrefix prefixes the machines' Cordon records (CordonsPrefix + machine name).
+	CordonsPrefix = TableControl + "cordons/"
+	// CostsPrefix prefixes the LearnedCosts records (CostsPrefix + CostsKey(GPU model)).
+	CostsPrefix = TableControl + "costs/"
+	// WorkloadKey is the key of the workload the scheduler learned from submissions.
+	WorkloadKey = TableControl + "workload"
 )
 
 // Errors of the API. They cross HTTP as status codes and error kinds, so errors.Is works
@@ -56,6 +69,9 @@ var (
 	ErrNeverFits = errors.New("atoll: gang can never fit on this cluster")
 	// ErrNoCapacity: a gang that does not fit now.
 	ErrNoCapacity = errors.New("atoll: not enough free capacity now")
+	// ErrTooLarge: a request body over the limit of the process that reads it (HTTP 413,
+	// the limit named in the message); nothing past the limit was read.
+	ErrTooLarge = errors.New("atoll: request body too large")
 	// ErrSaturated: the cluster's queue is full (past its bound of pending gangs); the
 	// submission may be retried later (RetryAfter). Nothing queued was dropped.
 	ErrSaturated = errors.New("atoll: cluster saturated")
@@ -76,6 +92,10 @@ var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 // CheckName validates a job, gang or machine name: 1 to 63 characters of [A-Za-z0-9._-],
 // starting with a letter or digit. Names become metadata keys, actor ids and file names.
 func CheckName(what, name string) error {
+	if len(name) > MaxNameBytes {
+		return fmt.Errorf("%w: %s name is %d bytes, over its limit of %d (want 1-63 characters of [A-Za-z0-9._-] starting with a letter or digit)",
+			ErrInvalid, what, len(name), MaxNameBytes)
+	}
 	if !nameRE.MatchString(name) {
 		return fmt.Errorf("%w: %s name %q: want 1-63 characters of [A-Za-z0-9._-] starting with a letter or digit", ErrInvalid, what, name)
 	}
@@ -106,6 +126,9 @@ type AgentAddrs struct {
 	Transfer string `json:"transfer"`
 	// Serf is the agent's gossip address, host:port ("" without membership).
 	Serf string `json:"serf,omitempty"`
+	// CheckpointDir is the shared checkpoint directory the agent mounts ("" without one):
+	// a durable copy there is named by the location "shared:<dir>".
+	CheckpointDir string `json:"checkpoint_dir,omitempty"`
 }
 
 // Machine is one machine as its agent registered it.
@@ -179,6 +202,11 @@ type GangSpec struct {
 	// Strategy spreads or packs the members across machines (Ray's placement group
 	// strategies); empty: the scheduler's topology-aware placement.
 	Strategy Strategy `json:"strategy,omitempty"`
+	// Machines, when set, pins the members to these machines (by name): the scheduler
+	// core's "machines" Filter refuses every other, so the gang is placed (by its Strategy)
+	// on them alone and waits while they are full; it queues, preempts and is preempted like
+	// every gang. A pin to no machine of the cluster can never fit.
+	Machines []string `json:"machines,omitempty"`
 	Priority int      `json:"priority,omitempty"`
 	// PriorityClass names one of the operator's priority classes (SchedulerConfig); its
 	// value is the gang's priority. Empty: Priority as given, or the default class's.
@@ -219,6 +247,9 @@ func (s *GangSpec) Normalize() error {
 	if s.Kind == "" {
 		return fmt.Errorf("%w: gang %q has no actor kind", ErrInvalid, s.Name)
 	}
+	if err := s.CheckBounds(); err != nil {
+		return fmt.Errorf("gang %q: %w", s.Name, err)
+	}
 	r := s.Resources
 	switch {
 	case s.Workers <= 0:
@@ -244,6 +275,13 @@ func (s *GangSpec) Normalize() error {
 		return fmt.Errorf("%w: gang %q: SameIsland goes with no strategy or %q, not %q", ErrInvalid, s.Name, StrategyPack, s.Strategy)
 	case s.RestartWindow < 0 || s.Backoff < 0 || s.MaxBackoff < 0:
 		return fmt.Errorf("%w: gang %q restart window and backoffs must not be negative", ErrInvalid, s.Name)
+	}
+	seen := make(map[string]bool, len(s.Machines))
+	for _, m := range s.Machines {
+		if m == "" || seen[m] {
+			return fmt.Errorf("%w: gang %q machines %q: want distinct, non-empty machine names", ErrInvalid, s.Name, s.Machines)
+		}
+		seen[m] = true
 	}
 	if s.RestartWindow == 0 {
 		s.RestartWindow = Duration(time.Minute)
@@ -379,10 +417,97 @@ type Gang struct {
 	Preemptions int `json:"preemptions,omitempty"`
 	Resizes     int `json:"resizes,omitempty"`
 	// Reason says why the gang waits, restarted, failed or stopped.
-	Reason  string    `json:"reason,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// Created is when it was admitted (its submission time: priority aging counts from
+	// here).
 	Created time.Time `json:"created"`
 	Updated time.Time `json:"updated"`
+	// Sched is what the scheduler's decisions about the gang depend on beyond its spec,
+	// committed with each change of the gang, so that a new leader decides as the old one
+	// would have.
+	Sched *GangSched `json:"sched,omitempty"`
 }
+
+// GangSched is a gang's scheduling record (the scheduler core's gang.Record, with machine
+// names for node indexes): its place in arrival order, its aging inputs, the service it
+// attained and the work it kept, a stop or shrink under way, a preemptor's hold.
+type GangSched struct {
+	// Seq is the gang's submission sequence, increasing across the cluster: the queue
+	// order among gangs that are otherwise equal.
+	Seq int64 `json:"seq"`
+	// Queued is when it last entered its queue (admitted, stopped, or its machine lost).
+	Queued time.Time `json:"queued,omitempty"`
+	// Started is when its current placement was made.
+	Started time.Time `json:"started,omitempty"`
+	// Attained is the GPU-seconds of service it received up to AttainedAt.
+	Attained   float64   `json:"attained_gpu_s,omitempty"`
+	AttainedAt time.Time `json:"attained_at,omitempty"`
+	// Progress is the work kept across stops.
+	Progress Duration `json:"progress,omitempty"`
+	// Evictions counts its preemptions (LastEvicted the latest); Resizes its grows and
+	// shrinks (LastResized the latest decided).
+	Evictions   int       `json:"evictions,omitempty"`
+	LastEvicted time.Time `json:"last_evicted,omitempty"`
+	Resizes     int       `json:"resizes,omitempty"`
+	LastResized time.Time `json:"last_resized,omitempty"`
+	// Stopping: a preemption victim whose checkpoint will hold the run up to KeptUntil.
+	Stopping  bool      `json:"stopping,omitempty"`
+	KeptUntil time.Time `json:"kept_until,omitempty"`
+	// ShrinkTo and ShrinkIndex: a shrink under way, to ShrinkTo members, dropping these
+	// positions of its active members.
+	ShrinkTo    int   `json:"shrink_to,omitempty"`
+	ShrinkIndex []int `json:"shrink_index,omitempty"`
+	// Hold is a waiting preemptor's hold on the machines freed for it.
+	Hold *GangHold `json:"hold,omitempty"`
+	// FitSince is when a waiting gang was first found room since it queued.
+	FitSince time.Time `json:"fit_since,omitempty"`
+}
+
+// GangHold is a preemptor's hold on machines, from Start until it is placed.
+type GangHold struct {
+	Machines   []string  `json:"machines"`
+	Start      time.Time `json:"start"`
+	SkipPermit bool      `json:"skip_permit,omitempty"`
+}
+
+// ControlTerm is the leader term: every head that takes the leadership commits the next
+// one before it decides anything (the TermKey record).
+type ControlTerm struct {
+	Term   int64     `json:"term"`
+	Leader uint64    `json:"leader"`
+	Since  time.Time `json:"since"`
+}
+
+// Cordon keeps new gangs off a machine (a CordonsPrefix record): an operator's drain
+// (atoll drain, lifted by atoll undrain) or the pools draining a machine before removing
+// it. It outlives leader changes and the machine's own restarts.
+type Cordon struct {
+	Machine string `json:"machine"`
+	// By is who cordoned it ("pools", or the operator's identity); Reason why.
+	By     string    `json:"by"`
+	Reason string    `json:"reason,omitempty"`
+	At     time.Time `json:"at"`
+	// Drain: its gangs were also given drain notices (checkpoint, stop, queue again).
+	Drain bool `json:"drain,omitempty"`
+}
+
+// LearnedCosts is what the leader learned of one GPU model's restart costs from
+// measurements (a CostsPrefix record): the correction factor of the default curve for
+// each kind ("cuda_context", "communicator") and the measurements it rests on. It is
+// committed in batches (a few a second at most), not once per measurement.
+type LearnedCosts struct {
+	GPUModel string                 `json:"gpu_model"`
+	Kinds    map[string]LearnedCost `json:"kinds"`
+}
+
+// LearnedCost is one kind's learned correction factor.
+type LearnedCost struct {
+	Factor float64 `json:"factor"`
+	Count  int     `json:"count"`
+}
+
+// CostsKey is the key, under CostsPrefix, of a GPU model's LearnedCosts.
+func CostsKey(model string) string { return url.PathEscape(model) }
 
 // Active lists the members that are not Removed, by index (all of them when the gang has
 // no placement yet: none).
@@ -591,7 +716,47 @@ type Checkpoint struct {
 	Step    int64     `json:"step"`
 	Objects []string  `json:"objects"`
 	Time    time.Time `json:"time"`
+	// Parts are Objects with their sizes and checksums (absent in checkpoints committed
+	// before they were recorded).
+	Parts []CheckpointPart `json:"parts,omitempty"`
+	// Copies is how many durable copies of every part existed when it was committed: 2, on
+	// two machines, or on one and in SharedDir.
+	Copies int `json:"copies,omitempty"`
+	// SharedDir is the shared checkpoint directory holding the second copy of every part,
+	// if any.
+	SharedDir string `json:"shared_dir,omitempty"`
+	// Save is how long writing it took, Bytes its size (0: not measured): the leader
+	// prices a stop of the gang from them, from the log.
+	Save  Duration `json:"save,omitempty"`
+	Bytes int64    `json:"bytes,omitempty"`
 }
+
+// CheckpointPart is one rank's part of a checkpoint: its object, size and checksum
+// (xxhash64), which a resumed gang checks what it reads against.
+type CheckpointPart struct {
+	ID          string `json:"id"`
+	Size        int64  `json:"size"`
+	Fingerprint uint64 `json:"fingerprint"`
+}
+
+// Owner is a driver process that owns objects (owners/<name>): it renews the record while
+// it runs and deletes it when it disconnects. Reconciliation counts an owner as ended, and
+// its objects with it, once its record is gone or has not been renewed for OwnerTTL.
+type Owner struct {
+	Name string `json:"name"`
+	// Store is the transfer address of the driver's own object store ("" when it has none).
+	Store   string    `json:"store,omitempty"`
+	Host    string    `json:"host,omitempty"`
+	PID     int       `json:"pid,omitempty"`
+	Started time.Time `json:"started"`
+	Renewed time.Time `json:"renewed"`
+}
+
+// How often a driver renews its Owner record, and how long an unrenewed one is trusted.
+const (
+	OwnerRenewEvery = 5 * time.Second
+	OwnerTTL        = 30 * time.Second
+)
 
 // CheckpointKey is a checkpoint's key in its table (sorted by step).
 func CheckpointKey(job, gang string, step int64) string {
@@ -630,6 +795,10 @@ type HeadInfo struct {
 	Serf    string `json:"serf,omitempty"`
 	PID     int    `json:"pid,omitempty"`
 	Leader  bool   `json:"leader"`
+	// DiskFull says the head cannot write its log (its disk is full): it has stepped down
+	// and rejoins by itself when space frees. Error is its storage failure.
+	DiskFull bool   `json:"disk_full,omitempty"`
+	Error    string `json:"error,omitempty"`
 }
 
 // MachineStatus is a machine's line in the cluster status.
@@ -643,6 +812,13 @@ type MachineStatus struct {
 	Rack      int    `json:"rack"`
 	Load      *Load  `json:"load,omitempty"`
 	Agent     string `json:"agent,omitempty"`
+	// Cordoned: nothing new is placed on it (a drain, or the pools removing it), for
+	// CordonReason, since CordonedAt, by CordonedBy.
+	Cordoned     bool      `json:"cordoned"`
+	CordonReason string    `json:"cordon_reason"`
+	CordonedBy   string    `json:"cordoned_by,omitempty"`
+	CordonedAt   time.Time `json:"cordoned_at,omitzero"`
+	Drained      bool      `json:"drained,omitempty"`
 }
 
 // GangStatus is a gang's line in the cluster status.
@@ -671,7 +847,10 @@ type GangStatus struct {
 
 // Status is the cluster as the leader sees it (`atoll status --json`).
 type Status struct {
-	Leader   uint64          `json:"leader"`
+	Leader uint64 `json:"leader"`
+	// Term is the leader term: it increases at every change of leader (the ControlTerm
+	// the answering leader committed when it took office).
+	Term     int64           `json:"term"`
 	Heads    []HeadInfo      `json:"heads"`
 	Machines []MachineStatus `json:"machines"`
 	Gangs    []GangStatus    `json:"gangs"`
@@ -683,10 +862,24 @@ type Status struct {
 	Pools *PoolsStatus `json:"pools,omitempty"`
 	// Queues are the operator's queues with what they hold and wait for.
 	Queues []QueueStatus `json:"queues,omitempty"`
+	// Objects counts the object directory's records (`atoll status` reads them).
+	Objects *ObjectsStatus `json:"objects,omitempty"`
+}
+
+// ObjectsStatus counts the object directory's records: the live objects (those with a
+// durable copy among them), and the dead ones kept for a while so their readers learn why
+// they are gone: lost (no copy left anywhere) or owner-died (their owner ended).
+type ObjectsStatus struct {
+	Records   int   `json:"records"`
+	Live      int   `json:"live"`
+	Durable   int   `json:"durable"`
+	Lost      int   `json:"lost"`
+	OwnerDied int   `json:"owner_died"`
+	LiveBytes int64 `json:"live_bytes"`
 }
 
 // SchedulerConfig is the operator's configuration of the scheduler (GET and PUT
-// /v1/scheduler, `atoll queues`, `atoll head --queues FILE`), kept in the log.
+// /v1/scheduler, `atoll queues`), kept in the log.
 type SchedulerConfig struct {
 	// Queues share the cluster: each gang names one (GangSpec.Queue; DefaultQueue when it
 	// names none). A queue's path is slash-separated ("research/vision" is a child of
@@ -706,6 +899,12 @@ type SchedulerConfig struct {
 	// MaxPending is the backpressure bound: past this many gangs waiting, a submission is
 	// refused as saturated with a retry hint (0: the default, 2,000).
 	MaxPending int `json:"max_pending,omitempty"`
+	// MaxJobWorkers bounds the workers of one job's live gangs together (an elastic gang
+	// counts its largest size); MaxClusterWorkers those of every live gang. A gang past
+	// either is refused, naming the bound (0: the defaults, DefaultMaxJobWorkers and
+	// DefaultMaxClusterWorkers). Every worker is a process, a record and a watch event.
+	MaxJobWorkers     int `json:"max_job_workers,omitempty"`
+	MaxClusterWorkers int `json:"max_cluster_workers,omitempty"`
 }
 
 // QueueSpec is one queue: Weight is its share of its parent's capacity among the active
@@ -732,7 +931,29 @@ const (
 	MaxQueues          = 1000
 	MaxPriorityClasses = 100
 	MaxPriorityValue   = 1_000_000
+	// DefaultMaxJobWorkers and DefaultMaxClusterWorkers are the worker bounds of a
+	// configuration that sets none; MaxWorkersBound the largest either may be set to.
+	DefaultMaxJobWorkers     = 10_000
+	DefaultMaxClusterWorkers = 100_000
+	MaxWorkersBound          = 10_000_000
 )
+
+// JobWorkersBound is the configured bound of one job's workers (the default when unset).
+func (c *SchedulerConfig) JobWorkersBound() int {
+	if c.MaxJobWorkers > 0 {
+		return c.MaxJobWorkers
+	}
+	return DefaultMaxJobWorkers
+}
+
+// ClusterWorkersBound is the configured bound of the cluster's workers (the default when
+// unset).
+func (c *SchedulerConfig) ClusterWorkersBound() int {
+	if c.MaxClusterWorkers > 0 {
+		return c.MaxClusterWorkers
+	}
+	return DefaultMaxClusterWorkers
+}
 
 // Validate checks a configuration and fills its defaults (the default queue "default",
 // created when not listed; a notice grace of 30 s). Errors name the entry and field.
@@ -742,6 +963,12 @@ func (c *SchedulerConfig) Validate() error {
 	}
 	if c.MaxPending < 0 || c.MaxPending > 1_000_000 {
 		return fmt.Errorf("%w: max_pending %d, want 0 (the default, 2000) to 1000000", ErrInvalid, c.MaxPending)
+	}
+	if c.MaxJobWorkers < 0 || c.MaxJobWorkers > MaxWorkersBound {
+		return fmt.Errorf("%w: max_job_workers %d, want 0 (the default, %d) to %d", ErrInvalid, c.MaxJobWorkers, DefaultMaxJobWorkers, MaxWorkersBound)
+	}
+	if c.MaxClusterWorkers < 0 || c.MaxClusterWorkers > MaxWorkersBound {
+		return fmt.Errorf("%w: max_cluster_workers %d, want 0 (the default, %d) to %d", ErrInvalid, c.MaxClusterWorkers, DefaultMaxClusterWorkers, MaxWorkersBound)
 	}
 	if len(c.PriorityClasses) > MaxPriorityClasses {
 		return fmt.Errorf("%w: %d priority classes, over the bound of %d", ErrInvalid, len(c.PriorityClasses), MaxPriorityClasses)
@@ -883,4 +1110,14 @@ type DrainRequest struct {
 	Machine  string    `json:"machine"`
 	Deadline time.Time `json:"deadline,omitempty"`
 	Reason   string    `json:"reason,omitempty"`
+	// By says who drains it (an operator's name; the head prefixes the name of the
+	// caller's certificate when it has one).
+	By string `json:"by,omitempty"`
+}
+
+// UndrainRequest lifts a machine's drain or cordon (POST /v1/machines/undrain): new gangs
+// may be placed on it again. Gangs already stopped by the drain stay where they went.
+type UndrainRequest struct {
+	Machine string `json:"machine"`
+	By      string `json:"by,omitempty"`
 }

@@ -90,12 +90,43 @@ func ReadWorkerSpec(path string) (WorkerSpec, error) {
 	return s, nil
 }
 
-// ObjectRef names an object and the holder acting on it.
+// ObjectRef names an object and the holder acting on it (POST /v1/objects/map, unmap,
+// release, free, replicate, persist, verify, drop on an agent).
 type ObjectRef struct {
 	ID     string `json:"id"`
 	Holder string `json:"holder,omitempty"`
+	// Durable (replicate) asks for the new copy to be persisted before the answer.
+	Durable bool `json:"durable,omitempty"`
+	// Cause (drop) is why the copy goes: CauseOwnerDied refuses later gets with the
+	// owner-died error; empty, as a free.
+	Cause string `json:"cause,omitempty"`
+	// Shared (verify) checks the copy in the agent's shared checkpoint directory instead
+	// of its store's.
+	Shared bool `json:"shared,omitempty"`
 }
 
-// KindTooLarge is the error kind of a put larger than the store's whole capacity
-// (object.ErrTooLarge): the putter may store it in parts instead.
-const KindTooLarge = "too_large"
+// CauseOwnerDied is an ObjectRef's Cause when an object's owner ended.
+const CauseOwnerDied = "owner_died"
+
+// ObjectInfo is an agent's answer about one copy of an object (put, persist, replicate,
+// verify): its size and checksum (xxhash64), and whether the copy is durable.
+type ObjectInfo struct {
+	ID          string `json:"id"`
+	Holder      string `json:"holder,omitempty"`
+	Size        int64  `json:"size"`
+	Fingerprint uint64 `json:"fingerprint"`
+	Durable     bool   `json:"durable,omitempty"`
+	// Location is the transfer address of the store that holds the copy.
+	Location string `json:"location,omitempty"`
+}
+
+// Error kinds of the agent's object API.
+const (
+	// KindTooLarge: a put larger than the store's object size limit (object.ErrTooLarge,
+	// HTTP 413, the limit named in the message): the putter may store it in parts instead.
+	KindTooLarge = "too_large"
+	// KindOwnerDied: the object's owner ended, and it with it (object.ErrOwnerDied, HTTP 410).
+	KindOwnerDied = "owner_died"
+	// KindObjectLost: no copy of the object is left (object.ErrLost, HTTP 410).
+	KindObjectLost = "object_lost"
+)

@@ -182,141 +182,229 @@ func holds(s api.GangState) bool {
 // give the same state.
 func Build(in Inputs) State {
 	st := State{Time: in.Now, Leader: in.Leader, ServedBy: in.ServedBy, Leading: in.Leading, Revision: in.Revision, Heads: in.Heads}
-	machines := append([]api.Machine(nil), in.Machines...)
+	machines := sortMachines(in.Machines)
+	cards := holdingsOf(in.Gangs)
+	st.Racks = buildRacks(machines, layoutOf(machines), cards.holders, in.Loads, &st.Totals)
+	facts := gangFacts{gpus: cards.perGang, ready: readyRanks(in.Gangs, in.Workers), ckpts: checkpointsOf(in.Checkpoints),
+		reasons: in.Reasons, progress: in.Progress}
+	st.Gangs, st.Queues = buildGangs(in.Gangs, facts, &st.Totals)
+	st.Jobs = buildJobs(in.Jobs, st.Gangs)
+	return st
+}
+
+// sortMachines returns a copy of the machines by rack, then name.
+func sortMachines(ms []api.Machine) []api.Machine {
+	machines := append([]api.Machine(nil), ms...)
 	sort.Slice(machines, func(i, j int) bool {
 		if machines[i].Rack != machines[j].Rack {
 			return machines[i].Rack < machines[j].Rack
 		}
 		return machines[i].Name < machines[j].Name
 	})
-	// Islands: the topology of every machine with a spec, dead ones included (drawn grey).
-	var tc *topology.Cluster
+	return machines
+}
+
+// layout is the cluster's topology as far as the machines' specs give it: byName is empty
+// when no machine has a spec or the topology could not be built (GPUs are then drawn
+// without islands).
+type layout struct {
+	tc     *topology.Cluster
+	byName map[string]*topology.Machine
+}
+
+// layoutOf builds the topology of every machine with a spec, dead ones included (drawn grey).
+func layoutOf(machines []api.Machine) layout {
 	var insts []topology.MachineInstance
 	for _, m := range machines {
 		if m.Spec != nil {
 			insts = append(insts, topology.MachineInstance{Name: m.Name, Rack: m.Rack, Spec: m.Spec, Discovered: !m.Simulated})
 		}
 	}
+	l := layout{byName: map[string]*topology.Machine{}}
 	if len(insts) > 0 {
-		tc, _ = topology.BuildMachines(insts, topology.NetworkSpec{}) // nil: GPUs are drawn without islands
+		l.tc, _ = topology.BuildMachines(insts, topology.NetworkSpec{})
 	}
-	byName := map[string]*topology.Machine{}
-	if tc != nil {
-		for _, m := range tc.Machines {
-			byName[m.Name] = m
+	if l.tc != nil {
+		for _, m := range l.tc.Machines {
+			l.byName[m.Name] = m
 		}
 	}
-	// Who holds which card.
-	type cardKey struct {
-		machine string
-		index   int
+	return l
+}
+
+// gpu describes card i of m (which has a spec with more than i GPUs) and returns the
+// cluster-wide island it is in, -1 when the topology does not know it.
+func (l layout) gpu(m *api.Machine, i int) (GPU, int) {
+	gs := m.Spec.GPUs[i]
+	gpu := GPU{Index: i, ID: -1, UUID: gs.UUID, Model: gs.Model, MemoryMiB: gs.MemoryMiB}
+	tm := l.byName[m.Name]
+	if tm == nil || i >= len(tm.GPUs) {
+		return gpu, -1
 	}
-	holders := map[cardKey][]Holder{}
-	gangGPUs := map[string]int{}
-	for _, g := range in.Gangs {
+	gpu.ID, gpu.UUID = tm.GPUs[i].ID, tm.GPUs[i].UUID
+	for _, mi := range tm.GPUs[i].MIG {
+		gpu.MIG = append(gpu.MIG, mi.Profile)
+	}
+	return gpu, l.tc.IslandOf(tm.GPUs[i].ID)
+}
+
+// cardKey names one card of one machine.
+type cardKey struct {
+	machine string
+	index   int
+}
+
+// holdings is who holds which card.
+type holdings struct {
+	holders map[cardKey][]Holder
+	perGang map[string]int // cards held, by gang key (a card counts once per member on it)
+}
+
+// holdingsOf collects the cards of the gangs that hold their placement.
+func holdingsOf(gangs []api.Gang) holdings {
+	h := holdings{holders: map[cardKey][]Holder{}, perGang: map[string]int{}}
+	for _, g := range gangs {
 		if !holds(g.State) || g.Placement == nil {
 			continue
 		}
 		key := g.Spec.Key()
 		for rank, m := range g.Placement.Members {
 			for _, idx := range m.GPUs {
-				h := Holder{Gang: key, Rank: rank, MIG: m.MIG}
+				hd := Holder{Gang: key, Rank: rank, MIG: m.MIG}
 				if m.Milli > 0 && m.Milli < 1000 {
-					h.Milli = m.Milli
+					hd.Milli = m.Milli
 				}
-				holders[cardKey{m.Machine, idx}] = append(holders[cardKey{m.Machine, idx}], h)
-				gangGPUs[key]++
+				h.holders[cardKey{m.Machine, idx}] = append(h.holders[cardKey{m.Machine, idx}], hd)
+				h.perGang[key]++
 			}
 		}
 	}
-	var util, utilN, measured, measuredN, cpu, mem float64
+	return h
+}
+
+// buildRacks draws the (sorted) machines rack by rack, adding their cards, loads and
+// stores into t.
+func buildRacks(machines []api.Machine, lay layout, holders map[cardKey][]Holder, loads map[string]api.LoadReport, t *Totals) []Rack {
+	var racks []Rack
 	rackIdx := map[int]int{}
-	for _, m := range machines {
-		mv := Machine{Name: m.Name, Rack: m.Rack, Alive: m.Alive, Reason: m.Reason, Simulated: m.Simulated, GPUs: m.NumGPUs(), Agent: m.Agent.API}
-		if m.Spec != nil {
-			mv.Type = m.Spec.Name
-			if len(m.Spec.GPUs) > 0 {
-				mv.Model = m.Spec.GPUs[0].Model
-			}
-		}
-		tm := byName[m.Name]
-		islandPos := map[int]int{}
-		for i := 0; i < mv.GPUs; i++ {
-			gs := m.Spec.GPUs[i]
-			gpu := GPU{Index: i, ID: -1, UUID: gs.UUID, Model: gs.Model, MemoryMiB: gs.MemoryMiB, Holders: holders[cardKey{m.Name, i}]}
-			island := -1
-			if tm != nil && i < len(tm.GPUs) {
-				gpu.ID, gpu.UUID = tm.GPUs[i].ID, tm.GPUs[i].UUID
-				island = tc.IslandOf(tm.GPUs[i].ID)
-				for _, mi := range tm.GPUs[i].MIG {
-					gpu.MIG = append(gpu.MIG, mi.Profile)
-				}
-			}
-			pos, ok := islandPos[island]
-			if !ok {
-				pos = len(mv.Islands)
-				islandPos[island] = pos
-				mv.Islands = append(mv.Islands, Island{ID: island})
-			}
-			mv.Islands[pos].GPUs = append(mv.Islands[pos].GPUs, gpu)
-			if m.Alive {
-				st.Totals.GPUs++
-				if len(gpu.Holders) > 0 {
-					st.Totals.Allocated++
-					if gpu.Holders[0].Milli > 0 || gpu.Holders[0].MIG != "" {
-						st.Totals.Shared++
-					}
-				} else {
-					mv.Free++
-				}
-			}
-		}
-		st.Totals.Machines++
+	var sums loadSums
+	for i := range machines {
+		m := &machines[i]
+		mv := machineView(m, lay, holders)
+		t.Machines++
 		if m.Alive {
-			st.Totals.MachinesAlive++
-			if l, ok := in.Loads[m.Name]; ok {
+			t.MachinesAlive++
+			t.addCards(&mv)
+			if l, ok := loads[m.Name]; ok {
 				ld := l.Load
-				mv.Load = &ld
-				mv.Store = l.Store
-				util += ld.GPU
-				utilN++
-				cpu += ld.CPU
-				mem += ld.Mem
-				if ld.GPUMeasured {
-					measured += ld.GPU
-					measuredN++
-				}
-				if s := l.Store; s != nil {
-					st.Totals.StoreHot += s.HotBytes
-					st.Totals.StoreCold += s.ColdBytes
-					st.Totals.StoreCapacity += s.CapacityBytes
-					st.Totals.TransferBytes += s.ServedBytes + s.PulledBytes
-				}
+				mv.Load, mv.Store = &ld, l.Store
+				sums.add(ld)
+				t.addStore(l.Store)
 			}
 		}
 		ri, ok := rackIdx[m.Rack]
 		if !ok {
-			ri = len(st.Racks)
+			ri = len(racks)
 			rackIdx[m.Rack] = ri
-			st.Racks = append(st.Racks, Rack{Rack: m.Rack})
+			racks = append(racks, Rack{Rack: m.Rack})
 		}
-		st.Racks[ri].Machines = append(st.Racks[ri].Machines, mv)
+		racks[ri].Machines = append(racks[ri].Machines, mv)
 	}
-	st.Totals.Free = st.Totals.GPUs - st.Totals.Allocated
-	if utilN > 0 {
-		st.Totals.UtilReported = ptr(util / utilN)
-		st.Totals.CPU, st.Totals.Mem = ptr(cpu/utilN), ptr(mem/utilN)
+	t.Free = t.GPUs - t.Allocated
+	sums.averages(t)
+	return racks
+}
+
+// machineView draws a machine with its cards grouped by island, in the order the islands
+// first appear (Free is left to Totals.addCards: only alive machines have free cards).
+func machineView(m *api.Machine, lay layout, holders map[cardKey][]Holder) Machine {
+	mv := Machine{Name: m.Name, Rack: m.Rack, Alive: m.Alive, Reason: m.Reason, Simulated: m.Simulated, GPUs: m.NumGPUs(), Agent: m.Agent.API}
+	if m.Spec != nil {
+		mv.Type = m.Spec.Name
+		if len(m.Spec.GPUs) > 0 {
+			mv.Model = m.Spec.GPUs[0].Model
+		}
 	}
-	if measuredN > 0 {
-		st.Totals.UtilMeasured = ptr(measured / measuredN)
+	islandPos := map[int]int{}
+	for i := 0; i < mv.GPUs; i++ {
+		gpu, island := lay.gpu(m, i)
+		gpu.Holders = holders[cardKey{m.Name, i}]
+		pos, ok := islandPos[island]
+		if !ok {
+			pos = len(mv.Islands)
+			islandPos[island] = pos
+			mv.Islands = append(mv.Islands, Island{ID: island})
+		}
+		mv.Islands[pos].GPUs = append(mv.Islands[pos].GPUs, gpu)
 	}
-	// Gangs, with their ready workers and checkpoints.
+	return mv
+}
+
+// addCards counts an alive machine's cards: held (and shared) ones into t, free ones into
+// both t (through Free = GPUs - Allocated) and the machine.
+func (t *Totals) addCards(mv *Machine) {
+	for _, is := range mv.Islands {
+		for _, gpu := range is.GPUs {
+			t.GPUs++
+			if len(gpu.Holders) == 0 {
+				mv.Free++
+				continue
+			}
+			t.Allocated++
+			if gpu.Holders[0].Milli > 0 || gpu.Holders[0].MIG != "" {
+				t.Shared++
+			}
+		}
+	}
+}
+
+// addStore adds a machine's object store and transfer figures (nil: none reported).
+func (t *Totals) addStore(s *api.StoreUsage) {
+	if s == nil {
+		return
+	}
+	t.StoreHot += s.HotBytes
+	t.StoreCold += s.ColdBytes
+	t.StoreCapacity += s.CapacityBytes
+	t.TransferBytes += s.ServedBytes + s.PulledBytes
+}
+
+// loadSums sums the alive machines' load reports for the cluster's averages.
+type loadSums struct {
+	util, cpu, mem, n   float64
+	measured, measuredN float64
+}
+
+func (s *loadSums) add(ld api.Load) {
+	s.util += ld.GPU
+	s.n++
+	s.cpu += ld.CPU
+	s.mem += ld.Mem
+	if ld.GPUMeasured {
+		s.measured += ld.GPU
+		s.measuredN++
+	}
+}
+
+// averages sets t's utilization, CPU and memory averages; each stays nil without reports.
+func (s *loadSums) averages(t *Totals) {
+	if s.n > 0 {
+		t.UtilReported = ptr(s.util / s.n)
+		t.CPU, t.Mem = ptr(s.cpu/s.n), ptr(s.mem/s.n)
+	}
+	if s.measuredN > 0 {
+		t.UtilMeasured = ptr(s.measured / s.measuredN)
+	}
+}
+
+// readyRanks returns, by gang key, the ranks whose worker is of the gang's generation.
+func readyRanks(gangs []api.Gang, workers []api.Worker) map[string]map[int]bool {
 	ready := map[string]map[int]bool{}
 	gen := map[string]int{}
-	for _, g := range in.Gangs {
+	for _, g := range gangs {
 		gen[g.Spec.Key()] = g.Generation
 	}
-	for _, w := range in.Workers {
+	for _, w := range workers {
 		key := w.Job + "/" + w.Gang
 		if gw, ok := gen[key]; ok && gw == w.Generation {
 			if ready[key] == nil {
@@ -325,13 +413,20 @@ func Build(in Inputs) State {
 			ready[key][w.Rank] = true
 		}
 	}
-	type ckpt struct {
-		n    int
-		last int64
-		at   time.Time
-	}
+	return ready
+}
+
+// ckpt is what the dashboard shows of a gang's checkpoints.
+type ckpt struct {
+	n    int
+	last int64 // the newest step, -1 for none
+	at   time.Time
+}
+
+// checkpointsOf sums the checkpoints by gang key.
+func checkpointsOf(cps []api.Checkpoint) map[string]*ckpt {
 	ckpts := map[string]*ckpt{}
-	for _, c := range in.Checkpoints {
+	for _, c := range cps {
 		key := c.Job + "/" + c.Gang
 		k := ckpts[key]
 		if k == nil {
@@ -343,69 +438,112 @@ func Build(in Inputs) State {
 			k.last, k.at = c.Step, c.Time
 		}
 	}
+	return ckpts
+}
+
+// gangFacts are what Build knows of the gangs beyond their records, by gang key.
+type gangFacts struct {
+	gpus     map[string]int
+	ready    map[string]map[int]bool
+	ckpts    map[string]*ckpt
+	reasons  map[string]string // leader-only, nil on a follower
+	progress map[string]api.Progress
+}
+
+// view is a gang's line.
+func (f gangFacts) view(g api.Gang) Gang {
+	key := g.Spec.Key()
+	q := g.Spec.Queue
+	if q == "" {
+		q = DefaultQueue
+	}
+	gv := Gang{Key: key, Job: g.Spec.Job, Name: g.Spec.Name, State: g.State, Reason: g.Reason, Queue: q, Priority: g.Spec.Priority,
+		Workers: g.Spec.Workers, GPUs: f.gpus[key], Generation: g.Generation, Restarts: g.Restarts, Created: g.Created,
+		Updated: g.Updated, RestartAt: g.RestartAt, Placement: g.Placement, Resources: g.Spec.Resources, LastCheckpoint: -1}
+	if holds(g.State) {
+		gv.Ready = len(f.ready[key])
+	}
+	if g.State == api.GangPending {
+		if r, ok := f.reasons[key]; ok && r != "" {
+			gv.Reason = r
+		}
+	}
+	if c := f.ckpts[key]; c != nil {
+		gv.Checkpoints, gv.LastCheckpoint, gv.CheckpointAt = c.n, c.last, c.at
+	}
+	if p, ok := f.progress[key]; ok {
+		gv.Progress = &p
+	}
+	return gv
+}
+
+// buildGangs returns the gangs' lines (live first) and their queues (by name), counting
+// the gangs by state into t.
+func buildGangs(gangs []api.Gang, f gangFacts, t *Totals) ([]Gang, []Queue) {
+	var out []Gang
 	queues := map[string]*Queue{}
-	jobGangs := map[string]int{}
-	for _, g := range in.Gangs {
-		key := g.Spec.Key()
-		q := g.Spec.Queue
-		if q == "" {
-			q = DefaultQueue
+	for _, g := range gangs {
+		gv := f.view(g)
+		out = append(out, gv)
+		t.countGang(g.State)
+		q := queues[gv.Queue]
+		if q == nil {
+			q = &Queue{Name: gv.Queue}
+			queues[gv.Queue] = q
 		}
-		gv := Gang{Key: key, Job: g.Spec.Job, Name: g.Spec.Name, State: g.State, Reason: g.Reason, Queue: q, Priority: g.Spec.Priority,
-			Workers: g.Spec.Workers, GPUs: gangGPUs[key], Generation: g.Generation, Restarts: g.Restarts, Created: g.Created,
-			Updated: g.Updated, RestartAt: g.RestartAt, Placement: g.Placement, Resources: g.Spec.Resources, LastCheckpoint: -1}
-		if holds(g.State) {
-			gv.Ready = len(ready[key])
-		}
-		if g.State == api.GangPending {
-			if r, ok := in.Reasons[key]; ok && r != "" {
-				gv.Reason = r
-			}
-		}
-		if c := ckpts[key]; c != nil {
-			gv.Checkpoints, gv.LastCheckpoint, gv.CheckpointAt = c.n, c.last, c.at
-		}
-		if p, ok := in.Progress[key]; ok {
-			gv.Progress = &p
-		}
-		st.Gangs = append(st.Gangs, gv)
-		jobGangs[g.Spec.Job]++
-		qq := queues[q]
-		if qq == nil {
-			qq = &Queue{Name: q}
-			queues[q] = qq
-		}
-		qq.Priority = max(qq.Priority, g.Spec.Priority)
-		switch g.State {
-		case api.GangPending:
-			st.Totals.Pending++
-			qq.Pending++
-		case api.GangStarting:
-			st.Totals.Starting++
-		case api.GangRunning:
-			st.Totals.Running++
-		case api.GangRestarting:
-			st.Totals.Restarting++
-		case api.GangFailed:
-			st.Totals.Failed++
-		case api.GangStopped:
-			st.Totals.Stopped++
-		}
-		if holds(g.State) {
-			qq.Running++
-			qq.GPUs += gangGPUs[key]
-		}
+		q.add(gv)
 	}
-	sort.Slice(st.Gangs, func(i, j int) bool { return lessGang(st.Gangs[i], st.Gangs[j]) })
+	sort.Slice(out, func(i, j int) bool { return lessGang(out[i], out[j]) })
+	var qs []Queue
 	for _, q := range queues {
-		st.Queues = append(st.Queues, *q)
+		qs = append(qs, *q)
 	}
-	sort.Slice(st.Queues, func(i, j int) bool { return st.Queues[i].Name < st.Queues[j].Name })
-	for _, j := range in.Jobs {
-		st.Jobs = append(st.Jobs, Job{Name: j.Name, State: j.State, Driver: j.Driver, Submitted: j.Submitted, Gangs: jobGangs[j.Name]})
+	sort.Slice(qs, func(i, j int) bool { return qs[i].Name < qs[j].Name })
+	return out, qs
+}
+
+// countGang counts a gang in its state.
+func (t *Totals) countGang(s api.GangState) {
+	switch s {
+	case api.GangPending:
+		t.Pending++
+	case api.GangStarting:
+		t.Starting++
+	case api.GangRunning:
+		t.Running++
+	case api.GangRestarting:
+		t.Restarting++
+	case api.GangFailed:
+		t.Failed++
+	case api.GangStopped:
+		t.Stopped++
 	}
-	sort.Slice(st.Jobs, func(i, j int) bool { return st.Jobs[i].Name < st.Jobs[j].Name })
-	return st
+}
+
+// add counts a gang of the queue.
+func (q *Queue) add(g Gang) {
+	q.Priority = max(q.Priority, g.Priority)
+	if g.State == api.GangPending {
+		q.Pending++
+	}
+	if holds(g.State) {
+		q.Running++
+		q.GPUs += g.GPUs
+	}
+}
+
+// buildJobs returns the jobs' lines by name, each with its number of gangs.
+func buildJobs(jobs []api.Job, gangs []Gang) []Job {
+	perJob := map[string]int{}
+	for _, g := range gangs {
+		perJob[g.Job]++
+	}
+	var out []Job
+	for _, j := range jobs {
+		out = append(out, Job{Name: j.Name, State: j.State, Driver: j.Driver, Submitted: j.Submitted, Gangs: perJob[j.Name]})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
 }
 
 // lessGang orders live gangs first (running before pending), then by key.

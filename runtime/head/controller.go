@@ -3,15 +3,26 @@
 // restarts and the machines' membership, and it serves the cluster's HTTP API (on every
 // replica; followers redirect control requests to the leader).
 //
-// The controller's state is a cache of the log. When its replica becomes leader it reads
-// the log's tables (machines, jobs, gangs, workers) and rebuilds the scheduler from them, as
-// kube-scheduler rebuilds its cache from informers: the scheduler core is the single source
-// of truth for GPU occupancy. Every decision is committed to the log before it takes
-// effect: agents start and stop worker processes only from what the log says, and drivers
-// are answered only after the commit. No lock is held across a consensus round: a decision
-// is made under the controller's lock, applied to the cache (so that concurrent decisions
-// see the capacity it took), and committed after the lock is released, guarded by the
-// versions it read; if a commit fails the cache is dropped and rebuilt from the log.
+// The controller's state is a cache of the log, and everything a decision depends on is
+// in the log: each gang's submission sequence, aging inputs and the rest of its scheduling
+// record (api.Gang.Sched), the machines' cordons and drains (api.Cordon), the restart
+// costs learned per GPU model (api.LearnedCosts, committed in batches), the workload
+// learned from submissions, the operator's queues, the leader term. Only load reports and
+// heartbeats stay in the leader's memory. When its replica becomes leader the controller
+// commits the next term, reads the log's tables and builds the scheduler core from them
+// (gang.Restore with each gang's record, the cost model, the learned workload), so that it
+// decides exactly as the old leader would have; from then on every change reaches the core
+// as a delta (machines joining and leaving: Reshape; cordons: SetUnschedulable; queues:
+// Reconfigure; a commit refused: the records it touched are read back and those gangs
+// restored), never as a rebuild.
+//
+// Every decision is committed to the log before it takes effect: agents start and stop
+// worker processes only from what the log says, and drivers are answered only after the
+// commit. No lock is held across a consensus round: a decision is made under the
+// controller's lock and applied to the cache (so that later decisions see the capacity it
+// took); its commit is queued in decision order, and one committer per term proposes the
+// queue in batches (one transaction for the decisions queued meanwhile), guarded by the
+// versions they read.
 package head
 
 import (
@@ -19,7 +30,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -56,6 +69,9 @@ type ControllerConfig struct {
 	// FlapMemory is how long a machine that gossip had down and that came back keeps its
 	// longer GossipConfirm (doubled per comeback). Default 1 min.
 	FlapMemory time.Duration
+	// CostFlush bounds how long a learned restart cost waits before it is committed: the
+	// measurements of that time go in one commit. Default 1 s.
+	CostFlush time.Duration
 	// Logger (default no-op).
 	Logger *zap.Logger
 }
@@ -111,11 +127,9 @@ type Controller struct {
 
 	mu       sync.Mutex
 	t        *term
-	terms    int
 	watchers []chan struct{} // told on every change (tests, status)
 
 	membership    func() map[string]bool  // machines gossip knows dead; nil without membership
-	cordoned      map[string]bool         // machines that take no new gangs (pools draining them)
 	poolStatus    func() *api.PoolsStatus // the pools runner's status; nil without pools
 	poolInterrupt func(machine string, after time.Duration) error
 
@@ -128,14 +142,17 @@ type Controller struct {
 
 // term is the controller's state while its replica leads.
 type term struct {
-	id       int
+	id       int64 // the leader term it committed (api.ControlTerm)
+	termVer  int64 // the version of the term record it read
 	machines map[string]*machineEntry
 	jobs     map[string]*jobEntry
 	gangs    map[string]*gangEntry
+	cordons  map[string]*api.Cordon
 	sched    *gang.Scheduler
 	topo     *topology.Cluster
 	order    []string       // scheduler node index -> machine name
 	index    map[string]int // machine name -> scheduler node index
+	specs    []string       // scheduler node index -> the machine spec it was built from (JSON)
 	timers   map[string]*time.Timer
 	loads    map[string]api.LoadReport
 	detect   *failureDetector // the machines' liveness evidence (detect.go)
@@ -143,14 +160,24 @@ type term struct {
 	// log (confVer its version, 0 when none was ever set).
 	conf    api.SchedulerConfig
 	confVer int64
-	// ckpt is what the gangs reported of their checkpoints, by gang key.
+	// ckpt is the gangs' newest checkpoints, by gang key (from their manifests in the log).
 	ckpt map[string]ckptInfo
+	// seq is the highest gang submission sequence given out.
+	seq int64
+	// costsDirty are the GPU models whose learned costs changed since they were last
+	// committed; costsTimer commits them.
+	costsDirty map[string]bool
+	costsTimer *time.Timer
 	// cycleAt is when a cycle is armed (cycleTimer), for the scheduler's NextCycle.
 	cycleAt    time.Time
 	cycleTimer *time.Timer
+	// The commit queue (commit.go): decisions in the order they were made.
+	queue []*queuedWork
+	kick  chan struct{}
+	ended chan struct{}
 }
 
-// ckptInfo is a gang's newest reported checkpoint.
+// ckptInfo is a gang's newest checkpoint.
 type ckptInfo struct {
 	at    time.Time
 	step  int64
@@ -196,6 +223,9 @@ func NewController(cfg ControllerConfig, rep *paxos.Replica, sm *metaserver.Stat
 	}
 	if cfg.FlapMemory == 0 {
 		cfg.FlapMemory = time.Minute
+	}
+	if cfg.CostFlush == 0 {
+		cfg.CostFlush = time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
@@ -282,6 +312,16 @@ func (c *Controller) Leading() bool {
 	return c.t != nil
 }
 
+// Term returns the leader term of the controller's term, or 0 when it does not lead.
+func (c *Controller) Term() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.t == nil {
+		return 0
+	}
+	return c.t.id
+}
+
 // Changed returns a channel closed at the next change of the controller's state.
 func (c *Controller) Changed() <-chan struct{} {
 	c.mu.Lock()
@@ -305,22 +345,30 @@ func (c *Controller) dropTerm(why string) {
 }
 
 func (c *Controller) dropTermLocked(why string) {
-	if c.t == nil {
+	t := c.t
+	if t == nil {
 		return
 	}
-	for _, tm := range c.t.timers {
+	for _, tm := range t.timers {
 		tm.Stop()
 	}
-	if c.t.cycleTimer != nil {
-		c.t.cycleTimer.Stop()
+	if t.cycleTimer != nil {
+		t.cycleTimer.Stop()
 	}
-	c.log.Info("control plane term ends", zap.Int("term", c.t.id), zap.String("why", why))
+	if t.costsTimer != nil {
+		t.costsTimer.Stop()
+	}
+	close(t.ended)
+	c.log.Info("control plane term ends", zap.Int64("term", t.id), zap.String("why", why))
 	c.t = nil
 	c.notifyLocked()
 }
 
 // notLeader is the error of a call to a replica that does not lead.
 func (c *Controller) notLeader() error {
+	if err := c.rep.Err(); err != nil {
+		return fmt.Errorf("%w: this head cannot write its log, it takes no part until it can (%v)", api.ErrUnavailable, err)
+	}
 	st := c.rep.Status()
 	if st.Role == paxos.Leader {
 		return fmt.Errorf("%w: the new leader is loading the cluster's state", api.ErrUnavailable)
@@ -347,7 +395,8 @@ func (c *Controller) lockTerm() (*term, error) {
 	return c.t, nil
 }
 
-// buildTerm loads the log's tables and rebuilds the scheduler from them.
+// buildTerm takes office: it reads the log's tables, commits the next leader term, and
+// builds the scheduler core from the records (the one full build of a term).
 func (c *Controller) buildTerm() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -355,11 +404,27 @@ func (c *Controller) buildTerm() error {
 		return err
 	}
 	now := c.cfg.Clock()
-	c.mu.Lock()
-	c.terms++
-	t := &term{id: c.terms, machines: map[string]*machineEntry{}, jobs: map[string]*jobEntry{}, gangs: map[string]*gangEntry{},
-		index: map[string]int{}, timers: map[string]*time.Timer{}, loads: map[string]api.LoadReport{}, ckpt: map[string]ckptInfo{}}
-	c.mu.Unlock()
+	t := &term{machines: map[string]*machineEntry{}, jobs: map[string]*jobEntry{}, gangs: map[string]*gangEntry{},
+		cordons: map[string]*api.Cordon{}, index: map[string]int{}, timers: map[string]*time.Timer{}, loads: map[string]api.LoadReport{},
+		ckpt: map[string]ckptInfo{}, costsDirty: map[string]bool{},
+		kick: make(chan struct{}, 1), ended: make(chan struct{})}
+	// The term first: a head takes office by committing the next leader term, before it
+	// reads the tables it decides from (a head that believed it led and decided meanwhile
+	// had its decisions ordered before it, or refused).
+	var prev api.ControlTerm
+	var termVer int64
+	if kv, ok := c.sm.Get(api.TermKey); ok {
+		if err := json.Unmarshal(kv.Value, &prev); err != nil {
+			return fmt.Errorf("head: %s: %w", api.TermKey, err)
+		}
+		termVer = kv.Version
+	}
+	t.id = prev.Term + 1
+	if err := c.commit(ctx, []meta.Compare{{Key: api.TermKey, Version: termVer}},
+		[]meta.Op{putJSON(api.TermKey, api.ControlTerm{Term: t.id, Leader: c.rep.Status().ID, Since: now})}); err != nil {
+		return fmt.Errorf("head: commit leader term %d: %w", t.id, err)
+	}
+	t.termVer = termVer + 1
 	t.conf = defaultSchedulerConfig()
 	if kv, ok := c.sm.Get(api.SchedulerConfigKey); ok {
 		var conf api.SchedulerConfig
@@ -379,6 +444,13 @@ func (c *Controller) buildTerm() error {
 			return fmt.Errorf("head: machine %s: %w", kv.Key, err)
 		}
 		t.machines[m.Name] = &machineEntry{rec: m, ver: kv.Version}
+	}
+	for _, kv := range c.sm.Range(api.CordonsPrefix) {
+		var cd api.Cordon
+		if err := json.Unmarshal(kv.Value, &cd); err != nil {
+			return fmt.Errorf("head: cordon %s: %w", kv.Key, err)
+		}
+		t.cordons[strings.TrimPrefix(kv.Key, api.CordonsPrefix)] = &cd
 	}
 	for _, kv := range c.sm.Range(api.TableJobs) {
 		var j api.Job
@@ -403,6 +475,17 @@ func (c *Controller) buildTerm() error {
 			e.ready[w.Rank] = w
 		}
 	}
+	for _, kv := range c.sm.Range(api.TableCheckpoints) {
+		var cp api.Checkpoint
+		if json.Unmarshal(kv.Value, &cp) != nil {
+			continue
+		}
+		key := cp.Job + "/" + cp.Gang
+		if old, ok := t.ckpt[key]; !ok || cp.Step >= old.step {
+			t.ckpt[key] = ckptInfo{at: cp.Time, step: cp.Step, bytes: cp.Bytes, save: time.Duration(cp.Save)}
+		}
+	}
+	assignSeqs(t)
 	prune := c.obs.events.Resume(c.sm.Range(api.TableEvents)) // continue the event log's sequence
 	c.mu.Lock()
 	if c.t != nil || c.rep.Status().Role != paxos.Leader {
@@ -410,6 +493,7 @@ func (c *Controller) buildTerm() error {
 		return nil
 	}
 	c.t = t
+	go c.commitLoop(t)
 	var dead map[string]bool
 	if c.membership != nil {
 		dead = c.membership()
@@ -418,6 +502,7 @@ func (c *Controller) buildTerm() error {
 	if len(prune) > 0 {
 		work = append(work, commitFn{what: "the event log's bound", ops: prune})
 	}
+	work = append(work, c.buildCoreLocked(t, now)...)
 	// A new leader has heard no machine yet: each gets a grace period from now. Machines
 	// that gossip had failed when this head became leader are dead once their silence
 	// confirms it (detect.go).
@@ -427,22 +512,43 @@ func (c *Controller) buildTerm() error {
 			t.detect.gossip(name, "failed", now)
 		}
 	}
-	work = append(work, c.rebuildLocked(t, now)...)
-	// Restarts that were waiting for their backoff when the last leader went away, and
-	// notices that were running.
-	for key, e := range t.gangs {
-		if e.rec.State == api.GangRestarting {
-			c.armRestartLocked(t, key, e.rec.Generation, e.rec.RestartAt)
-		}
-		if e.rec.Notice != nil && e.rec.State.Live() {
-			c.armNoticeLocked(t, e)
-		}
-	}
-	c.log.Info("control plane term starts", zap.Int("term", t.id), zap.Int("machines", len(t.machines)),
-		zap.Int("jobs", len(t.jobs)), zap.Int("gangs", len(t.gangs)))
+	work = append(work, c.cycleLocked(t, now)...)
+	c.log.Info("control plane term starts", zap.Int64("term", t.id), zap.Int("machines", len(t.machines)),
+		zap.Int("jobs", len(t.jobs)), zap.Int("gangs", len(t.gangs)), zap.Int("cordons", len(t.cordons)))
+	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.runCommits(ctx, t, work)
+	return c.await(ctx, ch)
+}
+
+// assignSeqs gives the gangs of a log written before submission sequences existed one,
+// in the order they were admitted (then by key), after every sequence already given: the
+// same on every leader that reads the same log.
+func assignSeqs(t *term) {
+	var legacy []*gangEntry
+	for _, e := range t.gangs {
+		if e.rec.Sched != nil && e.rec.Sched.Seq > 0 {
+			t.seq = max(t.seq, e.rec.Sched.Seq)
+		} else {
+			legacy = append(legacy, e)
+		}
+	}
+	sort.Slice(legacy, func(i, j int) bool {
+		a, b := legacy[i].rec, legacy[j].rec
+		if !a.Created.Equal(b.Created) {
+			return a.Created.Before(b.Created)
+		}
+		return a.Spec.Key() < b.Spec.Key()
+	})
+	for _, e := range legacy {
+		t.seq++
+		s := api.GangSched{Seq: t.seq, Queued: e.rec.Updated}
+		if e.rec.Sched != nil {
+			s = *e.rec.Sched
+			s.Seq = t.seq
+		}
+		e.rec.Sched = &s
+	}
 }
 
 // commitFn is a decision to commit: its compares and ops, and what to do once it is
@@ -455,59 +561,7 @@ type commitFn struct {
 	events []api.Event
 }
 
-// runCommits commits decisions in order; a failure drops the term (the cache may be wrong).
-func (c *Controller) runCommits(ctx context.Context, t *term, work []commitFn) error {
-	for _, w := range work {
-		ops := w.ops
-		if len(w.events) > 0 {
-			ops = append(ops[:len(ops):len(ops)], c.obs.events.Ops(w.events)...)
-		}
-		if err := c.commit(ctx, w.cmp, ops); err != nil {
-			c.mu.Lock()
-			if c.t == t {
-				c.dropTermLocked(fmt.Sprintf("commit of %s failed: %v", w.what, err))
-			}
-			c.mu.Unlock()
-			return fmt.Errorf("head: commit %s: %w", w.what, err)
-		}
-		c.obs.committed(w.events)
-	}
-	return nil
-}
-
 var errConflict = errors.New("head: a record changed under the decision")
-
-// commit proposes one transaction through the log and waits until it is chosen.
-func (c *Controller) commit(ctx context.Context, cmp []meta.Compare, ops []meta.Op) error {
-	if len(ops) == 0 {
-		return nil
-	}
-	data, err := json.Marshal(meta.Request{Compares: cmp, Ops: ops})
-	if err != nil {
-		return err
-	}
-	start := time.Now()
-	out, err := c.rep.Propose(ctx, data)
-	c.obs.commitTook(time.Since(start), err)
-	if err != nil {
-		var nl *paxos.NotLeaderError
-		if errors.As(err, &nl) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", api.ErrUnavailable, err)
-	}
-	var resp meta.Response
-	if err := json.Unmarshal(out, &resp); err != nil {
-		return fmt.Errorf("head: decode commit answer: %w", err)
-	}
-	if resp.Error != "" {
-		return fmt.Errorf("head: commit refused: %s", resp.Error)
-	}
-	if !resp.Succeeded {
-		return fmt.Errorf("%w: %w", api.ErrUnavailable, errConflict)
-	}
-	return nil
-}
 
 func putJSON(key string, v any) meta.Op {
 	b, _ := json.Marshal(v)
@@ -515,22 +569,70 @@ func putJSON(key string, v any) meta.Op {
 }
 
 // gangCommitLocked records a new state of a gang in the cache and returns its commit,
-// guarded by the version the decision read.
-func gangCommitLocked(e *gangEntry, rec api.Gang, what string, extra ...meta.Op) commitFn {
+// guarded by the version the decision read. The record carries the scheduler's record of
+// the gang as it stands now (its sequence, aging inputs, attained service...).
+func (c *Controller) gangCommitLocked(t *term, e *gangEntry, rec api.Gang, what string, extra ...meta.Op) commitFn {
 	key := api.TableGangs + rec.Spec.Key()
 	cmp := []meta.Compare{{Key: key, Version: e.ver}}
+	rec.Sched = c.schedRecordLocked(t, rec.Spec.Key(), rec.Sched)
 	evs := events.FromGang(&e.rec, rec)
 	e.rec = rec
 	e.ver++
 	return commitFn{what: what, cmp: cmp, ops: append([]meta.Op{putJSON(key, rec)}, extra...), events: evs}
 }
 
-// rebuildLocked builds a scheduler over the alive machines, adopts every placed gang, and
-// queues every gang that waits; gangs that cannot be adopted (a machine of theirs is gone)
-// restart elsewhere. It returns the commits of what changed, including the cycle's
-// placements.
-func (c *Controller) rebuildLocked(t *term, now time.Time) []commitFn {
-	var work []commitFn
+// schedRecordLocked is the core's record of a gang in the log's terms, or old when the
+// core does not hold the gang (it ended, or no machine is there yet).
+func (c *Controller) schedRecordLocked(t *term, key string, old *api.GangSched) *api.GangSched {
+	if t.sched == nil {
+		return old
+	}
+	r, err := t.sched.Record(key)
+	if err != nil {
+		return old
+	}
+	s := &api.GangSched{Seq: int64(r.Seq), Queued: r.Queued, Started: r.Started, Attained: r.Attained, AttainedAt: r.AttainedAt,
+		Progress: api.Duration(r.Progress), Evictions: r.Evictions, LastEvicted: r.LastEvicted, Resizes: r.Resizes, LastResized: r.LastResized,
+		Stopping: r.Stopping, KeptUntil: r.KeptUntil, ShrinkTo: r.ShrinkTo, ShrinkIndex: r.ShrinkIndex, FitSince: r.FitSince}
+	if r.Hold != nil {
+		s.Hold = &api.GangHold{Start: r.Hold.Start, SkipPermit: r.Hold.SkipPermit, Machines: []string{}}
+		for _, n := range r.Hold.Nodes {
+			if n >= 0 && n < len(t.order) {
+				s.Hold.Machines = append(s.Hold.Machines, t.order[n])
+			}
+		}
+	}
+	return s
+}
+
+// coreRecordLocked is the core's record of a gang from its log record.
+func coreRecordLocked(t *term, rec api.Gang) gang.Record {
+	r := gang.Record{Submitted: rec.Created, Queued: rec.Updated}
+	s := rec.Sched
+	if s == nil {
+		return r
+	}
+	r.Seq = int(s.Seq)
+	if !s.Queued.IsZero() {
+		r.Queued = s.Queued
+	}
+	r.Started, r.Attained, r.AttainedAt, r.Progress = s.Started, s.Attained, s.AttainedAt, time.Duration(s.Progress)
+	r.Evictions, r.LastEvicted, r.Resizes, r.LastResized = s.Evictions, s.LastEvicted, s.Resizes, s.LastResized
+	r.Stopping, r.KeptUntil, r.ShrinkTo, r.ShrinkIndex, r.FitSince = s.Stopping, s.KeptUntil, s.ShrinkTo, s.ShrinkIndex, s.FitSince
+	if h := s.Hold; h != nil {
+		r.Hold = &gang.Hold{Start: h.Start, SkipPermit: h.SkipPermit}
+		for _, m := range h.Machines {
+			if i, ok := t.index[m]; ok {
+				r.Hold.Nodes = append(r.Hold.Nodes, i)
+			}
+		}
+	}
+	return r
+}
+
+// desiredNodes lists the machines the scheduler schedules on: the alive ones with a
+// topology, by rack then name.
+func desiredNodes(t *term) []*machineEntry {
 	var alive []*machineEntry
 	for _, m := range t.machines {
 		if m.rec.Alive && m.rec.Spec != nil {
@@ -543,72 +645,154 @@ func (c *Controller) rebuildLocked(t *term, now time.Time) []commitFn {
 		}
 		return alive[i].rec.Name < alive[j].rec.Name
 	})
-	t.sched, t.topo, t.order, t.index = nil, nil, nil, map[string]int{}
-	if len(alive) > 0 {
-		insts := make([]topology.MachineInstance, len(alive))
-		for i, m := range alive {
-			insts[i] = topology.MachineInstance{Name: m.rec.Name, Rack: m.rec.Rack, Spec: m.rec.Spec, Discovered: !m.rec.Simulated}
+	return alive
+}
+
+// snapshotLocked builds the topology of machines and the scheduler's snapshot of it
+// (cordons applied, simulated cards apart), with each machine's spec as built.
+func (c *Controller) snapshotLocked(t *term, ms []*machineEntry) (*topology.Cluster, gang.Snapshot, []string, error) {
+	if len(ms) == 0 {
+		return nil, gang.Snapshot{}, nil, nil
+	}
+	insts := make([]topology.MachineInstance, len(ms))
+	specs := make([]string, len(ms))
+	for i, m := range ms {
+		insts[i] = topology.MachineInstance{Name: m.rec.Name, Rack: m.rec.Rack, Spec: m.rec.Spec, Discovered: !m.rec.Simulated}
+		b, _ := json.Marshal(struct {
+			Spec      *topology.MachineSpec
+			Rack      int
+			Simulated bool
+		}{m.rec.Spec, m.rec.Rack, m.rec.Simulated})
+		specs[i] = string(b)
+	}
+	tc, err := topology.BuildMachines(insts, topology.NetworkSpec{})
+	if err != nil {
+		return nil, gang.Snapshot{}, nil, err
+	}
+	snap := topoadapt.Snapshot(tc)
+	for i, m := range ms {
+		snap.Nodes[i].Unschedulable = t.cordons[m.rec.Name] != nil
+		if m.rec.Simulated { // their restart costs are learnt apart from real cards'
+			for g := range snap.Nodes[i].GPUs {
+				snap.Nodes[i].GPUs[g].Model += api.SimulatedSuffix
+			}
 		}
-		tc, err := topology.BuildMachines(insts, topology.NetworkSpec{})
-		if err != nil {
-			c.log.Error("the registered machines do not form a cluster", zap.Error(err))
-		} else {
-			snap := topoadapt.Snapshot(tc)
-			for i, m := range alive {
-				snap.Nodes[i].Unschedulable = c.cordoned[m.rec.Name]
-				if m.rec.Simulated { // their restart costs are learnt apart from real cards'
-					for g := range snap.Nodes[i].GPUs {
-						snap.Nodes[i].GPUs[g].Model += api.SimulatedSuffix
-					}
-				}
+	}
+	return tc, snap, specs, nil
+}
+
+// buildCoreLocked builds the scheduler core from the records: over the alive machines,
+// with the learned costs and workload, every gang restored with its record (placed gangs
+// on their cards, the others in their queues). It runs when a term starts, and when the
+// first machine of a term registers; afterwards the core only takes deltas. Gangs that
+// cannot be restored on their machines wait to be placed elsewhere.
+func (c *Controller) buildCoreLocked(t *term, now time.Time) []commitFn {
+	t.sched, t.topo, t.order, t.index, t.specs = nil, nil, nil, map[string]int{}, nil
+	ms := desiredNodes(t)
+	if len(ms) == 0 {
+		return nil
+	}
+	tc, snap, specs, err := c.snapshotLocked(t, ms)
+	if err != nil {
+		c.log.Error("the registered machines do not form a cluster", zap.Error(err))
+		return nil
+	}
+	costs := gang.DefaultCostModel()
+	for _, kv := range c.sm.Range(api.CostsPrefix) {
+		var lc api.LearnedCosts
+		if json.Unmarshal(kv.Value, &lc) != nil {
+			continue
+		}
+		for kind, l := range lc.Kinds {
+			k, err := costKind(kind)
+			if err == nil {
+				err = costs.SetLearned(gang.LearnedCost{Model: lc.GPUModel, Kind: k, Factor: l.Factor, Count: l.Count})
 			}
-			s, err := gang.New(c.schedulerConfig(t.conf), snap,
-				gang.WithCollectiveModel(topoadapt.NewModel(tc, topology.Best)), gang.WithLogger(c.log))
 			if err != nil {
-				c.log.Error("scheduler core", zap.Error(err))
-			} else {
-				t.sched, t.topo = s, tc
-				for i, m := range alive {
-					t.order = append(t.order, m.rec.Name)
-					t.index[m.rec.Name] = i
-				}
-				for name, l := range t.loads {
-					if i, ok := t.index[name]; ok {
-						_ = s.UpdateLoad(i, gang.Load{CPU: l.Load.CPU, GPU: l.Load.GPU, Mem: l.Load.Mem, Net: l.Load.Net})
-					}
-				}
+				c.log.Warn("a learned cost in the log is not valid; its default stands", zap.String("key", kv.Key), zap.Error(err))
 			}
+		}
+	}
+	s, err := gang.New(c.schedulerConfig(t.conf), snap, gang.WithCostModel(costs),
+		gang.WithCollectiveModel(topoadapt.NewModel(tc, topology.Best)), gang.WithLogger(c.log))
+	if err != nil {
+		c.log.Error("scheduler core", zap.Error(err))
+		return nil
+	}
+	if kv, ok := c.sm.Get(api.WorkloadKey); ok {
+		var w gang.LearnedWorkload
+		if err := json.Unmarshal(kv.Value, &w); err == nil {
+			s.SetLearnedWorkload(w)
+		}
+	}
+	s.AfterSeq(int(t.seq))
+	t.sched, t.topo, t.specs = s, tc, specs
+	for i, m := range ms {
+		t.order = append(t.order, m.rec.Name)
+		t.index[m.rec.Name] = i
+	}
+	for name, l := range t.loads {
+		if i, ok := t.index[name]; ok {
+			_ = s.UpdateLoad(i, gang.Load{CPU: l.Load.CPU, GPU: l.Load.GPU, Mem: l.Load.Mem, Net: l.Load.Net})
 		}
 	}
 	keys := make([]string, 0, len(t.gangs))
 	for k := range t.gangs {
 		keys = append(keys, k)
 	}
-	sort.Strings(keys)
+	sort.Strings(keys) // any order: the records say the queue order
+	var work []commitFn
 	for _, key := range keys {
-		e := t.gangs[key]
-		switch e.rec.State {
-		case api.GangStarting, api.GangRunning, api.GangRestarting:
-			if err := c.adoptLocked(t, e, now); err != nil {
-				work = append(work, c.lostLocked(t, e, err.Error(), now)...)
-			}
-		case api.GangPending:
-			if t.sched != nil {
-				req, err := c.coreRequestLocked(t, e.rec.Spec)
-				if err == nil {
-					_, err = t.sched.Submit(req, now)
-				}
-				if err != nil && !errors.Is(err, gang.ErrSaturated) {
-					work = append(work, c.failLocked(t, e, "can never be placed: "+err.Error(), now))
-				}
+		work = append(work, c.loadGangLocked(t, t.gangs[key], now)...)
+	}
+	return work
+}
+
+// loadGangLocked gives the core a gang of the log, with its record: a placed gang on its
+// cards (one that lost them waits to be placed elsewhere), a waiting one in its queue; it
+// arms its restart and notice timers.
+func (c *Controller) loadGangLocked(t *term, e *gangEntry, now time.Time) []commitFn {
+	var work []commitFn
+	switch e.rec.State {
+	case api.GangStarting, api.GangRunning, api.GangRestarting:
+		if t.sched != nil { // without machines it is adopted, or moved, when they register
+			if err := c.adoptLocked(t, e); err != nil {
+				return append(work, c.lostLocked(t, e, err.Error(), now)...)
 			}
 		}
+		// Restarts that were waiting for their backoff, notices that were running.
+		if e.rec.State == api.GangRestarting {
+			c.armRestartLocked(t, e.rec.Spec.Key(), e.rec.Generation, e.rec.RestartAt)
+		}
+		if e.rec.Notice != nil {
+			c.armNoticeLocked(t, e)
+		}
+	case api.GangPending:
+		if t.sched == nil {
+			break
+		}
+		if err := c.restorePendingLocked(t, e); err != nil {
+			work = append(work, c.failLocked(t, e, "can never be placed: "+err.Error(), now))
+		}
 	}
-	return append(work, c.cycleLocked(t, now)...)
+	return work
+}
+
+// restorePendingLocked queues a waiting gang of the log in the core, with its record.
+func (c *Controller) restorePendingLocked(t *term, e *gangEntry) error {
+	req, err := c.coreRequestLocked(t, e.rec.Spec)
+	if err != nil {
+		return err
+	}
+	if err := t.sched.Restore(req, coreRecordLocked(t, e.rec), nil); err != nil {
+		return err
+	}
+	c.checkpointToCoreLocked(t, e.rec.Spec.Key())
+	return nil
 }
 
 // adoptLocked tells the scheduler that a placed gang holds its cards (its active members).
-func (c *Controller) adoptLocked(t *term, e *gangEntry, now time.Time) error {
+func (c *Controller) adoptLocked(t *term, e *gangEntry) error {
 	if t.sched == nil || e.rec.Placement == nil {
 		return fmt.Errorf("no machine of its placement is alive")
 	}
@@ -625,18 +809,26 @@ func (c *Controller) adoptLocked(t *term, e *gangEntry, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	started := e.rec.Created
-	if e.rec.State == api.GangRunning || e.rec.State == api.GangStarting {
-		started = e.rec.Updated
+	rec := coreRecordLocked(t, e.rec)
+	if rec.Started.IsZero() { // a record of an older log
+		rec.Started = e.rec.Created
+		if e.rec.State == api.GangRunning || e.rec.State == api.GangStarting {
+			rec.Started = e.rec.Updated
+		}
 	}
-	if err := t.sched.Adopt(req, members, started); err != nil {
+	if err := t.sched.Restore(req, rec, members); err != nil {
 		return err
 	}
-	if ck, ok := t.ckpt[e.rec.Spec.Key()]; ok {
-		_ = t.sched.Checkpointed(e.rec.Spec.Key(), ck.at)
-		_ = t.sched.CheckpointMeasured(e.rec.Spec.Key(), ck.save, ck.bytes)
-	}
+	c.checkpointToCoreLocked(t, e.rec.Spec.Key())
 	return nil
+}
+
+// checkpointToCoreLocked tells the core of a gang's newest checkpoint.
+func (c *Controller) checkpointToCoreLocked(t *term, key string) {
+	if ck, ok := t.ckpt[key]; ok && t.sched != nil {
+		_ = t.sched.Checkpointed(key, ck.at)
+		_ = t.sched.CheckpointMeasured(key, ck.save, ck.bytes)
+	}
 }
 
 // coreMember is the core's view of one member of a gang.
@@ -645,7 +837,10 @@ func coreMember(s api.GangSpec) gang.Member {
 	if s.Resources.GPUs > 0 && milli == 0 {
 		milli = gang.Milli
 	}
-	return gang.Member{GPUs: s.Resources.GPUs, GPUMilli: milli, MIG: s.Resources.MIG, CPUMilli: s.Resources.CPUMilli, MemMiB: s.Resources.MemMiB}
+	// Every member is a process: it counts at least a minimal CPU share, so that members
+	// asking for nothing are still bounded by the machines' cores.
+	cpu := max(s.Resources.CPUMilli, MinMemberCPUMilli)
+	return gang.Member{GPUs: s.Resources.GPUs, GPUMilli: milli, MIG: s.Resources.MIG, CPUMilli: cpu, MemMiB: s.Resources.MemMiB}
 }
 
 // coreRequestLocked is the scheduler core's view of a gang: its priority (from its class),
@@ -666,7 +861,7 @@ func (c *Controller) coreRequestLocked(t *term, s api.GangSpec) (gang.Request, e
 	req := gang.Request{
 		ID: s.Key(), Queue: queue, Priority: prio, Min: min, Max: s.Workers,
 		Member:     coreMember(s),
-		SameIsland: s.SameIsland, Strategy: gang.Strategy(s.Strategy), AllReduceBytes: s.AllReduceBytes, Duration: time.Duration(s.Duration),
+		SameIsland: s.SameIsland, Strategy: gang.Strategy(s.Strategy), Machines: s.Machines, AllReduceBytes: s.AllReduceBytes, Duration: time.Duration(s.Duration),
 		// Drivers are not preempted: a driver holds no GPUs of a gang's kind.
 		NotPreemptible: s.NotPreemptible || s.Driver,
 		Checkpoint:     gang.Checkpoint{Interval: time.Duration(s.CheckpointEvery), JustInTime: s.JustInTime},
@@ -679,14 +874,14 @@ func (c *Controller) coreRequestLocked(t *term, s api.GangSpec) (gang.Request, e
 }
 
 // cycleLocked runs a scheduling cycle and turns its decisions into commits: placements,
-// stop notices to preemption victims, grows and shrink notices of elastic gangs, and the
-// waiting gangs' reasons. It arms a cycle at the scheduler's NextCycle.
+// stop notices to preemption victims (and the holds of the gangs they make room for),
+// grows and shrink notices of elastic gangs, and the waiting gangs' reasons. It arms a
+// cycle at the scheduler's NextCycle.
 func (c *Controller) cycleLocked(t *term, now time.Time) []commitFn {
 	if t.sched == nil {
 		return nil
 	}
 	var work []commitFn
-	c.resubmitLocked(t, now)
 	start := time.Now()
 	d := t.sched.Cycle(now)
 	c.obs.cycleTook(time.Since(start))
@@ -702,43 +897,40 @@ func (c *Controller) cycleLocked(t *term, now time.Time) []commitFn {
 		rec.Placement = c.placementLocked(t, p)
 		rec.State, rec.Reason, rec.Updated, rec.World, rec.Notice = api.GangStarting, "", now, nil, nil
 		e.ready = map[int]api.Worker{}
-		work = append(work, gangCommitLocked(e, rec, "placement of "+p.Gang))
+		work = append(work, c.gangCommitLocked(t, e, rec, "placement of "+p.Gang))
 		c.log.Info("gang placed", gangField(p.Gang), zap.Int("generation", rec.Generation), zap.Int("members", len(p.Members)),
 			zap.Strings("machines", rec.Placement.Machines), zap.Int("islands", rec.Placement.Islands), zap.Bool("preemptor", p.Preemptor))
 	}
+	held := map[string]bool{}
 	for _, p := range d.Preemptions {
 		work = append(work, c.preemptLocked(t, p, now)...)
+		held[p.For] = true
 	}
 	for _, r := range d.Resizes {
 		work = append(work, c.resizeLocked(t, r, now)...)
+		if r.For != "" {
+			held[r.For] = true
+		}
 	}
 	for _, w := range d.Waiting {
 		if e := t.gangs[w.Gang]; e != nil && e.rec.State == api.GangPending && e.rec.Reason != w.Reason {
 			e.rec.Reason = w.Reason // shown by status; not worth a commit of its own
 		}
 	}
-	c.armCycleLocked(t, d.NextCycle)
-	return work
-}
-
-// resubmitLocked gives the scheduler the pending gangs of the log it does not hold (one
-// refused for saturation when it lost its machine is retried until there is room).
-func (c *Controller) resubmitLocked(t *term, now time.Time) {
-	for key, e := range t.gangs {
-		if e.rec.State != api.GangPending {
-			continue
-		}
-		if _, err := t.sched.GangStatus(key); err == nil {
-			continue
-		}
-		req, err := c.coreRequestLocked(t, e.rec.Spec)
-		if err == nil {
-			_, err = t.sched.Submit(req, now)
-		}
-		if err != nil {
-			e.rec.Reason = "waiting to be queued: " + err.Error()
+	// A gang that victims make room for holds the machines they free: part of the log,
+	// so that a new leader does not choose other victims for it.
+	keys := make([]string, 0, len(held))
+	for k := range held {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if e := t.gangs[k]; e != nil && e.rec.State == api.GangPending {
+			work = append(work, c.gangCommitLocked(t, e, e.rec, "hold of "+k))
 		}
 	}
+	c.armCycleLocked(t, d.NextCycle)
+	return work
 }
 
 // armCycleLocked arms a cycle at the scheduler's NextCycle (the earliest one asked for).
@@ -765,10 +957,11 @@ func (c *Controller) timedCycle(t *term) {
 	if len(work) > 0 {
 		c.notifyLocked()
 	}
+	ch := c.enqueueLocked(t, work)
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := c.runCommits(ctx, t, work); err != nil {
+	if err := c.await(ctx, ch); err != nil {
 		c.log.Warn("the commits of a timed cycle failed", zap.Error(err))
 	}
 }
@@ -806,4 +999,27 @@ func (c *Controller) placementLocked(t *term, p gang.Placement) *api.Placement {
 	out.Scores["machines_crossed"] = float64(p.Machines)
 	out.Scores["racks_crossed"] = float64(p.Racks)
 	return out
+}
+
+// costKind is the core's kind of a cost report's.
+func costKind(kind string) (gang.CostKind, error) {
+	switch kind {
+	case "cuda_context":
+		return gang.CostCUDAContext, nil
+	case "communicator":
+		return gang.CostCommunicator, nil
+	}
+	return 0, fmt.Errorf("%w: cost kind %q: want cuda_context or communicator", api.ErrInvalid, kind)
+}
+
+// costsKeyOf is the key of a GPU model's learned costs.
+func costsKeyOf(model string) string { return api.CostsPrefix + api.CostsKey(model) }
+
+// modelOfCostsKey is the GPU model of a learned costs key.
+func modelOfCostsKey(key string) string {
+	m, err := url.PathUnescape(strings.TrimPrefix(key, api.CostsPrefix))
+	if err != nil {
+		return ""
+	}
+	return m
 }

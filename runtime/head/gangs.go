@@ -19,7 +19,7 @@ import (
 
 // SubmitJob creates a job (or reuses the name of a stopped one).
 func (c *Controller) SubmitJob(ctx context.Context, j api.Job) (api.Job, error) {
-	if err := api.CheckName("job", j.Name); err != nil {
+	if err := j.CheckBounds(); err != nil {
 		return api.Job{}, err
 	}
 	t, err := c.lockTerm()
@@ -39,9 +39,10 @@ func (c *Controller) SubmitJob(ctx context.Context, j api.Job) (api.Job, error) 
 	w := commitFn{what: "job " + j.Name, cmp: []meta.Compare{{Key: api.TableJobs + j.Name, Version: e.ver}}, ops: []meta.Op{putJSON(api.TableJobs+j.Name, j)},
 		events: []api.Event{{Time: j.Submitted, Kind: api.EventJobSubmitted, Job: j.Name, Reason: j.Driver}}}
 	e.rec, e.ver = j, e.ver+1
+	ch := c.enqueueLocked(t, []commitFn{w})
 	c.notifyLocked()
 	c.mu.Unlock()
-	return j, c.runCommits(ctx, t, []commitFn{w})
+	return j, c.await(ctx, ch)
 }
 
 // StopJob stops a job's gangs (freeing their GPUs) and the job.
@@ -70,9 +71,10 @@ func (c *Controller) StopJob(ctx context.Context, name string) error {
 		e.rec, e.ver = j, e.ver+1
 	}
 	work = append(work, c.cycleLocked(t, now)...)
+	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.runCommits(ctx, t, work)
+	return c.await(ctx, ch)
 }
 
 func (c *Controller) gangsOfLocked(t *term, job string) []*gangEntry {
@@ -108,6 +110,9 @@ func (c *Controller) SpawnGang(ctx context.Context, spec api.GangSpec) (api.Gang
 	old := t.gangs[key]
 	if old != nil && old.rec.State.Live() {
 		return unlock(fmt.Errorf("%w: gang %s is %s", api.ErrExists, key, old.rec.State))
+	}
+	if err := c.checkWorkerBoundsLocked(t, spec); err != nil {
+		return unlock(err)
 	}
 	req, err := c.coreRequestLocked(t, spec)
 	if err != nil {
@@ -146,6 +151,18 @@ func (c *Controller) SpawnGang(ctx context.Context, spec api.GangSpec) (api.Gang
 		return unlock(fmt.Errorf("%w: gang %s: %v", api.ErrInvalid, key, err))
 	}
 	rec := api.Gang{Spec: spec, UID: newUID(), State: api.GangPending, Reason: st.Reason, Created: now, Updated: now}
+	var learned []meta.Op
+	if t.sched != nil {
+		// The core gave it the next sequence; the workload it learned from it goes in the
+		// same transaction as the admission.
+		if r, err := t.sched.Record(key); err == nil {
+			t.seq = max(t.seq, int64(r.Seq))
+		}
+		learned = append(learned, putJSON(api.WorkloadKey, t.sched.LearnedWorkload()))
+	} else {
+		t.seq++
+		rec.Sched = &api.GangSched{Seq: t.seq, Queued: now}
+	}
 	e := &gangEntry{ready: map[int]api.Worker{}}
 	if old != nil {
 		// A gang spawned again under the name of an ended one starts a generation after the
@@ -156,9 +173,9 @@ func (c *Controller) SpawnGang(ctx context.Context, spec api.GangSpec) (api.Gang
 	}
 	t.gangs[key] = e
 	// The gang is committed pending first, then the cycle (which may place it at once).
-	work := []commitFn{gangCommitLocked(e, rec, "admission of "+key)}
+	work := []commitFn{c.gangCommitLocked(t, e, rec, "admission of "+key, learned...)}
 	work = append(work, c.cycleLocked(t, now)...)
-	if e.rec.State == api.GangPending {
+	if e.rec.State == api.GangPending && len(work[0].ops) > 0 {
 		// The cycle said why it waits: the admission records it.
 		work[0].ops[0] = putJSON(api.TableGangs+key, e.rec)
 		for i := range work[0].events {
@@ -169,9 +186,10 @@ func (c *Controller) SpawnGang(ctx context.Context, spec api.GangSpec) (api.Gang
 		work[0].events = nil // placed at once: its placement is the event
 	}
 	rec = e.rec
+	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	if err := c.runCommits(ctx, t, work); err != nil {
+	if err := c.await(ctx, ch); err != nil {
 		return api.Gang{}, err
 	}
 	return rec, nil
@@ -201,9 +219,10 @@ func (c *Controller) StopGang(ctx context.Context, job, name string) error {
 	now := c.cfg.Clock()
 	work := []commitFn{c.endLocked(t, e, api.GangStopped, "stopped by its driver", now)}
 	work = append(work, c.cycleLocked(t, now)...)
+	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.runCommits(ctx, t, work)
+	return c.await(ctx, ch)
 }
 
 // endLocked ends a gang (stopped or failed): the scheduler forgets it, its GPUs are free.
@@ -212,16 +231,12 @@ func (c *Controller) endLocked(t *term, e *gangEntry, state api.GangState, reaso
 	if t.sched != nil {
 		_ = t.sched.Finish(key, now)
 	}
-	if tm := t.timers[key]; tm != nil {
-		tm.Stop()
-		delete(t.timers, key)
-	}
-	c.stopNoticeTimerLocked(t, key)
+	c.stopGangTimersLocked(t, key)
 	rec := e.rec
 	rec.State, rec.Reason, rec.Updated, rec.RestartAt, rec.Notice = state, reason, now, time.Time{}, nil
 	e.ready = map[int]api.Worker{}
 	c.log.Info("gang ended", gangField(key), zap.String("state", string(state)), zap.String("reason", reason))
-	return gangCommitLocked(e, rec, fmt.Sprintf("gang %s %s", key, state))
+	return c.gangCommitLocked(t, e, rec, fmt.Sprintf("gang %s %s", key, state))
 }
 
 func (c *Controller) failLocked(t *term, e *gangEntry, reason string, now time.Time) commitFn {
@@ -277,12 +292,13 @@ func (c *Controller) WorkerReady(ctx context.Context, w api.Worker) error {
 	if e.rec.State == api.GangStarting && allReady(e) {
 		rec := e.rec
 		rec.State, rec.Updated, rec.Reason = api.GangRunning, c.cfg.Clock(), ""
-		work = []commitFn{gangCommitLocked(e, rec, "gang "+key+" running", ops...)}
+		work = []commitFn{c.gangCommitLocked(t, e, rec, "gang "+key+" running", ops...)}
 		c.log.Info("gang running", gangField(key), zap.Int("generation", rec.Generation))
 	}
+	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.runCommits(ctx, t, work)
+	return c.await(ctx, ch)
 }
 
 // WorkerExited handles a worker that stopped without being asked to: its gang restarts
@@ -331,14 +347,15 @@ func (c *Controller) WorkerExited(ctx context.Context, x api.WorkerExit) error {
 		rec.State, rec.Reason, rec.Updated = api.GangRestarting, reason, now
 		rec.RestartAt = now.Add(backoff)
 		e.ready = map[int]api.Worker{}
-		work = append(work, gangCommitLocked(e, rec, "restart of "+key))
+		work = append(work, c.gangCommitLocked(t, e, rec, "restart of "+key))
 		c.armRestartLocked(t, key, rec.Generation, rec.RestartAt)
 		c.log.Warn("worker exited; the gang restarts all-for-one", gangField(key), zap.Int("rank", x.Rank),
 			zap.String("reason", x.Reason), zap.Int("generation", rec.Generation), zap.Duration("backoff", backoff))
 	}
+	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.runCommits(ctx, t, work)
+	return c.await(ctx, ch)
 }
 
 // allReady reports whether every member of the gang's world is ready.
@@ -373,45 +390,53 @@ func (c *Controller) startGeneration(t *term, key string, gen int) {
 	}
 	rec := e.rec
 	rec.State, rec.RestartAt, rec.Updated = api.GangStarting, time.Time{}, c.cfg.Clock()
-	w := gangCommitLocked(e, rec, fmt.Sprintf("generation %d of %s", gen, key))
+	w := c.gangCommitLocked(t, e, rec, fmt.Sprintf("generation %d of %s", gen, key))
+	ch := c.enqueueLocked(t, []commitFn{w})
 	c.notifyLocked()
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := c.runCommits(ctx, t, []commitFn{w}); err != nil {
+	if err := c.await(ctx, ch); err != nil {
 		c.log.Warn("could not start the next generation", gangField(key), zap.Error(err))
 	}
 }
 
 // lostLocked handles a gang that lost members with their machine: it restarts in the next
-// generation wherever the scheduler places it (it waits when nothing fits). A lost machine
-// is not the gang's failure: it does not count against MaxRestarts, which stops a program
-// that keeps crashing. The caller runs the cycle that places it.
+// generation wherever the scheduler places it, and waits in its queue, with its reason,
+// while nothing fits: a lost machine never fails a gang (it keeps its place in the queue
+// order, its aging and its attained service). It is not the gang's failure either: it does
+// not count against MaxRestarts, which stops a program that keeps crashing. The caller
+// runs the cycle that places it.
 func (c *Controller) lostLocked(t *term, e *gangEntry, reason string, now time.Time) []commitFn {
 	key := e.rec.Spec.Key()
-	if t.sched != nil {
-		_ = t.sched.Finish(key, now) // not adopted, or adopted on capacity it no longer has
-	}
+	c.stopGangTimersLocked(t, key)
 	rec := e.rec
 	rec.Generation++
 	rec.Restarts++
 	rec.State, rec.Placement, rec.RestartAt, rec.Updated = api.GangPending, nil, time.Time{}, now
 	rec.Reason = "restarting elsewhere: " + reason
-	e.ready = map[int]api.Worker{}
-	if tm := t.timers[key]; tm != nil {
-		tm.Stop()
-		delete(t.timers, key)
-	}
 	rec.World, rec.Notice = nil, nil
+	e.ready = map[int]api.Worker{}
 	if t.sched != nil {
-		req, err := c.coreRequestLocked(t, rec.Spec)
-		if err == nil {
-			_, err = t.sched.Submit(req, now)
+		st, err := t.sched.GangStatus(key)
+		if err == nil && st.State != gang.GangPending {
+			_ = t.sched.Finish(key, now)
 		}
-		if err != nil && !errors.Is(err, gang.ErrSaturated) { // a gang already admitted is never dropped for saturation
-			return []commitFn{c.failLocked(t, e, "lost its machine and can no longer fit: "+err.Error(), now)}
+		if err != nil || st.State != gang.GangPending {
+			// Not requeued by the scheduler (it was never adopted): queued again with its
+			// record, from now.
+			req, rerr := c.coreRequestLocked(t, rec.Spec)
+			if rerr == nil {
+				r := coreRecordLocked(t, rec)
+				r.Queued, r.Started, r.Stopping, r.ShrinkTo, r.ShrinkIndex, r.Hold = now, time.Time{}, false, 0, nil, nil
+				rerr = t.sched.Restore(req, r, nil)
+			}
+			if rerr != nil {
+				return []commitFn{c.failLocked(t, e, "lost its machine and can never be placed: "+rerr.Error(), now)}
+			}
+			c.checkpointToCoreLocked(t, key)
 		}
 	}
 	c.log.Warn("gang lost members with their machine; it restarts elsewhere", gangField(key), zap.String("reason", reason), zap.Int("generation", rec.Generation))
-	return []commitFn{gangCommitLocked(e, rec, "re-placement of "+key)}
+	return []commitFn{c.gangCommitLocked(t, e, rec, "re-placement of "+key)}
 }

@@ -65,9 +65,9 @@ func (a *API) signCert(w http.ResponseWriter, r *http.Request) {
 		a.answer(w, r, nil, fmt.Errorf("%w: this head runs without TLS: it signs no certificates", api.ErrInvalid))
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10+1))
-	if err != nil || len(body) > 64<<10 {
-		a.answer(w, r, nil, fmt.Errorf("%w: /v1/certs: body unreadable or over 64 KiB", api.ErrInvalid))
+	body, err := readBody(w, r, 64<<10)
+	if err != nil {
+		a.answer(w, r, nil, err)
 		return
 	}
 	var req api.CertRequest
@@ -121,8 +121,11 @@ func NewAPI(ctl *Controller, rep *paxos.Replica, sm *metaserver.StateMachine, to
 	m.HandleFunc("POST /v1/gangs/world", post(a, func(ctx context.Context, w api.WorldChange) (any, error) { return nil, ctl.TakeWorld(ctx, w) }))
 	m.HandleFunc("POST /v1/gangs/checkpointed", post(a, func(_ context.Context, r api.CheckpointReport) (any, error) { return nil, ctl.CheckpointReported(r) }))
 	m.HandleFunc("POST /v1/costs", post(a, func(_ context.Context, r api.CostReport) (any, error) { return nil, ctl.ObserveCost(r) }))
-	m.HandleFunc("POST /v1/machines/drain", post(a, func(ctx context.Context, d api.DrainRequest) (any, error) {
-		return nil, ctl.Drain(ctx, d.Machine, d.Deadline, d.Reason)
+	m.HandleFunc("POST /v1/machines/drain", postReq(a, func(r *http.Request, d api.DrainRequest) (any, error) {
+		return nil, ctl.DrainAs(a.ctx(r), caller(r, d.By), d)
+	}))
+	m.HandleFunc("POST /v1/machines/undrain", postReq(a, func(r *http.Request, u api.UndrainRequest) (any, error) {
+		return nil, ctl.Undrain(a.ctx(r), u.Machine, caller(r, u.By))
 	}))
 	m.HandleFunc("POST /v1/pools/interrupt", post(a, func(_ context.Context, r api.InterruptRequest) (any, error) { return nil, ctl.InjectInterruption(r) }))
 	m.HandleFunc("GET /v1/scheduler", func(w http.ResponseWriter, r *http.Request) {
@@ -181,14 +184,38 @@ func withDeadline(r *http.Request) (*http.Request, context.CancelFunc) {
 	return r.WithContext(context.WithValue(ctx, ctxKey{}, ctx)), cancel
 }
 
-// post decodes a JSON body into In, calls fn, and answers its result.
+// caller names who makes a request: the name the caller declares, after the name of its
+// certificate when it has one ("cli-admin: alice@host").
+func caller(r *http.Request, declared string) string {
+	if len(declared) > 200 {
+		declared = declared[:200]
+	}
+	if cn, ok := pki.Verified(r.TLS); ok {
+		if declared == "" {
+			return cn
+		}
+		return cn + ": " + declared
+	}
+	return declared
+}
+
+// bounded is a request whose free-form fields have limits (api.MaxKindBytes and the
+// others): it is refused with a 400 naming the field before anything is decided.
+type bounded interface{ CheckBounds() error }
+
+// post decodes a JSON body into In, checks its bounds, calls fn, and answers its result.
 func post[In any](a *API, fn func(context.Context, In) (any, error)) http.HandlerFunc {
+	return postReq(a, func(r *http.Request, in In) (any, error) { return fn(a.ctx(r), in) })
+}
+
+// postReq is post for a handler that reads the request too (its caller).
+func postReq[In any](a *API, fn func(*http.Request, In) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r, cancel := withDeadline(r)
 		defer cancel()
-		body, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
-		if err != nil || len(body) > MaxBodyBytes {
-			a.answer(w, r, nil, fmt.Errorf("%w: body unreadable or over %d bytes", api.ErrInvalid, MaxBodyBytes))
+		body, err := readBody(w, r, MaxBodyBytes)
+		if err != nil {
+			a.answer(w, r, nil, err)
 			return
 		}
 		var in In
@@ -196,9 +223,32 @@ func post[In any](a *API, fn func(context.Context, In) (any, error)) http.Handle
 			a.answer(w, r, nil, fmt.Errorf("%w: %s: %v", api.ErrInvalid, r.URL.Path, err))
 			return
 		}
-		out, err := fn(a.ctx(r), in)
+		if b, ok := any(&in).(bounded); ok {
+			if err := b.CheckBounds(); err != nil {
+				a.answer(w, r, nil, fmt.Errorf("%s: %w", r.URL.Path, err))
+				return
+			}
+		}
+		out, err := fn(r, in)
 		a.answer(w, r, out, err)
 	}
+}
+
+// readBody reads a request body of at most limit bytes, never more: a body declared or
+// found larger is refused with api.ErrTooLarge (413), naming the limit.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		return nil, fmt.Errorf("%w: %s: a body of %d bytes is over this head's limit of %d bytes", api.ErrTooLarge, r.URL.Path, r.ContentLength, limit)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return nil, fmt.Errorf("%w: %s: the body is over this head's limit of %d bytes", api.ErrTooLarge, r.URL.Path, limit)
+	case err != nil:
+		return nil, fmt.Errorf("%w: %s: body unreadable: %v", api.ErrInvalid, r.URL.Path, err)
+	}
+	return body, nil
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -9,13 +9,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/gang"
+	"github.com/atoll-run/atoll/gang/topoadapt"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/store/meta"
+	"github.com/atoll-run/atoll/topology"
 )
 
-// RegisterMachine records an agent's machine (alive, with a new incarnation) and rebuilds
-// the scheduler over it. An agent that registers again without having been declared dead
-// restarted: the workers of its previous incarnation are gone, and their gangs restart.
+// RegisterMachine records an agent's machine (alive, with a new incarnation) and gives it
+// to the scheduler (a machine joining, or coming back). An agent that registers again
+// without having been declared dead restarted: the workers of its previous incarnation
+// are gone, and their gangs restart.
 func (c *Controller) RegisterMachine(ctx context.Context, m api.Machine) (api.Machine, error) {
 	if err := api.CheckName("machine", m.Name); err != nil {
 		return api.Machine{}, err
@@ -61,10 +64,86 @@ func (c *Controller) RegisterMachine(ctx context.Context, m api.Machine) (api.Ma
 	}
 	c.log.Info("machine registered", zap.String("machine", m.Name), zap.Uint64("incarnation", m.Incarnation),
 		zap.Int("gpus", m.NumGPUs()), zap.Bool("simulated", m.Simulated))
-	work = append(work, c.rebuildLocked(t, now)...)
+	work = append(work, c.membershipLocked(t, now)...)
+	work = append(work, c.cycleLocked(t, now)...)
+	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return m, c.runCommits(ctx, t, work)
+	return m, c.await(ctx, ch)
+}
+
+// membershipLocked gives the scheduler the machines as the cache has them now, as a
+// delta: machines that joined are added, machines that left are removed (their gangs go
+// back to their queues, with their records, and wait there when nothing else fits), a
+// machine whose topology changed is replaced. The core is built only when the first
+// machine of the term comes (from the records, as when the term started).
+func (c *Controller) membershipLocked(t *term, now time.Time) []commitFn {
+	ms := desiredNodes(t)
+	if t.sched == nil {
+		if len(ms) == 0 {
+			return nil
+		}
+		return c.buildCoreLocked(t, now)
+	}
+	tc, snap, specs, err := c.snapshotLocked(t, ms)
+	if err != nil {
+		c.log.Error("the registered machines do not form a cluster; the scheduler keeps the machines it had", zap.Error(err))
+		return nil
+	}
+	from := make([]int, len(ms))
+	same := len(ms) == len(t.order)
+	for i, m := range ms {
+		from[i] = -1
+		if j, ok := t.index[m.rec.Name]; ok && t.specs[j] == specs[i] {
+			from[i] = j
+		}
+		same = same && from[i] == i
+	}
+	if same {
+		return nil
+	}
+	lost, err := t.sched.Reshape(snap, from, now)
+	if err != nil {
+		c.log.Error("the scheduler refused the machines", zap.Error(err))
+		return nil
+	}
+	t.topo, t.specs, t.order, t.index = tc, specs, nil, map[string]int{}
+	for i, m := range ms {
+		t.order = append(t.order, m.rec.Name)
+		t.index[m.rec.Name] = i
+	}
+	if tc != nil {
+		t.sched.SetCollectiveModel(topoadapt.NewModel(tc, topology.Best))
+	} else {
+		t.sched.SetCollectiveModel(gang.DefaultTieredModel())
+	}
+	for i, f := range from {
+		if l, ok := t.loads[ms[i].rec.Name]; ok && f < 0 {
+			_ = t.sched.UpdateLoad(i, gang.Load{CPU: l.Load.CPU, GPU: l.Load.GPU, Mem: l.Load.Mem, Net: l.Load.Net})
+		}
+	}
+	var work []commitFn
+	for _, key := range lost {
+		e := t.gangs[key]
+		if e == nil {
+			continue
+		}
+		why := "its machines changed"
+		if e.rec.Placement != nil {
+			for _, name := range e.rec.Placement.Machines {
+				if _, ok := t.index[name]; !ok {
+					why = "machine " + name + " is gone"
+					if m := t.machines[name]; m != nil && m.rec.Reason != "" {
+						why += " (" + m.rec.Reason + ")"
+					}
+					break
+				}
+			}
+		}
+		work = append(work, c.lostLocked(t, e, why, now)...)
+	}
+	c.log.Info("the scheduler's machines changed", zap.Int("machines", len(ms)), zap.Int("gangs_requeued", len(lost)))
+	return work
 }
 
 // gangsOnLocked lists the live, placed gangs with a member on a machine.
@@ -94,11 +173,12 @@ func (c *Controller) restartLocked(t *term, e *gangEntry, reason string, now tim
 	rec.Restarts++
 	rec.State, rec.Reason, rec.Updated, rec.RestartAt = api.GangStarting, reason, now, time.Time{}
 	e.ready = map[int]api.Worker{}
-	return []commitFn{gangCommitLocked(e, rec, "restart of "+rec.Spec.Key())}
+	return []commitFn{c.gangCommitLocked(t, e, rec, "restart of "+rec.Spec.Key())}
 }
 
-// MachineDown declares a machine dead (its agent failed or left, as membership says): its
-// gangs restart elsewhere from their checkpoints, or wait for capacity.
+// MachineDown declares a machine dead (its agent failed or left, as membership says): the
+// scheduler loses it (a delta); its gangs restart elsewhere from their checkpoints, or
+// wait in their queues for capacity.
 func (c *Controller) MachineDown(ctx context.Context, name, reason string) error {
 	t, err := c.lockTerm()
 	if err != nil {
@@ -110,14 +190,16 @@ func (c *Controller) MachineDown(ctx context.Context, name, reason string) error
 		c.mu.Unlock()
 		return nil
 	}
-	work = append(work, c.rebuildLocked(t, now)...)
+	work = append(work, c.membershipLocked(t, now)...)
+	work = append(work, c.cycleLocked(t, now)...)
+	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.runCommits(ctx, t, work)
+	return c.await(ctx, ch)
 }
 
-// machineDownLocked marks a machine dead; the caller rebuilds the scheduler, which moves
-// its gangs.
+// machineDownLocked marks a machine dead; the caller gives the scheduler the change
+// (membershipLocked), which moves its gangs.
 func (c *Controller) machineDownLocked(t *term, name, reason string, now time.Time) []commitFn {
 	e := t.machines[name]
 	if e == nil || !e.rec.Alive {
@@ -255,6 +337,9 @@ func (c *Controller) Status() (api.Status, error) {
 	for name, m := range t.machines {
 		ms := api.MachineStatus{Name: name, GPUs: m.rec.NumGPUs(), Alive: m.rec.Alive, PID: m.rec.PID, Simulated: m.rec.Simulated,
 			Rack: m.rec.Rack, Agent: m.rec.Agent.API}
+		if cd := t.cordons[name]; cd != nil {
+			ms.Cordoned, ms.CordonReason, ms.CordonedBy, ms.CordonedAt, ms.Drained = true, cd.Reason, cd.By, cd.At, cd.Drain
+		}
 		if m.rec.Alive {
 			ms.FreeGPUs = ms.GPUs - used[name]
 		}
@@ -296,6 +381,7 @@ func (c *Controller) Status() (api.Status, error) {
 	})
 	st.Queues = c.queueStatusLocked(t)
 	st.Revision = c.sm.Revision()
+	st.Term = t.id
 	if c.poolStatus != nil {
 		st.Pools = c.poolStatus()
 	}

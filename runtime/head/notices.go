@@ -2,8 +2,10 @@ package head
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
+	"sort"
 	"time"
 
 	"go.uber.org/zap"
@@ -79,11 +81,12 @@ func (c *Controller) noticeExpired(t *term, key, uid string, gen int, issued tim
 		work = c.evictLocked(t, e, checkpointed, ck.step, "its deadline passed", now)
 	}
 	work = append(work, c.cycleLocked(t, now)...)
+	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := c.runCommits(ctx, t, work); err != nil {
+	if err := c.await(ctx, ch); err != nil {
 		c.log.Warn("could not carry out an expired notice", gangField(key), zap.Error(err))
 	}
 }
@@ -111,7 +114,7 @@ func (c *Controller) preemptLocked(t *term, p gang.Preemption, now time.Time) []
 	rec := e.rec
 	rec.Notice = &api.Notice{Kind: api.NoticePreempt, Issued: now, Deadline: p.Deadline, For: p.For, Reason: reason, Costs: costsOf(p.Costs)}
 	rec.Updated = now
-	w := gangCommitLocked(e, rec, "preemption notice to "+p.Victim)
+	w := c.gangCommitLocked(t, e, rec, "preemption notice to "+p.Victim)
 	c.armNoticeLocked(t, e)
 	c.obs.preemptions.Inc()
 	c.obs.preemptCost.Add(p.Costs.LostWork.Seconds() * p.Costs.GPUs)
@@ -127,10 +130,12 @@ func (c *Controller) evictLocked(t *term, e *gangEntry, checkpointed bool, step 
 	key := e.rec.Spec.Key()
 	if t.sched != nil {
 		if err := t.sched.Evicted(key, now, checkpointed); err != nil {
-			// The scheduler did not hold it running (a rebuild in between): queue it anew.
+			// The scheduler did not hold it running: queue it again with its record.
 			_ = t.sched.Finish(key, now)
 			if req, err := c.coreRequestLocked(t, e.rec.Spec); err == nil {
-				_, _ = t.sched.Submit(req, now)
+				r := coreRecordLocked(t, e.rec)
+				r.Queued, r.Started, r.Stopping, r.ShrinkTo, r.ShrinkIndex, r.Hold = now, time.Time{}, false, 0, nil, nil
+				_ = t.sched.Restore(req, r, nil)
 			}
 		}
 	}
@@ -160,7 +165,7 @@ func (c *Controller) evictLocked(t *term, e *gangEntry, checkpointed bool, step 
 	rec.Reason += fmt.Sprintf(" (%s); queued again, resumes from %s", why, resume)
 	e.ready = map[int]api.Worker{}
 	c.log.Info("gang stopped on notice; queued again", gangField(key), zap.Bool("checkpointed", checkpointed), zap.Int("generation", rec.Generation))
-	return []commitFn{gangCommitLocked(e, rec, "eviction of "+key)}
+	return []commitFn{c.gangCommitLocked(t, e, rec, "eviction of "+key)}
 }
 
 // Yield carries out a driver's answer to a stop notice: the gang stops now and queues again.
@@ -184,13 +189,18 @@ func (c *Controller) Yield(ctx context.Context, y api.Yield) error {
 	}
 	now := c.cfg.Clock()
 	if y.Checkpointed {
-		t.ckpt[key] = ckptInfo{at: now, step: y.Step, bytes: t.ckpt[key].bytes, save: t.ckpt[key].save}
+		ck := ckptInfo{at: now, step: y.Step, bytes: t.ckpt[key].bytes, save: t.ckpt[key].save}
+		if m, ok := c.manifestLocked(y.Job, y.Gang, y.Step); ok {
+			ck = m
+		}
+		t.ckpt[key] = ck
 	}
 	work := c.evictLocked(t, e, y.Checkpointed, y.Step, "answered its notice", now)
 	work = append(work, c.cycleLocked(t, now)...)
+	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.runCommits(ctx, t, work)
+	return c.await(ctx, ch)
 }
 
 // resizeLocked records a cycle's resize of a running elastic gang: a grow's members are
@@ -232,7 +242,7 @@ func (c *Controller) resizeLocked(t *term, r gang.Resize, now time.Time) []commi
 			c.log.Info("a grow while another notice runs: the new members join at the next resize", gangField(key))
 		}
 		c.log.Info("elastic gang grows", gangField(key), zap.Int("from", r.From), zap.Int("to", r.To))
-		return []commitFn{gangCommitLocked(e, rec, "grow of "+key)}
+		return []commitFn{c.gangCommitLocked(t, e, rec, "grow of "+key)}
 	}
 	if len(r.Remove) == 0 {
 		return nil
@@ -254,7 +264,7 @@ func (c *Controller) resizeLocked(t *term, r gang.Resize, now time.Time) []commi
 	reason := fmt.Sprintf("%s shrink for %s: %d -> %d members", r.Cause, r.For, r.From, r.To)
 	rec.Notice = &api.Notice{Kind: api.NoticeShrink, Issued: now, Deadline: r.Deadline, For: r.For, Reason: reason,
 		From: r.From, To: r.To, Remove: remove, Costs: costsOf(r.Cost)}
-	w := gangCommitLocked(e, rec, "shrink notice to "+key)
+	w := c.gangCommitLocked(t, e, rec, "shrink notice to "+key)
 	c.armNoticeLocked(t, e)
 	c.log.Info("elastic gang asked to shrink", gangField(key), zap.Int("from", r.From), zap.Int("to", r.To), zap.String("for", r.For))
 	return []commitFn{w}
@@ -325,12 +335,13 @@ func (c *Controller) TakeWorld(ctx context.Context, w api.WorldChange) error {
 	rec.Resizes++
 	rec.Reason = fmt.Sprintf("resized %d -> %d members (%s)", from, len(w.Members), n.Kind)
 	rec.Updated = now
-	work = append(work, gangCommitLocked(e, rec, "world of "+key))
+	work = append(work, c.gangCommitLocked(t, e, rec, "world of "+key))
 	work = append(work, c.cycleLocked(t, now)...)
 	c.log.Info("elastic gang resized", gangField(key), zap.Int("from", from), zap.Int("to", len(w.Members)), zap.Int("epoch", w.Epoch))
+	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.runCommits(ctx, t, work)
+	return c.await(ctx, ch)
 }
 
 // forceShrinkLocked carries out a shrink whose deadline passed: the removed members go and
@@ -349,7 +360,7 @@ func (c *Controller) forceShrinkLocked(t *term, e *gangEntry, now time.Time) []c
 	rec.State, rec.World, rec.Notice, rec.Updated = api.GangStarting, nil, nil, now
 	rec.Reason = fmt.Sprintf("shrink to %d members not taken by its deadline: restarted at that size", n.To)
 	e.ready = map[int]api.Worker{}
-	return []commitFn{gangCommitLocked(e, rec, "forced shrink of "+key)}
+	return []commitFn{c.gangCommitLocked(t, e, rec, "forced shrink of "+key)}
 }
 
 // dropMembersLocked marks a shrink's members removed in rec (a copy of the placement) and
@@ -370,42 +381,6 @@ func (c *Controller) dropMembersLocked(t *term, rec *api.Gang, remove []int, now
 	}
 }
 
-// Drain asks every gang with a member on a machine to checkpoint and stop by deadline
-// (the same path as a preemption): an operator draining it, a spot interruption, a
-// scale-down. The machine takes no new gangs from now on (it is cordoned).
-func (c *Controller) Drain(ctx context.Context, machine string, deadline time.Time, reason string) error {
-	if err := c.Cordon(ctx, machine, true); err != nil {
-		return err
-	}
-	t, err := c.lockTerm()
-	if err != nil {
-		return err
-	}
-	now := c.cfg.Clock()
-	if deadline.IsZero() || deadline.Before(now) {
-		deadline = now.Add(time.Duration(t.conf.NoticeGrace))
-	}
-	var work []commitFn
-	for _, e := range c.gangsOnLocked(t, machine) {
-		if n := e.rec.Notice; n != nil && (n.Kind == api.NoticeDrain || n.Kind == api.NoticePreempt) {
-			continue
-		}
-		if e.rec.State != api.GangRunning && e.rec.State != api.GangStarting {
-			work = append(work, c.evictLocked(t, e, false, 0, "its machine "+machine+" is drained: "+reason, now)...)
-			continue
-		}
-		rec := e.rec
-		rec.Notice = &api.Notice{Kind: api.NoticeDrain, Issued: now, Deadline: deadline, Reason: "machine " + machine + " is drained: " + reason}
-		rec.Updated = now
-		work = append(work, gangCommitLocked(e, rec, "drain notice to "+rec.Spec.Key()))
-		c.armNoticeLocked(t, e)
-	}
-	work = append(work, c.cycleLocked(t, now)...)
-	c.notifyLocked()
-	c.mu.Unlock()
-	return c.runCommits(ctx, t, work)
-}
-
 // CheckpointReported records a gang's committed checkpoint: its eviction cost counts from
 // here, and its size and save time feed the cost of later ones.
 func (c *Controller) CheckpointReported(r api.CheckpointReport) error {
@@ -419,29 +394,40 @@ func (c *Controller) CheckpointReported(r api.CheckpointReport) error {
 	if e == nil || e.rec.UID != r.UID {
 		return fmt.Errorf("%w: gang %s (uid %s)", api.ErrNotFound, key, r.UID)
 	}
-	at := r.At
-	if at.IsZero() || at.After(c.cfg.Clock()) {
-		at = c.cfg.Clock()
+	ck := ckptInfo{at: r.At, step: r.Step, bytes: r.Bytes, save: time.Duration(r.Save)}
+	if m, ok := c.manifestLocked(r.Job, r.Gang, r.Step); ok {
+		// What the log says of it, as a new leader will read it.
+		ck = m
 	}
-	t.ckpt[key] = ckptInfo{at: at, step: r.Step, bytes: r.Bytes, save: time.Duration(r.Save)}
-	if t.sched != nil {
-		_ = t.sched.Checkpointed(key, at)
-		_ = t.sched.CheckpointMeasured(key, time.Duration(r.Save), r.Bytes)
+	if ck.at.IsZero() || ck.at.After(c.cfg.Clock()) {
+		ck.at = c.cfg.Clock()
 	}
+	t.ckpt[key] = ck
+	c.checkpointToCoreLocked(t, key)
 	return nil
 }
 
+// manifestLocked is a gang's checkpoint of step as its manifest in the log has it.
+func (c *Controller) manifestLocked(job, gang string, step int64) (ckptInfo, bool) {
+	kv, ok := c.sm.Get(api.TableCheckpoints + api.CheckpointKey(job, gang, step))
+	if !ok {
+		return ckptInfo{}, false
+	}
+	var cp api.Checkpoint
+	if json.Unmarshal(kv.Value, &cp) != nil {
+		return ckptInfo{}, false
+	}
+	return ckptInfo{at: cp.Time, step: cp.Step, bytes: cp.Bytes, save: time.Duration(cp.Save)}, true
+}
+
 // ObserveCost feeds a worker's measurement (its CUDA context creation, its gang's
-// communicator set-up) into the scheduler's cost model.
+// communicator set-up) into the scheduler's cost model. What the model learns is
+// committed per GPU model within ControllerConfig.CostFlush, every measurement of that
+// time in one commit.
 func (c *Controller) ObserveCost(r api.CostReport) error {
-	var kind gang.CostKind
-	switch r.Kind {
-	case "cuda_context":
-		kind = gang.CostCUDAContext
-	case "communicator":
-		kind = gang.CostCommunicator
-	default:
-		return fmt.Errorf("%w: cost kind %q: want cuda_context or communicator", api.ErrInvalid, r.Kind)
+	kind, err := costKind(r.Kind)
+	if err != nil {
+		return err
 	}
 	if r.Ranks < 1 || r.Ranks > 100000 || r.Measured < 0 || r.Measured > api.Duration(time.Hour) || r.GPUModel == "" || len(r.GPUModel) > 128 {
 		return fmt.Errorf("%w: cost report %+v: want ranks 1..100000, a measurement in [0, 1h] and a GPU model", api.ErrInvalid, r)
@@ -457,7 +443,64 @@ func (c *Controller) ObserveCost(r api.CostReport) error {
 	if err := t.sched.ObserveCost(r.GPUModel, r.Ranks, kind, time.Duration(r.Measured)); err != nil {
 		return fmt.Errorf("%w: %v", api.ErrInvalid, err)
 	}
+	c.costsChangedLocked(t, r.GPUModel)
 	c.log.Info("restart cost measured", zap.String("kind", r.Kind), zap.String("gpu_model", r.GPUModel), zap.Int("ranks", r.Ranks),
 		zap.Duration("measured", time.Duration(r.Measured)), zap.String("machine", r.Machine))
 	return nil
+}
+
+// costsChangedLocked marks a GPU model's learned costs to be committed within CostFlush.
+func (c *Controller) costsChangedLocked(t *term, model string) {
+	t.costsDirty[model] = true
+	if t.costsTimer == nil {
+		t.costsTimer = time.AfterFunc(c.cfg.CostFlush, func() { c.flushCosts(t) })
+	}
+}
+
+// flushCosts commits the learned costs of the GPU models measured since the last flush.
+func (c *Controller) flushCosts(t *term) {
+	c.mu.Lock()
+	if c.t != t {
+		c.mu.Unlock()
+		return
+	}
+	t.costsTimer = nil
+	work := c.costsCommitLocked(t)
+	ch := c.enqueueLocked(t, work)
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.await(ctx, ch); err != nil {
+		c.log.Warn("could not commit the learned restart costs", zap.Error(err))
+	}
+}
+
+// costsCommitLocked is the commit of the dirty GPU models' learned costs.
+func (c *Controller) costsCommitLocked(t *term) []commitFn {
+	if t.sched == nil || len(t.costsDirty) == 0 {
+		return nil
+	}
+	byModel := map[string]*api.LearnedCosts{}
+	for _, l := range t.sched.Costs().Learned() {
+		if !t.costsDirty[l.Model] {
+			continue
+		}
+		lc := byModel[l.Model]
+		if lc == nil {
+			lc = &api.LearnedCosts{GPUModel: l.Model, Kinds: map[string]api.LearnedCost{}}
+			byModel[l.Model] = lc
+		}
+		lc.Kinds[l.Kind.String()] = api.LearnedCost{Factor: l.Factor, Count: l.Count}
+	}
+	models := make([]string, 0, len(byModel))
+	for m := range byModel {
+		models = append(models, m)
+	}
+	sort.Strings(models)
+	w := commitFn{what: fmt.Sprintf("learned costs of %v", models)}
+	for _, m := range models {
+		w.ops = append(w.ops, putJSON(costsKeyOf(m), byModel[m]))
+	}
+	t.costsDirty = map[string]bool{}
+	return []commitFn{w}
 }

@@ -99,7 +99,7 @@ func newCtlObs() *ctlObs {
 			Help: "Gang restarts decided by this head while it led: after a worker failed, or elsewhere after a machine was lost."}, []string{"cause"}),
 	}
 	for _, k := range []api.EventKind{api.EventGangPlaced, api.EventGangRunning, api.EventGangRestart, api.EventGangWaiting, api.EventGangFailed,
-		api.EventGangStopped, api.EventGangRefused, api.EventMachineUp, api.EventMachineDown, api.EventJobSubmitted, api.EventJobStopped} {
+		api.EventGangStopped, api.EventGangRefused, api.EventMachineUp, api.EventMachineDown, api.EventMachineCordoned, api.EventMachineUncordoned, api.EventJobSubmitted, api.EventJobStopped} {
 		o.eventsTotal.WithLabelValues(string(k))
 	}
 	o.restarts.WithLabelValues("worker_failed")

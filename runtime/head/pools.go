@@ -59,7 +59,7 @@ func (c *Controller) PoolView() (PoolView, error) {
 	idx := map[string]int{}
 	for name, m := range t.machines {
 		idx[name] = len(v.Machines)
-		v.Machines = append(v.Machines, PoolMachine{Name: name, Alive: m.rec.Alive, Gangs: map[string]int{}, Cordoned: c.cordoned[name], AgentAPI: m.rec.Agent.API})
+		v.Machines = append(v.Machines, PoolMachine{Name: name, Alive: m.rec.Alive, Gangs: map[string]int{}, Cordoned: t.cordons[name] != nil, AgentAPI: m.rec.Agent.API})
 		if m.rec.Agent.Transfer != "" {
 			byTransfer[m.rec.Agent.Transfer] = name
 		}
@@ -100,37 +100,6 @@ func (c *Controller) PoolView() (PoolView, error) {
 	return v, nil
 }
 
-// Cordon stops (on) or resumes (off) placing new gangs on a machine: the pools drain a
-// machine this way before removing it. Gangs already there keep running. The cordon is
-// the leader's, not the log's: a new leader's autoscaler cordons its draining machines
-// again.
-func (c *Controller) Cordon(ctx context.Context, name string, on bool) error {
-	t, err := c.lockTerm()
-	if err != nil {
-		return err
-	}
-	if t.machines[name] == nil {
-		c.mu.Unlock()
-		return fmt.Errorf("%w: machine %q", api.ErrNotFound, name)
-	}
-	if c.cordoned[name] == on {
-		c.mu.Unlock()
-		return nil
-	}
-	if c.cordoned == nil {
-		c.cordoned = map[string]bool{}
-	}
-	if on {
-		c.cordoned[name] = true
-	} else {
-		delete(c.cordoned, name)
-	}
-	work := c.rebuildLocked(t, c.cfg.Clock())
-	c.notifyLocked()
-	c.mu.Unlock()
-	return c.runCommits(ctx, t, work)
-}
-
 // SetPoolInterrupt gives the controller the pools runner's injection of interruption
 // notices (InjectInterruption).
 func (c *Controller) SetPoolInterrupt(f func(machine string, after time.Duration) error) {
@@ -164,12 +133,15 @@ func (c *Controller) SetPoolStatus(f func() *api.PoolsStatus) {
 		c.mu.Unlock()
 		return
 	}
-	work := c.rebuildLocked(t, c.cfg.Clock())
+	now := c.cfg.Clock()
+	work := c.reconfigureLocked(t, now)
+	work = append(work, c.cycleLocked(t, now)...)
+	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := c.runCommits(ctx, t, work); err != nil {
-		c.log.Warn("rebuilding the scheduler for the pools", zap.Error(err))
+	if err := c.await(ctx, ch); err != nil {
+		c.log.Warn("giving the scheduler the pools", zap.Error(err))
 	}
 }

@@ -3,10 +3,13 @@ package head
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
+	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/atoll-run/atoll/gang"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/store/meta"
 )
@@ -71,11 +74,51 @@ func (c *Controller) SetSchedulerConfig(ctx context.Context, conf api.SchedulerC
 		return conf, nil
 	}
 	t.conf, t.confVer = conf, ver+1
-	work := c.rebuildLocked(t, c.cfg.Clock())
+	now := c.cfg.Clock()
+	work := c.reconfigureLocked(t, now)
+	work = append(work, c.cycleLocked(t, now)...)
+	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
 	c.log.Info("scheduler configuration set", zap.Int("queues", len(conf.Queues)), zap.Int("priority_classes", len(conf.PriorityClasses)))
-	return conf, c.runCommits(ctx, t, work)
+	return conf, c.await(ctx, ch)
+}
+
+// reconfigureLocked gives the scheduler the operator's configuration as it stands in the
+// cache (queues, priority classes, guards; whether the pools may grow the cluster), as a
+// delta: every gang keeps its state and placement and moves to its queue and priority
+// under it. A gang the configuration leaves no queue fails (SetSchedulerConfig refuses
+// such a configuration while a gang is live; this is a log written otherwise).
+func (c *Controller) reconfigureLocked(t *term, now time.Time) []commitFn {
+	if t.sched == nil {
+		return nil
+	}
+	moves := map[string]gang.Requeue{}
+	var work []commitFn
+	keys := make([]string, 0, len(t.gangs))
+	for k := range t.gangs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		e := t.gangs[k]
+		if _, err := t.sched.GangStatus(k); err != nil {
+			continue
+		}
+		req, err := c.coreRequestLocked(t, e.rec.Spec)
+		if err == nil && !slices.ContainsFunc(t.conf.Queues, func(q api.QueueSpec) bool { return q.Name == req.Queue }) {
+			err = fmt.Errorf("queue %q is not configured", req.Queue)
+		}
+		if err != nil {
+			work = append(work, c.failLocked(t, e, "can never be placed under the new configuration: "+err.Error(), now))
+			continue
+		}
+		moves[k] = gang.Requeue{Queue: req.Queue, Priority: req.Priority}
+	}
+	if err := t.sched.Reconfigure(c.schedulerConfig(t.conf), moves); err != nil {
+		c.log.Error("the scheduler refused the configuration; it keeps the one it had", zap.Error(err))
+	}
+	return work
 }
 
 // queueStatusLocked is every queue's line for the cluster status.

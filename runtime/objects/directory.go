@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/store/meta"
@@ -30,6 +31,43 @@ type Record struct {
 	Owner       string   `json:"owner"`
 	Locations   []string `json:"locations"`
 	Refs        int64    `json:"refs"`
+	// Durable lists the Locations whose copy is durable (fsync'd on disk, adopted again
+	// when their store restarts).
+	Durable []string `json:"durable,omitempty"`
+	// State is empty for a live object. A dead one is kept for a while as a tombstone,
+	// so that a reader learns why it is gone: StateLost (no copy is left anywhere) or
+	// StateOwnerDied (its owner ended, and it with it). Ended is when it died.
+	State State     `json:"state,omitempty"`
+	Ended time.Time `json:"ended,omitempty"`
+}
+
+// State is a dead object record's cause of death.
+type State string
+
+// States of a dead record.
+const (
+	StateLost      State = "lost"
+	StateOwnerDied State = "owner_died"
+)
+
+// Err is the error a reader of a dead record gets (object.ErrLost or
+// object.ErrOwnerDied), nil for a live one.
+func (r *Record) Err() error {
+	switch r.State {
+	case StateLost:
+		return fmt.Errorf("objects: %s (%d bytes, owner %s) was lost at %s: no copy is left: %w",
+			shortID(r.ID), r.Size, r.Owner, r.Ended.Format(time.RFC3339), object.ErrLost)
+	case StateOwnerDied:
+		return fmt.Errorf("objects: %s: its owner %s ended at %s: %w", shortID(r.ID), r.Owner, r.Ended.Format(time.RFC3339), object.ErrOwnerDied)
+	}
+	return nil
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
 }
 
 // KV is what the directory needs of the metadata log: linearizable reads and guarded
@@ -126,8 +164,12 @@ func (d *Directory) Register(ctx context.Context, m object.Meta) error {
 	}
 	return d.update(ctx, m.ID, func(old *Record) (*Record, error) {
 		rec := &Record{ID: m.ID.String(), Size: m.Size, Fingerprint: m.Fingerprint, Owner: m.Owner, Refs: m.Refs}
+		if old != nil && old.State == StateOwnerDied {
+			return nil, old.Err() // its owner ended: no copy of it is taken in again
+		}
 		if old != nil {
 			rec = old
+			rec.State, rec.Ended = "", time.Time{} // a copy thought lost is found again (its store restarted)
 			if rec.Size != m.Size || (m.Fingerprint != 0 && rec.Fingerprint != 0 && rec.Fingerprint != m.Fingerprint) {
 				return nil, fmt.Errorf("objects: %s registered as %d bytes/%x, now %d bytes/%x: %w",
 					m.ID.Short(), rec.Size, rec.Fingerprint, m.Size, m.Fingerprint, object.ErrFingerprint)
@@ -136,10 +178,19 @@ func (d *Directory) Register(ctx context.Context, m object.Meta) error {
 				rec.Fingerprint = m.Fingerprint
 			}
 		}
+		changed := old == nil || old.State != "" || (old.Fingerprint == 0 && m.Fingerprint != 0)
 		for _, l := range m.Locations {
 			if !slices.Contains(rec.Locations, l) {
 				rec.Locations = append(rec.Locations, l)
+				changed = true
 			}
+			if m.Durable && !slices.Contains(rec.Durable, l) {
+				rec.Durable = append(rec.Durable, l)
+				changed = true
+			}
+		}
+		if !changed {
+			return nil, errNoChange
 		}
 		return rec, nil
 	})
@@ -160,12 +211,50 @@ func (d *Directory) RemoveLocation(ctx context.Context, id object.ID, location s
 		if old == nil {
 			return nil, fmt.Errorf("objects: remove location of %s: %w", id.Short(), object.ErrNotFound)
 		}
+		n := len(old.Locations) + len(old.Durable)
 		old.Locations = slices.DeleteFunc(old.Locations, func(l string) bool { return l == location })
-		if len(old.Locations) == 0 {
-			return nil, nil
+		old.Durable = slices.DeleteFunc(old.Durable, func(l string) bool { return l == location })
+		switch {
+		case len(old.Locations) == 0 && old.State == "":
+			return nil, nil // freed everywhere
+		case len(old.Locations)+len(old.Durable) == n:
+			return nil, errNoChange
 		}
+		return old, nil // a tombstone stays, without the location
+	})
+}
+
+// End marks an object dead (StateLost or StateOwnerDied) at now, keeping its record as a
+// tombstone without locations; it returns the locations it listed, whose stores may still
+// hold a copy to let go. A record already dead keeps its first cause.
+func (d *Directory) End(ctx context.Context, id object.ID, state State, now time.Time) ([]string, error) {
+	var locs []string
+	err := d.update(ctx, id, func(old *Record) (*Record, error) {
+		locs = nil
+		if old == nil {
+			return nil, errNoChange
+		}
+		locs = old.Locations
+		if old.State != "" {
+			return nil, errNoChange
+		}
+		old.State, old.Ended, old.Locations, old.Durable, old.Refs = state, now, nil, nil, 0
 		return old, nil
 	})
+	return locs, err
+}
+
+// Record reads an object's record, dead or alive.
+func (d *Directory) Record(ctx context.Context, id object.ID) (Record, bool, error) {
+	kv, ok, err := d.kv.Get(ctx, key(id))
+	if err != nil || !ok {
+		return Record{}, ok, err
+	}
+	var rec Record
+	if err := json.Unmarshal(kv.Value, &rec); err != nil {
+		return Record{}, false, fmt.Errorf("objects: record of %s: %w", id.Short(), err)
+	}
+	return rec, true, nil
 }
 
 // SetRefs implements object.Directory.
@@ -177,7 +266,7 @@ func (d *Directory) SetRefs(ctx context.Context, id object.ID, refs int64) error
 		if old == nil {
 			return nil, fmt.Errorf("objects: set refs of %s: %w", id.Short(), object.ErrNotFound)
 		}
-		if old.Refs == refs {
+		if old.Refs == refs || old.State != "" {
 			return nil, errNoChange
 		}
 		old.Refs = refs
@@ -200,6 +289,9 @@ func (d *Directory) Lookup(ctx context.Context, id object.ID) (object.Meta, erro
 	var rec Record
 	if err := json.Unmarshal(kv.Value, &rec); err != nil {
 		return object.Meta{}, fmt.Errorf("objects: record of %s: %w", id.Short(), err)
+	}
+	if err := rec.Err(); err != nil {
+		return object.Meta{}, err
 	}
 	return object.Meta{ID: id, Size: rec.Size, Fingerprint: rec.Fingerprint, Owner: rec.Owner, Locations: rec.Locations, Refs: rec.Refs}, nil
 }

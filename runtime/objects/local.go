@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"slices"
 	"sync"
 
 	"github.com/atoll-run/atoll/store/object"
@@ -16,14 +18,71 @@ import (
 // to its worker processes; the embedded default and a driver use it in process.
 type Local struct {
 	Node *transfer.Node
+	// SharedDir is the shared checkpoint directory this machine mounts (""): an object
+	// with a copy there and none that can be pulled is read from it.
+	SharedDir string
 
 	mu      sync.Mutex
 	holders map[object.ID]map[string]int
+	// borrowed are the copies this store pulled of objects others own, with their owner
+	// once known ("" until the first check): a get of one asks the directory whether its
+	// owner still lives.
+	borrowed map[object.ID]string
 }
 
 // NewLocal wraps a running node.
 func NewLocal(n *transfer.Node) *Local {
-	return &Local{Node: n, holders: map[object.ID]map[string]int{}}
+	return &Local{Node: n, holders: map[object.ID]map[string]int{}, borrowed: map[object.ID]string{}}
+}
+
+func (l *Local) borrow(id object.ID) {
+	l.mu.Lock()
+	if _, ok := l.borrowed[id]; !ok {
+		l.borrowed[id] = ""
+	}
+	l.mu.Unlock()
+}
+
+// SharedLocation is the location of the copies in a shared checkpoint directory.
+func SharedLocation(dir string) string { return SharedPrefix + dir }
+
+// SharedPrefix starts the location of a copy in a shared checkpoint directory.
+const SharedPrefix = "shared:"
+
+// sharedCopy reports whether id's record lists a copy in this machine's shared directory.
+func (l *Local) sharedCopy(ctx context.Context, id object.ID) bool {
+	d, ok := l.Node.Store.Directory().(*Directory)
+	if !ok {
+		return false
+	}
+	rec, found, err := d.Record(ctx, id)
+	return err == nil && found && rec.State == "" && slices.Contains(rec.Locations, SharedLocation(l.SharedDir))
+}
+
+// checkBorrowed refuses a copy this store pulled of an object whose owner has ended (its
+// record says so): the copy is dropped and object.ErrOwnerDied returned. A copy of a
+// durable object (detached, a checkpoint's part) is not checked; nor is a copy whose
+// record cannot be read now (the copy is served).
+func (l *Local) checkBorrowed(ctx context.Context, id object.ID) error {
+	l.mu.Lock()
+	owner, ok := l.borrowed[id]
+	l.mu.Unlock()
+	if !ok || DurableOwner(owner) {
+		return nil
+	}
+	m, err := l.Node.Store.Directory().Lookup(ctx, id)
+	switch {
+	case errors.Is(err, object.ErrOwnerDied):
+		_ = l.Drop(ctx, id, object.ErrOwnerDied)
+		return err
+	case err == nil && owner == "":
+		l.mu.Lock()
+		if _, ok := l.borrowed[id]; ok {
+			l.borrowed[id] = m.Owner
+		}
+		l.mu.Unlock()
+	}
+	return nil
 }
 
 func (l *Local) hold(id object.ID, holder string) {
@@ -46,46 +105,96 @@ func (l *Local) Put(ctx context.Context, holder string, data []byte) (object.ID,
 	return id, nil
 }
 
+// PutFrom stores size bytes read from r as a new object held (and owned) by holder,
+// streamed into the store's shared memory: nothing is buffered on the way, and a body that
+// fails gives its room back at once. See object.Store.PutFrom.
+func (l *Local) PutFrom(ctx context.Context, holder string, size int64, r io.Reader) (object.Meta, error) {
+	m, err := l.Node.Store.PutFrom(ctx, holder, object.NewID(), size, r)
+	if err != nil {
+		return object.Meta{}, err
+	}
+	l.hold(m.ID, holder)
+	return m, nil
+}
+
+// Persist makes this machine's copy of an object durable (fsync'd on disk, adopted again
+// when the store restarts) and returns its metadata.
+func (l *Local) Persist(ctx context.Context, id object.ID) (object.Meta, error) {
+	return l.Node.Store.Persist(ctx, id)
+}
+
 // Get returns a view of an object, pulling it over the transfer plane into this store
 // when it is elsewhere (holder then holds a reference to the local copy). The caller
 // releases the view.
 func (l *Local) Get(ctx context.Context, id object.ID, holder string) (*object.View, error) {
 	if v, err := l.Node.Store.Get(ctx, id); err == nil {
+		if err := l.checkBorrowed(ctx, id); err != nil {
+			v.Release()
+			return nil, err
+		}
 		return v, nil
 	} else if !errors.Is(err, object.ErrNotFound) {
 		return nil, err
 	}
+	held := l.Node.Store.Contains(id)
 	v, err := l.Node.Get(ctx, id, holder)
+	if err != nil && l.SharedDir != "" && !errors.Is(err, object.ErrOwnerDied) && l.sharedCopy(ctx, id) {
+		if _, ierr := l.Node.Store.Import(ctx, holder, id, l.SharedDir); ierr == nil || errors.Is(ierr, object.ErrExists) {
+			v, err = l.Node.Store.Get(ctx, id)
+		} else {
+			err = fmt.Errorf("%w; from the shared checkpoint directory: %w", err, ierr)
+		}
+	}
 	if err != nil {
 		return nil, err
+	}
+	if !held {
+		l.borrow(id)
 	}
 	l.hold(id, holder)
 	return v, nil
 }
 
 // Replicate makes sure this store holds a copy of an object, held by holder (a second
-// copy of a checkpoint, so that it survives the loss of the machine that wrote it).
-func (l *Local) Replicate(ctx context.Context, id object.ID, holder string) error {
+// copy of a checkpoint, so that it survives the loss of the machine that wrote it); with
+// durable, the copy is persisted (fsync'd) before Replicate returns, and its metadata is
+// returned.
+func (l *Local) Replicate(ctx context.Context, id object.ID, holder string, durable bool) (object.Meta, error) {
 	if l.Node.Store.Contains(id) {
 		if err := l.Node.Store.AddRef(ctx, id, holder); err != nil {
-			return err
+			return object.Meta{}, err
 		}
 		l.hold(id, holder)
-		return nil
+	} else {
+		v, err := l.Get(ctx, id, holder)
+		if err != nil {
+			return object.Meta{}, err
+		}
+		v.Release()
+		l.mu.Lock()
+		if _, ok := l.borrowed[id]; ok && DurableOwner(holder) {
+			l.borrowed[id] = holder // a durable copy, kept for its durable owner
+		}
+		l.mu.Unlock()
 	}
-	v, err := l.Get(ctx, id, holder)
-	if err != nil {
-		return err
+	if !durable {
+		return object.Meta{ID: id, Locations: []string{l.Node.Addr}}, nil
 	}
-	v.Release()
-	return nil
+	return l.Node.Store.Persist(ctx, id)
 }
 
 // Map pins an object for a worker process of this machine and says where to map it (read
 // only, zero copy), pulling it here first when needed.
 func (l *Local) Map(ctx context.Context, id object.ID, holder string) (object.Mapping, error) {
 	m, err := l.Node.Store.Map(ctx, id, holder)
-	if err == nil || !errors.Is(err, object.ErrNotFound) {
+	if err == nil {
+		if err := l.checkBorrowed(ctx, id); err != nil {
+			_ = l.Node.Store.Unmap(ctx, id, holder)
+			return object.Mapping{}, err
+		}
+		return m, nil
+	}
+	if !errors.Is(err, object.ErrNotFound) {
 		return m, err
 	}
 	v, err := l.Get(ctx, id, holder)
@@ -111,25 +220,43 @@ func (l *Local) Release(ctx context.Context, id object.ID, holder string) error 
 		}
 	}
 	l.mu.Unlock()
-	return l.Node.Store.Release(ctx, id, holder)
+	err := l.Node.Store.Release(ctx, id, holder)
+	l.forgetGone(id)
+	return err
 }
 
-// Free drops every reference this store holds to an object: its copy goes once no view or
-// mapping pins it, and its location leaves the directory.
-func (l *Local) Free(ctx context.Context, id object.ID) error {
-	l.mu.Lock()
-	hs := l.holders[id]
-	delete(l.holders, id)
-	l.mu.Unlock()
-	var errs []error
-	for h, n := range hs {
-		for i := 0; i < n; i++ {
-			if err := l.Node.Store.Release(ctx, id, h); err != nil && !errors.Is(err, object.ErrNotFound) && !errors.Is(err, object.ErrNotHolder) {
-				errs = append(errs, err)
+// forgetGone forgets what this Local knew of copies the store no longer holds.
+func (l *Local) forgetGone(ids ...object.ID) {
+	for _, id := range ids {
+		if !l.Node.Store.Contains(id) {
+			l.mu.Lock()
+			delete(l.borrowed, id)
+			if len(l.holders[id]) == 0 {
+				delete(l.holders, id)
 			}
+			l.mu.Unlock()
 		}
 	}
-	return errors.Join(errs...)
+}
+
+// Free drops every reference this store holds to an object, those of a previous instance
+// of the store (adopted at its Open) included: its copy is refused from now on and goes
+// once no view or mapping pins it, and its location leaves the directory.
+func (l *Local) Free(ctx context.Context, id object.ID) error {
+	return l.Drop(ctx, id, nil)
+}
+
+// Drop is Free with the cause later gets are refused with (object.ErrOwnerDied: its owner
+// ended).
+func (l *Local) Drop(ctx context.Context, id object.ID, cause error) error {
+	l.mu.Lock()
+	delete(l.holders, id)
+	delete(l.borrowed, id)
+	l.mu.Unlock()
+	if err := l.Node.Store.Drop(ctx, id, cause); err != nil && !errors.Is(err, object.ErrNotFound) {
+		return err
+	}
+	return nil
 }
 
 // ReleaseHolder drops every reference and mapping of a holder (a worker that stopped).
@@ -153,6 +280,7 @@ func (l *Local) ReleaseHolder(ctx context.Context, holder string) error {
 			}
 		}
 	}
+	l.forgetGone(ids...)
 	return errors.Join(errs...)
 }
 

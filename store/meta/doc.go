@@ -1,15 +1,16 @@
-// Package meta is the cluster's metadata state machine on the Paxos log: nodes, jobs,
-// gangs, placements, actors, objects and checkpoints, with versioned keys, compare-and-swap,
-// transactions and watches.
+// Package meta is the client side of the cluster's metadata log: the records (nodes, jobs,
+// gangs, placements, actors, objects and checkpoints under table prefixes), the requests
+// and events, and the Client that finds the leader and retries. It imports no Paxos: a
+// program that only talks to a cluster links this package, not the replicas. The state
+// machine, the head's HTTP handler and an in-process cluster are in metaserver.
 //
 // Records live under table prefixes (TableNodes.Key(id), TableObjects.Key(id), ...). Every
 // write is a Request (compares + ops) applied atomically at one new revision; requests carry
-// (ClientID, Seq) so a retried write takes effect once. Watch streams every change after a
-// revision, in order. Snapshot/Restore capture the whole state with the dedup table.
+// (ClientID, Seq) so a retried write takes effect once.
 //
 // An embedded head (three in-process replicas, WALs in a temporary directory):
 //
-//	c, err := meta.StartCluster(meta.DefaultClusterConfig())
+//	c, err := metaserver.StartCluster(metaserver.DefaultClusterConfig())
 //	defer c.Close()
 //	client, err := c.Client(meta.DefaultClientConfig())
 //	rev, err := client.Put(ctx, meta.TableNodes.Key("n1"), []byte(`{"gpus":8}`))
@@ -18,6 +19,7 @@
 //	events, err := c.SMs[1].Watch(ctx, string(meta.TableJobs), rev)
 //
 // Every key written belongs to a table; AllTables is the list. A separate process reaches
-// an `atoll head` through HTTPConn (the Handler's client API), over mutual TLS with
-// NewHTTPServer and NewHTTPClient given a *tls.Config.
+// an `atoll head` through HTTPConn (metaserver.Handler's client API), over mutual TLS with
+// metaserver.NewHTTPServer and NewHTTPClient given a *tls.Config. A follower's answer is a
+// *NotLeaderError naming the leader; the Client follows it.
 package meta

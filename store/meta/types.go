@@ -46,6 +46,14 @@ const (
 	// TableConfig holds the cluster's configuration records (the runtime's
 	// api.SchedulerConfig: queues and priority classes).
 	TableConfig Table = "config/"
+	// TableOwners holds the live owners of objects that are neither machines nor gangs
+	// (the runtime's api.Owner: a driver process, renewed while it runs).
+	TableOwners Table = "owners/"
+	// TableControl holds the control plane's decision inputs that are no other table's
+	// records: the leader term, machines' cordons and drains, the restart costs and the
+	// workload the scheduler learned (the runtime's api.ControlTerm, api.Cordon,
+	// api.LearnedCosts).
+	TableControl Table = "control/"
 )
 
 // AllTables lists every table: the one place that says which key prefixes exist. Adding a
@@ -63,6 +71,8 @@ func AllTables() []Table {
 		TableBinaries,
 		TableEvents,
 		TableConfig,
+		TableOwners,
+		TableControl,
 	}
 }
 

@@ -19,6 +19,10 @@ type Config struct {
 	Capacity int64
 	// CapacityShare is the share of RAM used when Capacity is 0. Default 0.3.
 	CapacityShare float64
+	// MaxObjectSize is the largest object the store takes; a larger put or create
+	// fails at once with ErrTooLarge, naming the limit (an agent answers 413).
+	// Default (0): the capacity, which is also the most it can be.
+	MaxObjectSize int64
 	// SmallMax: objects up to this size share slab files instead of one file each.
 	// Default min(64 KiB, SlabSize/4).
 	SmallMax int64
@@ -80,6 +84,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("object: config: ShmDir is empty")
 	case c.Capacity < 0:
 		return fmt.Errorf("object: config: Capacity %d is negative", c.Capacity)
+	case c.MaxObjectSize < 0:
+		return fmt.Errorf("object: config: MaxObjectSize %d is negative", c.MaxObjectSize)
 	case c.Capacity == 0 && (c.CapacityShare <= 0 || c.CapacityShare > 0.9):
 		return fmt.Errorf("object: config: CapacityShare %v must be in (0, 0.9] when Capacity is 0", c.CapacityShare)
 	case c.SmallMax < 0 || c.SlabSize < 0 || c.RecycleBytes < 0:

@@ -15,6 +15,9 @@ type Meta struct {
 	Owner       string
 	Locations   []string // transfer addresses of stores holding a full copy
 	Refs        int64    // logical references held at Locations[0]'s store (advisory)
+	// Durable says the copies at Locations are durable (Persist): on disk, fsync'd,
+	// adopted by the store's next Open. Register records it per location.
+	Durable bool
 }
 
 // Directory is the object metadata the store writes through. The store is its

@@ -7,7 +7,8 @@ import "errors"
 var (
 	// ErrNotFound: the id is unknown to this store (never put, or already freed).
 	ErrNotFound = errors.New("object: not found")
-	// ErrTooLarge: the object is larger than the store's whole capacity; it can never fit.
+	// ErrTooLarge: the object is larger than the store's whole capacity or its
+	// MaxObjectSize; it can never fit.
 	ErrTooLarge = errors.New("object: larger than store capacity")
 	// ErrStoreFull: admission could not make room (everything resident is in use)
 	// before the context's deadline. Nothing was overcommitted.
@@ -41,6 +42,9 @@ var (
 	// ErrShmTooSmall: the shared-memory file system (Config.ShmDir) has less than
 	// MinShm free.
 	ErrShmTooSmall = errors.New("object: shared memory too small")
+	// ErrOwnerDied: the object's owner (the process or job that put it) has
+	// ended, and the object with it: it is refused, as Ray's OwnerDiedError.
+	ErrOwnerDied = errors.New("object: owner died")
 	// ErrBadID: a printable id could not be parsed.
 	ErrBadID = errors.New("object: bad id")
 )

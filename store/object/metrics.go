@@ -7,6 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	puts, gets, frees, spills, restores prometheus.Counter
 	bytesPut, bytesSpilled              prometheus.Counter
+	persists, bytesPersisted            prometheus.Counter
 	shmRetries                          prometheus.Counter
 	errors                              *prometheus.CounterVec
 }
@@ -20,6 +21,7 @@ const (
 	reasonLost        = "lost"
 	reasonFingerprint = "fingerprint"
 	reasonLeaseExpiry = "lease_expired"
+	reasonPersist     = "persist_failed"
 )
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -27,21 +29,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "atoll", Subsystem: "object", Name: name, Help: help})
 	}
 	m := &metrics{
-		puts:         c("puts_total", "Objects put or created."),
-		gets:         c("gets_total", "Successful gets."),
-		frees:        c("frees_total", "Objects freed after their last reference."),
-		spills:       c("spills_total", "Objects spilled to the cold tier."),
-		restores:     c("restores_total", "Objects restored from the cold tier."),
-		bytesPut:     c("put_bytes_total", "Bytes put."),
-		bytesSpilled: c("spilled_bytes_total", "Uncompressed bytes spilled."),
-		shmRetries:   c("shm_full_retries_total", "Allocations that found shared memory full, made room and tried again."),
+		puts:           c("puts_total", "Objects put or created."),
+		gets:           c("gets_total", "Successful gets."),
+		frees:          c("frees_total", "Objects freed after their last reference."),
+		spills:         c("spills_total", "Objects spilled to the cold tier."),
+		restores:       c("restores_total", "Objects restored from the cold tier."),
+		bytesPut:       c("put_bytes_total", "Bytes put."),
+		bytesSpilled:   c("spilled_bytes_total", "Uncompressed bytes spilled."),
+		shmRetries:     c("shm_full_retries_total", "Allocations that found shared memory full, made room and tried again."),
+		persists:       c("persists_total", "Objects made durable (written and fsync'd to the durable tier)."),
+		bytesPersisted: c("persisted_bytes_total", "Bytes written to the durable tier."),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "atoll", Subsystem: "object",
 			Name: "errors_total", Help: "Errors by reason."}, []string{"reason"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, col := range []prometheus.Collector{m.puts, m.gets, m.frees, m.spills, m.restores, m.bytesPut, m.bytesSpilled, m.shmRetries, m.errors} {
+	for _, col := range []prometheus.Collector{m.puts, m.gets, m.frees, m.spills, m.restores, m.bytesPut, m.bytesSpilled, m.shmRetries, m.persists, m.bytesPersisted, m.errors} {
 		if err := reg.Register(col); err != nil {
 			return nil, err
 		}

@@ -22,6 +22,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("ATOLL_OBJECT_TMPFS") == "1" {
 		os.Exit(tmpfsHelper())
 	}
+	if d := os.Getenv("ATOLL_OBJECT_DURABLE"); d != "" {
+		os.Exit(durableHelper(d))
+	}
 	if d := os.Getenv("ATOLL_OBJECT_OWNER"); d != "" {
 		os.Exit(ownerHelper(d, os.Getenv("ATOLL_OBJECT_OWNER_DIR")))
 	}

@@ -5,7 +5,9 @@ package object
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -28,6 +30,48 @@ func (s *Store) PutID(ctx context.Context, owner string, id ID, b []byte) error 
 		copy(w.e.mem.rw, b)
 	}
 	return w.seal(ctx, false)
+}
+
+// PutFrom stores size bytes read from r under id, owned by owner (one
+// reference), writing them straight into the object's shared memory as they
+// arrive: nothing is buffered on the way, whatever the size. The object's room
+// is admitted before the first byte is read (ErrTooLarge at once past
+// MaxObjectSize). If r fails or ends early, or ctx ends, the object is aborted
+// and its room given back before PutFrom returns; r is never read past size.
+// The fingerprint is computed on the way; the new object's metadata is returned.
+func (s *Store) PutFrom(ctx context.Context, owner string, id ID, size int64, r io.Reader) (Meta, error) {
+	w, err := s.create(ctx, owner, id, size, 0, false, "")
+	if err != nil {
+		return Meta{}, err
+	}
+	dst := w.e.mem.rw
+	d := xxhash.New()
+	const block = 1 << 20
+	for off := 0; off < len(dst); {
+		if err := ctx.Err(); err != nil {
+			w.Abort()
+			return Meta{}, fmt.Errorf("object: put %s: %w", id.Short(), err)
+		}
+		end := min(off+block, len(dst))
+		n, err := io.ReadFull(r, dst[off:end])
+		_, _ = d.Write(dst[off : off+n])
+		off += n
+		if err != nil {
+			w.Abort()
+			if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+				return Meta{}, fmt.Errorf("object: put %s: the body ended after %d of %d bytes: %w", id.Short(), off, size, io.ErrUnexpectedEOF)
+			}
+			return Meta{}, fmt.Errorf("object: put %s: read after %d of %d bytes: %w", id.Short(), off, size, err)
+		}
+	}
+	fp := d.Sum64()
+	s.mu.Lock()
+	w.e.fp, w.e.fpOK = fp, true
+	s.mu.Unlock()
+	if err := w.seal(ctx, false); err != nil {
+		return Meta{}, err
+	}
+	return Meta{ID: id, Size: size, Fingerprint: fp, Owner: owner, Locations: []string{s.cfg.Location}, Refs: 1}, nil
 }
 
 // copyHash copies src into dst and returns xxhash64(src), hashing each block
@@ -84,6 +128,10 @@ func (s *Store) create(ctx context.Context, owner string, id ID, size int64, fp 
 	if size < 0 {
 		return nil, fmt.Errorf("object: create %s: negative size %d", id.Short(), size)
 	}
+	if size > s.maxObject {
+		return nil, s.fail(reasonTooLarge, fmt.Errorf("object: create %s: %d bytes is over this store's object size limit of %d bytes: %w",
+			id.Short(), size, s.maxObject, ErrTooLarge))
+	}
 	if s.memBytes(size, external != "") > s.capacity {
 		return nil, s.fail(reasonTooLarge, fmt.Errorf("object: create %s: %d bytes > capacity %d: %w", id.Short(), size, s.capacity, ErrTooLarge))
 	}
@@ -98,8 +146,9 @@ func (s *Store) create(ctx context.Context, owner string, id ID, size int64, fp 
 			// An aborted copy still pinned by a reader (a relay's region): it is
 			// freed when that reader lets go; the id is free now.
 			delete(s.objs, id)
-		case old.state == statePending || old.freePending:
-			// Being written, or being freed once its spill ends: Await waits for either.
+		case old.state == statePending || old.freePending || old.dropped != nil:
+			// Being written, or being freed once its spill ends or its last view goes
+			// (dropped): Await waits for the writer, or says it is gone.
 			return nil, fmt.Errorf("object: create %s: %w (%w)", id.Short(), ErrPending, ErrExists)
 		default:
 			return nil, fmt.Errorf("object: create %s: %w", id.Short(), ErrExists)

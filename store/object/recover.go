@@ -67,17 +67,23 @@ func adoptDir(dir string) (*os.File, error) {
 	return f, nil
 }
 
-// recover finds the spill files of a previous instance: each readable one is
-// an object again; an unreadable one is removed and reported by Lost; the
-// temporary file of an interrupted spill is removed. A file whose name the
-// store does not give is left where it is.
+// recover finds what a previous instance left on disk: its durable files first
+// (adoptDurable), then its spill files: each readable one is an object again;
+// an unreadable one is removed and reported by Lost; the temporary file of an
+// interrupted spill is removed, as is the spill file of an object adopted from
+// its durable file. A file whose name the store does not give is left where it
+// is.
 func (s *Store) recover() error {
+	ctx, cancel := s.background()
+	defer cancel()
+	adopted, err := s.adoptDurable(ctx)
+	if err != nil {
+		return err
+	}
 	names, err := s.spill.List()
 	if err != nil {
 		return fmt.Errorf("object: open: list spill files: %w", err)
 	}
-	ctx, cancel := s.background()
-	defer cancel()
 	for _, n := range names {
 		id, ok := isSpillName(n)
 		if !ok {
@@ -86,6 +92,10 @@ func (s *Store) recover() error {
 			} else {
 				s.log.Warn("a file the store did not create is in its spill directory; left in place", zap.String("file", n))
 			}
+			continue
+		}
+		if adopted[id] {
+			_ = s.spill.Remove(n) // the durable file is its copy
 			continue
 		}
 		h, err := s.readHeader(n)
@@ -102,6 +112,7 @@ func (s *Store) recover() error {
 		e := &entry{id: id, size: h.size, fp: h.fp, fpOK: true, owner: h.owner, state: stateCold, spilled: true,
 			refs: map[string]int{h.owner: 1}, progress: make(chan struct{})}
 		s.objs[id] = e
+		s.adopted = append(s.adopted, Meta{ID: id, Size: h.size, Fingerprint: h.fp, Owner: h.owner, Locations: []string{s.cfg.Location}, Refs: 1})
 		if err := s.directory.Register(ctx, Meta{ID: id, Size: h.size, Fingerprint: h.fp,
 			Owner: h.owner, Locations: []string{s.cfg.Location}, Refs: 1}); err != nil {
 			s.log.Warn("directory register of recovered object failed", zap.Stringer("id", id), zap.Error(err))

@@ -19,6 +19,10 @@ func (s *Store) AddRef(ctx context.Context, id ID, holder string) error {
 		s.mu.Unlock()
 		return s.fail(reasonNotFound, fmt.Errorf("object: add ref %s: %w", id.Short(), ErrNotFound))
 	}
+	if e.dropped != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("object: add ref %s: %w", id.Short(), e.dropped)
+	}
 	return s.addRefUnlock(ctx, e, holder)
 }
 
@@ -71,6 +75,10 @@ func (s *Store) Map(ctx context.Context, id ID, holder string) (Mapping, error) 
 		s.mu.Unlock()
 		return Mapping{}, s.fail(reasonNotFound, fmt.Errorf("object: map %s: %w", id.Short(), ErrNotFound))
 	}
+	if e.dropped != nil {
+		s.mu.Unlock()
+		return Mapping{}, fmt.Errorf("object: map %s: %w", id.Short(), e.dropped)
+	}
 	if e.maps == nil {
 		e.maps = map[string]int{}
 	}
@@ -115,6 +123,69 @@ func (s *Store) Unmap(ctx context.Context, id ID, holder string) error {
 	return nil
 }
 
+// Drop lets this store's copy of id go whatever holds it: every reference is
+// dropped, and from now on Get, Map, AddRef, Persist and Verify refuse it with
+// cause (ErrNotFound when cause is nil: a plain free; ErrOwnerDied when its
+// owner ended). Views and mappings taken before keep their bytes until they are
+// released; the copy, its files and its location in the directory go then.
+func (s *Store) Drop(ctx context.Context, id ID, cause error) error {
+	if cause == nil {
+		cause = ErrNotFound
+	}
+	s.mu.Lock()
+	e, ok := s.objs[id]
+	if !ok || e.state == statePending || e.state == stateAborted {
+		s.mu.Unlock()
+		return s.fail(reasonNotFound, fmt.Errorf("object: drop %s: %w", id.Short(), ErrNotFound))
+	}
+	freed := s.dropLocked(e, cause)
+	s.mu.Unlock()
+	s.forget(ctx, freed)
+	return nil
+}
+
+func (s *Store) dropLocked(e *entry, cause error) []ID {
+	if e.dropped == nil {
+		e.dropped = cause
+	}
+	e.refs = nil
+	freed := s.maybeFreeLocked(e)
+	s.notifyLocked()
+	return freed
+}
+
+// DropOwner drops (Drop) every object owner put in this store, with cause, and
+// returns their ids: what an owner that ended leaves behind here.
+func (s *Store) DropOwner(ctx context.Context, owner string, cause error) []ID {
+	if cause == nil {
+		cause = ErrOwnerDied
+	}
+	s.mu.Lock()
+	var ids, freed []ID
+	for id, e := range s.objs {
+		if e.owner == owner && (e.state == stateHot || e.state == stateCold) && e.dropped == nil {
+			ids = append(ids, id)
+			freed = append(freed, s.dropLocked(e, cause)...)
+		}
+	}
+	s.mu.Unlock()
+	s.forget(ctx, freed)
+	return ids
+}
+
+// Owned lists the sealed objects of owner in this store.
+func (s *Store) Owned(owner string) []ID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []ID
+	for id, e := range s.objs {
+		if e.owner == owner && (e.state == stateHot || e.state == stateCold) && e.dropped == nil && !e.freePending {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 // maybeFreeLocked frees e if nothing references it; it returns the freed ids.
 func (s *Store) maybeFreeLocked(e *entry) []ID {
 	if e.state == stateAborted {
@@ -149,6 +220,11 @@ func (s *Store) finishFreeLocked(e *entry, freed []ID) []ID {
 	if e.spilled {
 		if err := s.spill.Remove(spillName(e.id)); err != nil {
 			s.log.Warn("remove spill file failed", zap.Stringer("id", e.id), zap.Error(err))
+		}
+	}
+	if e.durable {
+		if err := s.durable.remove(e.id); err != nil {
+			s.log.Warn("remove durable file failed", zap.Stringer("id", e.id), zap.Error(err))
 		}
 	}
 	if e.lru != nil {

@@ -20,7 +20,7 @@ type Region struct {
 func (s *Store) OpenRegion(ctx context.Context, id ID) (*Region, error) {
 	s.mu.Lock()
 	e, ok := s.objs[id]
-	if !ok || e.state == stateAborted || e.freePending {
+	if !ok || e.state == stateAborted || e.freePending || e.dropped != nil {
 		s.mu.Unlock()
 		return nil, s.fail(reasonNotFound, fmt.Errorf("object: open region %s: %w", id.Short(), ErrNotFound))
 	}

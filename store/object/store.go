@@ -47,12 +47,15 @@ type entry struct {
 	views int            // in-process views and regions
 
 	spilling    bool
-	spilled     bool   // a complete spill file exists
-	freePending bool   // free once the in-flight spill finishes
-	freed       bool   // finishFreeLocked ran: memory and spill file given back
-	sealing     bool   // Writer.Seal in progress
-	hashOnSeal  bool   // written by another process (CreateFor): Seal computes fp
-	writer      string // the holder writing it from another process (CreateFor), while pending
+	spilled     bool          // a complete spill file exists
+	durable     bool          // a complete durable file exists (Persist): it is the cold copy
+	persisting  chan struct{} // closed when a Persist in progress ends
+	dropped     error         // Drop: gets are refused with this cause; freed once unpinned
+	freePending bool          // free once the in-flight spill finishes
+	freed       bool          // finishFreeLocked ran: memory and spill file given back
+	sealing     bool          // Writer.Seal in progress
+	hashOnSeal  bool          // written by another process (CreateFor): Seal computes fp
+	writer      string        // the holder writing it from another process (CreateFor), while pending
 	restoring   chan struct{}
 	lru         *list.Element
 
@@ -106,6 +109,7 @@ type Store struct {
 	slabSize  int64
 
 	recycleBytes int64
+	maxObject    int64
 
 	mu       sync.Mutex
 	objs     map[ID]*entry
@@ -115,6 +119,8 @@ type Store struct {
 	spilling int
 	leases   map[string]time.Time
 	lost     []ID
+	adopted  []Meta
+	durable  durableDir
 	closed   bool
 	closing  chan struct{} // closed by Close: stops lease reapers
 
@@ -137,13 +143,15 @@ type Store struct {
 
 // Stats is a snapshot of the store's occupancy.
 type Stats struct {
-	Objects     int
-	HotObjects  int
-	ColdObjects int
-	ColdBytes   int64 // bytes of the objects only in their spill files
-	HotBytes    int64 // shared memory charged against Capacity, recycled memory included
-	Recycled    int64 // freed large-object memory kept for reuse
-	Capacity    int64
+	Objects        int
+	HotObjects     int
+	ColdObjects    int
+	ColdBytes      int64 // bytes of the objects only in their spill or durable files
+	DurableObjects int   // objects with a durable copy here (Persist)
+	DurableBytes   int64
+	HotBytes       int64 // shared memory charged against Capacity, recycled memory included
+	Recycled       int64 // freed large-object memory kept for reuse
+	Capacity       int64
 }
 
 // Open opens the store whose state lives under dir (spill files in dir/spill unless
@@ -162,9 +170,11 @@ type Stats struct {
 // tier is shrunk to fit (and a warning logged), so puts spill to disk rather
 // than fail; with less than MinShm free, Open fails with ErrShmTooSmall.
 //
-// Objects spilled by a previous instance are found again (owned by their
-// recorded owner, one reference); unreadable spill files are removed and
-// reported by Lost.
+// Objects a previous instance made durable (Persist) are adopted: each durable
+// file is read whole and checked against its checksum, and registered at this
+// store's location; objects it spilled are found again too. Either kind is
+// owned by its recorded owner, with one reference (Adopted lists them). Files
+// that fail their check are removed and reported by Lost.
 func Open(cfg Config, dir string) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -203,6 +213,10 @@ func Open(cfg Config, dir string) (*Store, error) {
 			dirLock.Close()
 		}
 	}()
+	dd := filepath.Join(abs, "durable")
+	if err := os.MkdirAll(dd, 0o700); err != nil {
+		return nil, fmt.Errorf("object: open %s: %w", dir, err)
+	}
 	if cfg.Spill == nil {
 		sd := filepath.Join(abs, "spill")
 		if err := os.MkdirAll(sd, 0o700); err != nil {
@@ -242,6 +256,7 @@ func Open(cfg Config, dir string) (*Store, error) {
 		home:      home,
 		dirLock:   dirLock,
 		spill:     cfg.Spill,
+		durable:   durableDir{dir: dd, sync: (*os.File).Sync},
 		directory: cfg.Directory,
 		objs:      make(map[ID]*entry),
 		lru:       list.New(),
@@ -265,6 +280,13 @@ func Open(cfg Config, dir string) (*Store, error) {
 	s.recycleBytes = cfg.RecycleBytes
 	if s.recycleBytes == 0 {
 		s.recycleBytes = capacity
+	}
+	s.maxObject = cfg.MaxObjectSize
+	if s.maxObject == 0 || s.maxObject > capacity {
+		s.maxObject = capacity
+	}
+	if cfg.hooks != nil && cfg.hooks.sync != nil {
+		s.durable.sync = cfg.hooks.sync
 	}
 	if s.smallMax > s.slabSize || s.slabSize > capacity {
 		s.stopLife()
@@ -317,6 +339,10 @@ func statfs(dir string) (free, total int64, err error) {
 // Capacity returns the hot tier's capacity in bytes.
 func (s *Store) Capacity() int64 { return s.capacity }
 
+// MaxObjectSize is the largest object this store takes (Config.MaxObjectSize,
+// at most the capacity); a larger one fails with ErrTooLarge.
+func (s *Store) MaxObjectSize() int64 { return s.maxObject }
+
 // Location returns the transfer address this store registers objects under.
 func (s *Store) Location() string { return s.cfg.Location }
 
@@ -335,6 +361,10 @@ func (s *Store) Stats() Stats {
 		case stateCold:
 			st.ColdObjects++
 			st.ColdBytes += e.size
+		}
+		if e.durable {
+			st.DurableObjects++
+			st.DurableBytes += e.size
 		}
 	}
 	return st
@@ -371,6 +401,8 @@ type hooks struct {
 	admitBlocked func(size int64) // admission found no room and is about to wait
 	// mapPair replaces mapPair (creating a shared-memory file), to fake a full file system.
 	mapPair func(path string, size int64) (rw, ro []byte, err error)
+	// sync replaces (*os.File).Sync for the durable tier, to count or fail fsyncs.
+	sync func(f *os.File) error
 }
 
 func (s *Store) fail(reason string, err error) error {
@@ -383,7 +415,7 @@ func (s *Store) Contains(id ID) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.objs[id]
-	return ok && (e.state == stateHot || e.state == stateCold) && !e.freePending
+	return ok && (e.state == stateHot || e.state == stateCold) && !e.freePending && e.dropped == nil
 }
 
 // Close unmaps hot objects and removes their shared memory; spill files stay for the

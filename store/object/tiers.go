@@ -28,7 +28,7 @@ func (s *Store) victimLocked() *entry {
 // If e's last holder let it go meanwhile, e is freed (its location removed from
 // the directory under ctx) whatever the write did: room was made either way.
 func (s *Store) spillLocked(ctx context.Context, e *entry) error {
-	if !e.spilled {
+	if !e.spilled && !e.durable { // a durable object's file is its cold copy already
 		e.spilling = true
 		s.spilling++
 		data, fp, fpOK := e.mem.ro, e.fp, e.fpOK
@@ -126,7 +126,7 @@ func (s *Store) ensureHotLocked(ctx context.Context, e *entry) error {
 		m, err := s.allocLocked(ctx, e.id, e.size, false)
 		if err == nil {
 			s.mu.Unlock()
-			err = s.readSpill(e, m)
+			err = s.readCold(e, m)
 			s.mu.Lock()
 			if err != nil {
 				s.releaseMemLocked(m, false)
@@ -142,6 +142,49 @@ func (s *Store) ensureHotLocked(ctx context.Context, e *entry) error {
 		if err != nil {
 			return fmt.Errorf("object: restore %s: %w", e.id.Short(), err)
 		}
+	}
+	return nil
+}
+
+// readCold reads e's cold copy into m: its durable file when it has one, else
+// its spill file; either way the bytes are checked against e's fingerprint.
+func (s *Store) readCold(e *entry, m mem) error {
+	if !e.durable {
+		return s.readSpill(e, m)
+	}
+	h, err := s.durable.readInto(e.id, m.rw)
+	if err == nil && h.fp != e.fp {
+		err = fmt.Errorf("checksum %x, want %x", h.fp, e.fp)
+	}
+	if err != nil {
+		return s.fail(reasonLost, fmt.Errorf("durable file: %v: %w", err, ErrLost))
+	}
+	return sealMem(m)
+}
+
+// verifySpill decompresses e's spill file, without keeping its bytes, and
+// checks them against e's fingerprint.
+func (s *Store) verifySpill(e *entry) error {
+	r, err := s.spill.Open(spillName(e.id))
+	if err != nil {
+		return fmt.Errorf("open spill: %w", err)
+	}
+	defer r.Close()
+	if _, err := readSpillHeader(r); err != nil {
+		return fmt.Errorf("spill file: %w", err)
+	}
+	dec, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		return fmt.Errorf("spill file: %w", err)
+	}
+	defer dec.Close()
+	d := xxhash.New()
+	n, err := io.Copy(d, dec)
+	if err != nil {
+		return fmt.Errorf("spill file: %w", err)
+	}
+	if n != e.size || d.Sum64() != e.fp {
+		return fmt.Errorf("spill file: %d bytes of checksum %x, want %d of %x", n, d.Sum64(), e.size, e.fp)
 	}
 	return nil
 }

@@ -100,6 +100,10 @@ func (s *Store) Get(ctx context.Context, id ID) (*View, error) {
 		s.mu.Unlock()
 		return nil, s.fail(reasonNotFound, fmt.Errorf("object: get %s: %w", id.Short(), ErrNotFound))
 	}
+	if e.dropped != nil {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("object: get %s: %w", id.Short(), e.dropped)
+	}
 	e.views++
 	if err := s.ensureHotLocked(ctx, e); err != nil {
 		e.views--

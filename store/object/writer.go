@@ -188,7 +188,7 @@ func (s *Store) Await(ctx context.Context, id ID, holder string) error {
 			return fmt.Errorf("object: await %s: %w", id.Short(), ErrClosed)
 		}
 		e, ok := s.objs[id]
-		if !ok || e.state == stateAborted {
+		if !ok || e.state == stateAborted || e.dropped != nil {
 			s.mu.Unlock()
 			return fmt.Errorf("object: await %s: %w", id.Short(), ErrNotFound)
 		}

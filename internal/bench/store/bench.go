@@ -58,12 +58,18 @@ type Config struct {
 	SmallPulls int
 	// Dir holds the local store; default a temporary directory.
 	Dir string
+	// CkptBytes is the size of the checkpoint whose commit is timed, in CkptParts
+	// parts, over CkptRuns pairs of a one-copy and a two-copy commit (alternating
+	// order) and as many sends. Default 1 GiB in 8 parts, 3 runs; CkptRuns 0 skips it.
+	CkptBytes int64
+	CkptParts int
+	CkptRuns  int
 }
 
 // DefaultConfig returns the sizes the issue names.
 func DefaultConfig() Config {
 	return Config{MinSize: 1 << 20, MaxSize: 1 << 30, BytesPerSize: 512 << 20, Rounds: 3, PullRuns: 7, ReadPairs: 15, SmallCount: 50000,
-		SmallPulls: 400}
+		SmallPulls: 400, CkptBytes: 1 << 30, CkptParts: 8, CkptRuns: 3}
 }
 
 // Validate reports the first bad field.
@@ -81,6 +87,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("benchstore: Streams %d and Depth %d must not be negative", c.Streams, c.Depth)
 	case len(c.ServeCmd) == 0:
 		return fmt.Errorf("benchstore: ServeCmd is empty")
+	case c.CkptRuns < 0 || (c.CkptRuns > 0 && (c.CkptParts < 1 || c.CkptBytes < int64(c.CkptParts)*4096 || c.CkptBytes > 1<<40)):
+		return fmt.Errorf("benchstore: checkpoint of %d bytes in %d parts over %d runs: want at least 4096 bytes a part, at most 2^40 in all",
+			c.CkptBytes, c.CkptParts, c.CkptRuns)
 	}
 	return nil
 }
@@ -144,12 +153,28 @@ type Result struct {
 	PullPlainGBps      float64 `json:"pull_plain_gbps,omitempty"` // the plain pulls paired with the TLS ones
 	// TLSRatio is the median over back-to-back pairs of plain pull time / TLS
 	// pull time: TLS throughput relative to plain.
-	TLSRatio             float64             `json:"tls_ratio,omitempty"`
-	TLSRatioLo           float64             `json:"tls_ratio_q1,omitempty"`
-	TLSRatioHi           float64             `json:"tls_ratio_q3,omitempty"`
-	PullTLSCPUPerGB      float64             `json:"pull_tls_cpu_s_per_gb,omitempty"`
-	SmallPullTLSPooledUS float64             `json:"small_pull_tls_pooled_us,omitempty"`
-	SmallPullTLSDialUS   float64             `json:"small_pull_tls_dial_us,omitempty"`
+	TLSRatio             float64 `json:"tls_ratio,omitempty"`
+	TLSRatioLo           float64 `json:"tls_ratio_q1,omitempty"`
+	TLSRatioHi           float64 `json:"tls_ratio_q3,omitempty"`
+	PullTLSCPUPerGB      float64 `json:"pull_tls_cpu_s_per_gb,omitempty"`
+	SmallPullTLSPooledUS float64 `json:"small_pull_tls_pooled_us,omitempty"`
+	SmallPullTLSDialUS   float64 `json:"small_pull_tls_dial_us,omitempty"`
+	// The checkpoint commit (h): CkptBytes in CkptParts parts; the medians over CkptRuns of
+	// a commit with one durable copy (every part persisted and fsync'd by this process's
+	// store), with two (the same while a second process pulls every part over loopback
+	// and persists it), and of sending the parts once (the second process pulls them
+	// without persisting); CkptSecondCopyS is the median over pairs of two-copy minus
+	// one-copy time, the cost of the second copy, and CkptSecondCopyVsSend that over the
+	// send time (target < 1). CkptPersistGBps is the one-copy commit's bytes per second.
+	CkptBytes            int64               `json:"ckpt_bytes,omitempty"`
+	CkptParts            int                 `json:"ckpt_parts,omitempty"`
+	CkptRuns             int                 `json:"ckpt_runs,omitempty"`
+	CkptCommit1S         float64             `json:"ckpt_commit_1copy_s,omitempty"`
+	CkptCommit2S         float64             `json:"ckpt_commit_2copy_s,omitempty"`
+	CkptSendS            float64             `json:"ckpt_send_s,omitempty"`
+	CkptSecondCopyS      float64             `json:"ckpt_second_copy_s,omitempty"`
+	CkptSecondCopyVsSend float64             `json:"ckpt_second_copy_vs_send,omitempty"`
+	CkptPersistGBps      float64             `json:"ckpt_persist_gbps,omitempty"`
 	SmallPutsPerS        float64             `json:"small_puts_per_s"`
 	SmallGetsPerS        float64             `json:"small_gets_per_s"`
 	Sizes                []SizeResult        `json:"sizes"`
@@ -185,7 +210,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
 		Targets: map[string]float64{"put_memcpy_ratio": 0.7, "get_read_ratio": 0.9, "pull_ratio": 0.8, "small_puts_per_s": 50000}}
 
 	scfg := object.DefaultConfig()
-	scfg.Capacity = max(2*cfg.MaxSize, 2*cfg.PullSize, 256<<20)
+	scfg.Capacity = max(2*cfg.MaxSize, 2*cfg.PullSize, 2*cfg.CkptBytes, 256<<20)
 	st, err := object.Open(scfg, dir)
 	if err != nil {
 		return res, err
@@ -290,6 +315,13 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) (Result, error) {
 		"get_read_ratio":   res.GetReadRatio >= 0.9,
 		"pull_ratio":       res.PullRatio >= 0.8,
 		"small_puts_per_s": res.SmallPutsPerS >= 50000,
+	}
+	if cfg.CkptRuns > 0 {
+		if err := runCheckpoint(ctx, cfg, st, &res, log); err != nil {
+			return res, err
+		}
+		res.Targets["ckpt_second_copy_vs_send"] = 1
+		res.Met["ckpt_second_copy_vs_send"] = res.CkptSecondCopyVsSend < 1
 	}
 	return res, nil
 }

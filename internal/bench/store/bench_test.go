@@ -26,6 +26,7 @@ func TestRunSmall(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.MinSize, cfg.MaxSize, cfg.BytesPerSize, cfg.SmallCount, cfg.PullRuns = 64<<10, 1<<20, 4<<20, 2000, 3
 	cfg.ReadPairs, cfg.SmallPulls, cfg.TLS = 3, 20, true
+	cfg.CkptBytes, cfg.CkptParts, cfg.CkptRuns = 8<<20, 4, 2
 	cfg.ServeCmd = []string{os.Args[0], "-test.run=^$"}
 	cfg.ServeEnv = []string{"ATOLL_BENCHSTORE_SERVE=1"}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -33,6 +34,9 @@ func TestRunSmall(t *testing.T) {
 	res, err := Run(ctx, cfg, zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if _, ok := res.Met["ckpt_second_copy_vs_send"]; !ok || res.CkptBytes != 8<<20 || res.CkptRuns != 2 {
+		t.Errorf("checkpoint commit not measured: %d bytes, %d runs, met %v", res.CkptBytes, res.CkptRuns, res.Met)
 	}
 	if len(res.Sizes) != 3 || res.PullBytes != 1<<20 || res.SmallPulls != 20 || !res.TLS {
 		t.Fatalf("sizes %d, pull bytes %d, small pulls %d, tls %v", len(res.Sizes), res.PullBytes, res.SmallPulls, res.TLS)
@@ -51,7 +55,8 @@ func TestRunSmall(t *testing.T) {
 		"pull": res.PullGBps, "tcp": res.TCPGBps, "pull ratio": res.PullRatio, "pull cpu": res.PullCPUPerGB, "small puts": res.SmallPutsPerS,
 		"small gets": res.SmallGetsPerS, "small pull pooled": res.SmallPullPooledUS, "small pull dial": res.SmallPullDialUS,
 		"small pulls/s": res.SmallPullsPooledPS, "tls pull": res.PullTLSGBps, "tls ratio": res.TLSRatio,
-		"tls small pull": res.SmallPullTLSPooledUS, "tls small dial": res.SmallPullTLSDialUS} {
+		"tls small pull": res.SmallPullTLSPooledUS, "tls small dial": res.SmallPullTLSDialUS,
+		"checkpoint one copy": res.CkptCommit1S, "checkpoint two copies": res.CkptCommit2S, "checkpoint send": res.CkptSendS} {
 		if !(v > 0) {
 			t.Errorf("%s = %v, want a positive measurement", name, v)
 		}

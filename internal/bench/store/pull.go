@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -72,7 +73,9 @@ func pairs(n int, a, b func() (time.Duration, error)) (pairStats, error) {
 type server struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
+	out   *bufio.Reader
 	info  ServeInfo
+	mu    sync.Mutex // one command at a time
 }
 
 func (s *server) stop() { s.stdin.Close(); _ = s.cmd.Wait() }
@@ -93,13 +96,13 @@ func startServer(ctx context.Context, cfg Config, sc ServeConfig) (*server, erro
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("benchstore: start %v: %w", cfg.ServeCmd, err)
 	}
-	s := &server{cmd: cmd, stdin: stdin}
+	s := &server{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
 	line, _ := json.Marshal(sc)
 	if _, err := stdin.Write(append(line, '\n')); err != nil {
 		s.stop()
 		return nil, fmt.Errorf("benchstore: configure the serving process: %w", err)
 	}
-	out, err := bufio.NewReader(stdout).ReadBytes('\n')
+	out, err := s.out.ReadBytes('\n')
 	if err != nil {
 		s.stop()
 		return nil, fmt.Errorf("benchstore: serving process said nothing: %w", err)

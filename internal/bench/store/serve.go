@@ -26,6 +26,9 @@ type ServeConfig struct {
 	Token    string `json:"token"` // hex, at least 16 bytes
 	Size     int64  `json:"size"`  // the large object's size
 	Sendfile bool   `json:"sendfile"`
+	// Room is store capacity beyond the objects it serves (for the parts the checkpoint
+	// measurement has it pull).
+	Room int64 `json:"room,omitempty"`
 	// TLS, if set, adds a second transfer server that requires mutual TLS.
 	TLS *TLSPEM `json:"tls,omitempty"`
 }
@@ -53,8 +56,9 @@ type ServeInfo struct {
 // Serve reads a ServeConfig line from stdin, puts one object of Size
 // pseudo-random bytes and one of SmallSize into a fresh store, serves them
 // through a transfer server (and one with mutual TLS if asked) and the large
-// one through a bare TCP listener, prints a ServeInfo line to out, and runs
-// until stdin reaches EOF or ctx ends.
+// one through a bare TCP listener, prints a ServeInfo line to out, and then
+// answers ServeCommand lines (one ServeReply line each) until stdin reaches EOF
+// or ctx ends.
 func Serve(ctx context.Context, stdin io.Reader, out io.Writer, log *zap.Logger) error {
 	if log == nil {
 		log = zap.NewNop()
@@ -90,7 +94,7 @@ func Serve(ctx context.Context, stdin io.Reader, out io.Writer, log *zap.Logger)
 	}
 	defer os.RemoveAll(dir)
 	cfg := object.DefaultConfig()
-	cfg.Capacity = sc.Size + 64<<20
+	cfg.Capacity = sc.Size + 64<<20 + max(sc.Room, 0)
 	cfg.Location = ln.Addr().String()
 	cfg.Logger = log
 	st, err := object.Open(cfg, dir)
@@ -147,13 +151,15 @@ func Serve(ctx context.Context, stdin io.Reader, out io.Writer, log *zap.Logger)
 			}()
 		}
 	}()
-	if err := json.NewEncoder(out).Encode(info); err != nil {
+	enc := json.NewEncoder(out)
+	if err := enc.Encode(info); err != nil {
 		return err
 	}
-	done := make(chan struct{})
-	go func() { _, _ = io.Copy(io.Discard, in); close(done) }()
+	done := make(chan error, 1)
+	go func() { done <- serveCommands(ctx, in, enc, st, token, log) }()
 	select {
-	case <-done:
+	case err := <-done:
+		return err
 	case <-ctx.Done():
 	}
 	return nil
