@@ -127,7 +127,7 @@ worker processes of the gangs placed on it.`,
 	f.StringVar(&gossip, "gossip", "127.0.0.1:0", "address to gossip on (serf membership); \"none\" turns it off")
 	f.DurationVar(&gossipProbe, "gossip-probe", 500*time.Millisecond, gossipProbeUsage)
 	f.Int64Var(&objectStore, "object-store", 0, "bytes of the object store's shared-memory tier (0: the store's default share of RAM)")
-	f.DurationVar(&loadInterval, "load-interval", 200*time.Millisecond, "how often the machine's load is sampled and reported")
+	f.DurationVar(&loadInterval, "load-interval", time.Second, "how often the machine's load is sampled and reported (the report is its heartbeat to the leader)")
 	f.StringVar(&checkpointDir, "checkpoint-dir", "", "a shared checkpoint directory (the same path on every machine that mounts it): the second durable copy of checkpoints and detached objects goes there instead of to another machine")
 	f.Int64Var(&maxObject, "max-object-size", 0, "bytes of the largest object the store takes (a larger put is refused with 413; 0: the store's capacity)")
 	f.DurationVar(&reconcileInterval, "reconcile-interval", 10*time.Second, "how often the object directory is reconciled with the live stores and owners (by the alive machine whose name sorts first)")

@@ -48,6 +48,9 @@ type clusterFile struct {
 	// started with ("" for their defaults), kept so that a restart runs them the same.
 	GossipProbe      string `json:"gossip_probe,omitempty"`
 	HeartbeatTimeout string `json:"heartbeat_timeout,omitempty"`
+	// Tick and ElectionTimeout are the heads' Paxos timing ("" for their defaults).
+	Tick            string `json:"tick,omitempty"`
+	ElectionTimeout string `json:"election_timeout,omitempty"`
 	// AgentArgs are the options its agents run with (atoll up --reconcile-interval,
 	// --max-object-size, --checkpoint-dir).
 	AgentArgs []string `json:"agent_args,omitempty"`
@@ -60,6 +63,8 @@ type upOptions struct {
 	// gossipProbe and heartbeatTimeout set the failure detection of the heads and agents
 	// (0: their defaults).
 	gossipProbe, heartbeatTimeout time.Duration
+	// tick and election are the heads' Paxos timing (0: their defaults).
+	tick, election time.Duration
 	// agent are the agents' object store options.
 	agent agentOptions
 }
@@ -357,6 +362,9 @@ another process reuses is never taken for one of them.`,
 					return fmt.Errorf("up: %w", err)
 				}
 			}
+			if err := checkTiming(opts.tick, opts.election); err != nil {
+				return fmt.Errorf("up: %w", err)
+			}
 			cf, st, err := startCluster(cmd.Context(), dir, heads, agents, machine, !insecure, timeout, opts)
 			if err != nil {
 				return fmt.Errorf("up: %w", err)
@@ -380,6 +388,7 @@ another process reuses is never taken for one of them.`,
 	f.BoolVar(&insecure, "insecure-no-tls", false, "run every link on the token alone, in clear (default: mutual TLS with the cluster's CA)")
 	f.StringVar(&opts.poolFile, "pools", "", "a pool file: the leader adds and removes agents with the work (local provider; docs/pools.md)")
 	f.DurationVar(&opts.gossipProbe, "gossip-probe", 0, "the heads' and its agents' --gossip-probe (0: theirs, 500ms): "+gossipProbeUsage)
+	timingFlags(f, &opts.tick, &opts.election)
 	f.DurationVar(&opts.heartbeatTimeout, "heartbeat-timeout", 0, "the heads' --heartbeat-timeout (0: theirs, 10s): how long a machine may send no load report before it is declared dead")
 	f.DurationVar(&opts.agent.reconcileInterval, "reconcile-interval", 0, "the agents' --reconcile-interval (0: their default)")
 	f.Int64Var(&opts.agent.maxObjectSize, "max-object-size", 0, "the agents' --max-object-size (0: their default)")
@@ -461,6 +470,12 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		}
 		if opts.heartbeatTimeout > 0 {
 			cf.HeartbeatTimeout = opts.heartbeatTimeout.String()
+		}
+		if opts.tick > 0 {
+			cf.Tick = opts.tick.String()
+		}
+		if opts.election > 0 {
+			cf.ElectionTimeout = opts.election.String()
 		}
 		cf.AgentArgs = opts.agent.args()
 	}
@@ -626,6 +641,12 @@ func headArgs(abs string, cf *clusterFile, i int) []string {
 	}
 	if cf.HeartbeatTimeout != "" {
 		args = append(args, "--heartbeat-timeout", cf.HeartbeatTimeout)
+	}
+	if cf.Tick != "" {
+		args = append(args, "--tick", cf.Tick)
+	}
+	if cf.ElectionTimeout != "" {
+		args = append(args, "--election-timeout", cf.ElectionTimeout)
 	}
 	return args
 }

@@ -13,11 +13,13 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/head"
 	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/store/paxos"
 )
 
 // parsePeers parses "1=host:port,2=host:port".
@@ -100,6 +102,25 @@ func gossipAddrOrNone(g string) []string {
 	return []string{g}
 }
 
+// timingFlags declares --tick and --election-timeout (atoll head, atoll up).
+func timingFlags(f *pflag.FlagSet, tick, election *time.Duration) {
+	f.DurationVar(tick, "tick", head.DefaultTick, "Paxos tick: the heads' timer resolution, 1ms..1s")
+	f.DurationVar(election, "election-timeout", head.DefaultElectionTimeout,
+		fmt.Sprintf("silence of the leader after which a head asks for an election (randomized up to twice this; heartbeats go out five times as often), at least %d ticks", paxos.MinElectionTicks))
+}
+
+// checkTiming validates --tick and --election-timeout as a head will use them.
+func checkTiming(tick, election time.Duration) error {
+	if tick < time.Millisecond || tick > time.Second {
+		return fmt.Errorf("--tick %v: want 1ms..1s", tick)
+	}
+	var rc paxos.ReplicaConfig
+	if err := rc.SetTiming(tick, election); err != nil {
+		return fmt.Errorf("--election-timeout %v with --tick %v: want %d ticks (%v) to %v", election, tick, paxos.MinElectionTicks, paxos.MinElectionTicks*tick, paxos.MaxElectionTimeout)
+	}
+	return nil
+}
+
 // newHeadCmd is `atoll head`: one head of the cluster: a replica of the Paxos metadata log
 // and, while it leads, the control plane (scheduler, gangs, restarts, membership).
 func newHeadCmd() *cobra.Command {
@@ -112,6 +133,7 @@ func newHeadCmd() *cobra.Command {
 		tokenFile    string
 		noFsync      bool
 		tick         time.Duration
+		election     time.Duration
 		join         bool
 		initialFlag  string
 		gossip       string
@@ -138,8 +160,8 @@ func newHeadCmd() *cobra.Command {
 			if id == 0 || id > 65535 {
 				return fmt.Errorf("head: --id %d: want a replica id in 1..65535", id)
 			}
-			if tick < time.Millisecond || tick > time.Second {
-				return fmt.Errorf("head: --tick %v: want 1ms..1s (an election takes 10-20 ticks)", tick)
+			if err := checkTiming(tick, election); err != nil {
+				return fmt.Errorf("head: %w", err)
 			}
 			peers, err := parsePeers(peersFlag)
 			if err != nil {
@@ -215,7 +237,7 @@ func newHeadCmd() *cobra.Command {
 					gossipAdv = net.JoinHostPort(advertise, gp)
 				}
 			}
-			h, err := head.Start(head.Config{ID: id, Peers: peers, Initial: ids, Join: join, DataDir: dataDir, NoSync: noFsync, Tick: tick,
+			h, err := head.Start(head.Config{ID: id, Peers: peers, Initial: ids, Join: join, DataDir: dataDir, NoSync: noFsync, Tick: tick, ElectionTimeout: election,
 				APIListen: clientListen, APIAdvertise: apiAdv, Token: token, CA: ca, Gossip: gossip, GossipJoin: gj, GossipAdvertise: gossipAdv,
 				GossipProbe: gossipProbe, Controller: head.ControllerConfig{HeartbeatTimeout: heartbeat}, Logger: logger})
 			if err != nil {
@@ -240,7 +262,7 @@ func newHeadCmd() *cobra.Command {
 	f.StringVar(&dataDir, "data-dir", "", "directory of this replica's WAL")
 	f.StringVar(&tokenFile, "token-file", "", "file holding the cluster token, mode 0600 (default $ATOLL_TOKEN_FILE, or $ATOLL_TOKEN)")
 	f.BoolVar(&noFsync, "no-fsync", false, "do not fsync the WAL (unsafe: acknowledged writes may be lost on power loss)")
-	f.DurationVar(&tick, "tick", 10*time.Millisecond, "Paxos tick, 1ms..1s (election timeout is 10-20 ticks)")
+	timingFlags(f, &tick, &election)
 	f.BoolVar(&join, "join", false, "this replica is being added to a running group (POST /v1/members/add at the leader): it learns the log and votes once a configuration including it is chosen; always restart it with --join")
 	f.StringVar(&initialFlag, "initial-members", "", "ids of the group's first configuration, comma-separated (default: every id in --peers); keep it the same across restarts")
 	f.StringVar(&gossip, "gossip", "127.0.0.1:0", "address to gossip on with the agents (serf membership and failure detection); \"none\" turns it off")

@@ -4,6 +4,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParsePeers(t *testing.T) {
@@ -73,5 +74,33 @@ func TestHeadRefusesClearLinksBeyondLoopback(t *testing.T) {
 		if err := root.Execute(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("atoll %v: %v, want an error mentioning %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// The heads' Paxos timing is settable on atoll head and atoll up; a timing an election
+// could not run on is refused before anything starts, naming the flag.
+func TestTimingFlagsValidated(t *testing.T) {
+	t.Setenv("ATOLL_TOKEN", "secret-token-0123456789")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"head", "--id", "1", "--peers", "1=127.0.0.1:0", "--data-dir", t.TempDir(), "--election-timeout", "300ms"}, "--election-timeout 300ms with --tick 100ms: want 5 ticks (500ms)"},
+		{[]string{"head", "--id", "1", "--peers", "1=127.0.0.1:0", "--data-dir", t.TempDir(), "--tick", "0s"}, "--tick 0s: want 1ms..1s"},
+		{[]string{"head", "--id", "1", "--peers", "1=127.0.0.1:0", "--data-dir", t.TempDir(), "--tick", "500ms"}, "--election-timeout 1s with --tick 500ms"},
+		{[]string{"up", "--dir", t.TempDir(), "--election-timeout", "2m"}, "up: --election-timeout 2m0s"},
+		{[]string{"up", "--dir", t.TempDir(), "--tick", "2s"}, "up: --tick 2s"},
+	} {
+		root := newRootCmd()
+		root.SetArgs(tc.args)
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		err := root.Execute()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("atoll %v: %v, want an error with %q", tc.args, err, tc.want)
+		}
+	}
+	if err := checkTiming(100*time.Millisecond, time.Second); err != nil {
+		t.Errorf("the defaults are refused: %v", err)
 	}
 }

@@ -84,7 +84,10 @@ type Config struct {
 	CheckpointDir string
 	// Launcher starts workers. Default: an ExecLauncher (one process per worker).
 	Launcher Launcher
-	// LoadInterval is how often the agent samples and reports its load. Default 200 ms.
+	// LoadInterval is how often the agent samples and reports its load; each report is also
+	// the machine's heartbeat to the leader. Default 1 s (the leader's failure detection
+	// counts in seconds; a report every 200 ms cost the heads more than everything else
+	// of an idle cluster).
 	LoadInterval time.Duration
 	// StopGrace is how long a stopped worker has before it is killed. Default 2 s.
 	StopGrace time.Duration
@@ -164,7 +167,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		cfg.Logger = zap.NewNop()
 	}
 	if cfg.LoadInterval == 0 {
-		cfg.LoadInterval = 200 * time.Millisecond
+		cfg.LoadInterval = time.Second
 	}
 	if cfg.StopGrace == 0 {
 		cfg.StopGrace = 2 * time.Second

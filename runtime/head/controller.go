@@ -52,13 +52,23 @@ import (
 type ControllerConfig struct {
 	// Scheduler configures the gang scheduler core. Default gang.DefaultConfig().
 	Scheduler gang.Config
-	// Poll is how often the controller checks whether its replica leads. Default 10 ms.
+	// Poll is how often the leader sweeps for dead machines (and so notices its own
+	// pauses). Default 200 ms. Changes of leadership are watched, not polled.
 	Poll time.Duration
-	// Clock is the time source. Default time.Now.
+	// Clock is the time source (with a monotonic reading). Default time.Now.
 	Clock func() time.Time
 	// HeartbeatTimeout declares dead a machine whose agent sent no load report for this long
-	// (a backstop to gossip's faster detection, and the only one without gossip). Default 10 s.
+	// (the only rule without gossip). Default 10 s. Failure detection: detect.go.
 	HeartbeatTimeout time.Duration
+	// GossipConfirm declares dead a machine that gossip has failed (or left) and whose agent
+	// sent no load report for this long: gossip alone never does. Default 3 s.
+	GossipConfirm time.Duration
+	// PauseThreshold: a gap between two sweeps longer than this means the leader itself
+	// was paused or starved; every machine then gets a fresh grace period. Default 1 s.
+	PauseThreshold time.Duration
+	// FlapMemory is how long a machine that gossip had down and that came back keeps its
+	// longer GossipConfirm (doubled per comeback). Default 1 min.
+	FlapMemory time.Duration
 	// CostFlush bounds how long a learned restart cost waits before it is committed: the
 	// measurements of that time go in one commit. Default 1 s.
 	CostFlush time.Duration
@@ -125,6 +135,7 @@ type Controller struct {
 
 	obs *ctlObs // metrics, the event log's sequence, jobs' progress reports (observe.go)
 
+	poke chan struct{} // asks Run for a sweep now (gossip news)
 	stop chan struct{}
 	done chan struct{}
 }
@@ -144,8 +155,7 @@ type term struct {
 	specs    []string       // scheduler node index -> the machine spec it was built from (JSON)
 	timers   map[string]*time.Timer
 	loads    map[string]api.LoadReport
-	seen     map[string]time.Time // when the leader last heard from each machine
-	started  time.Time
+	detect   *failureDetector // the machines' liveness evidence (detect.go)
 	// conf is the operator's scheduler configuration (queues, priority classes), from the
 	// log (confVer its version, 0 when none was ever set).
 	conf    api.SchedulerConfig
@@ -197,13 +207,22 @@ func NewController(cfg ControllerConfig, rep *paxos.Replica, sm *metaserver.Stat
 		cfg.Scheduler = DefaultSchedulerConfig()
 	}
 	if cfg.Poll == 0 {
-		cfg.Poll = 10 * time.Millisecond
+		cfg.Poll = 200 * time.Millisecond
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
 	if cfg.HeartbeatTimeout == 0 {
 		cfg.HeartbeatTimeout = 10 * time.Second
+	}
+	if cfg.GossipConfirm == 0 {
+		cfg.GossipConfirm = min(3*time.Second, cfg.HeartbeatTimeout)
+	}
+	if cfg.PauseThreshold == 0 {
+		cfg.PauseThreshold = max(time.Second, 5*cfg.Poll)
+	}
+	if cfg.FlapMemory == 0 {
+		cfg.FlapMemory = time.Minute
 	}
 	if cfg.CostFlush == 0 {
 		cfg.CostFlush = time.Second
@@ -212,7 +231,7 @@ func NewController(cfg ControllerConfig, rep *paxos.Replica, sm *metaserver.Stat
 		cfg.Logger = zap.NewNop()
 	}
 	return &Controller{cfg: cfg, rep: rep, sm: sm, log: cfg.Logger.Named("controller"), stop: make(chan struct{}), done: make(chan struct{}),
-		obs: newCtlObs()}
+		poke: make(chan struct{}, 1), obs: newCtlObs()}
 }
 
 // SetMembership gives the controller gossip's view of which machines failed or left; it is
@@ -224,23 +243,18 @@ func (c *Controller) SetMembership(dead func() map[string]bool) {
 }
 
 // Run follows the replica's leadership until Stop: it builds a term when the replica
-// becomes leader and drops it when it stops leading.
+// becomes leader and drops it when it stops leading; while it leads, it sweeps for dead
+// machines every Poll.
 func (c *Controller) Run() {
 	defer close(c.done)
-	tick := time.NewTicker(c.cfg.Poll)
-	defer tick.Stop()
-	lastSweep := time.Now()
+	var sweep *time.Ticker
+	defer func() {
+		if sweep != nil {
+			sweep.Stop()
+		}
+	}()
 	for {
-		select {
-		case <-c.stop:
-			c.dropTerm("stopping")
-			return
-		case <-tick.C:
-		}
-		if time.Since(lastSweep) >= c.cfg.HeartbeatTimeout/4 {
-			lastSweep = time.Now()
-			c.sweepSilent()
-		}
+		changed := c.rep.Changed()
 		st := c.rep.Status()
 		c.obs.sawLeader(st.Leader)
 		c.mu.Lock()
@@ -251,8 +265,31 @@ func (c *Controller) Run() {
 			if err := c.buildTerm(); err != nil {
 				c.log.Warn("could not load the log as the new leader; retrying", zap.Error(err))
 			}
+			have = true // retried at the next sweep if it failed
 		case st.Role != paxos.Leader && have:
 			c.dropTerm("lost the leadership")
+			have = false
+		}
+		var sweepC <-chan time.Time
+		switch {
+		case have && sweep == nil:
+			sweep = time.NewTicker(c.cfg.Poll)
+			sweepC = sweep.C
+		case have:
+			sweepC = sweep.C
+		case sweep != nil: // a follower does not sweep: nothing wakes it but the replica
+			sweep.Stop()
+			sweep = nil
+		}
+		select {
+		case <-c.stop:
+			c.dropTerm("stopping")
+			return
+		case <-changed:
+		case <-sweepC:
+			c.sweep()
+		case <-c.poke:
+			c.sweep()
 		}
 	}
 }
@@ -327,41 +364,6 @@ func (c *Controller) dropTermLocked(why string) {
 	c.notifyLocked()
 }
 
-// sweepSilent declares dead the alive machines the leader has not heard from for the
-// heartbeat timeout (counted from the term's start for machines not heard from yet).
-func (c *Controller) sweepSilent() {
-	c.mu.Lock()
-	t := c.t
-	if t == nil {
-		c.mu.Unlock()
-		return
-	}
-	now := c.cfg.Clock()
-	var silent []string
-	for name, m := range t.machines {
-		if !m.rec.Alive {
-			continue
-		}
-		last := t.seen[name]
-		if last.IsZero() {
-			last = t.started
-		}
-		if now.Sub(last) > c.cfg.HeartbeatTimeout {
-			silent = append(silent, name)
-		}
-	}
-	c.mu.Unlock()
-	sort.Strings(silent)
-	for _, name := range silent {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := c.MachineDown(ctx, name, fmt.Sprintf("no heartbeat for %v", c.cfg.HeartbeatTimeout))
-		cancel()
-		if err != nil {
-			c.log.Warn("could not declare a silent machine dead", zap.String("machine", name), zap.Error(err))
-		}
-	}
-}
-
 // notLeader is the error of a call to a replica that does not lead.
 func (c *Controller) notLeader() error {
 	if err := c.rep.Err(); err != nil {
@@ -377,12 +379,18 @@ func (c *Controller) notLeader() error {
 	return &paxos.NotLeaderError{Leader: st.Leader}
 }
 
-// lockTerm locks the controller and returns its term, or the error to answer.
+// lockTerm locks the controller and returns its term, or the error to answer. A leader
+// whose lease has run out (it was paused, or cannot reach a majority) answers and decides
+// nothing until its replica confirms the leadership again: its view may be stale.
 func (c *Controller) lockTerm() (*term, error) {
 	c.mu.Lock()
 	if c.t == nil {
 		c.mu.Unlock()
 		return nil, c.notLeader()
+	}
+	if !c.rep.Leading() {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("%w: the leader cannot confirm its leadership (its lease ran out)", api.ErrUnavailable)
 	}
 	return c.t, nil
 }
@@ -398,7 +406,7 @@ func (c *Controller) buildTerm() error {
 	now := c.cfg.Clock()
 	t := &term{machines: map[string]*machineEntry{}, jobs: map[string]*jobEntry{}, gangs: map[string]*gangEntry{},
 		cordons: map[string]*api.Cordon{}, index: map[string]int{}, timers: map[string]*time.Timer{}, loads: map[string]api.LoadReport{},
-		seen: map[string]time.Time{}, ckpt: map[string]ckptInfo{}, costsDirty: map[string]bool{},
+		ckpt: map[string]ckptInfo{}, costsDirty: map[string]bool{},
 		kick: make(chan struct{}, 1), ended: make(chan struct{})}
 	// The term first: a head takes office by committing the next leader term, before it
 	// reads the tables it decides from (a head that believed it led and decided meanwhile
@@ -494,21 +502,15 @@ func (c *Controller) buildTerm() error {
 	if len(prune) > 0 {
 		work = append(work, commitFn{what: "the event log's bound", ops: prune})
 	}
-	t.started = now
 	work = append(work, c.buildCoreLocked(t, now)...)
-	// Machines that died while there was no leader.
-	var down []string
+	// A new leader has heard no machine yet: each gets a grace period from now. Machines
+	// that gossip had failed when this head became leader are dead once their silence
+	// confirms it (detect.go).
+	t.detect = c.newDetector(now)
 	for name, m := range t.machines {
 		if m.rec.Alive && dead[name] {
-			down = append(down, name)
+			t.detect.gossip(name, "failed", now)
 		}
-	}
-	sort.Strings(down)
-	for _, name := range down {
-		work = append(work, c.machineDownLocked(t, name, "gossip had it failed when this head became leader", now)...)
-	}
-	if len(down) > 0 {
-		work = append(work, c.membershipLocked(t, now)...)
 	}
 	work = append(work, c.cycleLocked(t, now)...)
 	c.log.Info("control plane term starts", zap.Int64("term", t.id), zap.Int("machines", len(t.machines)),

@@ -22,6 +22,14 @@ import (
 	"github.com/atoll-run/atoll/store/paxos"
 )
 
+// Paxos timing of a head by default: ten timer wake-ups a second, an election after 1-2 s
+// of the leader's silence. On a loaded machine a 10 ms tick and a 100-200 ms timeout made
+// leaders change several times a minute with no fault; these hold.
+const (
+	DefaultTick            = 100 * time.Millisecond
+	DefaultElectionTimeout = 10 * DefaultTick
+)
+
 // Config configures one head: a replica of the Paxos metadata log, its control plane, and
 // its HTTP API.
 type Config struct {
@@ -38,8 +46,12 @@ type Config struct {
 	// DataDir holds the WAL. NoSync turns fsync off (tests only).
 	DataDir string
 	NoSync  bool
-	// Tick is the Paxos tick (default 10 ms).
-	Tick time.Duration
+	// Tick is the Paxos tick (default DefaultTick) and ElectionTimeout the shortest silence
+	// of the leader after which a follower asks for an election (default ten ticks: 1 s at
+	// the default tick; at least paxos.MinElectionTicks ticks). Heartbeats go out five
+	// times per election timeout. See paxos.ReplicaConfig.SetTiming.
+	Tick            time.Duration
+	ElectionTimeout time.Duration
 	// APIListen is the HTTP API's address. Default 127.0.0.1:0.
 	APIListen string
 	// APIAdvertise is the API's base URL as others reach it (default http://<listen address>).
@@ -109,7 +121,10 @@ func Start(cfg Config) (*Head, error) {
 		return nil, fmt.Errorf("%w: head %d has no data directory", api.ErrInvalid, cfg.ID)
 	}
 	if cfg.Tick == 0 {
-		cfg.Tick = 10 * time.Millisecond
+		cfg.Tick = DefaultTick
+	}
+	if cfg.ElectionTimeout == 0 {
+		cfg.ElectionTimeout = 10 * cfg.Tick
 	}
 	ids := cfg.Initial
 	if len(ids) == 0 {
@@ -120,6 +135,11 @@ func Start(cfg Config) (*Head, error) {
 	slices.Sort(ids)
 	if len(ids) == 0 {
 		ids = []uint64{cfg.ID}
+	}
+	rc := paxos.DefaultReplicaConfig(cfg.ID, ids)
+	rc.Node.Join = cfg.Join
+	if err := rc.SetTiming(cfg.Tick, cfg.ElectionTimeout); err != nil {
+		return nil, fmt.Errorf("%w: head %d: %v", api.ErrInvalid, cfg.ID, err)
 	}
 	h := &Head{cfg: cfg, log: log}
 	if cfg.CA != nil {
@@ -150,9 +170,6 @@ func Start(cfg Config) (*Head, error) {
 		h.closeTransport()
 		return nil, fmt.Errorf("head %d: %w", cfg.ID, err)
 	}
-	rc := paxos.DefaultReplicaConfig(cfg.ID, ids)
-	rc.Node.Join = cfg.Join
-	rc.TickInterval = cfg.Tick
 	rc.Logger = cfg.Logger
 	h.sm = metaserver.NewStateMachine(0)
 	h.rep, err = paxos.StartReplica(rc, w, h.tr, h.sm)
@@ -205,16 +222,9 @@ func Start(cfg Config) (*Head, error) {
 			log.Warn("could not join the other heads' gossip yet", zap.Error(err))
 		}
 		h.gossip.OnEvent(func(e member.Event) {
-			if e.Role != member.RoleAgent || (e.Kind != "failed" && e.Kind != "left") {
-				return
+			if e.Role == member.RoleAgent {
+				h.ctl.GossipEvent(e.Name, e.Kind) // weighed with the heartbeats: detect.go
 			}
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				if err := h.ctl.MachineDown(ctx, e.Name, "its agent "+e.Kind+" (gossip)"); err != nil && h.ctl.Leading() {
-					log.Warn("could not declare a machine dead", zap.String("machine", e.Name), zap.Error(err))
-				}
-			}()
 		})
 		h.ctl.SetMembership(func() map[string]bool { return h.gossip.Dead(member.RoleAgent) })
 	}

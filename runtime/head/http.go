@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -135,6 +136,13 @@ func NewAPI(ctl *Controller, rep *paxos.Replica, sm *metaserver.StateMachine, to
 		return ctl.SetSchedulerConfig(ctx, conf)
 	}))
 	m.HandleFunc("POST /v1/progress", post(a, func(_ context.Context, p api.Progress) (any, error) { return nil, ctl.ReportProgress(p) }))
+	// Go's profiles of this head (go tool pprof -http : with the token as a bearer header),
+	// behind the same credentials as every route: the cluster token, and under mutual TLS a
+	// certificate of the cluster CA.
+	m.HandleFunc("GET /debug/pprof/", pprof.Index)
+	m.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	m.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	m.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 	a.mux = m
 	return a
 }

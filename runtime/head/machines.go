@@ -56,7 +56,7 @@ func (c *Controller) RegisterMachine(ctx context.Context, m api.Machine) (api.Ma
 	}
 	work = append(work, commitFn{what: "machine " + m.Name, cmp: []meta.Compare{{Key: key, Version: e.ver}}, ops: []meta.Op{putJSON(key, m)}, events: []api.Event{up}})
 	e.rec, e.ver = m, e.ver+1
-	t.seen[m.Name] = now
+	t.detect.heard(m.Name, now)
 	if restarted {
 		for _, g := range c.gangsOnLocked(t, m.Name) {
 			work = append(work, c.restartLocked(t, g, fmt.Sprintf("the agent of %s restarted", m.Name), now)...)
@@ -212,8 +212,66 @@ func (c *Controller) machineDownLocked(t *term, name, reason string, now time.Ti
 		events: []api.Event{{Time: now, Kind: api.EventMachineDown, Machine: name, Reason: reason}}}
 	e.rec, e.ver = m, e.ver+1
 	delete(t.loads, name)
+	t.detect.declared(name)
 	c.log.Warn("machine declared dead", zap.String("machine", name), zap.String("reason", reason))
 	return []commitFn{w}
+}
+
+// newDetector is a term's failure detector (detect.go), its grace period starting now.
+func (c *Controller) newDetector(now time.Time) *failureDetector {
+	return newFailureDetector(detectorConfig{silence: c.cfg.HeartbeatTimeout, confirm: c.cfg.GossipConfirm,
+		pause: c.cfg.PauseThreshold, flapMemory: c.cfg.FlapMemory}, now)
+}
+
+// GossipEvent tells the leader what membership (serf) says of a machine's agent: "failed"
+// or "left", "join" or "update". Gossip alone declares no machine dead: the next sweep
+// weighs it with the machine's heartbeats (detect.go). Called from membership's
+// goroutine; it does not block. A follower ignores it (a new leader asks membership).
+func (c *Controller) GossipEvent(machine, kind string) {
+	c.mu.Lock()
+	if c.t != nil {
+		c.t.detect.gossip(machine, kind, c.cfg.Clock())
+	}
+	c.mu.Unlock()
+	select {
+	case c.poke <- struct{}{}:
+	default:
+	}
+}
+
+// sweep declares dead the machines the failure detector finds dead. It runs on Run's
+// goroutine only, which also notices the leader's own pauses first (a sweep after a gap
+// gives every machine a fresh grace period before it judges any). It decides nothing
+// without a valid lease (lockTerm).
+func (c *Controller) sweep() {
+	c.mu.Lock()
+	t := c.t
+	if t == nil {
+		c.mu.Unlock()
+		return
+	}
+	now := c.cfg.Clock()
+	var alive []string
+	for name, m := range t.machines {
+		if m.rec.Alive {
+			alive = append(alive, name)
+		}
+	}
+	paused, dead := t.detect.sweep(now, alive)
+	c.mu.Unlock()
+	if paused > 0 {
+		c.obs.pauses.Inc()
+		c.log.Warn("this leader was paused or starved; every machine gets a fresh grace period",
+			zap.Duration("gap", paused), zap.Int("machines", len(alive)))
+	}
+	for _, v := range dead {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := c.MachineDown(ctx, v.machine, v.reason)
+		cancel()
+		if err != nil {
+			c.log.Warn("could not declare a machine dead", zap.String("machine", v.machine), zap.String("reason", v.reason), zap.Error(err))
+		}
+	}
 }
 
 // ReportLoad feeds an agent's load sample to the scheduler's load plugin. Samples are not
@@ -237,7 +295,7 @@ func (c *Controller) ReportLoad(r api.LoadReport) error {
 		}
 	}
 	t.loads[r.Machine] = r
-	t.seen[r.Machine] = c.cfg.Clock()
+	t.detect.heard(r.Machine, c.cfg.Clock())
 	if i, ok := t.index[r.Machine]; ok && t.sched != nil {
 		return t.sched.UpdateLoad(i, gang.Load{CPU: r.Load.CPU, GPU: r.Load.GPU, Mem: r.Load.Mem, Net: r.Load.Net})
 	}

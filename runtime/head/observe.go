@@ -29,6 +29,7 @@ type ctlObs struct {
 	commit        prometheus.Histogram
 	commitErrors  prometheus.Counter
 	leaderChanges prometheus.Counter
+	pauses        prometheus.Counter
 	preemptions   prometheus.Counter
 	preemptCost   prometheus.Counter
 	resizes       *prometheus.CounterVec
@@ -82,6 +83,8 @@ func newCtlObs() *ctlObs {
 			Help: "Proposals through this head that failed (not leader, timeout)."}),
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "atoll_paxos_leader_changes_total",
 			Help: "Changes of the Paxos leader this head has seen."}),
+		pauses: prometheus.NewCounter(prometheus.CounterOpts{Name: "atoll_head_pauses_total",
+			Help: "Pauses of this head noticed while it led (a gap between two failure-detection sweeps over the pause threshold): after each, every machine got a fresh grace period."}),
 		preemptions: prometheus.NewCounter(prometheus.CounterOpts{Name: "atoll_preemptions_total",
 			Help: "Gangs preempted (stopped for another and queued again) by this head while it led."}),
 		resizes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "atoll_gang_resizes_total",
@@ -105,7 +108,7 @@ func newCtlObs() *ctlObs {
 }
 
 func (o *ctlObs) collectors() []prometheus.Collector {
-	return []prometheus.Collector{o.cycle, o.wait, o.commit, o.commitErrors, o.leaderChanges, o.preemptions, o.preemptCost, o.eventsTotal, o.restarts, o.resizes, o.saturations}
+	return []prometheus.Collector{o.cycle, o.wait, o.commit, o.commitErrors, o.leaderChanges, o.pauses, o.preemptions, o.preemptCost, o.eventsTotal, o.restarts, o.resizes, o.saturations}
 }
 
 func (o *ctlObs) sawLeader(id uint64) {

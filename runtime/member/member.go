@@ -125,7 +125,10 @@ func Start(cfg Config) (*Member, error) {
 	mc.SecretKey = key[:]
 	mc.ProbeInterval = cfg.ProbeInterval
 	mc.ProbeTimeout = cfg.ProbeInterval / 2
-	mc.GossipInterval = 100 * time.Millisecond
+	mc.GossipInterval = 200 * time.Millisecond // memberlist's LAN default: a wake-up less per 200 ms when idle
+	// Gossip messages are a few hundred bytes: compressing each (LZW, a new writer per
+	// message) cost more CPU than anything else in an idle cluster's gossip.
+	mc.EnableCompression = false
 	mc.SuspicionMult = 3
 	mc.LogOutput = io.Discard
 	sc := serf.DefaultConfig()

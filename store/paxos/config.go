@@ -35,11 +35,20 @@ type Config struct {
 	MaxBatchBytes int
 	// Seed seeds the election timeout randomization (deterministic for a given seed).
 	Seed int64
+	// PreVote makes a replica whose election timeout expired first ask the voters whether
+	// it could win (MsgPreVote), without raising any ballot; only when a majority (itself
+	// included) has not heard a live leader within ElectionTicks does it run phase 1. A
+	// follower that was partitioned away, or too slow to hear the heartbeats, then cannot
+	// depose a healthy leader when it comes back with a higher ballot. It costs one round
+	// trip per election. Default on.
+	PreVote bool
 }
 
 // DefaultConfig returns a config for a replica with the given id in the given group:
-// 10 ticks election timeout, heartbeat every tick, 2 ticks of drift allowance.
-// With the driver's default 10 ms tick that is a 100-200 ms election timeout.
+// 10 ticks election timeout, heartbeat every tick, 2 ticks of drift allowance, pre-vote.
+// With the driver's default 10 ms tick that is a 100-200 ms election timeout (in-process
+// groups and tests); a group of processes on a loaded machine wants longer ticks
+// (ReplicaConfig.SetTiming).
 func DefaultConfig(id uint64, peers []uint64) Config {
 	return Config{
 		ID:              id,
@@ -50,6 +59,7 @@ func DefaultConfig(id uint64, peers []uint64) Config {
 		MaxBatch:        4096,
 		MaxBatchBytes:   8 << 20,
 		Seed:            int64(id),
+		PreVote:         true,
 	}
 }
 

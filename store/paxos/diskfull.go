@@ -75,6 +75,10 @@ func (r *Replica) waitOutFault(err error, recv <-chan Message) error {
 	r.mu.Lock()
 	r.fault, r.faultSince = err, time.Now()
 	r.status.Role, r.status.Leader = Follower, 0
+	for _, ch := range r.watchers { // Changed: the role changed
+		close(ch)
+	}
+	r.watchers = nil
 	r.mu.Unlock()
 	if e := r.dropSaves(); e != nil {
 		return e
@@ -167,6 +171,7 @@ func (r *Replica) rebuild(ro Reopener) error {
 		return err
 	}
 	r.node, r.snap = n, snap
+	r.t0 = time.Now() // the new node's tick 0
 	r.waiting, r.readWait, r.readReady = map[uint64]*proposal{}, map[uint64]*readReq{}, nil
 	r.setPeers(snap.Conf)
 	return nil

@@ -10,7 +10,10 @@
 // before its own fsync. Followers refuse to promise a rival for ElectionTicks after hearing
 // the leader (and for ElectionTicks after a restart), which makes the leader lease safe;
 // reads are served under the lease (with a clock-drift allowance) or after a read-index
-// heartbeat round. Lagging or restarted replicas are caught up with chosen values.
+// heartbeat round. A replica whose election timeout expires first asks the voters whether it
+// could win (pre-vote, Config.PreVote), raising no ballot, so that a follower that was cut
+// off or too slow cannot depose a healthy leader. Lagging or restarted replicas are caught
+// up with chosen values.
 //
 // Membership changes one replica at a time through the log: a configuration entry
 // (ProposeConfChange) chosen at slot i ends the current configuration epoch at i, and the
@@ -22,6 +25,9 @@
 // The core is split as etcd raft splits raft.go: node.go (roles, Tick, Step, replication),
 // log.go, tracker.go (one progress per peer; at most MaxMembers voters), readonly.go (leases,
 // read-index), confchange.go, catchup.go and ready.go.
+//
+// The driver ticks the core once per TickInterval elapsed on the monotonic clock, catching
+// up the ticks a paused or starved loop missed, so leases are measured in real time.
 //
 // Around the core: Storage (WAL on tidwall/wal, with a locked directory and torn-tail
 // repair; MemStorage), Transport (TCPTransport with length-prefixed protobuf frames, HMAC

@@ -87,12 +87,17 @@ type Node struct {
 
 	// candidate
 	prepareFrom uint64
+	// pre-candidate (Config.PreVote): the ballot it asks about (0: not asking) and the
+	// voters that said it could win.
+	preBallot uint64
+	preGrants map[uint64]bool
 
 	// leader
-	stopAt    uint64 // slot of the configuration entry in flight: nothing is proposed past it
-	nextSlot  uint64
-	startSlot uint64 // first slot of this leadership's own proposals
-	unsent    []Entry
+	stopAt     uint64 // slot of the configuration entry in flight: nothing is proposed past it
+	sentCommit uint64 // the commit index last sent to the voters (Accepts and heartbeats carry it)
+	nextSlot   uint64
+	startSlot  uint64 // first slot of this leadership's own proposals
+	unsent     []Entry
 
 	out pendingOutput
 }
@@ -210,7 +215,11 @@ func (n *Node) Tick() {
 		}
 		n.electionElapsed++
 		if n.electionElapsed >= n.electionTimeout {
-			n.campaign()
+			if n.cfg.PreVote {
+				n.preCampaign()
+			} else {
+				n.campaign()
+			}
 		}
 	case Leader:
 		n.hbElapsed++
@@ -231,10 +240,67 @@ func (n *Node) Tick() {
 	}
 }
 
-// Campaign starts phase 1 now (tests and leadership transfer use it).
+// TicksUntilTimer returns how many ticks from now the node's next timer is due: a
+// follower's election timeout, a leader's heartbeat or check-quorum (at least 1). Ticking
+// it more often changes nothing: a driver may sleep until then (unless a message, a
+// proposal or a read arrives first), and then tick the elapsed ticks.
+func (n *Node) TicksUntilTimer() int {
+	switch {
+	case n.role == Leader:
+		return max(1, min(n.cfg.HeartbeatTicks-n.hbElapsed, n.cfg.ElectionTicks-n.checkElapsed))
+	case !n.isMember():
+		return max(1, n.cfg.ElectionTicks) // no timer: a look now and then costs nothing
+	default:
+		return max(1, n.electionTimeout-n.electionElapsed)
+	}
+}
+
+// Campaign starts phase 1 now, without a pre-vote (tests and leadership transfer use it).
 func (n *Node) Campaign() { n.campaign() }
 
+// preCampaign asks the voters whether this replica could win an election, changing no
+// ballot anywhere; a majority of grants (its own included) starts phase 1. Without one,
+// the next election timeout asks again.
+func (n *Node) preCampaign() {
+	if !n.isMember() {
+		return
+	}
+	n.resetElectionTimeout()
+	n.preBallot = MakeBallot(max(n.maxRound, BallotRound(n.promised))+1, n.cfg.ID)
+	n.preGrants = map[uint64]bool{n.cfg.ID: true}
+	if len(n.preGrants) >= n.trk.quorum {
+		n.campaign()
+		return
+	}
+	for _, p := range n.trk.voters {
+		if p != n.cfg.ID {
+			n.send(Message{Type: MsgPreVote, To: p, Ballot: n.preBallot, Commit: n.log.commit})
+		}
+	}
+}
+
+// onPreVote answers whether the sender could win: no when this replica leads, is in its
+// quiet period, or heard a live leader less than an election timeout ago (the same rule
+// that refuses a Prepare). It changes no state: a pre-vote disturbs nobody.
+func (n *Node) onPreVote(m Message) {
+	n.send(Message{Type: MsgPreVoteResp, To: m.From, Ballot: m.Ballot, Reject: n.sticky(), Promised: n.promised})
+}
+
+func (n *Node) onPreVoteResp(m Message) {
+	if r := BallotRound(m.Promised); r > n.maxRound {
+		n.maxRound = r
+	}
+	if n.preBallot == 0 || m.Ballot != n.preBallot || n.role == Leader || m.Reject {
+		return
+	}
+	n.preGrants[m.From] = true
+	if len(n.preGrants) >= n.trk.quorum {
+		n.campaign()
+	}
+}
+
 func (n *Node) campaign() {
+	n.preBallot, n.preGrants = 0, nil
 	if !n.isMember() {
 		return
 	}
@@ -322,6 +388,7 @@ func (n *Node) acceptOwn(e Entry) {
 }
 
 func (n *Node) stepDown(leaderHint uint64) {
+	n.preBallot, n.preGrants = 0, nil
 	n.trk.dropLearners()
 	n.role = Follower
 	n.leader = leaderHint
@@ -358,6 +425,7 @@ func (n *Node) propose(t EntryType, data []byte) (uint64, uint64, error) {
 
 func (n *Node) broadcastHeartbeat() {
 	n.hbElapsed = 0
+	n.sentCommit = n.log.commit
 	seq := n.ro.next(n.now)
 	n.ro.prune()
 	// Retransmit the oldest undecided run, to the peers that have not acknowledged its
@@ -394,8 +462,10 @@ func (n *Node) broadcastHeartbeat() {
 // of at most MaxBatch entries (an Accepted acknowledges a contiguous range).
 func (n *Node) flushAccepts() {
 	// A heartbeat sequence number on the batch lets its acknowledgement extend the lease.
+	// The heartbeat timer runs on: only heartbeats reach the learners and retransmit a
+	// lost Accept, and a steady stream of batches must not starve them.
 	seq := n.ro.next(n.now)
-	n.hbElapsed = 0
+	n.sentCommit = n.log.commit
 	runs := [][]Entry{}
 	start, size := 0, len(n.unsent[0].Data)
 	for i := 1; i <= len(n.unsent); i++ {
@@ -496,6 +566,10 @@ func (n *Node) Step(m Message) {
 		n.onAccept(m)
 	case MsgAccepted:
 		n.onAccepted(m)
+	case MsgPreVote:
+		n.onPreVote(m)
+	case MsgPreVoteResp:
+		n.onPreVoteResp(m)
 	}
 }
 
@@ -574,6 +648,7 @@ func (n *Node) onAccept(m Message) {
 	n.leader = m.From
 	n.lastHeard = n.now
 	n.electionElapsed = 0
+	n.preBallot, n.preGrants = 0, nil
 	var first, last uint64
 	for i, e := range m.Entries {
 		if e.Slot == 0 {

@@ -62,15 +62,28 @@ func (n *Node) ReadIndex(id uint64) error {
 // LeaseValid reports whether this leader holds a lease: a majority (itself included)
 // acknowledged a heartbeat sent less than ElectionTicks-LeaseDriftTicks ticks ago.
 func (n *Node) LeaseValid() bool {
+	_, ok := n.LeaseExpiry()
+	return ok
+}
+
+// LeaseExpiry returns the tick at which this leader's lease ends (its ticks are counted
+// from the node's start: the current one is Now), and whether it holds one now. A driver
+// that maps ticks to its clock can tell whether the lease still holds at a later instant
+// without asking the node (which may not have been ticked since: a paused process).
+func (n *Node) LeaseExpiry() (uint64, bool) {
 	if n.role != Leader {
-		return false
+		return 0, false
 	}
 	t, ok := n.trk.quorumValue(n.cfg.ID, n.now, func(p *progress) (uint64, bool) { return p.ackTick, p.acked })
 	if !ok {
-		return false
+		return 0, false
 	}
-	return n.now < t+uint64(n.cfg.ElectionTicks)-uint64(min(n.cfg.LeaseDriftTicks, n.cfg.ElectionTicks))
+	end := t + uint64(n.cfg.ElectionTicks) - uint64(min(n.cfg.LeaseDriftTicks, n.cfg.ElectionTicks))
+	return end, n.now < end
 }
+
+// Now returns the node's clock: the number of ticks since it was created.
+func (n *Node) Now() uint64 { return n.now }
 
 // recordHeartbeatAck notes that peer acknowledged heartbeat seq: it is active, and the
 // heartbeat's send tick may extend the lease.

@@ -17,16 +17,20 @@ type pendingOutput struct {
 func (n *Node) HasReady() bool {
 	o := &n.out
 	return o.hsDirty || o.snapshot != nil || len(o.persist) > 0 || len(o.msgs) > 0 || len(o.sendFirst) > 0 || n.log.commit > n.log.applied ||
-		len(o.readsReady) > 0 || len(o.readsDropped) > 0 || (n.role == Leader && (len(n.unsent) > 0 || n.ro.forceHB))
+		len(o.readsReady) > 0 || len(o.readsDropped) > 0 || (n.role == Leader && (len(n.unsent) > 0 || n.ro.forceHB || n.log.commit > n.sentCommit))
 }
 
 // Ready returns the pending work and clears it. The caller owns the returned slices;
 // entry data is shared with the node and must not be modified.
 func (n *Node) Ready() Ready {
 	if n.role == Leader {
-		if len(n.unsent) > 0 {
+		switch {
+		case len(n.unsent) > 0:
 			n.flushAccepts()
-		} else if n.ro.forceHB {
+		case n.ro.forceHB || n.log.commit > n.sentCommit:
+			// A read waits, or values were chosen since the followers were last told the
+			// commit index: tell them now rather than at the next heartbeat (a fifth of an
+			// election timeout away), so that they apply what was chosen promptly.
 			n.broadcastHeartbeat()
 		}
 		n.ro.forceHB = false

@@ -75,6 +75,39 @@ func DefaultReplicaConfig(id uint64, peers []uint64) ReplicaConfig {
 	return ReplicaConfig{Node: DefaultConfig(id, peers), TickInterval: 10 * time.Millisecond, MaxDrain: 4096, SnapshotEvery: 100000, Logger: zap.NewNop()}
 }
 
+// Bounds of the election timeout SetTiming accepts: at least MinElectionTicks ticks (with
+// fewer, one late heartbeat is an election), at most a minute.
+const (
+	MinElectionTicks   = 5
+	MaxElectionTimeout = time.Minute
+)
+
+// SetTiming sets the tick and the election timeout (the shortest silence of the leader
+// after which a follower asks for an election; the timeout is randomized up to twice
+// that). The heartbeat interval and the lease's clock-drift allowance follow: a fifth of
+// the election timeout each (at least a tick), so that a leader sends about five
+// heartbeats per timeout and its lease, renewed by each, lasts four fifths of one. On a
+// loaded machine a 100 ms tick and a 1 s election timeout hold where 10 ms and 100 ms
+// churn: a replica that misses its turn on the CPU for a few hundred milliseconds does
+// not start an election, and its idle cost is ten timer wake-ups a second.
+func (c *ReplicaConfig) SetTiming(tick, election time.Duration) error {
+	if tick < MinTickInterval || tick > MaxTickInterval {
+		return fmt.Errorf("%w: tick %v must be in [%v, %v]", ErrInvalidConfig, tick, MinTickInterval, MaxTickInterval)
+	}
+	if election > MaxElectionTimeout {
+		return fmt.Errorf("%w: election timeout %v is over %v", ErrInvalidConfig, election, MaxElectionTimeout)
+	}
+	ticks := int((election + tick/2) / tick)
+	if ticks < MinElectionTicks {
+		return fmt.Errorf("%w: election timeout %v is %d ticks of %v; it must be at least %d ticks (%v)", ErrInvalidConfig, election, ticks, tick, MinElectionTicks, MinElectionTicks*tick)
+	}
+	c.TickInterval = tick
+	c.Node.ElectionTicks = ticks
+	c.Node.HeartbeatTicks = max(1, ticks/5)
+	c.Node.LeaseDriftTicks = max(1, ticks/5)
+	return nil
+}
+
 // Validate checks the config.
 func (c ReplicaConfig) Validate() error {
 	if err := c.Node.Validate(); err != nil {
@@ -134,6 +167,14 @@ type Replica struct {
 	// none; faultSince when it began (diskfull.go).
 	fault      error
 	faultSince time.Time
+	// leaseUntil is when this leader's lease ends on the wall clock (monotonic): past it,
+	// Leading is false even if the loop has not run since (a paused process).
+	leaseUntil time.Time
+	watchers   []chan struct{} // closed at the next change of role or leader
+	// t0 is the instant of tick 0: the node has been ticked once per TickInterval since
+	// (loop-owned; moved forward after a long stall, see catchUp; reset when the node is
+	// rebuilt).
+	t0 time.Time
 
 	// loop-owned
 	waiting    map[uint64]*proposal
@@ -196,6 +237,7 @@ func StartReplica(cfg ReplicaConfig, st Storage, tr Transport, sm StateMachine) 
 		applied:    snap.Slot,
 	}
 	r.status = n.Status()
+	r.t0 = time.Now()
 	r.setPeers(snap.Conf)
 	r.log.Info("replica started", zap.Uint64("promised", hs.Promised), zap.Uint64("commit", hs.Commit), zap.Int("entries", len(ents)))
 	go r.writer()
@@ -221,6 +263,54 @@ func (r *Replica) Status() Status {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.status
+}
+
+// Leading reports whether this replica leads and holds its lease at this instant: a
+// majority acknowledged one of its heartbeats recently enough that no other replica can
+// have been elected since (ElectionTicks minus the drift allowance, on the monotonic
+// clock). A leader that was paused, or whose loop is starved, stops Leading when its
+// lease runs out, before it has noticed anything itself: a caller that decides only while
+// Leading never acts on a view older than the lease.
+func (r *Replica) Leading() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status.Role == Leader && time.Now().Before(r.leaseUntil)
+}
+
+// Changed returns a channel closed at the next change of this replica's role or of the
+// leader it knows (a watch instead of polling Status).
+func (r *Replica) Changed() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch := make(chan struct{})
+	select {
+	case <-r.done:
+		close(ch) // stopped: nothing will change any more
+	default:
+		r.watchers = append(r.watchers, ch)
+	}
+	return ch
+}
+
+// catchUp ticks the node once per TickInterval elapsed since the last tick, so that its
+// clock follows the wall clock's even when the loop was not scheduled for a while (the
+// ticker drops the ticks of a slow receiver: a leader counting ticker events would think
+// its lease still valid after a pause). After a stall of more than three election
+// timeouts the surplus is skipped: every timer of the node has expired by then.
+func (r *Replica) catchUp() {
+	due := uint64(time.Since(r.t0) / r.cfg.TickInterval)
+	now := r.node.Now()
+	if due <= now {
+		return
+	}
+	n := due - now
+	if limit := uint64(3 * r.cfg.Node.ElectionTicks); n > limit {
+		r.t0 = r.t0.Add(time.Duration(n-limit) * r.cfg.TickInterval)
+		n = limit
+	}
+	for ; n > 0; n-- {
+		r.node.Tick()
+	}
 }
 
 // Err returns the error that stopped the replica (a failed WAL write), or the storage
@@ -335,30 +425,45 @@ func (r *Replica) Read(ctx context.Context) error {
 }
 
 func (r *Replica) run() {
-	defer close(r.done)
-	ticker := time.NewTicker(r.cfg.TickInterval)
-	defer ticker.Stop()
+	defer func() {
+		close(r.done)
+		r.mu.Lock()
+		for _, ch := range r.watchers {
+			close(ch)
+		}
+		r.watchers = nil
+		r.mu.Unlock()
+	}()
+	// No ticker: the loop sleeps until the node's next timer is due (an idle follower
+	// wakes for the leader's heartbeats only), and catchUp ticks whatever elapsed.
+	timer := time.NewTimer(r.cfg.TickInterval)
+	defer timer.Stop()
 	recv := r.tr.Recv()
 	for {
 		select {
 		case <-r.stop:
 			r.failAll(ErrStopped)
 			return
-		case <-ticker.C:
-			r.node.Tick()
+		case <-timer.C:
+			r.catchUp()
 		case m, ok := <-recv:
 			if !ok {
 				recv = nil
 				continue
 			}
+			r.catchUp() // time passed before anything else: a lease may have run out
 			r.node.Step(m)
 		case p := <-r.props:
+			r.catchUp()
 			r.propose(p)
 		case q := <-r.reads:
+			r.catchUp()
 			r.read(q)
 		case f := <-r.ctrl:
+			r.catchUp()
 			f()
 		case batch := <-r.saved:
+			r.catchUp()
 			if err := r.finishSaves(batch); err != nil {
 				if err = r.waitOutFault(err, recv); err != nil {
 					r.fatal(err)
@@ -374,6 +479,8 @@ func (r *Replica) run() {
 				return
 			}
 		}
+		due := r.node.Now() + uint64(r.node.TicksUntilTimer())
+		timer.Reset(time.Until(r.t0.Add(time.Duration(due) * r.cfg.TickInterval)))
 	}
 }
 
@@ -393,6 +500,7 @@ func (r *Replica) fatal(err error) {
 
 // drain takes in everything already queued so one WAL write covers it (group commit).
 func (r *Replica) drain(recv <-chan Message) {
+	r.catchUp() // the turn's work (a control function, a wait for the writer) may have taken long
 	for i := 0; i < r.cfg.MaxDrain; i++ {
 		select {
 		case p := <-r.props:
@@ -494,8 +602,19 @@ func (r *Replica) handleReady() error {
 		return err
 	}
 	st := r.node.Status()
+	var until time.Time
+	if end, ok := r.node.LeaseExpiry(); ok {
+		until = r.t0.Add(time.Duration(end) * r.cfg.TickInterval)
+	}
 	r.mu.Lock()
+	if st.Role != r.status.Role || st.Leader != r.status.Leader {
+		for _, ch := range r.watchers {
+			close(ch)
+		}
+		r.watchers = nil
+	}
 	r.status = st
+	r.leaseUntil = until
 	r.mu.Unlock()
 	return nil
 }

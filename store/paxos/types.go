@@ -177,6 +177,14 @@ const (
 	// MsgLearn asks the receiver for the chosen values after Commit: the sender found
 	// itself in an older configuration epoch than a message it received.
 	MsgLearn
+	// MsgPreVote asks whether the sender could win an election (Config.PreVote): Ballot is
+	// the ballot it would campaign with. It changes nothing at the receiver.
+	MsgPreVote
+	// MsgPreVoteResp answers a MsgPreVote: Ballot echoes the question's; Reject when the
+	// receiver heard a live leader within the election timeout (or leads, or is in its
+	// quiet period); Promised is the receiver's promised ballot, so that a candidate that
+	// goes on to campaign picks a ballot above it.
+	MsgPreVoteResp
 )
 
 func (t MsgType) String() string {
@@ -195,6 +203,10 @@ func (t MsgType) String() string {
 		return "snapshot"
 	case MsgLearn:
 		return "learn"
+	case MsgPreVote:
+		return "prevote"
+	case MsgPreVoteResp:
+		return "prevote-resp"
 	}
 	return fmt.Sprintf("msg(%d)", uint32(t))
 }

@@ -33,8 +33,12 @@ type ClusterConfig struct {
 	// TLS, with TCP, makes the replica links mutual TLS (paxos.TCPConfig.TLS): one config
 	// serves every replica, so its certificate must be valid for 127.0.0.1.
 	TLS *tls.Config
-	// TickInterval is the Paxos tick (default 10 ms).
-	TickInterval time.Duration
+	// TickInterval is the Paxos tick (default 10 ms); ElectionTimeout the leader's silence
+	// after which a replica asks for an election (0: ten ticks, at least 500 ms: the
+	// replicas' clocks follow the wall clock, and on a loaded machine a shorter timeout
+	// passes whenever the leader misses the CPU for that long).
+	TickInterval    time.Duration
+	ElectionTimeout time.Duration
 	// Logger (default zap.NewNop()).
 	Logger *zap.Logger
 }
@@ -125,7 +129,15 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 			return nil, err
 		}
 		rc := paxos.DefaultReplicaConfig(id, c.IDs)
-		rc.TickInterval = cfg.TickInterval
+		election := cfg.ElectionTimeout
+		if election == 0 {
+			election = max(10*cfg.TickInterval, 500*time.Millisecond)
+		}
+		if err := rc.SetTiming(cfg.TickInterval, election); err != nil {
+			w.Close()
+			c.Close()
+			return nil, fmt.Errorf("meta: %w", err)
+		}
 		rc.Logger = cfg.Logger
 		sm := NewStateMachine(0)
 		r, err := paxos.StartReplica(rc, w, trs[id], sm)

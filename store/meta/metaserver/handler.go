@@ -193,7 +193,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/v1/status":
 		st := h.Replica.Status()
 		out := map[string]any{"id": st.ID, "role": st.Role.String(), "leader": st.Leader,
-			"commit": st.Commit, "applied": st.Applied, "revision": h.SM.Revision(), "epoch": st.Epoch, "members": st.Members}
+			"commit": st.Commit, "applied": st.Applied, "revision": h.SM.Revision(), "epoch": st.Epoch, "members": st.Members,
+			"ballot": st.Promised} // the highest ballot promised: it rises at every election
 		if err := h.Replica.Err(); err != nil { // a full disk it waits out, or the failure that stopped it
 			out["disk_full"], out["error"] = errors.Is(err, paxos.ErrDiskFull), err.Error()
 		}

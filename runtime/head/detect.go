@@ -1,0 +1,146 @@
+package head
+
+import (
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Failure detection. The leader declares a machine dead on two kinds of evidence: its
+// agent's heartbeats (load reports) stop reaching the leader, and gossip (serf) says its
+// agent failed or left. Either can be wrong on its own, and so can the leader: a leader
+// that was paused (SIGSTOP, a stalled VM, a starved process) or that has just taken office
+// has heard nothing for a while through no fault of the machines. The rules:
+//
+//   - silence is counted from the later of the last heartbeat and the leader's grace
+//     start: when its term began, or when it last resumed from a pause (a gap between two
+//     of its sweeps longer than PauseThreshold). A leader never holds against a machine
+//     the time it could not have heard it;
+//   - heartbeats alone: silent for HeartbeatTimeout;
+//   - gossip and heartbeats agree: gossip has the agent failed or left, and it has been
+//     silent for GossipConfirm. Gossip alone never kills: a machine whose heartbeats still
+//     arrive is alive, whatever a gossip partition says;
+//   - flapping is damped: a machine gossip had failed that comes back before it was
+//     declared dead is not lost, and each such comeback doubles its GossipConfirm (up to
+//     HeartbeatTimeout) until it has stayed up for FlapMemory.
+//
+// failureDetector holds that evidence for one term. It is pure: time is an argument, and
+// it decides nothing by itself (the controller asks it at each sweep and commits).
+type failureDetector struct {
+	cfg       detectorConfig
+	graceFrom time.Time // the term's start or the end of the last pause
+	lastSweep time.Time
+	m         map[string]*machineWatch
+}
+
+// detectorConfig are the detector's thresholds (ControllerConfig's).
+type detectorConfig struct {
+	silence, confirm, pause, flapMemory time.Duration
+}
+
+// machineWatch is the evidence about one machine.
+type machineWatch struct {
+	heard      time.Time // its last heartbeat (zero: none this term)
+	gossipDown time.Time // when gossip said it failed or left (zero: gossip has it alive)
+	gossipKind string    // "failed" or "left"
+	flaps      int       // comebacks after gossip had it down, within FlapMemory
+	flapAt     time.Time // the last comeback
+}
+
+// verdict is a machine the detector finds dead, with the evidence.
+type verdict struct {
+	machine, reason string
+}
+
+func newFailureDetector(cfg detectorConfig, now time.Time) *failureDetector {
+	return &failureDetector{cfg: cfg, graceFrom: now, lastSweep: now, m: map[string]*machineWatch{}}
+}
+
+func (d *failureDetector) watch(name string) *machineWatch {
+	w := d.m[name]
+	if w == nil {
+		w = &machineWatch{}
+		d.m[name] = w
+	}
+	return w
+}
+
+// heard records a heartbeat (or a registration) of a machine.
+func (d *failureDetector) heard(name string, now time.Time) {
+	w := d.watch(name)
+	if now.After(w.heard) {
+		w.heard = now
+	}
+}
+
+// gossip records what membership says of a machine's agent: "failed" or "left" (down),
+// "join" or "update" (alive: a member gossip had down that joins again came back).
+func (d *failureDetector) gossip(name, kind string, now time.Time) {
+	w := d.watch(name)
+	switch kind {
+	case "failed", "left":
+		if w.gossipDown.IsZero() {
+			w.gossipDown, w.gossipKind = now, kind
+		}
+	case "join", "update":
+		if w.gossipDown.IsZero() {
+			return
+		}
+		w.gossipDown, w.gossipKind = time.Time{}, ""
+		if !w.flapAt.IsZero() && now.Sub(w.flapAt) > d.cfg.flapMemory {
+			w.flaps = 0
+		}
+		w.flaps++
+		w.flapAt = now
+	}
+}
+
+// declared forgets the evidence of a machine declared dead (it starts anew if it
+// registers again) but remembers its flaps.
+func (d *failureDetector) declared(name string) {
+	if w := d.m[name]; w != nil {
+		d.m[name] = &machineWatch{flaps: w.flaps, flapAt: w.flapAt}
+	}
+}
+
+// confirmFor is how long a machine gossip has down must also be silent.
+func (d *failureDetector) confirmFor(w *machineWatch, now time.Time) time.Duration {
+	if w.flaps > 0 && now.Sub(w.flapAt) > d.cfg.flapMemory {
+		w.flaps = 0
+	}
+	c := d.cfg.confirm
+	for i := 0; i < w.flaps && c < d.cfg.silence; i++ {
+		c *= 2
+	}
+	return min(c, d.cfg.silence)
+}
+
+// sweep is called at every turn of the controller's loop with the machines it has alive.
+// It reports how long the leader was paused when the gap since the last sweep exceeds
+// the pause threshold (0 otherwise: then every silence is counted from now), and the
+// machines the evidence finds dead, in name order.
+func (d *failureDetector) sweep(now time.Time, alive []string) (paused time.Duration, dead []verdict) {
+	if gap := now.Sub(d.lastSweep); gap > d.cfg.pause {
+		paused = gap
+		d.graceFrom = now
+	}
+	if now.After(d.lastSweep) {
+		d.lastSweep = now
+	}
+	sort.Strings(alive)
+	for _, name := range alive {
+		w := d.watch(name)
+		since := w.heard
+		if since.Before(d.graceFrom) {
+			since = d.graceFrom
+		}
+		silent := now.Sub(since)
+		switch {
+		case !w.gossipDown.IsZero() && silent >= d.confirmFor(w, now):
+			dead = append(dead, verdict{name, fmt.Sprintf("its agent %s (gossip) and sent no heartbeat for %v", w.gossipKind, silent.Round(time.Millisecond))})
+		case silent > d.cfg.silence:
+			dead = append(dead, verdict{name, fmt.Sprintf("no heartbeat for %v", silent.Round(time.Millisecond))})
+		}
+	}
+	return paused, dead
+}

@@ -1,0 +1,163 @@
+package head
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// detectStep is one input to a failure detector at a time (seconds from the term's start):
+// a heartbeat of machine m ("hb"), gossip about it ("failed", "left", "join"), or a sweep
+// whose verdicts must be exactly want (machine names, "" for none) and whose pause report
+// must be paused.
+type detectStep struct {
+	at     float64
+	op, m  string
+	want   string
+	paused bool
+}
+
+// sweeps are sweeps every 200 ms from one time to another (both included), expecting no
+// verdict.
+func sweeps(from, to float64) []detectStep {
+	var out []detectStep
+	for at := from; at <= to+1e-9; at += 0.2 {
+		out = append(out, detectStep{at: at, op: "sweep"})
+	}
+	return out
+}
+
+// heartbeats are sweeps every 200 ms with a heartbeat of m before each.
+func heartbeats(m string, from, to float64) []detectStep {
+	var out []detectStep
+	for _, s := range sweeps(from, to) {
+		out = append(out, detectStep{at: s.at, op: "hb", m: m}, s)
+	}
+	return out
+}
+
+func steps(parts ...any) []detectStep {
+	var out []detectStep
+	for _, p := range parts {
+		switch v := p.(type) {
+		case detectStep:
+			out = append(out, v)
+		case []detectStep:
+			out = append(out, v...)
+		}
+	}
+	return out
+}
+
+func TestFailureDetector(t *testing.T) {
+	cfg := detectorConfig{silence: 10 * time.Second, confirm: 3 * time.Second, pause: time.Second, flapMemory: time.Minute}
+	noPause := cfg
+	noPause.pause = time.Hour
+	cases := []struct {
+		name  string
+		cfg   detectorConfig
+		steps []detectStep
+	}{
+		{"a paused leader gives a fresh grace period", cfg, steps(
+			heartbeats("m0", 0, 1),
+			detectStep{at: 13, op: "sweep", paused: true}, // 12 s of SIGSTOP
+			sweeps(13.2, 22.8),                            // 10 s of silence counted from the pause's end
+			detectStep{at: 23.2, op: "sweep", want: "m0"},
+		)},
+		{"without pause detection the same pause kills (the bug)", noPause, steps(
+			heartbeats("m0", 0, 1),
+			detectStep{at: 13, op: "sweep", want: "m0"},
+		)},
+		{"a new leader counts silence from its term's start", cfg, steps(
+			sweeps(0, 10),
+			detectStep{at: 10.2, op: "sweep", want: "m0"},
+		)},
+		{"gossip alone never kills a machine whose heartbeats arrive", cfg, steps(
+			detectStep{at: 0.1, op: "failed", m: "m0"},
+			heartbeats("m0", 0.2, 20),
+			sweeps(20.2, 22.8), // then its heartbeats stop: gossip and silence agree after 3 s
+			detectStep{at: 23.2, op: "sweep", want: "m0"},
+		)},
+		{"gossip and silence agree", cfg, steps(
+			heartbeats("m0", 0, 1),
+			sweeps(1.2, 2.8),
+			detectStep{at: 3, op: "failed", m: "m0"},
+			sweeps(3, 3.8),
+			detectStep{at: 4.2, op: "sweep", want: "m0"}, // silent since 1 s
+		)},
+		{"gossip had it failed when the term began", cfg, steps(
+			detectStep{at: 0, op: "failed", m: "m0"},
+			sweeps(0, 2.8),
+			detectStep{at: 3.0, op: "sweep", want: "m0"},
+		)},
+		{"a pause right after a gossip failure is not held against the machine", cfg, steps(
+			heartbeats("m0", 0, 1),
+			detectStep{at: 1.1, op: "failed", m: "m0"}, // gossip's own view was stale too
+			detectStep{at: 13, op: "sweep", paused: true},
+			heartbeats("m0", 13.2, 30),
+		)},
+		{"flapping backs off", cfg, steps(
+			heartbeats("m0", 0, 1),
+			detectStep{at: 1.1, op: "failed", m: "m0"},
+			sweeps(1.2, 3.8),
+			detectStep{at: 3.9, op: "join", m: "m0"}, // back within the grace: not lost
+			heartbeats("m0", 4, 5),
+			detectStep{at: 5.1, op: "failed", m: "m0"},
+			sweeps(5.2, 10.8), // one flap: 6 s to confirm
+			detectStep{at: 11.0, op: "sweep", want: "m0"},
+		)},
+		{"repeated flaps are capped at the heartbeat timeout, then forgotten", cfg, steps(
+			detectStep{at: 0.1, op: "failed", m: "m0"}, detectStep{at: 0.2, op: "join", m: "m0"},
+			detectStep{at: 0.3, op: "failed", m: "m0"}, detectStep{at: 0.4, op: "join", m: "m0"},
+			detectStep{at: 0.5, op: "failed", m: "m0"}, detectStep{at: 0.6, op: "join", m: "m0"},
+			heartbeats("m0", 0.8, 2),
+			detectStep{at: 2.1, op: "failed", m: "m0"},
+			sweeps(2.2, 11.8), // three flaps: 24 s, capped at 10 s
+			detectStep{at: 12.2, op: "sweep", want: "m0"},
+		)},
+		{"flaps are forgotten after the flap memory", cfg, steps(
+			detectStep{at: 0.1, op: "failed", m: "m0"}, detectStep{at: 0.2, op: "join", m: "m0"},
+			heartbeats("m0", 0.4, 61),
+			detectStep{at: 61.1, op: "failed", m: "m0"},
+			sweeps(61.2, 63.8),
+			detectStep{at: 64.2, op: "sweep", want: "m0"}, // 3 s again
+		)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t0 := time.Unix(1000, 0)
+			at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+			d := newFailureDetector(tc.cfg, t0)
+			alive := map[string]bool{"m0": true}
+			for _, s := range tc.steps {
+				switch s.op {
+				case "hb":
+					d.heard(s.m, at(s.at))
+				case "failed", "left", "join":
+					d.gossip(s.m, s.op, at(s.at))
+				case "sweep":
+					var names []string
+					for n := range alive {
+						names = append(names, n)
+					}
+					paused, dead := d.sweep(at(s.at), names)
+					var got []string
+					for _, v := range dead {
+						got = append(got, v.machine)
+						delete(alive, v.machine)
+						d.declared(v.machine)
+					}
+					if strings.Join(got, ",") != s.want {
+						t.Fatalf("sweep at %.1fs: dead %v (%v), want %q", s.at, got, dead, s.want)
+					}
+					if (paused > 0) != s.paused {
+						t.Fatalf("sweep at %.1fs: paused %v, want %v", s.at, paused, s.paused)
+					}
+				default:
+					panic(fmt.Sprint("unknown step ", s.op))
+				}
+			}
+		})
+	}
+}
