@@ -64,6 +64,7 @@ const (
 	PluginSpread         = "spread"          // Score: members of StrategySpread gangs on distinct machines (soft)
 	PluginStrictSpread   = "strict-spread"   // Filter: members of StrategyStrictSpread gangs on distinct machines
 	PluginStrictPack     = "strict-pack"     // Filter: members of StrategyStrictPack gangs on one machine
+	PluginMachines       = "machines"        // Filter: members of gangs pinned to machines (Request.Machines) on them alone
 )
 
 // InTreeRegistry returns a new registry holding the in-tree plugins.
@@ -94,6 +95,7 @@ func InTreeRegistry() Registry {
 		PluginSpread:        func(Handle) (Plugin, error) { return spreadScore{}, nil },
 		PluginStrictSpread:  func(Handle) (Plugin, error) { return strictSpread{}, nil },
 		PluginStrictPack:    func(Handle) (Plugin, error) { return strictPack{}, nil },
+		PluginMachines:      func(Handle) (Plugin, error) { return pinned{}, nil },
 	}
 }
 
@@ -141,7 +143,7 @@ func (c Config) resolved() Plugins {
 		}
 	}
 	if p.Filter == nil {
-		p.Filter = []string{PluginStrictSpread, PluginStrictPack}
+		p.Filter = []string{PluginStrictSpread, PluginStrictPack, PluginMachines}
 	}
 	if p.Score == nil {
 		p.Score = []ScoreWeight{{Name: PluginSpread, Weight: defaultSpreadWeight}}

@@ -1,6 +1,9 @@
 package gang
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // The placement strategies (Request.Strategy) as plugins, each keyed on the gang's
 // strategy and skipped (SkipPlugin) for every other gang:
@@ -41,6 +44,21 @@ func (strictPack) Skip(_ *CycleState, g *QueuedGang) bool {
 func (strictPack) Filter(_ *CycleState, _ *QueuedGang, c *Candidate, node int, _ *Node) *Status {
 	if c.Members() > 0 && c.Node(0) != node {
 		return NewStatus(Unschedulable, WaitFragmented, "every member on one machine")
+	}
+	return nil
+}
+
+// pinned is the Filter of gangs pinned to machines (Request.Machines): every other node is
+// refused.
+type pinned struct{}
+
+func (pinned) Name() string { return PluginMachines }
+
+func (pinned) Skip(_ *CycleState, g *QueuedGang) bool { return len(g.Request.Machines) == 0 }
+
+func (pinned) Filter(_ *CycleState, g *QueuedGang, _ *Candidate, _ int, n *Node) *Status {
+	if !slices.Contains(g.Request.Machines, n.Name) {
+		return NewStatus(Unschedulable, WaitFragmented, fmt.Sprintf("pinned to machines %v", g.Request.Machines))
 	}
 	return nil
 }
@@ -88,6 +106,7 @@ const defaultSpreadWeight = 10
 // more machines than could each hold one member, a strict pack larger than any machine
 // could hold. It looks at every node's capacity, cordoned ones included (a cordon ends).
 func (s *Scheduler) strategyNeverFits(r *Request) string {
+	pin := len(r.Machines) > 0 && s.prof.has(PluginMachines)
 	var on bool
 	switch r.Strategy {
 	case StrategyStrictSpread:
@@ -95,21 +114,28 @@ func (s *Scheduler) strategyNeverFits(r *Request) string {
 	case StrategyStrictPack:
 		on = s.prof.has(PluginStrictPack)
 	}
-	if !on {
+	if !on && !pin {
 		return ""
 	}
-	hosts, most := 0, 0
+	hosts, most, named := 0, 0, 0
 	for i := range s.c.nodes {
-		k := holds(&s.c.nodes[i], r.Member, r.GPUModels)
+		n := &s.c.nodes[i]
+		if pin && !slices.Contains(r.Machines, n.Name) {
+			continue
+		}
+		named++
+		k := holds(n, r.Member, r.GPUModels)
 		if k > 0 {
 			hosts++
 		}
 		most = max(most, k)
 	}
-	if r.Strategy == StrategyStrictSpread && hosts < r.Min {
+	switch {
+	case pin && named == 0:
+		return fmt.Sprintf("pinned to machines %v, none of which is in the cluster", r.Machines)
+	case r.Strategy == StrategyStrictSpread && on && hosts < r.Min:
 		return fmt.Sprintf("strict spread of %d members over distinct machines: %d machine(s) can hold one", r.Min, hosts)
-	}
-	if r.Strategy == StrategyStrictPack && most < r.Min {
+	case r.Strategy == StrategyStrictPack && on && most < r.Min:
 		return fmt.Sprintf("strict pack of %d members on one machine: a machine holds at most %d", r.Min, most)
 	}
 	return ""

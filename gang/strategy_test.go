@@ -419,3 +419,36 @@ func TestStrategyInvalid(t *testing.T) {
 		t.Fatalf("submit: %v, want ErrInvalidRequest naming the strategy", err)
 	}
 }
+
+// A gang pinned to machines is placed on them alone, waits while they are full, and can
+// never fit when none of them is in the cluster.
+func TestPinnedToMachines(t *testing.T) {
+	s, err := New(DefaultConfig(), testSnapshot(3, 8, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Submit(Request{ID: "pinned", Min: 2, Member: Member{GPUs: 1}, Machines: []string{"n2"}}, epoch); err != nil {
+		t.Fatal(err)
+	}
+	d := s.Cycle(epoch)
+	if len(d.Placements) != 1 {
+		t.Fatalf("placements %+v: want the pinned gang", d.Placements)
+	}
+	for _, m := range d.Placements[0].Members {
+		if m.NodeName != "n2" {
+			t.Fatalf("a gang pinned to n2 placed on %+v", d.Placements[0].Members)
+		}
+	}
+	if _, err := s.Submit(Request{ID: "nowhere", Min: 1, Member: Member{GPUs: 1}, Machines: []string{"z"}}, epoch); !errors.Is(err, ErrNeverFits) {
+		t.Fatalf("a gang pinned to no machine of the cluster: %v, want ErrNeverFits", err)
+	}
+	if _, err := s.Submit(Request{ID: "full", Min: 7, Member: Member{GPUs: 1}, Machines: []string{"n2"}}, epoch); err != nil {
+		t.Fatal(err)
+	}
+	if d := s.Cycle(epoch); len(d.Placements) != 0 {
+		t.Fatalf("7 members placed on n2, which has 6 GPUs free: %+v", d.Placements)
+	}
+	if st, _ := s.GangStatus("full"); st.State != GangPending {
+		t.Fatalf("full: %+v, want pending", st)
+	}
+}

@@ -178,6 +178,10 @@ type Request struct {
 	SameIsland bool
 	// Strategy spreads or packs the members over machines; empty: StrategyPack.
 	Strategy Strategy
+	// Machines, when set, pins the members to these nodes (by Node.Name): the "machines"
+	// Filter refuses every other node, and a gang pinned to no node of the cluster can never
+	// fit. Ray's hard node affinity.
+	Machines []string
 	// Duration is the expected run time when known (0 = unknown). Backfill and reservations use it.
 	Duration time.Duration
 	// AllReduceBytes is the size of one gradient AllReduce, used to model collective time.

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/sdk"
 	"github.com/atoll-run/atoll/sdk/sdktest"
 )
@@ -18,9 +19,9 @@ import (
 
 func connect(t *testing.T, cl *sdktest.Cluster) *sdk.Cluster {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := testtime.Context(t, time.Minute)
 	defer cancel()
-	c, err := sdk.Connect(ctx, cl.Address, append([]sdk.Option{sdk.WithLogger(zaptest.NewLogger(t)), sdk.WithCallTimeout(30 * time.Second)},
+	c, err := sdk.Connect(ctx, cl.Address, append([]sdk.Option{sdk.WithLogger(zaptest.NewLogger(t)), sdk.WithCallTimeout(testtime.Scale(30 * time.Second))},
 		testOptions()...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +41,7 @@ func TestClusterTasksDetachedActorsAndObjectOwners(t *testing.T) {
 		t.Skip("two actor systems with remoting in one process race inside protoactor-go (grpclog.SetLoggerV2 in remote.Start); run without -race")
 	}
 	cl := sdktest.Up(t, 2, "")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := testtime.Context(t, 3*time.Minute)
 	defer cancel()
 	c1 := connect(t, cl)
 	job, err := c1.Submit(ctx, sdk.JobSpec{Name: "first"})
@@ -121,7 +122,7 @@ func TestClusterTasksDetachedActorsAndObjectOwners(t *testing.T) {
 // answer ErrStale, whichever machine it is on.
 func TestClusterCollectiveFailureIsStaleOnEveryRank(t *testing.T) {
 	cl := sdktest.Up(t, 2, "")
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := testtime.Context(t, 4*time.Minute)
 	defer cancel()
 	c := connect(t, cl)
 	defer c.Shutdown(context.Background())

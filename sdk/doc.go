@@ -79,11 +79,11 @@
 // # Gangs
 //
 // A gang is Workers actors placed all-or-nothing (whole GPUs, a share of one, a MIG slice,
-// CPU and memory each; SameIsland or a Strategy: Pack, Spread, StrictPack, StrictSpread),
-// restarted all-for-one when one fails, from the gang's newest checkpoint (workers that
-// implement Checkpointer). Calls to a worker of an ended incarnation fail with ErrStale; a
-// gang that used up its restarts fails with ErrGangFailed and frees its GPUs; Stop frees
-// them at once.
+// CPU and memory each; SameIsland or a Strategy: Pack, Spread, StrictPack, StrictSpread;
+// Machines pins them to named machines), restarted all-for-one when one fails, from the
+// gang's newest checkpoint (workers that implement Checkpointer). Calls to a worker of an
+// ended incarnation fail with ErrStale; a gang that used up its restarts fails with
+// ErrGangFailed and frees its GPUs; Stop frees them at once.
 //
 //	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "dp", Kind: "trainer", Args: TrainerArgs{Data: ref},
 //		Workers: 16, GPUsPerWorker: 1, MaxRestarts: 3})

@@ -72,6 +72,12 @@ type GangSpec struct {
 	// Strategy spreads or packs the workers over machines (Pack, Spread, StrictPack,
 	// StrictSpread); empty: the scheduler's topology-aware placement (Pack).
 	Strategy Strategy
+	// Machines, when set, pins the workers to these machines (their names, as
+	// Cluster.Machines and Placement report them): the gang is placed by its Strategy on
+	// them alone, and waits while they are full; none of them in the cluster is
+	// ErrNeverFits. It queues, preempts and is preempted like every gang (Ray's hard node
+	// affinity).
+	Machines []string
 	// Priority orders gangs for the scheduler (higher first); PriorityClass names one of
 	// the operator's classes instead (atoll queues). A gang of a higher priority preempts
 	// lower ones when it does not fit (unless they are NotPreemptible): they are given a
@@ -200,7 +206,7 @@ func (j *Job) SpawnGang(ctx context.Context, spec GangSpec) (*Gang, error) {
 		res.GPUs = spec.GPUsPerWorker
 	}
 	as := api.GangSpec{Job: j.name, Name: spec.Name, Kind: spec.Kind, Args: args, Workers: spec.Workers, MinWorkers: spec.MinWorkers, Resources: api.Resources(res),
-		SameIsland: spec.SameIsland, Strategy: api.Strategy(spec.Strategy), Priority: spec.Priority, PriorityClass: spec.PriorityClass, Queue: spec.Queue,
+		SameIsland: spec.SameIsland, Strategy: api.Strategy(spec.Strategy), Machines: spec.Machines, Priority: spec.Priority, PriorityClass: spec.PriorityClass, Queue: spec.Queue,
 		NotPreemptible: spec.NotPreemptible, JustInTime: spec.CheckpointOnNotice, CheckpointEvery: api.Duration(spec.CheckpointEvery), Duration: api.Duration(spec.Duration),
 		AllReduceBytes: spec.AllReduceBytes, MaxRestarts: spec.MaxRestarts,
 		RestartWindow: api.Duration(spec.RestartWindow), Backoff: api.Duration(spec.Backoff)}

@@ -28,6 +28,9 @@ type ActorSpec struct {
 	Args any
 	// Resources is what the actor holds while it lives (zero: CPU only, nothing reserved).
 	Resources Resources
+	// Machines, when set, pins the actor to one of these machines (by name), as
+	// GangSpec.Machines does a gang.
+	Machines []string
 	// MaxRestarts bounds its restarts within a minute (as a gang's); a restarted actor
 	// starts from its newest checkpoint when it is a Checkpointer.
 	MaxRestarts int
@@ -75,7 +78,7 @@ func (j *Job) SpawnActor(ctx context.Context, spec ActorSpec) (ActorRef, error) 
 		in = &Job{c: c, name: rec.Name}
 	}
 	g, err := in.SpawnGang(ctx, GangSpec{Name: spec.Name, Kind: spec.Kind, Args: spec.Args, Workers: 1, Resources: spec.Resources,
-		MaxRestarts: spec.MaxRestarts})
+		Machines: spec.Machines, MaxRestarts: spec.MaxRestarts})
 	if err != nil {
 		if spec.Detached {
 			_ = c.client.StopJob(context.WithoutCancel(ctx), in.name)

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/sdk"
 	"github.com/atoll-run/atoll/sdk/local"
 	"github.com/atoll-run/atoll/sdk/sdktest"
@@ -43,7 +44,7 @@ func TestMain(m *testing.M) {
 func newCluster(t *testing.T, opts ...sdk.Option) *sdk.Cluster {
 	t.Helper()
 	ctx := context.Background()
-	c, err := local.Cluster(ctx, append(append([]sdk.Option{sdk.WithLogger(zaptest.NewLogger(t)), sdk.WithCallTimeout(10 * time.Second)},
+	c, err := local.Cluster(ctx, append(append([]sdk.Option{sdk.WithLogger(zaptest.NewLogger(t)), sdk.WithCallTimeout(testtime.Scale(10 * time.Second))},
 		testOptions()...), opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -54,6 +55,15 @@ func newCluster(t *testing.T, opts ...sdk.Option) *sdk.Cluster {
 		}
 	})
 	return c
+}
+
+// testContext bounds a test's waits: a minute on a quiet machine, scaled to this one
+// (testtime), ending with the test.
+func testContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := testtime.Context(t, time.Minute)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 type sumReq struct{ N int }
@@ -67,7 +77,7 @@ func (summer) Receive(c *sdk.Context, msg any) (any, error) {
 	for i := range v {
 		v[i] = float32(c.Rank() + i)
 	}
-	ctx, cancel := context.WithTimeout(c, 10*time.Second)
+	ctx, cancel := context.WithTimeout(c, testtime.Scale(10*time.Second))
 	defer cancel()
 	err := c.AllReduce(ctx, v)
 	return v, err
@@ -75,7 +85,7 @@ func (summer) Receive(c *sdk.Context, msg any) (any, error) {
 
 func TestGangPlacementAndAllReduce(t *testing.T) {
 	c := newCluster(t)
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, err := c.Submit(ctx, sdk.JobSpec{Name: "j"})
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +184,7 @@ func TestGangPlacementAndAllReduce(t *testing.T) {
 
 func TestBadRequestsAreRejectedWithReasons(t *testing.T) {
 	c := newCluster(t)
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, err := c.Submit(ctx, sdk.JobSpec{Name: "bad"})
 	if err != nil {
 		t.Fatal(err)
@@ -235,7 +245,7 @@ func (echo) Receive(_ *sdk.Context, msg any) (any, error) { return msg, nil }
 
 func TestCallStoppedActorFailsFast(t *testing.T) {
 	c := newCluster(t)
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "s"})
 	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "e", Kind: "echo", Workers: 2, GPUsPerWorker: 1})
 	if err != nil {
@@ -267,7 +277,7 @@ func (fetcher) Receive(c *sdk.Context, msg any) (any, error) {
 
 func TestObjectsTypedAcrossMachines(t *testing.T) {
 	c := newCluster(t)
-	ctx := context.Background()
+	ctx := testContext(t)
 	r, err := sdk.Put(ctx, c, point{1, 2, "p"})
 	if err != nil {
 		t.Fatal(err)
@@ -281,16 +291,13 @@ func TestObjectsTypedAcrossMachines(t *testing.T) {
 	}
 	// A worker on another machine pulls the driver's object to its own machine.
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "o"})
-	if _, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "fill", Kind: "fetcher", Workers: 8, GPUsPerWorker: 1, SameIsland: true}); err != nil {
-		t.Fatal(err)
-	}
-	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "f", Kind: "fetcher", Workers: 1, GPUsPerWorker: 1})
+	other := otherMachine(t, c)
+	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "f", Kind: "fetcher", Workers: 1, GPUsPerWorker: 1, Machines: []string{other}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms, _ := c.Machines(ctx)
-	if m := g.Placement().Members[0].Machine; m == ms[0].Name {
-		t.Fatalf("fetcher placed on %s, the driver's machine; the test needs another", m)
+	if m := g.Placement().Members[0].Machine; m != other {
+		t.Fatalf("fetcher pinned to %s placed on %s", other, m)
 	}
 	got, err := sdk.Call[point](ctx, c, g.Worker(0), r)
 	if err != nil || got.Tag != "p" {
@@ -304,6 +311,17 @@ func TestObjectsTypedAcrossMachines(t *testing.T) {
 	}
 }
 
+// otherMachine names a machine of the embedded cluster other than the driver's: the driver
+// keeps its objects in the first machine's store.
+func otherMachine(t *testing.T, c *sdk.Cluster) string {
+	t.Helper()
+	ms, err := c.Machines(testContext(t))
+	if err != nil || len(ms) < 2 {
+		t.Fatalf("machines %v, %v: the test needs two", ms, err)
+	}
+	return ms[len(ms)-1].Name
+}
+
 type tick struct{}
 
 // keeper checkpoints a counter.
@@ -315,7 +333,7 @@ func (k *keeper) Restore(b []byte) error                 { k.n = int(b[0]); retu
 
 func TestRestartRestoresFromTheCommittedCheckpoint(t *testing.T) {
 	c := newCluster(t)
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, err := c.Submit(ctx, sdk.JobSpec{Name: "logged"})
 	if err != nil {
 		t.Fatal(err)
@@ -373,7 +391,7 @@ func (g greeter) Receive(*sdk.Context, any) (any, error) { return "hello " + g.g
 
 func TestConstructorArguments(t *testing.T) {
 	c := newCluster(t)
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "a"})
 	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "g", Kind: "greeter", Workers: 2, Args: greeting{"atoll"}, MaxRestarts: 2})
 	if err != nil {
@@ -400,7 +418,7 @@ func TestConstructorArguments(t *testing.T) {
 
 func TestWait(t *testing.T) {
 	c := newCluster(t)
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "w"})
 	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "e", Kind: "echo", Workers: 4})
 	if err != nil {

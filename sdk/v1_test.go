@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/sdk"
 )
 
@@ -79,7 +80,10 @@ func (s *stepper) Receive(c *sdk.Context, msg any) (any, error) {
 			panic("injected crash in the middle of a collective")
 		}
 		v := []float32{float32(c.Rank()), 1}
-		ctx, cancel := context.WithTimeout(c, 20*time.Second)
+		// A rank's crash ends the collective on the others with ErrStale (their generation
+		// ended), not with this deadline: it bounds a collective that hangs, with room for
+		// a loaded machine to notice the crash and restart the gang.
+		ctx, cancel := context.WithTimeout(c, testtime.Scale(time.Minute))
 		defer cancel()
 		if err := c.AllReduce(ctx, v); err != nil {
 			return nil, err
@@ -94,7 +98,7 @@ func (s *stepper) Receive(c *sdk.Context, msg any) (any, error) {
 
 func TestTasksFanOutAndWait(t *testing.T) {
 	c := newCluster(t)
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, err := c.Submit(ctx, sdk.JobSpec{Name: "fan"})
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +153,7 @@ func TestTasksFanOutAndWait(t *testing.T) {
 
 func TestTaskRetriesOnWorkerFailureOnly(t *testing.T) {
 	c := newCluster(t)
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "retry"})
 	if v, err := crashOnce.Remote(ctx, job, 41).Await(ctx); err != nil || v != 42 {
 		t.Fatalf("a task whose worker crashed once: %d, %v; want 42 from its second run", v, err)
@@ -182,7 +186,7 @@ func TestTaskCancellationReachesTheFunction(t *testing.T) {
 		return 0, c.Err()
 	})
 	c := newCluster(t, sdk.Tasks(blocker))
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "cancel"})
 	tctx, cancel := context.WithCancel(ctx)
 	f := blocker.Remote(tctx, job, 0)
@@ -201,7 +205,7 @@ func TestTaskCancellationReachesTheFunction(t *testing.T) {
 
 func TestTaskResources(t *testing.T) {
 	c := newCluster(t, sdk.WithSpec("dgx-h100+dgx-a100-mig"))
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "res"})
 	gpu, err := where.With(sdk.TaskOptions{Resources: sdk.Resources{GPUs: 1}}).Remote(ctx, job, struct{}{}).Await(ctx)
 	if err != nil || len(gpu.GPUs) != 1 || gpu.MIG != "" {
@@ -231,14 +235,14 @@ func TestTaskResources(t *testing.T) {
 
 func TestTaskWorkersGoIdleAndTheirObjectsStayWithTheJob(t *testing.T) {
 	c := newCluster(t, sdk.WithTaskIdle(50*time.Millisecond))
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "idle"})
 	ref, err := putBytes.With(sdk.TaskOptions{Resources: sdk.Resources{GPUs: 8}}).Remote(ctx, job, 1000).Await(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The task worker held a whole machine; idle, it stops and frees it.
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := testtime.Deadline(t, 20*time.Second)
 	for {
 		st, err := c.Status(ctx)
 		if err != nil {
@@ -270,7 +274,7 @@ func TestTaskWorkersGoIdleAndTheirObjectsStayWithTheJob(t *testing.T) {
 
 func TestPlacedActorsHandlesAndDetached(t *testing.T) {
 	c := newCluster(t)
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "pa"})
 	k, err := job.SpawnActor(ctx, sdk.ActorSpec{Name: "counter", Kind: "keeper", Resources: sdk.Resources{CPUMilli: 500}, MaxRestarts: 2})
 	if err != nil {
@@ -349,7 +353,7 @@ func TestPlacedActorsHandlesAndDetached(t *testing.T) {
 // gangOf finds a gang handle by spawning nothing: a placed actor's gang, for Kill.
 func gangOf(t *testing.T, c *sdk.Cluster, job *sdk.Job, name string) *sdk.Gang {
 	t.Helper()
-	g, err := job.Gang(context.Background(), name)
+	g, err := job.Gang(testContext(t), name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +362,7 @@ func gangOf(t *testing.T, c *sdk.Cluster, job *sdk.Job, name string) *sdk.Gang {
 
 func TestPlacementStrategiesAndResources(t *testing.T) {
 	c := newCluster(t)
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "place"})
 	machinesOf := func(g *sdk.Gang) map[string]int {
 		out := map[string]int{}
@@ -449,7 +453,7 @@ func mapValues(m map[string]int) []int {
 
 func TestLargeObjectsAreStoredInParts(t *testing.T) {
 	c := newCluster(t, sdk.WithObjectStore(32<<20))
-	ctx := context.Background()
+	ctx := testContext(t)
 	data := make([]byte, 100<<20) // over three times the store
 	for i := range data {
 		data[i] = byte(i * 7)
@@ -467,9 +471,13 @@ func TestLargeObjectsAreStoredInParts(t *testing.T) {
 	}
 	// A worker on another machine pulls it, part by part, to its own store.
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "big"})
-	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "s", Kind: "sizer", Workers: 1, Strategy: sdk.StrictSpread})
+	other := otherMachine(t, c)
+	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "s", Kind: "sizer", Workers: 1, Machines: []string{other}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if m := g.Placement().Members[0].Machine; m != other {
+		t.Fatalf("sizer pinned to %s placed on %s", other, m)
 	}
 	want := 0
 	for _, x := range data {
@@ -495,7 +503,7 @@ func TestLargeObjectsAreStoredInParts(t *testing.T) {
 
 func TestCheckpointContents(t *testing.T) {
 	c := newCluster(t)
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "cp"})
 	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "k", Kind: "keeper", Workers: 3})
 	if err != nil {
@@ -532,7 +540,7 @@ func TestCollectiveNamesRanksThatNeverJoined(t *testing.T) {
 	release, failed := make(chan struct{}), make(chan error, 1)
 	slow := sdk.Kind("slow", func() sdk.Actor { return &slowStarter{release: release, failed: failed} })
 	c := newCluster(t, slow)
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "coll"})
 	done := make(chan error, 1)
 	go func() {
@@ -572,7 +580,7 @@ func (s *slowStarter) Receive(*sdk.Context, any) (any, error) { return nil, nil 
 
 func TestActorRefsReadAsNames(t *testing.T) {
 	c := newCluster(t)
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "names"})
 	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "dp", Kind: "echo", Workers: 2, GPUsPerWorker: 1})
 	if err != nil {
@@ -599,7 +607,7 @@ func TestPut512MiBOnTheDefaultStore(t *testing.T) {
 		t.Skip("moves half a GiB")
 	}
 	c := newCluster(t) // the default store: 256 MiB per machine
-	ctx := context.Background()
+	ctx := testContext(t)
 	data := make([]byte, 512<<20)
 	for i := 0; i < len(data); i += 4096 {
 		data[i] = byte(i >> 12)
@@ -622,7 +630,7 @@ func TestPut512MiBOnTheDefaultStore(t *testing.T) {
 
 func TestAGangSpawnedAgainGetsNewWorkers(t *testing.T) {
 	c := newCluster(t)
-	ctx := context.Background()
+	ctx := testContext(t)
 	job, _ := c.Submit(ctx, sdk.JobSpec{Name: "again"})
 	tickAll := func(g *sdk.Gang, want int) {
 		t.Helper()

@@ -23,6 +23,7 @@ func newAgentCmd() *cobra.Command {
 	var (
 		join, name, machine, dir, tokenFile string
 		listen, transfer, gossip, advertise string
+		gossipProbe                         time.Duration
 		caCert, checkpointDir               string
 		rack                                int
 		objectStore, maxObject              int64
@@ -101,7 +102,7 @@ worker processes of the gangs placed on it.`,
 			a, err := agent.Start(sctx, agent.Config{Name: name, Rack: rack, Spec: spec, Simulated: simulated, Heads: heads, Token: token, CACert: caPEM,
 				Dir: dir, Listen: listen, TransferListen: transfer, Advertise: advertise, ObjectCapacity: objectStore, LoadInterval: loadInterval,
 				MaxObjectSize: maxObject, ReconcileInterval: reconcileInterval, DeadObjectKeep: deadObjectKeep, CheckpointDir: checkpointDir,
-				Gossip: gossip, Logger: logger})
+				Gossip: gossip, GossipProbe: gossipProbe, Logger: logger})
 			if err != nil {
 				return err
 			}
@@ -124,6 +125,7 @@ worker processes of the gangs placed on it.`,
 	f.StringVar(&transfer, "transfer-listen", "127.0.0.1:0", "address of the object store's transfer server")
 	f.StringVar(&advertise, "advertise", "", "host the other machines reach this one at, when it listens on 0.0.0.0 (a container's name); its workers listen there too")
 	f.StringVar(&gossip, "gossip", "127.0.0.1:0", "address to gossip on (serf membership); \"none\" turns it off")
+	f.DurationVar(&gossipProbe, "gossip-probe", 500*time.Millisecond, gossipProbeUsage)
 	f.Int64Var(&objectStore, "object-store", 0, "bytes of the object store's shared-memory tier (0: the store's default share of RAM)")
 	f.DurationVar(&loadInterval, "load-interval", 200*time.Millisecond, "how often the machine's load is sampled and reported")
 	f.StringVar(&checkpointDir, "checkpoint-dir", "", "a shared checkpoint directory (the same path on every machine that mounts it): the second durable copy of checkpoints and detached objects goes there instead of to another machine")

@@ -82,7 +82,7 @@ func benchCluster(ctx context.Context, dir string, agents int, machine string, i
 			return nil, nil, nil, err
 		}
 		dir = filepath.Join(tmp, "cluster")
-		cf, _, err = startCluster(ctx, dir, 3, agents, machine, !insecure, time.Minute, agentOptions{})
+		cf, _, err = startCluster(ctx, dir, 3, agents, machine, !insecure, time.Minute, upOptions{})
 		if err != nil {
 			_ = os.RemoveAll(tmp)
 			return nil, nil, nil, err

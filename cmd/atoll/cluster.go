@@ -44,9 +44,44 @@ type clusterFile struct {
 	Started time.Time  `json:"started"`
 	// Pools is the pool file the heads run the autoscaler with ("" without).
 	Pools string `json:"pools,omitempty"`
-	// AgentArgs are the options its agents run with (atoll up --reconcile-interval,
-	// --max-object-size, --checkpoint-dir).
+	// GossipProbe and HeartbeatTimeout are the failure detection the heads and agents were
+	// started with ("" for their defaults), kept so that a restart runs them the same.
+	GossipProbe      string `json:"gossip_probe,omitempty"`
+	HeartbeatTimeout string `json:"heartbeat_timeout,omitempty"`
+	// AgentArgs are the object store options its agents run with (atoll up
+	// --reconcile-interval, --max-object-size, --checkpoint-dir), kept for a restart.
 	AgentArgs []string `json:"agent_args,omitempty"`
+}
+
+// upOptions are what a cluster of `atoll up` takes beyond its shape.
+type upOptions struct {
+	// poolFile makes the heads run the pools autoscaler with the local provider.
+	poolFile string
+	// gossipProbe and heartbeatTimeout set the failure detection of the heads and agents
+	// (0: their defaults).
+	gossipProbe, heartbeatTimeout time.Duration
+	// reconcileInterval, maxObjectSize and checkpointDir are the agents' object store
+	// options (0, "": their defaults).
+	reconcileInterval time.Duration
+	maxObjectSize     int64
+	checkpointDir     string
+}
+
+// agentArgs are the agents' flags for the object store options.
+func (o upOptions) agentArgs() []string {
+	var a []string
+	if o.reconcileInterval > 0 {
+		a = append(a, "--reconcile-interval", o.reconcileInterval.String())
+	}
+	if o.maxObjectSize > 0 {
+		a = append(a, "--max-object-size", strconv.FormatInt(o.maxObjectSize, 10))
+	}
+	if o.checkpointDir != "" {
+		if abs, err := filepath.Abs(o.checkpointDir); err == nil {
+			a = append(a, "--checkpoint-dir", abs)
+		}
+	}
+	return a
 }
 
 // procInfo is one process `atoll up` started, with what identifies it (procs.go).
@@ -316,8 +351,7 @@ func newUpCmd() *cobra.Command {
 		asJSON       bool
 		insecure     bool
 		timeout      time.Duration
-		poolFile     string
-		agentFlags   agentOptions
+		opts         upOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -338,12 +372,12 @@ another process reuses is never taken for one of them.`,
 			if dir == "" {
 				return errors.New("up: --dir is required")
 			}
-			if poolFile != "" {
-				if _, err := pools.LoadFile(poolFile); err != nil {
+			if opts.poolFile != "" {
+				if _, err := pools.LoadFile(opts.poolFile); err != nil {
 					return fmt.Errorf("up: %w", err)
 				}
 			}
-			cf, st, err := startCluster(cmd.Context(), dir, heads, agents, machine, !insecure, timeout, agentFlags, poolFile)
+			cf, st, err := startCluster(cmd.Context(), dir, heads, agents, machine, !insecure, timeout, opts)
 			if err != nil {
 				return fmt.Errorf("up: %w", err)
 			}
@@ -364,34 +398,13 @@ another process reuses is never taken for one of them.`,
 	f.BoolVar(&asJSON, "json", false, "print the cluster file as JSON")
 	f.DurationVar(&timeout, "timeout", time.Minute, "how long to wait for the cluster to be ready")
 	f.BoolVar(&insecure, "insecure-no-tls", false, "run every link on the token alone, in clear (default: mutual TLS with the cluster's CA)")
-	f.StringVar(&poolFile, "pools", "", "a pool file: the leader adds and removes agents with the work (local provider; docs/pools.md)")
-	f.DurationVar(&agentFlags.reconcileInterval, "reconcile-interval", 0, "the agents' --reconcile-interval (0: their default)")
-	f.Int64Var(&agentFlags.maxObjectSize, "max-object-size", 0, "the agents' --max-object-size (0: their default)")
-	f.StringVar(&agentFlags.checkpointDir, "checkpoint-dir", "", "a shared checkpoint directory every agent mounts (their --checkpoint-dir): the second durable copy of checkpoints and detached objects goes there")
+	f.StringVar(&opts.poolFile, "pools", "", "a pool file: the leader adds and removes agents with the work (local provider; docs/pools.md)")
+	f.DurationVar(&opts.gossipProbe, "gossip-probe", 0, "the heads' and its agents' --gossip-probe (0: theirs, 500ms): "+gossipProbeUsage)
+	f.DurationVar(&opts.reconcileInterval, "reconcile-interval", 0, "the agents' --reconcile-interval (0: their default)")
+	f.Int64Var(&opts.maxObjectSize, "max-object-size", 0, "the agents' --max-object-size (0: their default)")
+	f.StringVar(&opts.checkpointDir, "checkpoint-dir", "", "a shared checkpoint directory every agent mounts (their --checkpoint-dir): the second durable copy of checkpoints and detached objects goes there")
+	f.DurationVar(&opts.heartbeatTimeout, "heartbeat-timeout", 0, "the heads' --heartbeat-timeout (0: theirs, 10s): how long a machine may send no load report before it is declared dead")
 	return cmd
-}
-
-// agentOptions are flags `atoll up` passes on to its agents.
-type agentOptions struct {
-	reconcileInterval time.Duration
-	maxObjectSize     int64
-	checkpointDir     string
-}
-
-func (o agentOptions) args() []string {
-	var a []string
-	if o.reconcileInterval > 0 {
-		a = append(a, "--reconcile-interval", o.reconcileInterval.String())
-	}
-	if o.maxObjectSize > 0 {
-		a = append(a, "--max-object-size", strconv.FormatInt(o.maxObjectSize, 10))
-	}
-	if o.checkpointDir != "" {
-		if abs, err := filepath.Abs(o.checkpointDir); err == nil {
-			a = append(a, "--checkpoint-dir", abs)
-		}
-	}
-	return a
 }
 
 // startCluster starts a cluster of heads and agents as detached processes of this executable
@@ -399,9 +412,9 @@ func (o agentOptions) args() []string {
 // its identity, not its pid alone), what does not is started again with the addresses,
 // directories and options it had. It returns once the heads have a leader and every agent
 // registered from the process that runs now (its machine's record names its pid and its new
-// address). A pool file (poolFile, at most one) makes the heads run the pools autoscaler
-// with the local provider; ao are the agents' options (kept in the cluster file).
-func startCluster(ctx context.Context, dir string, heads, agents int, machine string, secure bool, timeout time.Duration, ao agentOptions, poolFile ...string) (*clusterFile, api.Status, error) {
+// address). A pool file (opts.poolFile) makes the heads run the pools autoscaler with the
+// local provider; a restart keeps the options the cluster was started with.
+func startCluster(ctx context.Context, dir string, heads, agents int, machine string, secure bool, timeout time.Duration, opts upOptions) (*clusterFile, api.Status, error) {
 	var st api.Status
 	if agents < 0 || agents > 256 {
 		return nil, st, fmt.Errorf("--agents %d: want 0..256", agents)
@@ -414,8 +427,8 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		return nil, st, err
 	}
 	pools := ""
-	if len(poolFile) > 0 && poolFile[0] != "" {
-		if pools, err = filepath.Abs(poolFile[0]); err != nil {
+	if opts.poolFile != "" {
+		if pools, err = filepath.Abs(opts.poolFile); err != nil {
 			return nil, st, err
 		}
 	}
@@ -428,7 +441,7 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		if pools != "" && pools != cf.Pools {
 			return nil, st, fmt.Errorf("the cluster in %s runs the pool file %q, not %q", abs, cf.Pools, pools)
 		}
-		if args := ao.args(); len(args) > 0 && !slices.Equal(args, cf.AgentArgs) {
+		if args := opts.agentArgs(); len(args) > 0 && !slices.Equal(args, cf.AgentArgs) {
 			return nil, st, fmt.Errorf("the cluster in %s runs its agents with %q, not %q", abs, cf.AgentArgs, args)
 		}
 		secure = cf.CACert != ""
@@ -440,7 +453,13 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		if cf, err = newClusterFile(abs, heads, machine, secure, pools); err != nil {
 			return nil, st, err
 		}
-		cf.AgentArgs = ao.args()
+		if opts.gossipProbe > 0 {
+			cf.GossipProbe = opts.gossipProbe.String()
+		}
+		if opts.heartbeatTimeout > 0 {
+			cf.HeartbeatTimeout = opts.heartbeatTimeout.String()
+		}
+		cf.AgentArgs = opts.agentArgs()
 	}
 	for i := len(cf.Agents); i < agents; i++ {
 		name := fmt.Sprintf("node-%d", i)
@@ -515,7 +534,12 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		if a.running() {
 			continue
 		}
-		if err := start(a, append([]string{"agent", "--join", cf.Address, "--name", a.Name, "--machine", cf.Machine, "--dir", a.Dir}, cf.AgentArgs...)); err != nil {
+		args := []string{"agent", "--join", cf.Address, "--name", a.Name, "--machine", cf.Machine, "--dir", a.Dir}
+		if cf.GossipProbe != "" {
+			args = append(args, "--gossip-probe", cf.GossipProbe)
+		}
+		args = append(args, cf.AgentArgs...)
+		if err := start(a, args); err != nil {
 			return fail(err)
 		}
 	}
@@ -594,6 +618,12 @@ func headArgs(abs string, cf *clusterFile, i int) []string {
 	}
 	if cf.Pools != "" {
 		args = append(args, poolHeadArgs(cf.Pools, abs, cf.Address)...)
+	}
+	if cf.GossipProbe != "" {
+		args = append(args, "--gossip-probe", cf.GossipProbe)
+	}
+	if cf.HeartbeatTimeout != "" {
+		args = append(args, "--heartbeat-timeout", cf.HeartbeatTimeout)
 	}
 	return args
 }

@@ -16,8 +16,10 @@ import (
 	"time"
 
 	"github.com/atoll-run/atoll/internal/pki"
+	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/sdk/sdktest"
 	"github.com/atoll-run/atoll/store/transfer"
 )
 
@@ -43,7 +45,11 @@ func TestMain(m *testing.M) {
 	if sdk.InWorker() { // an agent started this binary as a worker: serve it
 		os.Exit(sdk.WorkerMain(testKinds()...))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir) // the atoll binary built for the tests
+	}
+	os.Exit(code)
 }
 
 // upCluster starts a cluster of real processes and stops it when the test ends; upArgs
@@ -54,31 +60,49 @@ func upCluster(t *testing.T, agents int, upArgs ...string) (bin, dir string) {
 		t.Skip("starts a cluster of processes")
 	}
 	tmp := t.TempDir()
-	bin = buildAtoll(t, tmp)
+	bin = buildAtoll(t)
 	dir = filepath.Join(tmp, "cluster")
-	out, err := exec.Command(bin, append([]string{"up", "--dir", dir, "--agents", fmt.Sprint(agents), "--machine", "dgx-h100"}, upArgs...)...).CombinedOutput()
+	out, err := exec.Command(bin, append(append([]string{"up", "--dir", dir, "--agents", fmt.Sprint(agents), "--machine", "dgx-h100"},
+		sdktest.UpFlags()...), upArgs...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("atoll up: %v\n%s", err, out)
 	}
 	t.Cleanup(func() {
+		if t.Failed() { // before down, so that the tails show the cluster as the test left it
+			printLogs(t, filepath.Join(dir, "logs"))
+		}
 		if out, err := exec.Command(bin, "down", "--dir", dir, "--grace", "5s").CombinedOutput(); err != nil {
 			t.Errorf("atoll down: %v\n%s", err, out)
-		}
-		if t.Failed() {
-			logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
-			for _, l := range logs {
-				b, _ := os.ReadFile(l)
-				if len(b) > 4000 {
-					b = b[len(b)-4000:]
-				}
-				t.Logf("--- %s (tail)\n%s", filepath.Base(l), b)
-			}
 		}
 	})
 	return bin, dir
 }
 
+// printLogs prints, for each log of a cluster, its warnings and errors (a machine declared
+// dead, a lost leader: what explains a failure that started long before the end) and its
+// tail.
+func printLogs(t *testing.T, dir string) {
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		var warn []string
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, `"level":"warn"`) || strings.Contains(line, `"level":"error"`) {
+				warn = append(warn, line)
+			}
+		}
+		if len(warn) > 30 {
+			warn = append([]string{"..."}, warn[len(warn)-30:]...)
+		}
+		if len(b) > 3000 {
+			b = b[len(b)-3000:]
+		}
+		t.Logf("--- %s: warnings and errors\n%s\n--- %s (tail)\n%s", filepath.Base(l), strings.Join(warn, "\n"), filepath.Base(l), b)
+	}
+}
+
 func TestClusterUpStatusDemoDown(t *testing.T) {
+	t.Parallel()
 	bin, dir := upCluster(t, 4)
 	out, err := exec.Command(bin, "status", "--dir", dir, "--json").Output()
 	if err != nil {
@@ -166,7 +190,7 @@ func TestClusterUpStatusDemoDown(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", digits, "../../examples/digits").CombinedOutput(); err != nil {
 		t.Fatalf("build the digits example: %v\n%s", err, out)
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	sctx, cancel := testtime.Context(t, 2*time.Minute)
 	defer cancel()
 	out, err = exec.CommandContext(sctx, bin, "submit", "--dir", dir, "--name", "digits-driver", "--wait", "--", digits).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "completed") {
@@ -183,12 +207,13 @@ func TestClusterUpStatusDemoDown(t *testing.T) {
 // from its checkpoint (on other machines when its machine is lost) and that nothing
 // committed is lost.
 func TestClusterSurvivesFailures(t *testing.T) {
+	t.Parallel()
 	_, dir := upCluster(t, 3)
 	cf, err := readClusterFile(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := testtime.Context(t, 2*time.Minute)
 	defer cancel()
 	addr, _, err := clusterAddress(dir, "")
 	if err != nil {
@@ -327,7 +352,7 @@ func TestClusterSurvivesFailures(t *testing.T) {
 // token alone, not an agent's transfer plane with the token alone.
 func checkLinksAreMutualTLS(t *testing.T, address string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := testtime.Context(t, 30*time.Second)
 	defer cancel()
 	d, err := dialCluster(ctx, address)
 	if err != nil {

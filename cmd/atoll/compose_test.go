@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/atoll-run/atoll/internal/testtime"
 )
 
 // TestComposeClusterSurvivesFailures brings up deploy/compose.yaml (three heads, four
@@ -28,13 +30,16 @@ func TestComposeClusterSurvivesFailures(t *testing.T) {
 	if _, err := exec.LookPath("docker-compose"); err != nil {
 		t.Skip("docker-compose is not installed: the compose cluster test needs it")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	t.Parallel()
+	ctx, cancel := testtime.Context(t, 8*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", filepath.Join(dir, "atoll"), ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("static build: %v\n%s", err, out)
+	static, err := os.ReadFile(buildAtoll(t)) // the image's binary: the tests' static build
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "atoll"), static, 0o755); err != nil {
+		t.Fatal(err)
 	}
 	for _, f := range []string{"Dockerfile", "compose.yaml"} {
 		b, err := os.ReadFile(filepath.Join("..", "..", "deploy", f))
@@ -51,8 +56,9 @@ func TestComposeClusterSurvivesFailures(t *testing.T) {
 	if _, _, err := initDir(cluster); err != nil {
 		t.Fatal(err)
 	}
-	env := append(os.Environ(), "ATOLL_CLUSTER="+cluster, "ATOLL_IMAGE="+image, "DEMO_STEPS=2000", "DEMO_WORKERS=8")
-	run := func(name string, args ...string) (string, error) {
+	env := append(os.Environ(), "ATOLL_CLUSTER="+cluster, "ATOLL_IMAGE="+image, "DEMO_STEPS=2000", "DEMO_WORKERS=8",
+		"ATOLL_GOSSIP_PROBE="+testtime.Scale(500*time.Millisecond).String()) // as sdktest.UpFlags
+	runIn := func(ctx context.Context, name string, args ...string) (string, error) {
 		cmd := exec.CommandContext(ctx, name, args...)
 		cmd.Dir, cmd.Env = dir, env
 		var out bytes.Buffer
@@ -60,19 +66,22 @@ func TestComposeClusterSurvivesFailures(t *testing.T) {
 		err := cmd.Run()
 		return out.String(), err
 	}
-	compose := func(args ...string) (string, error) {
-		return run("docker-compose", append([]string{"-p", project, "-f", filepath.Join(dir, "compose.yaml")}, args...)...)
+	run := func(name string, args ...string) (string, error) { return runIn(ctx, name, args...) }
+	composeIn := func(ctx context.Context, args ...string) (string, error) {
+		return runIn(ctx, "docker-compose", append([]string{"-p", project, "-f", filepath.Join(dir, "compose.yaml")}, args...)...)
 	}
+	compose := func(args ...string) (string, error) { return composeIn(ctx, args...) }
+	start := time.Now()
 	if out, err := run("docker", "build", "-q", "-t", image, dir); err != nil {
 		t.Fatalf("docker build: %v\n%s", err, out)
 	}
 	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := compose("logs", "--tail", "40")
-			t.Logf("compose logs:\n%s", out)
-		}
-		c, cancel := context.WithTimeout(context.Background(), time.Minute)
+		c, cancel := context.WithTimeout(context.Background(), time.Minute) // the test's context has ended
 		defer cancel()
+		if t.Failed() {
+			out, err := composeIn(c, "logs", "--no-color", "--tail", "60")
+			t.Logf("compose logs (%v):\n%s", err, out)
+		}
 		down := exec.CommandContext(c, "docker-compose", "-p", project, "-f", filepath.Join(dir, "compose.yaml"), "down", "-v", "-t", "2")
 		down.Env = env
 		_ = down.Run()
@@ -81,12 +90,19 @@ func TestComposeClusterSurvivesFailures(t *testing.T) {
 	if out, err := compose("up", "-d"); err != nil {
 		t.Fatalf("compose up: %v\n%s", err, out)
 	}
+	// The containers' ids, asked once: a killed container keeps its id, and every
+	// docker-compose run costs a Python start on the machine the cluster shares.
+	ids := map[string]string{}
 	container := func(service string) string {
+		if id := ids[service]; id != "" {
+			return id
+		}
 		out, err := compose("ps", "-q", service)
-		if err != nil {
+		if err != nil || strings.TrimSpace(out) == "" {
 			t.Fatalf("compose ps %s: %v\n%s", service, err, out)
 		}
-		return strings.TrimSpace(out)
+		ids[service] = strings.TrimSpace(out)
+		return ids[service]
 	}
 	killed := map[string]bool{}
 	address := "https://head1:7080,https://head2:7080,https://head3:7080"
@@ -97,9 +113,9 @@ func TestComposeClusterSurvivesFailures(t *testing.T) {
 			Alive bool   `json:"alive"`
 		} `json:"machines"`
 		Gangs []struct {
-			Job, Name, State string
-			Generation       int
-			Machines         []string
+			Job, Name, State, Reason string
+			Generation               int
+			Machines                 []string
 		} `json:"gangs"`
 	}
 	// statusOf asks a live head's container for the cluster's status.
@@ -123,18 +139,31 @@ func TestComposeClusterSurvivesFailures(t *testing.T) {
 		}
 		return st, last
 	}
-	// awaitGang waits until digits/dp runs in at least generation gen.
+	// awaitGang waits until digits/dp runs in at least generation gen; it fails at once when
+	// the gang has ended or the driver has exited (nothing will run it again).
 	awaitGang := func(gen int, why string) (machines []string) {
 		t.Helper()
-		deadline := time.Now().Add(3 * time.Minute)
+		deadline := testtime.Deadline(t, time.Minute)
 		for time.Now().Before(deadline) {
 			st, err := statusOf()
 			if err == nil {
 				for _, g := range st.Gangs {
-					if g.Job == "digits" && g.Name == "dp" && g.State == "running" && g.Generation >= gen {
+					if g.Job != "digits" || g.Name != "dp" {
+						continue
+					}
+					if g.State == "running" && g.Generation >= gen {
+						t.Logf("%v: the gang runs in generation %d %s", time.Since(start).Round(time.Second), g.Generation, why)
 						return g.Machines
 					}
+					if g.State == "failed" || g.State == "stopped" {
+						logs, _ := run("docker", "logs", "--tail", "30", container("driver"))
+						t.Fatalf("%v: the gang %s in generation %d %s: %s; the driver's log:\n%s", time.Since(start).Round(time.Second), g.State, g.Generation, why, g.Reason, logs)
+					}
 				}
+			}
+			if out, err := run("docker", "inspect", "-f", "{{.State.Running}}", container("driver")); err == nil && strings.TrimSpace(out) == "false" {
+				logs, _ := run("docker", "logs", "--tail", "30", container("driver"))
+				t.Fatalf("%v: the driver exited before the gang ran in generation %d %s:\n%s", time.Since(start).Round(time.Second), gen, why, logs)
 			}
 			time.Sleep(500 * time.Millisecond)
 		}
@@ -167,7 +196,7 @@ func TestComposeClusterSurvivesFailures(t *testing.T) {
 		t.Fatalf("docker kill %s: %v\n%s", leader, err, out)
 	}
 	killed[leader] = true
-	deadline := time.Now().Add(time.Minute)
+	deadline := testtime.Deadline(t, time.Minute)
 	for {
 		st2, err := statusOf()
 		if err == nil && st2.Leader != 0 && st2.Leader != st.Leader {

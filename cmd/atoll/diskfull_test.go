@@ -58,7 +58,7 @@ func TestHeadDiskFullThenFreed(t *testing.T) {
 		t.Skip("starts a cluster of processes")
 	}
 	tmp := t.TempDir()
-	bin := buildAtoll(t, tmp)
+	bin := buildAtoll(t)
 	dir := filepath.Join(tmp, "cluster")
 	disk := filepath.Join(dir, "heads", "1")
 	if err := os.MkdirAll(disk, 0o700); err != nil {

@@ -90,6 +90,9 @@ func loopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// gossipProbeUsage documents --gossip-probe, the same for heads, agents and atoll up.
+const gossipProbeUsage = "how often gossip probes each member: a member that misses a few probes in a row is declared failed; raise it on an overloaded host, where a busy agent may be taken for a dead one (failover then takes longer)"
+
 func gossipAddrOrNone(g string) []string {
 	if g == "" || g == "none" {
 		return nil
@@ -113,6 +116,7 @@ func newHeadCmd() *cobra.Command {
 		initialFlag  string
 		gossip       string
 		gossipJoin   string
+		gossipProbe  time.Duration
 		heartbeat    time.Duration
 		advertise    string
 		caDir        string
@@ -213,7 +217,7 @@ func newHeadCmd() *cobra.Command {
 			}
 			h, err := head.Start(head.Config{ID: id, Peers: peers, Initial: ids, Join: join, DataDir: dataDir, NoSync: noFsync, Tick: tick,
 				APIListen: clientListen, APIAdvertise: apiAdv, Token: token, CA: ca, Gossip: gossip, GossipJoin: gj, GossipAdvertise: gossipAdv,
-				Controller: head.ControllerConfig{HeartbeatTimeout: heartbeat}, Logger: logger})
+				GossipProbe: gossipProbe, Controller: head.ControllerConfig{HeartbeatTimeout: heartbeat}, Logger: logger})
 			if err != nil {
 				return err
 			}
@@ -241,6 +245,7 @@ func newHeadCmd() *cobra.Command {
 	f.StringVar(&initialFlag, "initial-members", "", "ids of the group's first configuration, comma-separated (default: every id in --peers); keep it the same across restarts")
 	f.StringVar(&gossip, "gossip", "127.0.0.1:0", "address to gossip on with the agents (serf membership and failure detection); \"none\" turns it off")
 	f.StringVar(&gossipJoin, "gossip-join", "", "other heads' gossip addresses, comma-separated")
+	f.DurationVar(&gossipProbe, "gossip-probe", 500*time.Millisecond, gossipProbeUsage)
 	f.StringVar(&advertise, "advertise", "", "host the other machines reach this head at, when it listens on 0.0.0.0 (a container's name)")
 	f.StringVar(&caDir, "ca-dir", "", "the cluster CA's directory (ca.crt, ca.key; atoll init creates it): Paxos links and the API are mutual TLS, and the head signs the certificates of processes that hold the token (default $ATOLL_CA_DIR)")
 	f.BoolVar(&insecure, "insecure-no-tls", false, "serve without TLS, on the token alone (links in clear): only for a trusted network; without a CA and without this flag a head listens on loopback only")

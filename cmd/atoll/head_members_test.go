@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/paxos"
 )
@@ -21,11 +22,12 @@ func TestHeadMembershipChange(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the atoll binary and runs real processes")
 	}
+	t.Parallel()
 	dir := t.TempDir()
 	if d := os.Getenv("ATOLL_KEEP_LOGS"); d != "" {
 		dir = d // keep the heads' logs for inspection
 	}
-	bin := buildAtoll(t, dir)
+	bin := buildAtoll(t)
 	const token = "real-process-members-token"
 	addrs := freePorts(t, 8)
 	peerAddrs, clientAddrs := addrs[:4], addrs[4:]
@@ -57,7 +59,7 @@ func TestHeadMembershipChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := testtime.Context(t, 90*time.Second)
 	defer cancel()
 
 	w := startAckWriter(t, ctx, client, "nodes/m")
@@ -81,7 +83,7 @@ func TestHeadMembershipChange(t *testing.T) {
 		tried := false
 		for ctx.Err() == nil {
 			c := conn(leaderOf(ids))
-			cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
+			cctx, ccancel := context.WithTimeout(ctx, testtime.Scale(20*time.Second))
 			var res meta.MembershipResult
 			var err error
 			if add {
@@ -167,7 +169,7 @@ func TestHeadMembershipChange(t *testing.T) {
 			t.Fatalf("acknowledged write %s=%s lost (found=%v %q)", k, v, ok, kv.Value)
 		}
 	}
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := testtime.Deadline(t, 15*time.Second)
 	for {
 		revs := map[float64]bool{}
 		for _, id := range rest {

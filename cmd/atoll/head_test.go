@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/store/meta"
 )
 
@@ -85,8 +86,9 @@ func TestHeadProcessesSurviveLeaderKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the atoll binary and runs real processes")
 	}
+	t.Parallel()
 	dir := t.TempDir()
-	bin := buildAtoll(t, dir)
+	bin := buildAtoll(t)
 	const token = "real-process-test-token"
 	addrs := freePorts(t, 6)
 	peerAddrs, clientAddrs := addrs[:3], addrs[3:]
@@ -112,7 +114,7 @@ func TestHeadProcessesSurviveLeaderKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := testtime.Context(t, 60*time.Second)
 	defer cancel()
 
 	w := startAckWriter(t, ctx, client, "jobs/w")
@@ -146,7 +148,7 @@ func TestHeadProcessesSurviveLeaderKill(t *testing.T) {
 		}
 	}
 	// The restarted replica catches up to the same revision.
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := testtime.Deadline(t, 15*time.Second)
 	for {
 		revs := map[float64]bool{}
 		for id := 1; id <= 3; id++ {
@@ -232,16 +234,35 @@ func (w *ackWriter) finish() map[string]string {
 	return w.acked
 }
 
-// buildAtoll builds the atoll binary into dir for tests that run real processes.
-func buildAtoll(t *testing.T, dir string) string {
+// built is the atoll binary of the package's tests.
+var built struct {
+	once     sync.Once
+	dir, bin string
+	err      error
+}
+
+// buildAtoll returns the atoll binary for the tests that run real processes: built once for
+// the package's tests, static (CGO_ENABLED=0) as the containers of deploy/ run it, so that
+// the compose test runs the same one; TestMain removes it.
+func buildAtoll(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(dir, "atoll")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		t.Fatalf("go build: %v", err)
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "atoll-cmdtest-"); built.err != nil {
+			return
+		}
+		bin := filepath.Join(built.dir, "atoll")
+		build := exec.Command("go", "build", "-o", bin, ".")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build (CGO_ENABLED=0): %v\n%s", err, out)
+			return
+		}
+		built.bin = bin
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
 	}
-	return bin
+	return built.bin
 }
 
 // peerList names replicas 1..n at addrs, as --peers entries "id=addr".

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/atoll-run/atoll/internal/testtime"
 )
 
 // owned lists what a demo process of pid holds: its shared-memory directories and its
@@ -29,11 +31,11 @@ func startDemo(t *testing.T, bin, tmp string) *exec.Cmd {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(time.Minute)
+	deadline := testtime.Deadline(t, time.Minute)
 	for len(owned(t, cmd.Process.Pid, tmp)) < 2 {
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
-			t.Fatal("the demo made no shared memory or temporary directory in a minute")
+			t.Fatal("the demo made no shared memory or temporary directory by its deadline")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -49,8 +51,9 @@ func TestInterruptedDemoLeavesNothing(t *testing.T) {
 	if _, err := os.Stat("/dev/shm"); err != nil {
 		t.Skip("no /dev/shm here")
 	}
+	t.Parallel()
 	tmp := t.TempDir()
-	bin := buildAtoll(t, tmp)
+	bin := buildAtoll(t)
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		cmd := startDemo(t, bin, tmp)
 		if err := cmd.Process.Signal(sig); err != nil {

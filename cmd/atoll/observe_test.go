@@ -22,6 +22,7 @@ import (
 // status's dashboard address, the dashboard token, /metrics on every head and agent, the
 // event log and the Prometheus configuration.
 func TestClusterObservability(t *testing.T) {
+	t.Parallel()
 	bin, dir := upCluster(t, 2)
 	secret, err := sdk.ReadTokenFile(filepath.Join(dir, "token"))
 	if err != nil {
@@ -136,7 +137,8 @@ func TestDemoDashboard(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the demo")
 	}
-	bin := buildAtoll(t, t.TempDir())
+	t.Parallel()
+	bin := buildAtoll(t)
 	cmd := exec.Command(bin, "demo", "--steps", "5", "--kill-at", "-1", "--dashboard", "--linger", "1m", "--json")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/sdk/sdktest"
 )
 
 // TestUpPoolsLaunchesReplacesAndDown runs `atoll up --pools` with real processes: the
@@ -21,15 +23,17 @@ func TestUpPoolsLaunchesReplacesAndDown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster of processes")
 	}
+	t.Parallel()
 	tmp := t.TempDir()
-	bin := buildAtoll(t, tmp)
+	bin := buildAtoll(t)
 	dir := filepath.Join(tmp, "cluster")
 	poolFile := filepath.Join(tmp, "pools.json")
 	if err := os.WriteFile(poolFile, []byte(`{"pools": [{"name": "h100", "machine": "dgx-h100", "min": 1, "max": 2,
 		"price_per_hour": 98.32, "idle_timeout": "10m", "provider": {"type": "local"}}]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(bin, "up", "--dir", dir, "--agents", "0", "--heads", "1", "--pools", poolFile).CombinedOutput()
+	out, err := exec.Command(bin, append([]string{"up", "--dir", dir, "--agents", "0", "--heads", "1", "--pools", poolFile},
+		sdktest.UpFlags()...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("atoll up --pools: %v\n%s", err, out)
 	}
@@ -63,7 +67,8 @@ func TestUpPoolsLaunchesReplacesAndDown(t *testing.T) {
 	}
 	// waitFor polls the status (a real cluster: the only way to see it) until ok holds.
 	waitFor := func(what string, ok func(api.Status) bool) api.Status {
-		deadline := time.Now().Add(60 * time.Second)
+		start := time.Now()
+		deadline := testtime.Deadline(t, 60*time.Second)
 		for {
 			st := status()
 			if ok(st) {
@@ -71,7 +76,7 @@ func TestUpPoolsLaunchesReplacesAndDown(t *testing.T) {
 			}
 			if time.Now().After(deadline) {
 				b, _ := json.MarshalIndent(st, "", " ")
-				t.Fatalf("%s: not within 60 s; status:\n%s", what, b)
+				t.Fatalf("%s: not within %v; status:\n%s", what, time.Since(start).Round(time.Second), b)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}

@@ -101,7 +101,7 @@ func TestUpDownIdentifyTheirProcesses(t *testing.T) {
 		t.Skip("starts a cluster of processes")
 	}
 	tmp := t.TempDir()
-	bin := buildAtoll(t, tmp)
+	bin := buildAtoll(t)
 	dir := filepath.Join(tmp, "cluster")
 	up := func() *clusterFile {
 		t.Helper()

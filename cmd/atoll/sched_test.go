@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/atoll-run/atoll/internal/testtime"
 )
 
 // TestClusterSchedulerCarriedOut runs the scheduler's decisions on a cluster of real
@@ -19,7 +20,9 @@ import (
 // (grow, shrink, grow without a restart), and a drain whose deadline the program misses
 // (it is stopped anyway and resumes from its newest checkpoint).
 func TestClusterSchedulerCarriedOut(t *testing.T) {
+	t.Parallel()
 	bin, dir := upCluster(t, 4)
+	start := time.Now()
 	run := func(args ...string) []byte {
 		t.Helper()
 		cmd := exec.Command(bin, args...)
@@ -27,6 +30,9 @@ func TestClusterSchedulerCarriedOut(t *testing.T) {
 		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("atoll %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		if args[0] == "demo" {
+			t.Logf("%v: atoll %s done", time.Since(start).Round(time.Second), strings.Join(args, " "))
 		}
 		return out
 	}
@@ -117,10 +123,13 @@ func TestClusterSchedulerCarriedOut(t *testing.T) {
 	}
 
 	// A drain the program does not answer (the plain demo reads no notices): its gang is
-	// stopped at the deadline, queued again and resumed elsewhere from its checkpoint.
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// stopped at the deadline, queued again and resumed elsewhere from its checkpoint. The
+	// drain takes effect a second or two after the gang is seen running; 2000 steps (half a
+	// minute on the 2-core project machine at a load average of 25) leave room for it, and
+	// the events below say whether it came in time.
+	ctx, cancel := testtime.Context(t, 3*time.Minute)
 	defer cancel()
-	demo := exec.CommandContext(ctx, bin, "demo", "--dir", dir, "--workers", "8", "--steps", "4000", "--kill-at", "-1", "--json")
+	demo := exec.CommandContext(ctx, bin, "demo", "--dir", dir, "--workers", "8", "--steps", "2000", "--kill-at", "-1", "--json")
 	demo.Stderr = os.Stderr
 	outc := make(chan []byte, 1)
 	errc := make(chan error, 1)
@@ -178,7 +187,8 @@ func TestDemoAutoscaleScenario(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster of processes")
 	}
-	bin := buildAtoll(t, t.TempDir())
+	t.Parallel()
+	bin := buildAtoll(t)
 	cmd := exec.Command(bin, "demo", "--scenario", "autoscale", "--json")
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()

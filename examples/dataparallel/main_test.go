@@ -1,12 +1,15 @@
 package main
 
 import (
-	"context"
+	"fmt"
 	"os"
+	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/sdk"
 	"github.com/atoll-run/atoll/sdk/sdktest"
 )
@@ -18,20 +21,35 @@ func TestMain(m *testing.M) {
 	os.Exit(sdktest.Run(m))
 }
 
-// reference is the final parameters' hash of a run without failure, on the embedded default.
+// reference is the final parameters' hash of a run without failure, on the embedded
+// default: run once, for both tests.
 func reference(t *testing.T) string {
 	t.Helper()
-	o := DefaultOptions()
-	o.KillAt = -1
-	o.Cluster = []sdk.Option{sdk.WithLogger(zaptest.NewLogger(t))}
-	res, err := Run(context.Background(), o)
-	if err != nil {
-		t.Fatal(err)
+	ref.once.Do(func() {
+		ctx, cancel := testtime.Context(t, 2*time.Minute)
+		defer cancel()
+		o := DefaultOptions()
+		o.KillAt = -1
+		o.Cluster = []sdk.Option{sdk.WithLogger(zaptest.NewLogger(t))}
+		res, err := Run(ctx, o)
+		switch {
+		case err != nil:
+			ref.err = err
+		case res.Restarts != 0 || res.RestoredStep != -1:
+			ref.err = fmt.Errorf("a run without failure restarted %d times", res.Restarts)
+		}
+		ref.sha = res.FinalSHA256
+	})
+	if ref.err != nil {
+		t.Fatalf("the reference run: %v", ref.err)
 	}
-	if res.Restarts != 0 || res.RestoredStep != -1 {
-		t.Fatalf("a run without failure restarted %d times", res.Restarts)
-	}
-	return res.FinalSHA256
+	return ref.sha
+}
+
+var ref struct {
+	once sync.Once
+	sha  string
+	err  error
 }
 
 func check(t *testing.T, res Result, want string) {
@@ -53,9 +71,11 @@ func check(t *testing.T, res Result, want string) {
 
 func TestExactRecoveryOnTheEmbeddedDefault(t *testing.T) {
 	want := reference(t)
+	ctx, cancel := testtime.Context(t, 2*time.Minute)
+	defer cancel()
 	o := DefaultOptions()
 	o.Cluster = []sdk.Option{sdk.WithLogger(zaptest.NewLogger(t))}
-	res, err := Run(context.Background(), o)
+	res, err := Run(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,9 +87,11 @@ func TestExactRecoveryOnTheEmbeddedDefault(t *testing.T) {
 func TestExactRecoveryOnAClusterOfProcesses(t *testing.T) {
 	cl := sdktest.Up(t, 2, "")
 	want := reference(t)
+	ctx, cancel := testtime.Context(t, 2*time.Minute)
+	defer cancel()
 	o := DefaultOptions()
 	o.Cluster = []sdk.Option{sdk.WithLogger(zaptest.NewLogger(t)), sdk.WithAddress(cl.Address)}
-	res, err := Run(context.Background(), o)
+	res, err := Run(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,12 +1,13 @@
 package main
 
 import (
-	"context"
 	"os"
 	"testing"
+	"time"
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/sdk"
 )
 
@@ -18,10 +19,12 @@ func TestMain(m *testing.M) {
 }
 
 func TestParameterServerTrains(t *testing.T) {
+	ctx, cancel := testtime.Context(t, 2*time.Minute)
+	defer cancel()
 	o := DefaultOptions()
 	o.Rounds = 4
 	o.Cluster = []sdk.Option{sdk.WithLogger(zaptest.NewLogger(t))}
-	res, err := Run(context.Background(), o)
+	res, err := Run(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,13 +1,14 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/sdk"
 )
 
@@ -19,9 +20,11 @@ func TestMain(m *testing.M) {
 }
 
 func TestSweepOnTasks(t *testing.T) {
+	ctx, cancel := testtime.Context(t, 2*time.Minute)
+	defer cancel()
 	o := DefaultOptions()
 	o.Cluster = []sdk.Option{sdk.WithLogger(zaptest.NewLogger(t))}
-	res, err := Run(context.Background(), o)
+	res, err := Run(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +45,7 @@ func TestSweepOnTasks(t *testing.T) {
 		t.Fatalf("12 quarter-GPU trials used %d cards", len(cards))
 	}
 	// Seeded trials give the same scores again.
-	again, err := Run(context.Background(), Options{LRs: []float32{res.Best.LR}, Hiddens: []int{res.Best.Hidden}, Steps: o.Steps,
+	again, err := Run(ctx, Options{LRs: []float32{res.Best.LR}, Hiddens: []int{res.Best.Hidden}, Steps: o.Steps,
 		Cluster: o.Cluster})
 	if err != nil {
 		t.Fatal(err)
@@ -53,11 +56,13 @@ func TestSweepOnTasks(t *testing.T) {
 }
 
 func TestSweepStopsAtItsTarget(t *testing.T) {
+	ctx, cancel := testtime.Context(t, 2*time.Minute)
+	defer cancel()
 	o := DefaultOptions()
 	o.Steps, o.Target = 3000, 0.5 // the first trial to finish reaches it; slower ones are cancelled
 	o.LRs = append(o.LRs, 0.001, 0.002, 0.003, 0.004)
 	o.Cluster = []sdk.Option{sdk.WithLogger(zaptest.NewLogger(t))}
-	res, err := Run(context.Background(), o)
+	res, err := Run(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -306,9 +306,16 @@ func crashAndRecover(ctx context.Context, c *sdk.Cluster, g *sdk.Gang, rank int,
 	return step, err
 }
 
+// resyncWait bounds how long resync waits for the workers of a gang to agree again. After a
+// lost machine the runtime must first notice the loss (gossip: seconds on a quiet host,
+// more on a loaded one) before it restarts the gang; until then the workers left answer,
+// and disagree with the dead ones.
+const resyncWait = time.Minute
+
 // resync waits for the gang to run and returns the step all its workers agree on.
 func resync(ctx context.Context, c *sdk.Cluster, g *sdk.Gang) (int64, error) {
-	for attempt := 0; attempt < 50; attempt++ {
+	deadline := time.Now().Add(resyncWait)
+	for wait := 20 * time.Millisecond; time.Now().Before(deadline); wait = min(2*wait, 500*time.Millisecond) {
 		if err := g.Err(); err != nil {
 			return 0, err
 		}
@@ -332,12 +339,12 @@ func resync(ctx context.Context, c *sdk.Cluster, g *sdk.Gang) (int64, error) {
 			}
 		}
 		select {
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(wait):
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		}
 	}
-	return 0, fmt.Errorf("digits: workers of gang %q do not agree on a step", g.Name())
+	return 0, fmt.Errorf("digits: workers of gang %q do not agree on a step after %v", g.Name(), resyncWait)
 }
 
 func describe(ctx context.Context, c *sdk.Cluster, g *sdk.Gang) (Result, error) {

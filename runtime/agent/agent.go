@@ -94,6 +94,9 @@ type Config struct {
 	// Gossip, when set, is the address (host:port) the agent gossips on (hashicorp/serf):
 	// it joins the heads' gossip, so that they learn within seconds when it fails.
 	Gossip string
+	// GossipProbe is how often gossip probes a member (the heads' GossipProbe). Default
+	// 500 ms.
+	GossipProbe time.Duration
 	// Registry receives the agent's Prometheus metrics (its store's and transfer plane's
 	// included), served on /metrics (default: a registry of its own).
 	Registry *prometheus.Registry
@@ -331,7 +334,7 @@ func (a *Agent) joinGossip(ctx context.Context) error {
 		}
 	}
 	g, err := member.Start(member.Config{Name: a.cfg.Name, Role: member.RoleAgent, Bind: a.cfg.Gossip, Advertise: adv, Secret: a.cfg.Token,
-		Tags: map[string]string{"api": a.addr}, Logger: a.cfg.Logger})
+		Tags: map[string]string{"api": a.addr}, ProbeInterval: a.cfg.GossipProbe, Logger: a.cfg.Logger})
 	if err != nil {
 		return fmt.Errorf("agent %s: %w", a.cfg.Name, err)
 	}

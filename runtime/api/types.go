@@ -202,6 +202,11 @@ type GangSpec struct {
 	// Strategy spreads or packs the members across machines (Ray's placement group
 	// strategies); empty: the scheduler's topology-aware placement.
 	Strategy Strategy `json:"strategy,omitempty"`
+	// Machines, when set, pins the members to these machines (by name): the scheduler
+	// core's "machines" Filter refuses every other, so the gang is placed (by its Strategy)
+	// on them alone and waits while they are full; it queues, preempts and is preempted like
+	// every gang. A pin to no machine of the cluster can never fit.
+	Machines []string `json:"machines,omitempty"`
 	Priority int      `json:"priority,omitempty"`
 	// PriorityClass names one of the operator's priority classes (SchedulerConfig); its
 	// value is the gang's priority. Empty: Priority as given, or the default class's.
@@ -270,6 +275,13 @@ func (s *GangSpec) Normalize() error {
 		return fmt.Errorf("%w: gang %q: SameIsland goes with no strategy or %q, not %q", ErrInvalid, s.Name, StrategyPack, s.Strategy)
 	case s.RestartWindow < 0 || s.Backoff < 0 || s.MaxBackoff < 0:
 		return fmt.Errorf("%w: gang %q restart window and backoffs must not be negative", ErrInvalid, s.Name)
+	}
+	seen := make(map[string]bool, len(s.Machines))
+	for _, m := range s.Machines {
+		if m == "" || seen[m] {
+			return fmt.Errorf("%w: gang %q machines %q: want distinct, non-empty machine names", ErrInvalid, s.Name, s.Machines)
+		}
+		seen[m] = true
 	}
 	if s.RestartWindow == 0 {
 		s.RestartWindow = Duration(time.Minute)

@@ -859,7 +859,7 @@ func (c *Controller) coreRequestLocked(t *term, s api.GangSpec) (gang.Request, e
 	req := gang.Request{
 		ID: s.Key(), Queue: queue, Priority: prio, Min: min, Max: s.Workers,
 		Member:     coreMember(s),
-		SameIsland: s.SameIsland, Strategy: gang.Strategy(s.Strategy), AllReduceBytes: s.AllReduceBytes, Duration: time.Duration(s.Duration),
+		SameIsland: s.SameIsland, Strategy: gang.Strategy(s.Strategy), Machines: s.Machines, AllReduceBytes: s.AllReduceBytes, Duration: time.Duration(s.Duration),
 		// Drivers are not preempted: a driver holds no GPUs of a gang's kind.
 		NotPreemptible: s.NotPreemptible || s.Driver,
 		Checkpoint:     gang.Checkpoint{Interval: time.Duration(s.CheckpointEvery), JustInTime: s.JustInTime},

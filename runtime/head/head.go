@@ -62,6 +62,10 @@ type Config struct {
 	GossipJoin []string
 	// GossipAdvertise is the gossip address others use, when it differs from Gossip.
 	GossipAdvertise string
+	// GossipProbe is how often gossip probes a member (member.Config.ProbeInterval): the
+	// speed of failure detection, and how long a starved host may go unanswered before
+	// it is taken for failed. Default 500 ms.
+	GossipProbe time.Duration
 	// Registry receives the head's Prometheus metrics, served on /metrics (default: a
 	// registry of its own).
 	Registry *prometheus.Registry
@@ -190,7 +194,7 @@ func Start(cfg Config) (*Head, error) {
 		BaseContext: func(net.Listener) context.Context { return base }}
 	if cfg.Gossip != "" {
 		h.gossip, err = member.Start(member.Config{Name: fmt.Sprintf("head-%d", cfg.ID), Role: member.RoleHead, Bind: cfg.Gossip, Advertise: cfg.GossipAdvertise,
-			Secret: cfg.Token, Tags: map[string]string{"api": h.addr}, Logger: cfg.Logger})
+			Secret: cfg.Token, Tags: map[string]string{"api": h.addr}, ProbeInterval: cfg.GossipProbe, Logger: cfg.Logger})
 		if err != nil {
 			_ = h.ln.Close()
 			_ = h.rep.Close()

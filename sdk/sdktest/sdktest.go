@@ -22,6 +22,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/atoll-run/atoll/internal/testtime"
 )
 
 // Cluster is a running cluster of processes.
@@ -83,7 +86,8 @@ func Atoll(t testing.TB) string {
 
 // Up starts a cluster of three heads and agents processes, each declaring one machine of
 // type machine ("dgx-h100" when empty), and stops it (atoll down) when the test ends; the
-// processes' logs are printed when the test failed. It skips the test under -short.
+// processes' logs are printed when the test failed. It skips the test under -short. The
+// cluster is started with UpFlags.
 func Up(t testing.TB, agents int, machine string) *Cluster {
 	t.Helper()
 	if testing.Short() {
@@ -94,7 +98,8 @@ func Up(t testing.TB, agents int, machine string) *Cluster {
 	}
 	bin := Atoll(t)
 	dir := filepath.Join(t.TempDir(), "cluster")
-	out, err := exec.Command(bin, "up", "--dir", dir, "--agents", fmt.Sprint(agents), "--machine", machine, "--json").Output()
+	out, err := exec.Command(bin, append([]string{"up", "--dir", dir, "--agents", fmt.Sprint(agents), "--machine", machine, "--json"},
+		UpFlags()...)...).Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
@@ -118,14 +123,25 @@ func Up(t testing.TB, agents int, machine string) *Cluster {
 	}
 	c := &Cluster{Dir: dir, Address: address, Heads: cf.Heads, Agents: cf.Agents, Bin: bin}
 	t.Cleanup(func() {
+		if t.Failed() { // before down, so that the tails show the cluster as the test left it
+			c.printLogs(t)
+		}
 		if out, err := exec.Command(bin, "down", "--dir", dir, "--grace", "5s").CombinedOutput(); err != nil {
 			t.Errorf("atoll down: %v\n%s", err, out)
 		}
-		if t.Failed() {
-			c.printLogs(t)
-		}
 	})
 	return c
+}
+
+// UpFlags are the `atoll up` flags of a test's cluster: a minute to come up, and a failure
+// detection that takes a busy process for a dead one no sooner than on a quiet machine,
+// each stretched by the slowness of this one (the load average per CPU, or
+// ATOLL_TEST_SLOWDOWN=factor): on a loaded 2-core machine the defaults (gossip probes
+// every 500 ms, 10 s without a load report) declare live agents dead.
+func UpFlags() []string {
+	return []string{"--timeout", testtime.Scale(time.Minute).String(),
+		"--gossip-probe", testtime.Scale(500 * time.Millisecond).String(),
+		"--heartbeat-timeout", testtime.Scale(10 * time.Second).String()}
 }
 
 // printLogs prints the tail of every log of the cluster (its processes' and its workers').
