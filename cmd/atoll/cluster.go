@@ -69,6 +69,30 @@ type upOptions struct {
 	agent agentOptions
 }
 
+// agentOptions are the agents' object store options (0, "": their defaults).
+type agentOptions struct {
+	reconcileInterval time.Duration
+	maxObjectSize     int64
+	checkpointDir     string
+}
+
+// args are the agents' flags for the options.
+func (o agentOptions) args() []string {
+	var a []string
+	if o.reconcileInterval > 0 {
+		a = append(a, "--reconcile-interval", o.reconcileInterval.String())
+	}
+	if o.maxObjectSize > 0 {
+		a = append(a, "--max-object-size", strconv.FormatInt(o.maxObjectSize, 10))
+	}
+	if o.checkpointDir != "" {
+		if abs, err := filepath.Abs(o.checkpointDir); err == nil {
+			a = append(a, "--checkpoint-dir", abs)
+		}
+	}
+	return a
+}
+
 // procInfo is one process `atoll up` started, with what identifies it (procs.go).
 type procInfo struct {
 	ID     uint64 `json:"id,omitempty"`
@@ -396,29 +420,6 @@ another process reuses is never taken for one of them.`,
 	return cmd
 }
 
-// agentOptions are flags `atoll up` passes on to its agents.
-type agentOptions struct {
-	reconcileInterval time.Duration
-	maxObjectSize     int64
-	checkpointDir     string
-}
-
-func (o agentOptions) args() []string {
-	var a []string
-	if o.reconcileInterval > 0 {
-		a = append(a, "--reconcile-interval", o.reconcileInterval.String())
-	}
-	if o.maxObjectSize > 0 {
-		a = append(a, "--max-object-size", strconv.FormatInt(o.maxObjectSize, 10))
-	}
-	if o.checkpointDir != "" {
-		if abs, err := filepath.Abs(o.checkpointDir); err == nil {
-			a = append(a, "--checkpoint-dir", abs)
-		}
-	}
-	return a
-}
-
 // startCluster starts a cluster of heads and agents as detached processes of this executable
 // with their state in dir, or restarts the one in dir: what runs of it is kept (checked by
 // its identity, not its pid alone), what does not is started again with the addresses,
@@ -556,6 +557,7 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		if cf.GossipProbe != "" {
 			args = append(args, "--gossip-probe", cf.GossipProbe)
 		}
+		args = append(args, cf.AgentArgs...)
 		if err := start(a, args); err != nil {
 			return fail(err)
 		}

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/sdk"
@@ -168,10 +169,11 @@ func checkDetached(ctx context.Context, t *testing.T, c *sdk.Cluster, ids []stri
 	}
 }
 
-// waitFor polls the cluster's state until ok holds, failing the test at the deadline with
-// what ok last said.
+// waitFor polls the cluster's state until ok holds, failing the test at the deadline (within
+// on a quiet machine, scaled by testtime) with what ok last said.
 func waitFor(t *testing.T, what string, within time.Duration, ok func() (bool, string)) {
 	t.Helper()
+	within = testtime.Scale(within)
 	deadline := time.Now().Add(within)
 	for {
 		done, why := ok()
@@ -198,16 +200,16 @@ func machine(ctx context.Context, t *testing.T, d *dialed, name string) api.Mach
 // restartAgent starts the agent of a machine of an `atoll up` cluster again, as `atoll up`
 // started it (its directory, its name), records its new pid in the cluster file, and
 // waits until it is registered again.
-func restartAgent(ctx context.Context, t *testing.T, bin, dir, name string, d *dialed, args ...string) int {
+func restartAgent(ctx context.Context, t *testing.T, bin, dir, name string, d *dialed) int {
 	t.Helper()
 	before := machine(ctx, t, d, name)
-	return startAgent(ctx, t, bin, dir, name, d, before.Incarnation, args...)
+	return startAgent(ctx, t, bin, dir, name, d, before.Incarnation)
 }
 
 // startAgent starts an agent of machine name in an `atoll up` cluster (its directory under
-// the cluster's), records it in the cluster file (so that atoll down stops it), and waits
-// until it is registered past incarnation.
-func startAgent(ctx context.Context, t *testing.T, bin, dir, name string, d *dialed, incarnation uint64, args ...string) int {
+// the cluster's, the options atoll up gave its agents), records it in the cluster file (so
+// that atoll down stops it), and waits until it is registered past incarnation.
+func startAgent(ctx context.Context, t *testing.T, bin, dir, name string, d *dialed, incarnation uint64) int {
 	t.Helper()
 	cf, err := readClusterFile(dir)
 	if err != nil {
@@ -219,8 +221,11 @@ func startAgent(ctx context.Context, t *testing.T, bin, dir, name string, d *dia
 	}
 	defer logf.Close()
 	adir := filepath.Join(dir, "agents", name)
-	cmd := exec.Command(bin, append([]string{"agent", "--join", cf.Address, "--name", name, "--machine", cf.Machine,
-		"--dir", adir}, args...)...)
+	args := []string{"agent", "--join", cf.Address, "--name", name, "--machine", cf.Machine, "--dir", adir}
+	if cf.GossipProbe != "" {
+		args = append(args, "--gossip-probe", cf.GossipProbe)
+	}
+	cmd := exec.Command(bin, append(args, cf.AgentArgs...)...) // as atoll up starts its agents
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), "ATOLL_TOKEN_FILE="+cf.TokenFile, api.CACertEnv+"="+cf.CACert)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -338,8 +343,9 @@ func deadLocations(ctx context.Context, d *dialed) (int, string) {
 // an ordinary object whose owner (a worker incarnation) ended is refused with
 // ErrOwnerDied.
 func TestDurableAgentRestartAndMachineLoss(t *testing.T) {
+	t.Parallel()
 	bin, dir := upCluster(t, 3, "--reconcile-interval", "500ms")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := testtime.Context(t, 5*time.Minute)
 	defer cancel()
 	addr, _, err := clusterAddress(dir, "")
 	if err != nil {
@@ -390,7 +396,7 @@ func TestDurableAgentRestartAndMachineLoss(t *testing.T) {
 	oldAddr := machine(ctx, t, d, writer).Agent.Transfer
 	kill(t, agentPID(t, dir, writer))
 	start := time.Now()
-	restartAgent(ctx, t, bin, dir, writer, d, "--reconcile-interval", "500ms")
+	restartAgent(ctx, t, bin, dir, writer, d)
 	newAddr := machine(ctx, t, d, writer).Agent.Transfer
 	gen, err := g.AwaitRunning(ctx, 1)
 	if err != nil {
@@ -476,8 +482,9 @@ func TestDurableAgentRestartAndMachineLoss(t *testing.T) {
 // its newest one byte for byte, after (c) `atoll down` then `atoll up`, and (d) SIGKILL of
 // every process (heads, agents, workers) then `atoll up`; detached objects too.
 func TestDurableClusterRestart(t *testing.T) {
+	t.Parallel()
 	bin, dir := upCluster(t, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	ctx, cancel := testtime.Context(t, 6*time.Minute)
 	defer cancel()
 	connect := func() (*sdk.Cluster, *dialed) {
 		t.Helper()
@@ -593,9 +600,10 @@ func TestDurableClusterRestart(t *testing.T) {
 // mounts the directory resumes the gang from its newest checkpoint, byte for byte. Without
 // one, a single machine cannot commit a checkpoint (ErrNotDurable).
 func TestSharedCheckpointDir(t *testing.T) {
+	t.Parallel()
 	shared := filepath.Join(t.TempDir(), "shared-checkpoints")
 	bin, dir := upCluster(t, 1, "--checkpoint-dir", shared, "--reconcile-interval", "500ms")
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := testtime.Context(t, 4*time.Minute)
 	defer cancel()
 	addr, _, err := clusterAddress(dir, "")
 	if err != nil {
@@ -652,7 +660,7 @@ func TestSharedCheckpointDir(t *testing.T) {
 		m := machine(ctx, t, d, "node-0")
 		return !m.Alive, m.Reason
 	})
-	startAgent(ctx, t, bin, dir, "node-1", d, 0, "--checkpoint-dir", shared, "--reconcile-interval", "500ms")
+	startAgent(ctx, t, bin, dir, "node-1", d, 0)
 	if err := g.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -673,8 +681,9 @@ func TestSharedCheckpointDir(t *testing.T) {
 // directory, a checkpoint is not committed (it could not survive the machine's loss), nor
 // is a detached object put.
 func TestCheckpointNeedsTwoCopies(t *testing.T) {
+	t.Parallel()
 	_, dir := upCluster(t, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := testtime.Context(t, 2*time.Minute)
 	defer cancel()
 	addr, _, err := clusterAddress(dir, "")
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/runtime/api"
 )
 
@@ -92,9 +93,10 @@ func storeMetric(ctx context.Context, t *testing.T, d *dialed, agentURL, tier st
 // `atoll submit` refuses a program that is not a regular file (/dev/zero) instead of
 // reading it; a head refuses a body over its limit with a 413 naming the limit.
 func TestAgentUploadsStreamedAndBounded(t *testing.T) {
+	t.Parallel()
 	const limit = 128 << 20
 	bin, dir := upCluster(t, 1, "--max-object-size", strconv.Itoa(limit))
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := testtime.Context(t, 3*time.Minute)
 	defer cancel()
 	addr, _, err := clusterAddress(dir, "")
 	if err != nil {
@@ -181,7 +183,7 @@ func TestAgentUploadsStreamedAndBounded(t *testing.T) {
 	}
 
 	// `atoll submit` streams a regular file and refuses anything else.
-	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	sctx, scancel := context.WithTimeout(ctx, testtime.Scale(30*time.Second))
 	defer scancel()
 	out, err := exec.CommandContext(sctx, bin, "submit", "--dir", dir, "--name", "zero", "--", "/dev/zero").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "not a regular file") {
