@@ -145,15 +145,21 @@ type cpResult struct {
 	// PendingAdmitted counts the submissions admitted before --setup-timeout (all of them
 	// unless the setup stalled); SetupLeaderChanges the leader terms the setup went
 	// through; PendingSeen the gangs waiting when the leader was killed.
-	PendingAdmitted    int     `json:"pending_admitted,omitempty"`
-	SetupComplete      bool    `json:"setup_complete"`
-	SetupLeaderChanges int64   `json:"setup_leader_changes"`
-	PendingSeen        int     `json:"pending_seen,omitempty"`
-	KilledHead         uint64  `json:"killed_head,omitempty"`
-	LeaderElectedS     float64 `json:"leader_elected_s,omitempty"`
-	TakeoverHead       uint64  `json:"takeover_head,omitempty"`
-	PendingAfter       int     `json:"pending_after,omitempty"`
-	TakeoverRestarts   int     `json:"takeover_gang_restarts"`
+	PendingAdmitted    int   `json:"pending_admitted,omitempty"`
+	SetupComplete      bool  `json:"setup_complete"`
+	SetupLeaderChanges int64 `json:"setup_leader_changes"`
+	PendingSeen        int   `json:"pending_seen,omitempty"`
+	// SetupCycles and SetupCycleMeanMS are the scheduler cycles the heads ran during the
+	// setup (one per admission, and timed ones) and their mean duration; SetupCommitMeanMS
+	// the mean time of their log commits (from the heads' /metrics).
+	SetupCycles       int64   `json:"setup_cycles"`
+	SetupCycleMeanMS  float64 `json:"setup_cycle_mean_ms"`
+	SetupCommitMeanMS float64 `json:"setup_commit_mean_ms"`
+	KilledHead        uint64  `json:"killed_head,omitempty"`
+	LeaderElectedS    float64 `json:"leader_elected_s,omitempty"`
+	TakeoverHead      uint64  `json:"takeover_head,omitempty"`
+	PendingAfter      int     `json:"pending_after,omitempty"`
+	TakeoverRestarts  int     `json:"takeover_gang_restarts"`
 }
 
 func newBenchControlPlaneCmd() *cobra.Command {
@@ -583,10 +589,20 @@ func (b *cpBench) takeover(ctx context.Context, say func(string, ...any)) error 
 	if err != nil {
 		return err
 	}
+	m0 := b.scrapeMetrics(ctx)
 	start := time.Now()
 	admitted, err := b.submitPending(ctx)
 	if err != nil {
 		return err
+	}
+	m1 := b.scrapeMetrics(ctx)
+	cycles, commits := m1["atoll_schedule_cycle_seconds_count"]-m0["atoll_schedule_cycle_seconds_count"], m1["atoll_paxos_commit_seconds_count"]-m0["atoll_paxos_commit_seconds_count"]
+	b.res.SetupCycles = int64(cycles)
+	if cycles > 0 {
+		b.res.SetupCycleMeanMS = round2(1e3 * (m1["atoll_schedule_cycle_seconds_sum"] - m0["atoll_schedule_cycle_seconds_sum"]) / cycles)
+	}
+	if commits > 0 {
+		b.res.SetupCommitMeanMS = round2(1e3 * (m1["atoll_paxos_commit_seconds_sum"] - m0["atoll_paxos_commit_seconds_sum"]) / commits)
 	}
 	b.res.Pending, b.res.PendingAdmitted, b.res.PendingSubmitS = b.cfg.pending, admitted, time.Since(start).Seconds()
 	b.res.SetupComplete = admitted == b.cfg.pending
@@ -790,6 +806,33 @@ func (b *cpBench) headStatus(ctx context.Context, base string, timeout time.Dura
 		return v, fmt.Errorf("%s/v1/status: %s", base, resp.Status)
 	}
 	return v, json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&v)
+}
+
+// scrapeMetrics sums the scheduler-cycle and commit histograms' sums and counts over the
+// heads' /metrics (a head that does not answer counts nothing).
+func (b *cpBench) scrapeMetrics(ctx context.Context) map[string]float64 {
+	out := map[string]float64{}
+	for _, h := range b.cf.Heads {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, h.API+"/metrics", nil)
+		req.Header.Set("Authorization", "Bearer "+b.d.token)
+		resp, err := b.d.hc.Do(req)
+		if err == nil {
+			data, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+			resp.Body.Close()
+			for _, line := range strings.Split(string(data), "\n") {
+				name, val, ok := strings.Cut(line, " ")
+				if !ok || !strings.HasPrefix(name, "atoll_schedule_cycle_seconds_") && !strings.HasPrefix(name, "atoll_paxos_commit_seconds_") {
+					continue
+				}
+				if v, err := strconv.ParseFloat(val, 64); err == nil && (strings.HasSuffix(name, "_sum") || strings.HasSuffix(name, "_count")) {
+					out[name] += v
+				}
+			}
+		}
+		cancel()
+	}
+	return out
 }
 
 // post sends a JSON body to one head and returns the status and the error kind answered.
