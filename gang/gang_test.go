@@ -391,6 +391,8 @@ func TestSubmitErrors(t *testing.T) {
 		{Request{ID: "x", Min: 3, Member: Member{GPUs: 4}}, ErrNeverFits},
 		{Request{ID: "x", Min: 2, Member: Member{GPUs: 4}, SameIsland: true}, ErrNeverFits},
 		{Request{ID: "x", Min: 1, Member: Member{MIG: "1g.10gb"}}, ErrNeverFits},
+		{Request{ID: "x", Min: 1281, Member: Member{CPUMilli: 100}}, ErrNeverFits}, // over the cluster's 128 cores
+		{Request{ID: "x", Min: 3, Member: Member{MemMiB: 400 << 10}}, ErrNeverFits},
 	}
 	for _, tt := range tests {
 		st, err := s.Submit(tt.r, epoch)

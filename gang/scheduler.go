@@ -163,6 +163,7 @@ type Scheduler struct {
 	att                        *attempt // the gang whose placement is searched, with its plugins
 	caps                       map[string]*capStats
 	maxCPU, maxMem             int64
+	totalCPU, totalMem         int64     // every node's, for gangs over the whole cluster
 	cycles                     int       // cycles run
 	rate                       float64   // placements per second (EWMA), for RetryAfter
 	rateSince                  time.Time // start of the current rate window
@@ -362,6 +363,7 @@ type capStats struct {
 
 func (s *Scheduler) buildCapStats() {
 	s.caps = map[string]*capStats{}
+	s.maxCPU, s.maxMem, s.totalCPU, s.totalMem = 0, 0, 0, 0
 	islands := map[string]map[int]int{}
 	for i := range s.c.nodes {
 		n := &s.c.nodes[i]
@@ -386,6 +388,8 @@ func (s *Scheduler) buildCapStats() {
 		}
 		s.maxCPU = max(s.maxCPU, n.CPUMilli)
 		s.maxMem = max(s.maxMem, n.MemMiB)
+		s.totalCPU += n.CPUMilli
+		s.totalMem += n.MemMiB
 	}
 	for m, is := range islands {
 		for _, k := range is {
@@ -418,6 +422,10 @@ func (s *Scheduler) neverFits(r *Request) string {
 		return fmt.Sprintf("member asks %d milli-CPU, the largest node has %d", m.CPUMilli, s.maxCPU)
 	case m.MemMiB > s.maxMem:
 		return fmt.Sprintf("member asks %d MiB, the largest node has %d", m.MemMiB, s.maxMem)
+	case int64(r.Min)*m.CPUMilli > s.totalCPU:
+		return fmt.Sprintf("gang asks %d milli-CPU (%d members × %d), the cluster has %d", int64(r.Min)*m.CPUMilli, r.Min, m.CPUMilli, s.totalCPU)
+	case int64(r.Min)*m.MemMiB > s.totalMem:
+		return fmt.Sprintf("gang asks %d MiB (%d members × %d), the cluster has %d", int64(r.Min)*m.MemMiB, r.Min, m.MemMiB, s.totalMem)
 	case m.MIG != "":
 		if !mig {
 			return fmt.Sprintf("no MIG-enabled GPU%s can host profile %s", of, m.MIG)

@@ -39,6 +39,10 @@ type HeadStatus struct {
 	Serf    string `json:"serf,omitempty"`
 	PID     int    `json:"pid,omitempty"`
 	Leader  bool   `json:"leader"`
+	// DiskFull says the head cannot write its log (its disk is full): it has stepped down
+	// and rejoins by itself when space frees. Error is its storage failure.
+	DiskFull bool   `json:"disk_full,omitempty"`
+	Error    string `json:"error,omitempty"`
 }
 
 // MachineStatus is a machine's line in the cluster status.

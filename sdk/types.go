@@ -49,7 +49,7 @@ func fromAPIStatus(s api.Status) Status {
 }
 
 func fromAPIHead(h api.HeadInfo) HeadStatus {
-	return HeadStatus{ID: h.ID, Address: h.Address, Serf: h.Serf, PID: h.PID, Leader: h.Leader}
+	return HeadStatus{ID: h.ID, Address: h.Address, Serf: h.Serf, PID: h.PID, Leader: h.Leader, DiskFull: h.DiskFull, Error: h.Error}
 }
 
 func fromAPIMachineStatus(m api.MachineStatus) MachineStatus {

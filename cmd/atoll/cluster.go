@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,8 +41,11 @@ type clusterFile struct {
 	Heads   []procInfo `json:"heads"`
 	Agents  []procInfo `json:"agents"`
 	Started time.Time  `json:"started"`
+	// Pools is the pool file the heads run the autoscaler with ("" without).
+	Pools string `json:"pools,omitempty"`
 }
 
+// procInfo is one process `atoll up` started, with what identifies it (procs.go).
 type procInfo struct {
 	ID     uint64 `json:"id,omitempty"`
 	Name   string `json:"name"`
@@ -50,6 +54,13 @@ type procInfo struct {
 	Gossip string `json:"gossip,omitempty"`
 	PID    int    `json:"pid"`
 	Log    string `json:"log"`
+	// Dir is the process's own directory (a head's data, an agent's files).
+	Dir string `json:"dir,omitempty"`
+	// Start is the process's start time (/proc/PID/stat field 22, clock ticks since boot)
+	// and Cmdline its command line, as the kernel said when it was started: a process that
+	// reuses the pid differs in both.
+	Start   uint64   `json:"start,omitempty"`
+	Cmdline []string `json:"cmdline,omitempty"`
 }
 
 const (
@@ -65,6 +76,19 @@ func readClusterFile(dir string) (*clusterFile, error) {
 	var cf clusterFile
 	if err := json.Unmarshal(b, &cf); err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, clusterFileName), err)
+	}
+	// Records of an older `atoll up` name no directory: it is where up puts them.
+	if abs, err := filepath.Abs(dir); err == nil {
+		for i := range cf.Heads {
+			if cf.Heads[i].Dir == "" {
+				cf.Heads[i].Dir = filepath.Join(abs, "heads", strconv.FormatUint(cf.Heads[i].ID, 10))
+			}
+		}
+		for i := range cf.Agents {
+			if cf.Agents[i].Dir == "" {
+				cf.Agents[i].Dir = filepath.Join(abs, "agents", cf.Agents[i].Name)
+			}
+		}
 	}
 	return &cf, nil
 }
@@ -297,7 +321,13 @@ func newUpCmd() *cobra.Command {
 agent processes of declared machines (--machine, simulated GPUs) on this machine, waits until
 the heads have a leader and every agent has registered, and returns with the cluster running.
 The directory holds the cluster's secret (token, mode 0600), its address, the processes' data
-and logs. atoll down --dir stops it; atoll address --dir prints its address.`,
+and logs. atoll down --dir stops it; atoll address --dir prints its address.
+
+On a directory that holds a cluster already, up restarts what of it is not running (after a
+crash, a reboot, a SIGKILL), with the addresses, data and options it had (its --machine, TLS
+and pools; --agents may add agents), and returns once every agent has registered again from
+its new process. Processes are known by their pid, start time and command line, so a pid
+another process reuses is never taken for one of them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dir == "" {
@@ -333,9 +363,13 @@ and logs. atoll down --dir stops it; atoll address --dir prints its address.`,
 	return cmd
 }
 
-// startCluster starts heads and agents as detached processes of this executable with their
-// state in dir, and waits until the heads lead and every agent has registered. A pool file
-// (poolFile, at most one) makes the heads run the pools autoscaler with the local provider.
+// startCluster starts a cluster of heads and agents as detached processes of this executable
+// with their state in dir, or restarts the one in dir: what runs of it is kept (checked by
+// its identity, not its pid alone), what does not is started again with the addresses,
+// directories and options it had. It returns once the heads have a leader and every agent
+// registered from the process that runs now (its machine's record names its pid and its new
+// address). A pool file (poolFile, at most one) makes the heads run the pools autoscaler
+// with the local provider.
 func startCluster(ctx context.Context, dir string, heads, agents int, machine string, secure bool, timeout time.Duration, poolFile ...string) (*clusterFile, api.Status, error) {
 	var st api.Status
 	if agents < 0 || agents > 256 {
@@ -344,46 +378,51 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 	if heads != 1 && heads != 3 && heads != 5 {
 		return nil, st, fmt.Errorf("--heads %d: want 1, 3 or 5", heads)
 	}
-	if _, _, err := machineSpec(ctx, machine); err != nil {
-		return nil, st, err
-	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, st, err
 	}
-	if cf, err := readClusterFile(abs); err == nil {
-		for _, p := range append(cf.Heads, cf.Agents...) {
-			if alive(p.PID) {
-				return nil, st, fmt.Errorf("a cluster already runs in %s (%s pid %d): atoll down --dir %s first", abs, p.Name, p.PID, dir)
-			}
+	pools := ""
+	if len(poolFile) > 0 && poolFile[0] != "" {
+		if pools, err = filepath.Abs(poolFile[0]); err != nil {
+			return nil, st, err
 		}
 	}
-	tf, caDir, err := initDir(abs)
-	if err != nil {
-		return nil, st, err
+	cf, err := readClusterFile(abs)
+	if err == nil {
+		if len(cf.Heads) != heads {
+			return nil, st, fmt.Errorf("the cluster in %s has %d heads, not %d: atoll up restarts it as it was (atoll down --dir %s, and a new directory for another shape)",
+				abs, len(cf.Heads), heads, dir)
+		}
+		if pools != "" && pools != cf.Pools {
+			return nil, st, fmt.Errorf("the cluster in %s runs the pool file %q, not %q", abs, cf.Pools, pools)
+		}
+		secure = cf.CACert != ""
+		machine = cf.Machine
+	} else {
+		if _, _, err := machineSpec(ctx, machine); err != nil {
+			return nil, st, err
+		}
+		if cf, err = newClusterFile(abs, heads, machine, secure, pools); err != nil {
+			return nil, st, err
+		}
+	}
+	for i := len(cf.Agents); i < agents; i++ {
+		name := fmt.Sprintf("node-%d", i)
+		cf.Agents = append(cf.Agents, procInfo{Name: name, Log: filepath.Join(abs, "logs", name+".log"), Dir: filepath.Join(abs, "agents", name)})
 	}
 	for _, d := range []string{"logs", "heads", "agents"} {
 		if err := os.MkdirAll(filepath.Join(abs, d), 0o700); err != nil {
 			return nil, st, err
 		}
 	}
-	addrs, err := freeAddrs(3 * heads)
-	if err != nil {
-		return nil, st, err
-	}
-	cf := &clusterFile{TokenFile: tf, Machine: machine, Started: time.Now()}
-	scheme := "http://"
-	env := []string{"ATOLL_TOKEN_FILE=" + tf}
-	headArgs := []string{"--insecure-no-tls"}
+	env := []string{"ATOLL_TOKEN_FILE=" + cf.TokenFile}
 	var clientTLS *tls.Config
-	if secure {
-		scheme = "https://"
-		cf.CACert = filepath.Join(caDir, pki.CACertFile)
+	if cf.CACert != "" {
 		env = append(env, api.CACertEnv+"="+cf.CACert)
-		headArgs = []string{"--ca-dir", caDir}
 		// `up` itself is a client of the heads: it holds the CA, so it issues its own
 		// certificate.
-		ca, err := pki.LoadCA(caDir)
+		ca, err := pki.LoadCA(filepath.Dir(cf.CACert))
 		if err != nil {
 			return nil, st, err
 		}
@@ -393,71 +432,71 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		}
 		clientTLS = id.Client()
 	}
-	var peers, urls, gossips []string
-	for i := 0; i < heads; i++ {
-		peers = append(peers, fmt.Sprintf("%d=%s", i+1, addrs[i]))
-		urls = append(urls, scheme+addrs[heads+i])
-		gossips = append(gossips, addrs[2*heads+i])
-	}
-	cf.Address = api.FormatAddress(urls)
+	var started []procInfo // by this call: stopped again if it fails
 	fail := func(err error) (*clusterFile, api.Status, error) {
-		stopProcs(cf, 5*time.Second)
+		stopProcs(&clusterFile{Agents: started}, 5*time.Second)
 		return nil, st, err
 	}
-	for i := 0; i < heads; i++ {
-		id := i + 1
-		logPath := filepath.Join(abs, "logs", fmt.Sprintf("head-%d.log", id))
-		var others []string
-		for j, g := range gossips {
-			if j != i {
-				others = append(others, g)
-			}
-		}
-		args := append([]string{"head", "--id", strconv.Itoa(id), "--peers", strings.Join(peers, ","),
-			"--client-listen", addrs[heads+i], "--data-dir", filepath.Join(abs, "heads", strconv.Itoa(id)),
-			"--gossip", gossips[i], "--gossip-join", strings.Join(others, ",")}, headArgs...)
-		if len(poolFile) > 0 && poolFile[0] != "" {
-			args = append(args, poolHeadArgs(poolFile[0], abs, cf.Address)...)
-		}
-		pid, err := spawn(logPath, env, args...)
+	start := func(p *procInfo, args []string) error {
+		pid, err := spawn(p.Log, env, args...)
 		if err != nil {
-			return fail(fmt.Errorf("start head %d: %w", id, err))
+			return fmt.Errorf("start %s: %w", p.Name, err)
 		}
-		cf.Heads = append(cf.Heads, procInfo{ID: uint64(id), Name: fmt.Sprintf("head-%d", id), API: urls[i], Paxos: addrs[i], Gossip: gossips[i], PID: pid, Log: logPath})
+		p.PID, p.Start, p.Cmdline = pid, 0, nil
+		err = p.identify()
+		started = append(started, *p)
+		return err
+	}
+	for i := range cf.Heads {
+		h := &cf.Heads[i]
+		if h.running() {
+			continue
+		}
+		if err := addressesFree(h.Name, h.Paxos, strings.TrimPrefix(strings.TrimPrefix(h.API, "https://"), "http://"), h.Gossip); err != nil {
+			return fail(err)
+		}
+		if err := start(h, headArgs(abs, cf, i)); err != nil {
+			return fail(err)
+		}
 	}
 	if err := writeClusterFile(abs, cf); err != nil {
 		return fail(err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	client, err := api.NewClient(ctx, api.ClientConfig{Heads: urls, Token: mustToken(tf), TLS: clientTLS})
+	var urls []string
+	for _, h := range cf.Heads {
+		urls = append(urls, h.API)
+	}
+	client, err := api.NewClient(ctx, api.ClientConfig{Heads: urls, Token: mustToken(cf.TokenFile), TLS: clientTLS})
 	if err == nil {
 		_, err = waitStatus(ctx, client, func(api.Status) bool { return true })
 	}
 	if err != nil {
 		return fail(fmt.Errorf("the heads did not elect a leader in %v (logs in %s): %w", timeout, filepath.Join(abs, "logs"), err))
 	}
-	for i := 0; i < agents; i++ {
-		name := fmt.Sprintf("node-%d", i)
-		logPath := filepath.Join(abs, "logs", name+".log")
-		pid, err := spawn(logPath, env, "agent", "--join", cf.Address, "--name", name, "--machine", machine,
-			"--dir", filepath.Join(abs, "agents", name))
-		if err != nil {
-			return fail(fmt.Errorf("start agent %s: %w", name, err))
+	for i := range cf.Agents {
+		a := &cf.Agents[i]
+		if a.running() {
+			continue
 		}
-		cf.Agents = append(cf.Agents, procInfo{Name: name, PID: pid, Log: logPath})
+		if err := start(a, []string{"agent", "--join", cf.Address, "--name", a.Name, "--machine", cf.Machine, "--dir", a.Dir}); err != nil {
+			return fail(err)
+		}
 	}
 	if err := writeClusterFile(abs, cf); err != nil {
 		return fail(err)
 	}
+	// Every agent registered from the process that runs now: the log may still hold a
+	// machine's record of an earlier process (alive, with its old address).
 	st, err = waitStatus(ctx, client, func(st api.Status) bool {
-		n := 0
-		for _, m := range st.Machines {
-			if m.Alive {
-				n++
+		for _, a := range cf.Agents {
+			i := slices.IndexFunc(st.Machines, func(m api.MachineStatus) bool { return m.Name == a.Name })
+			if i < 0 || !st.Machines[i].Alive || st.Machines[i].PID != a.PID || st.Machines[i].Agent == "" {
+				return false
 			}
 		}
-		return n >= agents
+		return true
 	})
 	if err != nil {
 		return fail(fmt.Errorf("the agents did not register in %v (logs in %s): %w", timeout, filepath.Join(abs, "logs"), err))
@@ -470,6 +509,73 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		}
 	}
 	return cf, st, writeClusterFile(abs, cf)
+}
+
+// newClusterFile prepares a new cluster in dir: its secret and CA, and addresses for its
+// heads (nothing is started).
+func newClusterFile(abs string, heads int, machine string, secure bool, pools string) (*clusterFile, error) {
+	tf, caDir, err := initDir(abs)
+	if err != nil {
+		return nil, err
+	}
+	addrs, err := freeAddrs(3 * heads)
+	if err != nil {
+		return nil, err
+	}
+	cf := &clusterFile{TokenFile: tf, Machine: machine, Started: time.Now(), Pools: pools}
+	scheme := "http://"
+	if secure {
+		scheme = "https://"
+		cf.CACert = filepath.Join(caDir, pki.CACertFile)
+	}
+	var urls []string
+	for i := 0; i < heads; i++ {
+		id := i + 1
+		urls = append(urls, scheme+addrs[heads+i])
+		cf.Heads = append(cf.Heads, procInfo{ID: uint64(id), Name: fmt.Sprintf("head-%d", id), API: urls[i], Paxos: addrs[i], Gossip: addrs[2*heads+i],
+			Log: filepath.Join(abs, "logs", fmt.Sprintf("head-%d.log", id)), Dir: filepath.Join(abs, "heads", strconv.Itoa(id))})
+	}
+	cf.Address = api.FormatAddress(urls)
+	return cf, nil
+}
+
+// headArgs is the command line of head i of a cluster.
+func headArgs(abs string, cf *clusterFile, i int) []string {
+	var peers, others []string
+	for j, h := range cf.Heads {
+		peers = append(peers, fmt.Sprintf("%d=%s", h.ID, h.Paxos))
+		if j != i {
+			others = append(others, h.Gossip)
+		}
+	}
+	h := cf.Heads[i]
+	args := []string{"head", "--id", strconv.FormatUint(h.ID, 10), "--peers", strings.Join(peers, ","),
+		"--client-listen", strings.TrimPrefix(strings.TrimPrefix(h.API, "https://"), "http://"), "--data-dir", h.Dir,
+		"--gossip", h.Gossip, "--gossip-join", strings.Join(others, ",")}
+	if cf.CACert != "" {
+		args = append(args, "--ca-dir", filepath.Dir(cf.CACert))
+	} else {
+		args = append(args, "--insecure-no-tls")
+	}
+	if cf.Pools != "" {
+		args = append(args, poolHeadArgs(cf.Pools, abs, cf.Address)...)
+	}
+	return args
+}
+
+// addressesFree checks that a process about to be started again can listen where it did.
+func addressesFree(name string, addrs ...string) error {
+	for _, a := range addrs {
+		if a == "" {
+			continue
+		}
+		ln, err := net.Listen("tcp", a)
+		if err != nil {
+			return fmt.Errorf("%s cannot start again: its address %s is taken by another process (free it, or atoll down and start a new directory): %w", name, a, err)
+		}
+		ln.Close()
+	}
+	return nil
 }
 
 func mustToken(path string) string {
@@ -514,24 +620,23 @@ func waitStatus(ctx context.Context, c *api.Client, ok func(api.Status) bool) (a
 	}
 }
 
-// stopProcs stops the agents, then the heads: SIGTERM, then SIGKILL after grace.
+// stopProcs stops the agents, then the heads: SIGTERM, then SIGKILL after grace. Only the
+// processes the records identify are signalled (procInfo.running): a pid now held by
+// another process is left alone.
 func stopProcs(cf *clusterFile, grace time.Duration) []string {
 	var notes []string
 	for _, group := range [][]procInfo{cf.Agents, cf.Heads} {
 		for _, p := range group {
-			if alive(p.PID) {
-				_ = syscall.Kill(p.PID, syscall.SIGTERM)
-			}
+			p.signal(syscall.SIGTERM)
 		}
 		deadline := time.Now().Add(grace)
 		for _, p := range group {
-			for alive(p.PID) && time.Now().Before(deadline) {
+			for p.running() && time.Now().Before(deadline) {
 				time.Sleep(20 * time.Millisecond)
 			}
-			if alive(p.PID) {
-				_ = syscall.Kill(p.PID, syscall.SIGKILL)
+			if p.signal(syscall.SIGKILL) {
 				notes = append(notes, fmt.Sprintf("%s (pid %d) killed after %v", p.Name, p.PID, grace))
-				for end := time.Now().Add(2 * time.Second); alive(p.PID) && time.Now().Before(end); {
+				for end := time.Now().Add(2 * time.Second); p.running() && time.Now().Before(end); {
 					time.Sleep(10 * time.Millisecond)
 				}
 			}
@@ -551,22 +656,32 @@ func newDownCmd() *cobra.Command {
 			if dir == "" {
 				return errors.New("down: --dir is required")
 			}
-			cf, err := readClusterFile(dir)
+			abs, err := filepath.Abs(dir)
 			if err != nil {
 				return fmt.Errorf("down: %w", err)
 			}
-			cf.Agents = append(cf.Agents, poolAgents(dir)...)
+			cf, err := readClusterFile(abs)
+			if err != nil {
+				return fmt.Errorf("down: %w", err)
+			}
+			cf.Agents = append(cf.Agents, poolAgents(abs)...)
+			var ours []procInfo
+			for _, p := range append(cf.Heads, cf.Agents...) {
+				if p.running() {
+					ours = append(ours, p)
+				} else if p.PID > 0 && alive(p.PID) {
+					fmt.Fprintf(cmd.ErrOrStderr(), "down: %s is not running: its pid %d is another process now, left alone\n", p.Name, p.PID)
+				}
+			}
 			for _, n := range stopProcs(cf, grace) {
 				fmt.Fprintln(cmd.ErrOrStderr(), "down:", n)
 			}
-			n := 0
-			for _, p := range append(cf.Heads, cf.Agents...) {
-				if alive(p.PID) {
+			for _, p := range ours {
+				if p.running() {
 					return fmt.Errorf("down: %s (pid %d) is still running", p.Name, p.PID)
 				}
-				n++
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "stopped %d processes; the directory %s keeps the data and logs\n", n, dir)
+			fmt.Fprintf(cmd.OutOrStdout(), "stopped %d processes; the directory %s keeps the data and logs\n", len(ours), dir)
 			return nil
 		},
 	}
@@ -644,7 +759,8 @@ func newStatusCmd() *cobra.Command {
 	return cmd
 }
 
-// headsOf asks every head for its id and role.
+// headsOf asks every head for its id, role and storage state (a head whose disk filled
+// says so: it has stepped down, and rejoins by itself when space frees).
 func headsOf(ctx context.Context, c *dialed, leader uint64) []api.HeadInfo {
 	var out []api.HeadInfo
 	for _, u := range c.Heads() {
@@ -656,11 +772,13 @@ func headsOf(ctx context.Context, c *dialed, leader uint64) []api.HeadInfo {
 		cancel()
 		if err == nil {
 			var st struct {
-				ID uint64 `json:"id"`
+				ID       uint64 `json:"id"`
+				DiskFull bool   `json:"disk_full"`
+				Error    string `json:"error"`
 			}
 			_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st)
 			resp.Body.Close()
-			h.ID = st.ID
+			h.ID, h.DiskFull, h.Error = st.ID, st.DiskFull, st.Error
 		}
 		h.Leader = h.ID != 0 && h.ID == leader
 		out = append(out, h)
@@ -682,10 +800,20 @@ func printStatus(w io.Writer, st api.Status) {
 		if h.Leader {
 			role = "leader"
 		}
-		if h.ID == 0 {
+		switch {
+		case h.ID == 0:
 			role, id = "unreachable", "?"
+		case h.DiskFull:
+			role = "disk full (stepped down; rejoins when space frees)"
+		case h.Error != "":
+			role = "stopped: its storage failed"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", id, h.Address, pidText(h.PID), role)
+	}
+	for _, h := range st.Heads {
+		if h.Error != "" {
+			fmt.Fprintf(tw, "head %d: %s\n", h.ID, h.Error)
+		}
 	}
 	fmt.Fprintln(tw, "\nMACHINE\tGPUS\tFREE\tALIVE\tPID\tGPU KIND\tLOAD (cpu/mem)")
 	for _, m := range st.Machines {

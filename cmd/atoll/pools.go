@@ -235,7 +235,8 @@ func poolHeadArgs(file, clusterDir, address string) []string {
 }
 
 // poolAgents lists the agents the local pool provider started in a cluster directory
-// (from their pid files), for `atoll down`.
+// (from their pid files), for `atoll down`: a pid file holds a pid alone, so an agent is
+// known by its command line naming its directory (procInfo.running).
 func poolAgents(dir string) []procInfo {
 	files, _ := filepath.Glob(filepath.Join(dir, "heads", "*", "pools", "pids", "*.pid"))
 	more, _ := filepath.Glob(filepath.Join(dir, "pools", "pids", "*.pid"))
@@ -249,7 +250,8 @@ func poolAgents(dir string) []procInfo {
 		if err != nil || pid <= 0 {
 			continue
 		}
-		out = append(out, procInfo{Name: strings.TrimSuffix(filepath.Base(f), ".pid"), PID: pid})
+		name := strings.TrimSuffix(filepath.Base(f), ".pid")
+		out = append(out, procInfo{Name: name, PID: pid, Dir: filepath.Join(filepath.Dir(filepath.Dir(f)), "agents", name)})
 	}
 	return out
 }

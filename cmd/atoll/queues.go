@@ -39,8 +39,11 @@ example:
   {"queues": [{"name": "research", "weight": 2}, {"name": "prod", "weight": 1, "quota_gpus": 16}],
    "default_queue": "research",
    "priority_classes": [{"name": "low", "value": 0, "default": true}, {"name": "high", "value": 1}],
-   "notice_grace": "30s"}
+   "notice_grace": "30s",
+   "max_job_workers": 10000, "max_cluster_workers": 100000}
 
+max_job_workers and max_cluster_workers bound the workers of one job's live gangs, and of
+all of them (0: the defaults shown); a gang past either is refused, naming the bound.
 The leader commits it through the metadata log before it takes effect; a gang that names a
 queue or class the new configuration lacks is refused at submission, and gangs already
 queued keep their place.`,
@@ -139,8 +142,8 @@ func readSchedulerConfig(stdin io.Reader, path string) (api.SchedulerConfig, err
 func printSchedulerConfig(w io.Writer, conf api.SchedulerConfig, qs []api.QueueStatus) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	defer tw.Flush()
-	fmt.Fprintf(tw, "default queue %s · notice grace %s · min run before preempt %s\n",
-		queueName(conf.DefaultQueue), time.Duration(conf.NoticeGrace), time.Duration(conf.MinRunBeforePreempt))
+	fmt.Fprintf(tw, "default queue %s · notice grace %s · min run before preempt %s · workers at most %d a job, %d in all\n",
+		queueName(conf.DefaultQueue), time.Duration(conf.NoticeGrace), time.Duration(conf.MinRunBeforePreempt), conf.JobWorkersBound(), conf.ClusterWorkersBound())
 	byName := map[string]api.QueueStatus{}
 	for _, q := range qs {
 		byName[q.Name] = q

@@ -74,6 +74,9 @@ type Config struct {
 	LoadInterval time.Duration
 	// StopGrace is how long a stopped worker has before it is killed. Default 2 s.
 	StopGrace time.Duration
+	// MaxLaunches bounds the launches in flight at once (default 16): the members of a
+	// large gang wait their turn, and those whose gang ended meanwhile are never started.
+	MaxLaunches int
 	// Gossip, when set, is the address (host:port) the agent gossips on (hashicorp/serf):
 	// it joins the heads' gossip, so that they learn within seconds when it fails.
 	Gossip string
@@ -108,7 +111,9 @@ type Agent struct {
 	gangs       map[string]api.Gang   // the log's gangs table, as watched
 	workers     map[string]*worker    // by job/gang/rank
 	exited      map[string]bool       // api.WorkerSpec.Key()s that exited by themselves
-	changed     chan struct{}         // closed at every change of workers (tests)
+	ended       map[string]bool       // gang incarnations (incarnation) known over, ahead of the watch
+	changed     chan struct{}         // closed at every change of workers or gangs (tests)
+	slots       chan struct{}         // launches in flight (Config.MaxLaunches)
 	binaries    map[string]*sync.Once // by sha256
 	binErr      map[string]error
 }
@@ -142,6 +147,9 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	if cfg.StopGrace == 0 {
 		cfg.StopGrace = 2 * time.Second
+	}
+	if cfg.MaxLaunches <= 0 {
+		cfg.MaxLaunches = 16
 	}
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
@@ -195,8 +203,8 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent %s: object store: %w", cfg.Name, err)
 	}
 	a := &Agent{cfg: cfg, log: log, client: client, node: node, local: objects.NewLocal(node), sample: newLoadSampler(), obs: obs,
-		gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{},
-		changed: make(chan struct{}), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
+		gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{}, ended: map[string]bool{},
+		changed: make(chan struct{}), slots: make(chan struct{}, cfg.MaxLaunches), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
 	a.registerMetrics()
 	if a.cfg.Launcher == nil {
 		a.cfg.Launcher = &ExecLauncher{RunDir: filepath.Join(cfg.Dir, "run"), LogDir: filepath.Join(cfg.Dir, "logs"), Binary: a.binary}
@@ -361,6 +369,7 @@ func (a *Agent) watchLoop() {
 		err := a.client.Watch(a.ctx, api.TableGangs, func(reset bool, l api.Listing, evs []meta.Event) error {
 			a.mu.Lock()
 			a.gangs = applyGangs(a.gangs, reset, l, evs)
+			a.notifyLocked()
 			a.mu.Unlock()
 			a.reconcile()
 			return nil
@@ -406,7 +415,38 @@ func applyGangs(gangs map[string]api.Gang, reset bool, l api.Listing, evs []meta
 func (a *Agent) desiredLocked() map[string]api.WorkerSpec {
 	base := api.WorkerSpec{Machine: a.cfg.Name, Simulated: a.cfg.Simulated, Heads: a.client.Heads(), Token: string(a.cfg.Token),
 		CACert: string(a.cfg.CACert), Agent: a.addr, Transfer: a.node.Addr}
-	return desired(a.gangs, a.exited, base)
+	return desired(withoutEnded(a.gangs, a.ended), a.exited, base)
+}
+
+// withoutEnded is gangs without the incarnations known ended ahead of the watch (a launch
+// found their job stopped).
+func withoutEnded(gangs map[string]api.Gang, ended map[string]bool) map[string]api.Gang {
+	if len(ended) == 0 {
+		return gangs
+	}
+	out := make(map[string]api.Gang, len(gangs))
+	for k, g := range gangs {
+		if !ended[incarnation(g.UID, g.Generation)] {
+			out[k] = g
+		}
+	}
+	return out
+}
+
+// forgetEnded forgets the ended incarnations the watch has caught up with (it shows them
+// ended, or another incarnation): only those it still shows starting or running matter.
+func forgetEnded(ended map[string]bool, gangs map[string]api.Gang) {
+	current := map[string]bool{}
+	for _, g := range gangs {
+		if g.State == api.GangStarting || g.State == api.GangRunning {
+			current[incarnation(g.UID, g.Generation)] = true
+		}
+	}
+	for k := range ended {
+		if !current[k] {
+			delete(ended, k)
+		}
+	}
 }
 
 // desired computes the workers the machine base.Machine should run, by job/gang/rank: its
@@ -441,6 +481,10 @@ func desired(gangs map[string]api.Gang, exited map[string]bool, base api.WorkerS
 	}
 	return out
 }
+
+// incarnation names one generation of one gang (its UID tells it from an earlier gang of
+// the same names).
+func incarnation(uid string, gen int) string { return fmt.Sprintf("%s/g%d", uid, gen) }
 
 // exitKey names a worker incarnation of a gang incarnation: its exit is remembered under it
 // until that gang generation is over.
@@ -491,6 +535,7 @@ func (a *Agent) reconcile() {
 		return
 	}
 	forgetExits(a.exited, a.gangs)
+	forgetEnded(a.ended, a.gangs)
 	want := a.desiredLocked()
 	stop, start := reconcilePlan(a.workers, want)
 	for _, w := range stop {
@@ -523,13 +568,29 @@ func (a *Agent) job(ctx context.Context, name string) (api.Job, error) {
 	return j, nil
 }
 
+// launch starts a worker when its turn comes (Config.MaxLaunches), unless it is no longer
+// wanted by then, and supervises it until it stops.
 func (a *Agent) launch(key string, w *worker) {
-	ctx, cancel := context.WithTimeout(a.ctx, time.Minute)
-	defer cancel()
-	job, err := a.job(ctx, w.spec.Job)
 	var h Handle
-	if err == nil {
-		h, err = a.cfg.Launcher.Launch(ctx, w.spec, job)
+	var started bool
+	var err error
+	select {
+	case a.slots <- struct{}{}:
+		h, started, err = a.start(w)
+		<-a.slots
+	case <-a.ctx.Done():
+	}
+	if !started && err == nil {
+		// Not wanted any more (stopped, or its gang or job ended before its turn): it was
+		// never started, so there is nothing to report; a later incarnation may take the key.
+		a.mu.Lock()
+		if a.workers[key] == w {
+			delete(a.workers, key)
+		}
+		a.notifyLocked()
+		a.mu.Unlock()
+		a.reconcile()
+		return
 	}
 	a.mu.Lock()
 	if err != nil {
@@ -584,6 +645,58 @@ func (a *Agent) launch(key string, w *worker) {
 	a.reconcile()
 }
 
+// start launches a worker if it is still wanted: its job's and its gang's records (read at
+// every launch, from the leader) must say the job runs and this generation of the gang
+// starts or runs, and the agent must still want it. A launch for a stopped job or an
+// ended gang generation is refused, and that gang incarnation is remembered as ended so
+// that no reconcile starts its members again, whatever the watch still shows. It returns
+// started false with no error when the worker was dropped.
+func (a *Agent) start(w *worker) (Handle, bool, error) {
+	if !a.wanted(w) {
+		return nil, false, nil
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, time.Minute)
+	defer cancel()
+	job, err := a.job(ctx, w.spec.Job)
+	if err != nil {
+		return nil, false, err
+	}
+	var g api.Gang
+	found, err := a.client.Get(ctx, api.TableGangs+w.spec.Job+"/"+w.spec.Gang, &g)
+	if err != nil {
+		return nil, false, err
+	}
+	why := ""
+	switch {
+	case job.State != api.JobRunning:
+		why = "its job is stopped"
+	case !found || g.UID != w.spec.GangUID || g.Generation != w.spec.Generation:
+		why = "its gang generation is over"
+	case g.State != api.GangStarting && g.State != api.GangRunning:
+		why = "its gang is " + string(g.State)
+	}
+	if why != "" {
+		a.mu.Lock()
+		a.ended[incarnation(w.spec.GangUID, w.spec.Generation)] = true
+		a.mu.Unlock()
+		a.log.Info("launch refused: "+why, workerField(w.spec))
+		return nil, false, nil
+	}
+	if !a.wanted(w) {
+		return nil, false, nil
+	}
+	h, err := a.cfg.Launcher.Launch(ctx, w.spec, job)
+	return h, err == nil, err
+}
+
+// wanted reports whether a worker not yet started should still start: it is not stopping,
+// and its gang incarnation is not known to be over.
+func (a *Agent) wanted(w *worker) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ctx.Err() == nil && !w.stopping && !a.ended[incarnation(w.spec.GangUID, w.spec.Generation)]
+}
+
 // Permanent is implemented by launch and exit errors that a restart cannot cure.
 type Permanent interface{ Permanent() bool }
 
@@ -608,7 +721,7 @@ func (a *Agent) stopWorker(w *worker) {
 
 // reportExit tells the leader a worker exited by itself, retrying until it is heard.
 func (a *Agent) reportExit(s api.WorkerSpec, reason string, permanent, completed bool) {
-	x := api.WorkerExit{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation, Machine: a.cfg.Name, Reason: reason,
+	x := api.WorkerExit{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation, Machine: a.cfg.Name, Reason: api.TruncateReason(reason),
 		Permanent: permanent, Completed: completed}
 	for a.ctx.Err() == nil {
 		ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)

@@ -86,6 +86,10 @@ var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 // CheckName validates a job, gang or machine name: 1 to 63 characters of [A-Za-z0-9._-],
 // starting with a letter or digit. Names become metadata keys, actor ids and file names.
 func CheckName(what, name string) error {
+	if len(name) > MaxNameBytes {
+		return fmt.Errorf("%w: %s name is %d bytes, over its limit of %d (want 1-63 characters of [A-Za-z0-9._-] starting with a letter or digit)",
+			ErrInvalid, what, len(name), MaxNameBytes)
+	}
 	if !nameRE.MatchString(name) {
 		return fmt.Errorf("%w: %s name %q: want 1-63 characters of [A-Za-z0-9._-] starting with a letter or digit", ErrInvalid, what, name)
 	}
@@ -228,6 +232,9 @@ func (s *GangSpec) Normalize() error {
 	}
 	if s.Kind == "" {
 		return fmt.Errorf("%w: gang %q has no actor kind", ErrInvalid, s.Name)
+	}
+	if err := s.CheckBounds(); err != nil {
+		return fmt.Errorf("gang %q: %w", s.Name, err)
 	}
 	r := s.Resources
 	switch {
@@ -731,6 +738,10 @@ type HeadInfo struct {
 	Serf    string `json:"serf,omitempty"`
 	PID     int    `json:"pid,omitempty"`
 	Leader  bool   `json:"leader"`
+	// DiskFull says the head cannot write its log (its disk is full): it has stepped down
+	// and rejoins by itself when space frees. Error is its storage failure.
+	DiskFull bool   `json:"disk_full,omitempty"`
+	Error    string `json:"error,omitempty"`
 }
 
 // MachineStatus is a machine's line in the cluster status.
@@ -817,6 +828,12 @@ type SchedulerConfig struct {
 	// MaxPending is the backpressure bound: past this many gangs waiting, a submission is
 	// refused as saturated with a retry hint (0: the default, 2,000).
 	MaxPending int `json:"max_pending,omitempty"`
+	// MaxJobWorkers bounds the workers of one job's live gangs together (an elastic gang
+	// counts its largest size); MaxClusterWorkers those of every live gang. A gang past
+	// either is refused, naming the bound (0: the defaults, DefaultMaxJobWorkers and
+	// DefaultMaxClusterWorkers). Every worker is a process, a record and a watch event.
+	MaxJobWorkers     int `json:"max_job_workers,omitempty"`
+	MaxClusterWorkers int `json:"max_cluster_workers,omitempty"`
 }
 
 // QueueSpec is one queue: Weight is its share of its parent's capacity among the active
@@ -843,7 +860,29 @@ const (
 	MaxQueues          = 1000
 	MaxPriorityClasses = 100
 	MaxPriorityValue   = 1_000_000
+	// DefaultMaxJobWorkers and DefaultMaxClusterWorkers are the worker bounds of a
+	// configuration that sets none; MaxWorkersBound the largest either may be set to.
+	DefaultMaxJobWorkers     = 10_000
+	DefaultMaxClusterWorkers = 100_000
+	MaxWorkersBound          = 10_000_000
 )
+
+// JobWorkersBound is the configured bound of one job's workers (the default when unset).
+func (c *SchedulerConfig) JobWorkersBound() int {
+	if c.MaxJobWorkers > 0 {
+		return c.MaxJobWorkers
+	}
+	return DefaultMaxJobWorkers
+}
+
+// ClusterWorkersBound is the configured bound of the cluster's workers (the default when
+// unset).
+func (c *SchedulerConfig) ClusterWorkersBound() int {
+	if c.MaxClusterWorkers > 0 {
+		return c.MaxClusterWorkers
+	}
+	return DefaultMaxClusterWorkers
+}
 
 // Validate checks a configuration and fills its defaults (the default queue "default",
 // created when not listed; a notice grace of 30 s). Errors name the entry and field.
@@ -853,6 +892,12 @@ func (c *SchedulerConfig) Validate() error {
 	}
 	if c.MaxPending < 0 || c.MaxPending > 1_000_000 {
 		return fmt.Errorf("%w: max_pending %d, want 0 (the default, 2000) to 1000000", ErrInvalid, c.MaxPending)
+	}
+	if c.MaxJobWorkers < 0 || c.MaxJobWorkers > MaxWorkersBound {
+		return fmt.Errorf("%w: max_job_workers %d, want 0 (the default, %d) to %d", ErrInvalid, c.MaxJobWorkers, DefaultMaxJobWorkers, MaxWorkersBound)
+	}
+	if c.MaxClusterWorkers < 0 || c.MaxClusterWorkers > MaxWorkersBound {
+		return fmt.Errorf("%w: max_cluster_workers %d, want 0 (the default, %d) to %d", ErrInvalid, c.MaxClusterWorkers, DefaultMaxClusterWorkers, MaxWorkersBound)
 	}
 	if len(c.PriorityClasses) > MaxPriorityClasses {
 		return fmt.Errorf("%w: %d priority classes, over the bound of %d", ErrInvalid, len(c.PriorityClasses), MaxPriorityClasses)

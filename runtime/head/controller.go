@@ -364,6 +364,9 @@ func (c *Controller) sweepSilent() {
 
 // notLeader is the error of a call to a replica that does not lead.
 func (c *Controller) notLeader() error {
+	if err := c.rep.Err(); err != nil {
+		return fmt.Errorf("%w: this head cannot write its log, it takes no part until it can (%v)", api.ErrUnavailable, err)
+	}
 	st := c.rep.Status()
 	if st.Role == paxos.Leader {
 		return fmt.Errorf("%w: the new leader is loading the cluster's state", api.ErrUnavailable)
@@ -832,7 +835,10 @@ func coreMember(s api.GangSpec) gang.Member {
 	if s.Resources.GPUs > 0 && milli == 0 {
 		milli = gang.Milli
 	}
-	return gang.Member{GPUs: s.Resources.GPUs, GPUMilli: milli, MIG: s.Resources.MIG, CPUMilli: s.Resources.CPUMilli, MemMiB: s.Resources.MemMiB}
+	// Every member is a process: it counts at least a minimal CPU share, so that members
+	// asking for nothing are still bounded by the machines' cores.
+	cpu := max(s.Resources.CPUMilli, MinMemberCPUMilli)
+	return gang.Member{GPUs: s.Resources.GPUs, GPUMilli: milli, MIG: s.Resources.MIG, CPUMilli: cpu, MemMiB: s.Resources.MemMiB}
 }
 
 // coreRequestLocked is the scheduler core's view of a gang: its priority (from its class),

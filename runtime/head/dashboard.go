@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httputil"
@@ -24,6 +25,7 @@ import (
 	"github.com/atoll-run/atoll/runtime/dashboard"
 	"github.com/atoll-run/atoll/runtime/member"
 	"github.com/atoll-run/atoll/store/meta/metaserver"
+	"github.com/atoll-run/atoll/store/paxos"
 )
 
 // Observation of a head: the dashboard (/ui/), Prometheus' /metrics, and the samples
@@ -328,6 +330,7 @@ var (
 	descLeader      = prometheus.NewDesc("atoll_head_leader", "1 on the head whose control plane leads, else 0.", nil, nil)
 	descLeaderID    = prometheus.NewDesc("atoll_head_leader_id", "The Paxos leader's replica id as this head knows it (0: none).", nil, nil)
 	descRevision    = prometheus.NewDesc("atoll_metadata_revision", "The metadata log's revision this head has applied.", nil, nil)
+	descDiskFull    = prometheus.NewDesc("atoll_head_disk_full", "1 while this head cannot write its log for a full disk (it has stepped down, and rejoins by itself when space frees), else 0.", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
@@ -426,6 +429,11 @@ func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	g(descLeader, leading)
 	g(descLeaderID, float64(st.Leader))
 	g(descRevision, float64(st.Revision))
+	full := 0.0
+	if _, err := c.o.h.rep.Fault(); errors.Is(err, paxos.ErrDiskFull) {
+		full = 1
+	}
+	g(descDiskFull, full)
 }
 
 // Registry is the head's Prometheus registry (served on /metrics).

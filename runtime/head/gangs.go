@@ -19,7 +19,7 @@ import (
 
 // SubmitJob creates a job (or reuses the name of a stopped one).
 func (c *Controller) SubmitJob(ctx context.Context, j api.Job) (api.Job, error) {
-	if err := api.CheckName("job", j.Name); err != nil {
+	if err := j.CheckBounds(); err != nil {
 		return api.Job{}, err
 	}
 	t, err := c.lockTerm()
@@ -110,6 +110,9 @@ func (c *Controller) SpawnGang(ctx context.Context, spec api.GangSpec) (api.Gang
 	old := t.gangs[key]
 	if old != nil && old.rec.State.Live() {
 		return unlock(fmt.Errorf("%w: gang %s is %s", api.ErrExists, key, old.rec.State))
+	}
+	if err := c.checkWorkerBoundsLocked(t, spec); err != nil {
+		return unlock(err)
 	}
 	req, err := c.coreRequestLocked(t, spec)
 	if err != nil {

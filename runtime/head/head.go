@@ -255,6 +255,13 @@ func (h *Head) heads() []api.HeadInfo {
 	if !found {
 		out = append(out, api.HeadInfo{ID: h.cfg.ID, Address: h.addr, PID: os.Getpid(), Serf: gossip})
 	}
+	if err := h.rep.Err(); err != nil {
+		for i := range out {
+			if out[i].ID == h.cfg.ID {
+				out[i].DiskFull, out[i].Error = errors.Is(err, paxos.ErrDiskFull), err.Error()
+			}
+		}
+	}
 	return out
 }
 

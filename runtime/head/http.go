@@ -191,7 +191,11 @@ func caller(r *http.Request, declared string) string {
 	return declared
 }
 
-// post decodes a JSON body into In, calls fn, and answers its result.
+// bounded is a request whose free-form fields have limits (api.MaxKindBytes and the
+// others): it is refused with a 400 naming the field before anything is decided.
+type bounded interface{ CheckBounds() error }
+
+// post decodes a JSON body into In, checks its bounds, calls fn, and answers its result.
 func post[In any](a *API, fn func(context.Context, In) (any, error)) http.HandlerFunc {
 	return postReq(a, func(r *http.Request, in In) (any, error) { return fn(a.ctx(r), in) })
 }
@@ -210,6 +214,12 @@ func postReq[In any](a *API, fn func(*http.Request, In) (any, error)) http.Handl
 		if err := json.Unmarshal(body, &in); err != nil {
 			a.answer(w, r, nil, fmt.Errorf("%w: %s: %v", api.ErrInvalid, r.URL.Path, err))
 			return
+		}
+		if b, ok := any(&in).(bounded); ok {
+			if err := b.CheckBounds(); err != nil {
+				a.answer(w, r, nil, fmt.Errorf("%s: %w", r.URL.Path, err))
+				return
+			}
 		}
 		out, err := fn(r, in)
 		a.answer(w, r, out, err)

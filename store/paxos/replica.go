@@ -130,6 +130,10 @@ type Replica struct {
 	mu     sync.Mutex
 	status Status
 	err    error
+	// fault is the storage failure the replica is waiting out (a full disk), nil when
+	// none; faultSince when it began (diskfull.go).
+	fault      error
+	faultSince time.Time
 
 	// loop-owned
 	waiting    map[uint64]*proposal
@@ -137,6 +141,13 @@ type Replica struct {
 	readReady  []ReadState
 	nextReadID uint64
 	snap       SnapshotData
+	// applied is the last slot the state machine has applied: a node rebuilt from storage
+	// after a storage failure hands out again slots the state machine already holds.
+	applied uint64
+	// faultBackoff and faultEnded are the retry backoff of the last fault and when it
+	// ended: a disk that fills again at once is retried ever more slowly.
+	faultBackoff time.Duration
+	faultEnded   time.Time
 }
 
 // StartReplica loads the storage, builds the Node and starts the replica's goroutine.
@@ -182,6 +193,7 @@ func StartReplica(cfg ReplicaConfig, st Storage, tr Transport, sm StateMachine) 
 		waiting:    map[uint64]*proposal{},
 		readWait:   map[uint64]*readReq{},
 		snap:       snap,
+		applied:    snap.Slot,
 	}
 	r.status = n.Status()
 	r.setPeers(snap.Conf)
@@ -211,11 +223,15 @@ func (r *Replica) Status() Status {
 	return r.status
 }
 
-// Err returns the error that stopped the replica (a failed WAL write), or nil.
+// Err returns the error that stopped the replica (a failed WAL write), or the storage
+// failure it is waiting out (errors.Is ErrDiskFull: see Fault), or nil.
 func (r *Replica) Err() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.err
+	if r.err != nil {
+		return r.err
+	}
+	return r.fault
 }
 
 // Close stops the replica's goroutine and closes its storage (not the transport).
@@ -344,14 +360,19 @@ func (r *Replica) run() {
 			f()
 		case batch := <-r.saved:
 			if err := r.finishSaves(batch); err != nil {
-				r.fatal(err)
-				return
+				if err = r.waitOutFault(err, recv); err != nil {
+					r.fatal(err)
+					return
+				}
+				continue
 			}
 		}
 		r.drain(recv)
 		if err := r.handleReady(); err != nil {
-			r.fatal(err)
-			return
+			if err = r.waitOutFault(err, recv); err != nil {
+				r.fatal(err)
+				return
+			}
 		}
 	}
 }
@@ -429,12 +450,16 @@ func (r *Replica) handleReady() error {
 		r.sendAll(send)
 		for _, e := range rd.Committed {
 			var out []byte
-			switch e.Type {
-			case EntryNormal:
+			switch {
+			case e.Slot <= r.applied:
+				// Applied before a storage failure rebuilt the node: the value chosen for a
+				// slot never changes, so the state machine holds it already.
+			case e.Type == EntryNormal:
 				out = r.sm.Apply(e.Slot, e.Data)
-			case EntryConfig:
+			case e.Type == EntryConfig:
 				r.applyConf(e)
 			}
+			r.applied = max(r.applied, e.Slot)
 			if p, ok := r.waiting[e.Slot]; ok {
 				delete(r.waiting, e.Slot)
 				if e.Type == p.typ && bytes.Equal(e.Data, p.data) {
@@ -498,6 +523,7 @@ func (r *Replica) installSnapshot(s SnapshotData) error {
 		return fmt.Errorf("paxos: restore snapshot through %d: %w", s.Slot, err)
 	}
 	r.snap = s
+	r.applied = s.Slot
 	r.setPeers(s.Conf)
 	r.log.Info("installed snapshot from leader", zap.Uint64("slot", s.Slot), zap.Int("bytes", len(s.Data)))
 	return r.st.Compact(s.Slot)

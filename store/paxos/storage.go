@@ -45,8 +45,9 @@ type MemStorage struct {
 	hs      HardState
 	entries []Entry
 	snap    SnapshotData
-	// FailWrites makes Save fail (a disk that fails writes).
+	// FailWrites makes Save fail (a disk that fails writes), with WriteErr when set.
 	FailWrites bool
+	WriteErr   error
 }
 
 var _ Storage = (*MemStorage)(nil)
@@ -66,6 +67,9 @@ func (m *MemStorage) Save(hs HardState, entries []Entry) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.FailWrites {
+		if m.WriteErr != nil {
+			return m.WriteErr
+		}
 		return errors.New("paxos: mem storage: injected write failure")
 	}
 	m.hs = hs
@@ -75,6 +79,11 @@ func (m *MemStorage) Save(hs HardState, entries []Entry) error {
 
 // Close implements Storage.
 func (m *MemStorage) Close() error { return nil }
+
+// Reopen implements Reopener: a failed Save changed nothing, so there is nothing to drop.
+func (m *MemStorage) Reopen() error { return nil }
+
+var _ Reopener = (*MemStorage)(nil)
 
 // SaveSnapshot implements Storage.
 func (m *MemStorage) SaveSnapshot(s SnapshotData) error {
@@ -114,6 +123,9 @@ type WALOptions struct {
 	SegmentSize int
 	// Logger receives repair notices (default zap.NewNop()).
 	Logger *zap.Logger
+	// RejoinFree is the free space a WAL whose disk filled must find before Reopen lets
+	// its replica rejoin (default 1 MiB): less would fill again at the next records.
+	RejoinFree int64
 }
 
 // WAL is the durable Storage: a tidwall/wal log in a directory, one record per Save.
@@ -134,7 +146,10 @@ type WAL struct {
 	recMax map[uint64]uint64 // record index -> highest slot in it
 }
 
-var _ Storage = (*WAL)(nil)
+var (
+	_ Storage  = (*WAL)(nil)
+	_ Reopener = (*WAL)(nil)
+)
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
@@ -146,6 +161,9 @@ func OpenWAL(dir string, opts WALOptions) (*WAL, error) {
 	if opts.SegmentSize <= 0 {
 		opts.SegmentSize = 64 << 20
 	}
+	if opts.RejoinFree <= 0 {
+		opts.RejoinFree = 1 << 20
+	}
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("paxos: wal mkdir %s: %w", dir, err)
 	}
@@ -154,25 +172,70 @@ func OpenWAL(dir string, opts WALOptions) (*WAL, error) {
 		return nil, err
 	}
 	w := &WAL{dir: dir, opts: opts, lock: lock, recMax: map[uint64]uint64{}}
+	if err := w.openLog(); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+// openLog opens the tidwall/wal log of the directory, truncating a torn segment tail.
+func (w *WAL) openLog() error {
 	l, err := w.open()
 	if errors.Is(err, wal.ErrCorrupt) {
 		if rerr := w.repairSegment(); rerr != nil {
-			lock.Close()
-			return nil, rerr
+			return rerr
 		}
 		l, err = w.open()
 	}
 	if err != nil {
-		lock.Close()
-		return nil, fmt.Errorf("paxos: wal open %s: %w", dir, err)
+		return fmt.Errorf("paxos: wal open %s: %w", w.dir, err)
 	}
-	w.log = l
-	if w.last, err = l.LastIndex(); err != nil {
+	last, err := l.LastIndex()
+	if err != nil {
 		l.Close()
-		lock.Close()
-		return nil, fmt.Errorf("paxos: wal last index %s: %w", dir, err)
+		return fmt.Errorf("paxos: wal last index %s: %w", w.dir, err)
 	}
-	return w, nil
+	w.log, w.last = l, last
+	return nil
+}
+
+// Reopen implements Reopener: it closes the log (keeping the directory's lock) and opens
+// it again from disk, as OpenWAL does, so that a write that failed half-way (a full disk)
+// leaves neither a partial record nor an index that counts it. The segments' cached pages
+// are dropped first, so that what is read back is what the disk holds. Load must follow.
+// While the file system has less than RejoinFree bytes free it fails with ErrDiskFull
+// and changes nothing.
+func (w *WAL) Reopen() error {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(w.dir, &fs); err == nil {
+		if free := int64(fs.Bavail) * int64(fs.Bsize); free < w.opts.RejoinFree {
+			return fmt.Errorf("%w: %s has %d bytes free, %d needed to rejoin", ErrDiskFull, w.dir, free, w.opts.RejoinFree)
+		}
+	}
+	if err := w.log.Close(); err != nil && !errors.Is(err, wal.ErrClosed) && !errors.Is(err, wal.ErrCorrupt) {
+		_ = w.log.Close() // a failed sync is reported once; the second close releases the file
+	}
+	if ents, err := os.ReadDir(w.dir); err == nil {
+		for _, e := range ents {
+			if isSegmentName(e.Name()) {
+				dropCachedPages(filepath.Join(w.dir, e.Name()))
+			}
+		}
+	}
+	clear(w.recMax)
+	return w.openLog()
+}
+
+// dropCachedPages asks the kernel to forget a file's clean cached pages: after a failed
+// write or fsync they may hold bytes the disk does not.
+func dropCachedPages(path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 }
 
 // lockFile is the name of the lock file in a WAL directory.

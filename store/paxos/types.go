@@ -45,6 +45,11 @@ var (
 	// ErrBadFrame is logged (never returned to a caller) for truncated, oversized or
 	// unauthenticated transport frames.
 	ErrBadFrame = errors.New("paxos: bad frame")
+	// ErrDiskFull is returned by a replica whose storage is full (ENOSPC, EDQUOT) while it
+	// waits for space: it has stepped down, and it rejoins by itself once it can write again
+	// (diskfull.go). A proposal it was waiting on when the disk filled has an unknown
+	// outcome (its value may still be chosen by the others). Retryable, at another replica.
+	ErrDiskFull = errors.New("paxos: disk full")
 )
 
 // NotLeaderError is ErrNotLeader with the ID of the replica believed to lead (0 if unknown).
@@ -62,9 +67,9 @@ func (e *NotLeaderError) Error() string {
 func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
 
 // IsRetryable reports whether err is a transient condition (no leader, lost leadership,
-// dropped proposal) after which the same request may be retried.
+// dropped proposal, a full disk) after which the same request may be retried.
 func IsRetryable(err error) bool {
-	return errors.Is(err, ErrNotLeader) || errors.Is(err, ErrProposalDropped) || errors.Is(err, ErrReconfiguring)
+	return errors.Is(err, ErrNotLeader) || errors.Is(err, ErrProposalDropped) || errors.Is(err, ErrReconfiguring) || errors.Is(err, ErrDiskFull)
 }
 
 // EntryType says what an entry's data means.

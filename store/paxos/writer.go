@@ -23,6 +23,8 @@ import "fmt"
 type saveJob struct {
 	rd  Ready
 	err error // set by the writer
+	// sent and back are the loop's: the job went to the writer, and came back from it.
+	sent, back bool
 }
 
 // pipeline is the order between a Node's Readies and their writes (rules 2-4).
@@ -114,6 +116,9 @@ func (r *Replica) writer() {
 
 // finishSaves sends what waited for a finished write and lets the node count it.
 func (r *Replica) finishSaves(batch []*saveJob) error {
+	for _, j := range batch {
+		j.back = true
+	}
 	send, err := r.pipe.finished(r.node, batch)
 	r.sendAll(send)
 	return err
@@ -126,6 +131,7 @@ func (r *Replica) enqueueSave(j *saveJob) error {
 	for {
 		select {
 		case r.saveq <- j:
+			j.sent = true
 			return nil
 		case b := <-r.saved:
 			if err := r.finishSaves(b); err != nil {

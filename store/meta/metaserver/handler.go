@@ -37,7 +37,8 @@ const (
 )
 
 // Handler is the head's client API over HTTP: POST /v1/propose (body: JSON Request),
-// GET /v1/get?key=K, GET /v1/range?prefix=P, GET /v1/status, and membership changes
+// GET /v1/get?key=K, GET /v1/range?prefix=P, GET /v1/status (this replica's role, commit and
+// applied slots, and "disk_full" and "error" while its storage fails), and membership changes
 // through the log, at the leader: POST /v1/members/add?id=N&addr=HOST:PORT (the new
 // replica runs with `atoll head --join`) and POST /v1/members/remove?id=N, each answering
 // {"epoch","members"} once the change is chosen. Any other method is refused (405): a
@@ -191,9 +192,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(h.SM.Range(r.URL.Query().Get("prefix")))
 	case "/v1/status":
 		st := h.Replica.Status()
+		out := map[string]any{"id": st.ID, "role": st.Role.String(), "leader": st.Leader,
+			"commit": st.Commit, "applied": st.Applied, "revision": h.SM.Revision(), "epoch": st.Epoch, "members": st.Members}
+		if err := h.Replica.Err(); err != nil { // a full disk it waits out, or the failure that stopped it
+			out["disk_full"], out["error"] = errors.Is(err, paxos.ErrDiskFull), err.Error()
+		}
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(map[string]any{"id": st.ID, "role": st.Role.String(), "leader": st.Leader,
-			"commit": st.Commit, "applied": st.Applied, "revision": h.SM.Revision(), "epoch": st.Epoch, "members": st.Members})
+		json.NewEncoder(w).Encode(out)
 	case "/v1/members/add", "/v1/members/remove":
 		q := r.URL.Query()
 		id, err := strconv.ParseUint(q.Get("id"), 10, 16)
