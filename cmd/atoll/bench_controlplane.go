@@ -257,7 +257,7 @@ type cpBench struct {
 	loadDone          sync.WaitGroup
 	steps, callErrors atomic.Int64
 
-	stopped atomic.Int64 // pid of a head under SIGSTOP (0: none)
+	stopped atomic.Pointer[procInfo] // the head under SIGSTOP, if any
 
 	mu       sync.Mutex
 	leader   uint64      // the leader the heads name, last seen
@@ -377,8 +377,8 @@ func (b *cpBench) teardown(say func(string, ...any)) {
 		b.stopLoad()
 		b.loadDone.Wait()
 	}
-	if pid := int(b.stopped.Swap(0)); pid != 0 {
-		_ = syscall.Kill(pid, syscall.SIGCONT)
+	if p := b.stopped.Swap(nil); p != nil {
+		p.signal(syscall.SIGCONT)
 	}
 	say("stopping the cluster")
 	stopProcs(b.cf, 5*time.Second)
@@ -497,19 +497,19 @@ func (b *cpBench) pauseLeader(ctx context.Context, st api.Status) error {
 	b.mu.Lock()
 	changesBefore := len(b.changes)
 	b.mu.Unlock()
-	leader, pid, err := b.leaderNow(ctx)
+	leader, p, err := b.leaderNow(ctx)
 	if err != nil {
 		return err
 	}
 	b.res.PausedHead = leader
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		return err
+	if !p.signal(syscall.SIGSTOP) {
+		return fmt.Errorf("could not pause head %d (pid %d)", leader, p.PID)
 	}
-	b.stopped.Store(int64(pid))
+	b.stopped.Store(&p)
 	perr := sleepCtx(ctx, b.cfg.pause)
-	b.stopped.Store(0)
-	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-		return err
+	b.stopped.Store(nil)
+	if !p.signal(syscall.SIGCONT) {
+		return fmt.Errorf("could not resume head %d (pid %d)", leader, p.PID)
 	}
 	if perr != nil {
 		return perr
@@ -544,7 +544,7 @@ func (b *cpBench) pauseLeader(ctx context.Context, st api.Status) error {
 	falseDeaths := 0
 	for name := range dead {
 		b.res.MachinesDeclaredDead = append(b.res.MachinesDeclaredDead, name)
-		if pid := b.agentPID(name); pid != 0 && alive(pid) {
+		if a, ok := b.agent(name); ok && a.running() {
 			falseDeaths++
 		} else {
 			b.res.TrueMachineDeaths++
@@ -552,7 +552,7 @@ func (b *cpBench) pauseLeader(ctx context.Context, st api.Status) error {
 	}
 	slices.Sort(b.res.MachinesDeclaredDead)
 	for _, a := range b.cf.Agents {
-		if alive(a.PID) {
+		if a.running() {
 			b.res.AgentsAlive++
 		}
 	}
@@ -576,10 +576,14 @@ func (b *cpBench) takeover(ctx context.Context, say func(string, ...any)) error 
 	if err != nil {
 		return err
 	}
-	if conf.MaxPending < b.cfg.pending+100 {
-		conf.MaxPending = min(b.cfg.pending+1000, 1_000_000)
+	// The bounds of the scheduler configuration let every pending gang in (one job holds
+	// them all, a worker each).
+	if need := b.cfg.pending + 1000; conf.MaxPending < need || conf.JobWorkersBound() < need || conf.ClusterWorkersBound() < need+b.cfg.agents {
+		conf.MaxPending = max(conf.MaxPending, need)
+		conf.MaxJobWorkers = max(conf.JobWorkersBound(), need)
+		conf.MaxClusterWorkers = max(conf.ClusterWorkersBound(), need+b.cfg.agents)
 		if _, err := b.d.SetSchedulerConfig(ctx, conf); err != nil {
-			return fmt.Errorf("raise the pending bound to %d: %w", conf.MaxPending, err)
+			return fmt.Errorf("raise the scheduler's bounds (max_pending %d, max_job_workers %d): %w", conf.MaxPending, conf.MaxJobWorkers, err)
 		}
 	}
 	if _, err = b.c.Submit(ctx, sdk.JobSpec{Name: "bench-cp-pending"}); err != nil {
@@ -621,13 +625,13 @@ func (b *cpBench) takeover(ctx context.Context, say func(string, ...any)) error 
 	if !b.res.SetupComplete {
 		say("takeover: only %d of %d submissions admitted in --setup-timeout %v (%d leader changes meanwhile)", admitted, b.cfg.pending, b.cfg.setupTimeout, b.res.SetupLeaderChanges)
 	}
-	leader, pid, err := b.leaderNow(ctx)
+	leader, p, err := b.leaderNow(ctx)
 	if err != nil {
 		return err
 	}
 	say("takeover: %d gangs wait (submitted in %.1f s); killing leader head %d", b.res.PendingSeen, b.res.PendingSubmitS, leader)
 	b.res.KilledHead = leader
-	elected, inOffice, head, err := b.killAndProbe(ctx, leader, pid)
+	elected, inOffice, head, err := b.killAndProbe(ctx, leader, p)
 	if err != nil {
 		return err
 	}
@@ -711,7 +715,7 @@ const cpProbeInOffice = "probe-in-office"
 
 // killAndProbe SIGKILLs the leader and polls the other heads: GET /v1/status until one says
 // it leads (elected), POST /v1/gangs of a probe gang until one admits it (in office).
-func (b *cpBench) killAndProbe(ctx context.Context, leader uint64, pid int) (elected, inOffice time.Duration, head uint64, err error) {
+func (b *cpBench) killAndProbe(ctx context.Context, leader uint64, p procInfo) (elected, inOffice time.Duration, head uint64, err error) {
 	body, _ := json.Marshal(api.GangSpec{Job: "bench-cp-pending", Name: cpProbeInOffice, Kind: "bench-noop", Workers: 1,
 		Resources: api.Resources{GPUs: b.gpm}})
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -721,8 +725,8 @@ func (b *cpBench) killAndProbe(ctx context.Context, leader uint64, pid int) (ele
 	done := make(chan struct{})
 	var once sync.Once
 	start := time.Now()
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		return 0, 0, 0, err
+	if !p.signal(syscall.SIGKILL) {
+		return 0, 0, 0, fmt.Errorf("could not kill head %d (pid %d)", leader, p.PID)
 	}
 	for _, h := range b.cf.Heads {
 		if h.ID == leader {
@@ -909,8 +913,8 @@ func (b *cpBench) watchLeader(ctx context.Context) {
 }
 
 // leaderNow asks every head at once which leads, until one says it does and most name it
-// (the leader at this instant, not the status's last word); it returns its id and pid.
-func (b *cpBench) leaderNow(ctx context.Context) (uint64, int, error) {
+// (the leader at this instant, not the status's last word); it returns its id and process.
+func (b *cpBench) leaderNow(ctx context.Context) (uint64, procInfo, error) {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		views := make([]headView, len(b.cf.Heads))
@@ -933,35 +937,35 @@ func (b *cpBench) leaderNow(ctx context.Context) (uint64, int, error) {
 					named++
 				}
 			}
-			if pid := b.headPID(v.ID); 2*named > len(views) && pid != 0 {
-				return v.ID, pid, nil
+			if p, ok := b.head(v.ID); ok && 2*named > len(views) {
+				return v.ID, p, nil
 			}
 		}
 		if time.Now().After(deadline) {
-			return 0, 0, errors.New("no head has led for a minute")
+			return 0, procInfo{}, errors.New("no head has led for a minute")
 		}
 		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
-			return 0, 0, err
+			return 0, procInfo{}, err
 		}
 	}
 }
 
-func (b *cpBench) headPID(id uint64) int {
+func (b *cpBench) head(id uint64) (procInfo, bool) {
 	for _, h := range b.cf.Heads {
 		if h.ID == id {
-			return h.PID
+			return h, true
 		}
 	}
-	return 0
+	return procInfo{}, false
 }
 
-func (b *cpBench) agentPID(machine string) int {
+func (b *cpBench) agent(machine string) (procInfo, bool) {
 	for _, a := range b.cf.Agents {
 		if a.Name == machine {
-			return a.PID
+			return a, true
 		}
 	}
-	return 0
+	return procInfo{}, false
 }
 
 // clockTick is the unit of /proc/PID/stat's times (USER_HZ, 100 on Linux).
