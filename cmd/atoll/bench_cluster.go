@@ -65,11 +65,48 @@ func (arWorker) Receive(c *sdk.Context, msg any) (any, error) {
 	return out, nil
 }
 
+// trainReq asks a benchmark worker for Steps training steps: an AllReduce of Floats
+// float32s (the gradients), then Compute of device time (a sleep: the host waits on its
+// GPU, simulated here). The answer is the number of steps done.
+type trainReq struct {
+	Floats, Steps int
+	Compute       time.Duration
+}
+
+// trainWorker runs the training steps of `atoll bench controlplane`'s load.
+type trainWorker struct{}
+
+func (trainWorker) Receive(c *sdk.Context, msg any) (any, error) {
+	r := msg.(trainReq)
+	v := make([]float32, r.Floats)
+	for i := 0; i < r.Steps; i++ {
+		if err := c.AllReduce(c, v); err != nil {
+			return i, err
+		}
+		select {
+		case <-c.Done():
+			return i, c.Err()
+		case <-time.After(r.Compute):
+		}
+	}
+	return r.Steps, nil
+}
+
 func benchKinds() []sdk.Option {
 	return []sdk.Option{
 		sdk.Kind("bench-noop", func() sdk.Actor { return noop{} }, struct{}{}),
 		sdk.Kind("bench-allreduce", func() sdk.Actor { return arWorker{} }, arReq{}),
+		sdk.Kind("bench-train", func() sdk.Actor { return trainWorker{} }, trainReq{}),
 	}
+}
+
+// clusterAddr is the SDK address of a cluster file: its heads, token file and CA.
+func clusterAddr(cf *clusterFile) string {
+	addr := cf.Address + ";token-file=" + cf.TokenFile
+	if cf.CACert != "" {
+		addr += ";ca=" + cf.CACert
+	}
+	return addr
 }
 
 // benchCluster connects to --dir's cluster, or starts a temporary one of agents machines
@@ -91,11 +128,7 @@ func benchCluster(ctx context.Context, dir string, agents int, machine string, i
 	} else if cf, err = readClusterFile(dir); err != nil {
 		return nil, nil, nil, err
 	}
-	addr := cf.Address + ";token-file=" + cf.TokenFile
-	if cf.CACert != "" {
-		addr += ";ca=" + cf.CACert
-	}
-	c, err = sdk.Connect(ctx, addr, benchKinds()...)
+	c, err = sdk.Connect(ctx, clusterAddr(cf), benchKinds()...)
 	if err != nil {
 		cleanup()
 		return nil, nil, nil, err

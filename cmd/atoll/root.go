@@ -23,6 +23,7 @@ func newRootCmd() *cobra.Command {
 	bench.AddCommand(
 		newBenchActorsCmd(),
 		newBenchAutoscaleCmd(),
+		newBenchControlPlaneCmd(),
 		newBenchActorsPeerCmd(),
 		newBenchAllReduceCmd(),
 		newBenchFailoverCmd(),
