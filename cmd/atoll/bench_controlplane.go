@@ -286,7 +286,7 @@ func runControlPlaneBench(ctx context.Context, cfg cpConfig, progress io.Writer)
 	defer os.RemoveAll(tmp)
 	b := &cpBench{cfg: cfg, res: res}
 	say("starting 3 heads and %d agents of %s", cfg.agents, cfg.machine)
-	cf, _, err := startCluster(ctx, filepath.Join(tmp, "cluster"), 3, cfg.agents, cfg.machine, !cfg.insecure, 2*time.Minute)
+	cf, _, err := startCluster(ctx, filepath.Join(tmp, "cluster"), 3, cfg.agents, cfg.machine, !cfg.insecure, 2*time.Minute, upOptions{})
 	if err != nil {
 		return nil, err
 	}
