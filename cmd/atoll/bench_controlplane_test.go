@@ -20,8 +20,7 @@ func TestBenchControlPlaneSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the atoll binary and runs a cluster of processes")
 	}
-	tmp := t.TempDir()
-	bin := buildAtoll(t, tmp)
+	bin := buildAtoll(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "bench", "controlplane", "--json", "--agents", "2", "--pending", "200",
