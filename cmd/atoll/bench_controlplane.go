@@ -164,7 +164,7 @@ type cpResult struct {
 
 func newBenchControlPlaneCmd() *cobra.Command {
 	cfg := cpConfig{agents: 4, machine: "dgx-h100", pause: 12 * time.Second, settle: 15 * time.Second, idleWindow: 20 * time.Second,
-		loadWindow: 30 * time.Second, step: 100 * time.Millisecond, loadKiB: 1024, pending: 10_000, concurrency: 16, setupTimeout: 10 * time.Minute}
+		loadWindow: 30 * time.Second, step: 100 * time.Millisecond, loadKiB: 1024, pending: 10_000, concurrency: 16, setupTimeout: 20 * time.Minute}
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "controlplane",
