@@ -187,9 +187,12 @@ func (c *Controller) commitBatch(t *term, batch []*queuedWork) {
 		}
 	}
 	c.log.Warn("the log refused a commit; the records it touched are read back", zap.Error(err), zap.Int("records", len(keys)))
+	// Read back before answering: a caller told of the refusal acts again on the records
+	// as the log has them, not on the refused decision's (a stop retried at once found its
+	// gang already stopped in memory, and the read back then brought it back running).
+	c.reconcile(t, keys)
 	answer(batch, err)
 	answer(later, fmt.Errorf("%w: an earlier decision was refused by the log: %v", api.ErrUnavailable, err))
-	c.reconcile(t, keys)
 }
 
 // refusedError is a commit the state machine refused (malformed, stale).

@@ -273,13 +273,26 @@ func (o *observer) sampleLoop() {
 	var prevXfer int64
 	var prevAt time.Time
 	var prevLeading bool
+	var prevState dashboard.State // the last state built, at log revision prevRev
+	var prevRev int64
+	var sampled bool
 	for {
 		select {
 		case <-o.stop:
 			return
 		case <-t.C:
 		}
-		st := o.state()
+		// A follower's figures come from the log alone: while its revision stands still,
+		// the last sample holds (decoding the tables every second was most of an idle
+		// follower's work).
+		var st dashboard.State
+		if rev := o.h.sm.Revision(); !o.h.ctl.Leading() && sampled && rev == prevRev {
+			st = prevState
+			st.Time = time.Now()
+		} else {
+			st, prevRev, sampled = o.state(), rev, true
+			prevState = st
+		}
 		s := dashboard.SampleOf(st)
 		means := make([]*float64, len(hists))
 		for i, h := range hists {
