@@ -56,7 +56,8 @@ func TestComposeClusterSurvivesFailures(t *testing.T) {
 	if _, _, err := initDir(cluster); err != nil {
 		t.Fatal(err)
 	}
-	env := append(os.Environ(), "ATOLL_CLUSTER="+cluster, "ATOLL_IMAGE="+image, "DEMO_STEPS=2000", "DEMO_WORKERS=8")
+	env := append(os.Environ(), "ATOLL_CLUSTER="+cluster, "ATOLL_IMAGE="+image, "DEMO_STEPS=2000", "DEMO_WORKERS=8",
+		"ATOLL_GOSSIP_PROBE="+testtime.Scale(500*time.Millisecond).String()) // as sdktest.UpFlags
 	runIn := func(ctx context.Context, name string, args ...string) (string, error) {
 		cmd := exec.CommandContext(ctx, name, args...)
 		cmd.Dir, cmd.Env = dir, env
@@ -78,8 +79,8 @@ func TestComposeClusterSurvivesFailures(t *testing.T) {
 		c, cancel := context.WithTimeout(context.Background(), time.Minute) // the test's context has ended
 		defer cancel()
 		if t.Failed() {
-			out, _ := composeIn(c, "logs", "--tail", "60")
-			t.Logf("compose logs:\n%s", out)
+			out, err := composeIn(c, "logs", "--no-color", "--tail", "60")
+			t.Logf("compose logs (%v):\n%s", err, out)
 		}
 		down := exec.CommandContext(c, "docker-compose", "-p", project, "-f", filepath.Join(dir, "compose.yaml"), "down", "-v", "-t", "2")
 		down.Env = env
@@ -155,7 +156,8 @@ func TestComposeClusterSurvivesFailures(t *testing.T) {
 						return g.Machines
 					}
 					if g.State == "failed" || g.State == "stopped" {
-						t.Fatalf("%v: the gang %s in generation %d %s: %s", time.Since(start).Round(time.Second), g.State, g.Generation, why, g.Reason)
+						logs, _ := run("docker", "logs", "--tail", "30", container("driver"))
+						t.Fatalf("%v: the gang %s in generation %d %s: %s; the driver's log:\n%s", time.Since(start).Round(time.Second), g.State, g.Generation, why, g.Reason, logs)
 					}
 				}
 			}
