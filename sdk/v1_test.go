@@ -286,10 +286,15 @@ func TestPlacedActorsHandlesAndDetached(t *testing.T) {
 	if !strings.HasPrefix(k.String(), "actor pa/counter on machine ") || k.Name() != "pa/counter" {
 		t.Fatalf("a placed actor reads as %q (name %q)", k, k.Name())
 	}
-	// Another actor reaches it by a ref passed in its constructor arguments.
-	fw, err := job.SpawnActor(ctx, sdk.ActorSpec{Name: "fw", Kind: "forwarder", Args: forwardArgs{To: k}})
+	// Another actor, pinned to a machine, reaches it by a ref passed in its constructor
+	// arguments.
+	other := otherMachine(t, c)
+	fw, err := job.SpawnActor(ctx, sdk.ActorSpec{Name: "fw", Kind: "forwarder", Args: forwardArgs{To: k}, Machines: []string{other}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if want := "actor pa/fw on machine " + other; fw.String() != want {
+		t.Fatalf("an actor pinned to %s reads as %q, want %q", other, fw, want)
 	}
 	if n, err := sdk.Call[int](ctx, c, fw, tick{}); err != nil || n != 2 {
 		t.Fatalf("tick through an actor: %d %v", n, err)

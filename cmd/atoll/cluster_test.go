@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"net/http"
 	"os"
@@ -44,6 +45,15 @@ func testKinds() []sdk.Option {
 func TestMain(m *testing.M) {
 	if sdk.InWorker() { // an agent started this binary as a worker: serve it
 		os.Exit(sdk.WorkerMain(testKinds()...))
+	}
+	// The parallel tests here run clusters of processes and containers, and spend most of
+	// their time waiting on them: three run at once, not GOMAXPROCS (two on the project's
+	// machine), unless -parallel says otherwise.
+	flag.Parse()
+	parallelSet := false
+	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
+	if !parallelSet {
+		_ = flag.Set("test.parallel", "3")
 	}
 	code := m.Run()
 	if built.dir != "" {

@@ -62,8 +62,8 @@ func TestComposeClusterSurvivesFailures(t *testing.T) {
 	// The test follows the gang's events and kills as soon as each generation runs; the
 	// training stands still while a generation restarts, so the kills use up a few hundred
 	// steps, whatever the machine's speed. What is left trains after the leader's container
-	// is killed, and slowly: in the runs of 2026-12-01 the test spent two to four minutes
-	// there, at about 7 steps/s against 30 to 70 before the kill (not understood yet).
+	// is killed, and slowly (not understood yet): in the runs of 2026-12-01 the test spent
+	// two to four minutes there.
 	env := append(os.Environ(), "ATOLL_CLUSTER="+cluster, "ATOLL_IMAGE="+image, "DEMO_STEPS=1000", "DEMO_WORKERS=8", "DEMO_KILL_AT=-1",
 		"ATOLL_GOSSIP_PROBE="+testtime.Scale(500*time.Millisecond).String()) // as sdktest.UpFlags
 	runIn := func(ctx context.Context, name string, args ...string) (string, error) {

@@ -13,17 +13,13 @@ import (
 	"github.com/atoll-run/atoll/internal/testtime"
 )
 
-// TestClusterSchedulerCarriedOut runs the scheduler's decisions on a cluster of real
-// processes (3 heads, 4 agents, one process per worker): the operator's queues from a
-// file, the preempt scenario with an elastic victim (shrink, then grow) and with a fixed
-// one (a just-in-time checkpoint, a stop, a requeue and a resume), the elastic scenario
-// (grow, shrink, grow without a restart), and a drain whose deadline the program misses
-// (it is stopped anyway and resumes from its newest checkpoint).
-func TestClusterSchedulerCarriedOut(t *testing.T) {
-	t.Parallel()
-	bin, dir := upCluster(t, 4)
+// schedCluster starts a cluster of processes (3 heads, 4 agents, one process per worker)
+// with the operator's queues from a file, and returns how to run atoll on it.
+func schedCluster(t *testing.T) (bin, dir string, run func(args ...string) []byte) {
+	t.Helper()
+	bin, dir = upCluster(t, 4)
 	start := time.Now()
-	run := func(args ...string) []byte {
+	run = func(args ...string) []byte {
 		t.Helper()
 		cmd := exec.Command(bin, args...)
 		cmd.Stderr = os.Stderr
@@ -36,13 +32,23 @@ func TestClusterSchedulerCarriedOut(t *testing.T) {
 		}
 		return out
 	}
-
-	// Queues from a file; a bad file names where it is bad.
 	conf := filepath.Join(t.TempDir(), "queues.json")
 	os.WriteFile(conf, []byte(`{"queues": [{"name": "research", "weight": 2}, {"name": "prod", "weight": 1, "quota_gpus": 16}],
  "default_queue": "research", "priority_classes": [{"name": "low", "value": 0, "default": true}, {"name": "high", "value": 1}],
  "notice_grace": "5s"}`), 0o600)
 	run("queues", "--dir", dir, "--set", conf)
+	return bin, dir, run
+}
+
+// TestClusterSchedulerPreempts runs the scheduler's decisions on a cluster of real
+// processes: the operator's queues from a file, and the preempt scenario with an elastic
+// victim (shrink, then grow) and with a fixed one (a just-in-time checkpoint, a stop, a
+// requeue and a resume).
+func TestClusterSchedulerPreempts(t *testing.T) {
+	t.Parallel()
+	bin, dir, run := schedCluster(t)
+
+	// The queues from the file; a bad file names where it is bad.
 	var q struct {
 		Config struct {
 			DefaultQueue string `json:"default_queue"`
@@ -103,6 +109,15 @@ func TestClusterSchedulerCarriedOut(t *testing.T) {
 	if c := p["cost_s"].(map[string]any); c["checkpoint"].(float64) <= 0 || c["restore"].(float64) <= 0 {
 		t.Fatalf("a fixed victim's costs %v: want the measured checkpoint and its restore", c)
 	}
+
+}
+
+// TestClusterSchedulerResizesAndDrains runs, on a cluster of real processes, the elastic
+// scenario (grow, shrink, grow without a restart), and a drain whose deadline the program
+// misses (it is stopped anyway and resumes from its newest checkpoint).
+func TestClusterSchedulerResizesAndDrains(t *testing.T) {
+	t.Parallel()
+	bin, dir, run := schedCluster(t)
 
 	// elastic: 8 -> 32 when the other gang ends, 32 -> 24 for the high-priority one, back to
 	// 32; none of it a restart.
