@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -69,15 +70,29 @@ func readProc(pid int) (procIdentity, error) {
 	return procIdentity{start: start, cmdline: args, state: f[0][0]}, nil
 }
 
-// identify records the identity of a process just started (its exec is done when
-// exec.Cmd.Start returns).
+// identify records the identity of a process just started. exec.Cmd.Start returns when
+// the child's execve has closed its close-on-exec pipe, which is before the kernel has set
+// up the new program's arguments: for that moment /proc/PID/cmdline reads empty. An empty
+// command line recorded then would never match the running process again, and `atoll down`
+// would leave it running; so identify reads until the command line is there (bounded).
 func (p *procInfo) identify() error {
-	id, err := readProc(p.PID)
-	if errors.Is(err, errNoProc) {
-		return nil
+	var id procIdentity
+	var err error
+	for try := 0; try < 200; try++ {
+		id, err = readProc(p.PID)
+		if errors.Is(err, errNoProc) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("%s (pid %d) is not running: %w", p.Name, p.PID, err)
+		}
+		if len(id.cmdline) > 0 || id.state == 'Z' || id.state == 'X' {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
-	if err != nil {
-		return fmt.Errorf("%s (pid %d) is not running: %w", p.Name, p.PID, err)
+	if len(id.cmdline) == 0 {
+		return fmt.Errorf("%s (pid %d) has no command line a second after it started (state %c)", p.Name, p.PID, id.state)
 	}
 	p.Start, p.Cmdline = id.start, id.cmdline
 	return nil
