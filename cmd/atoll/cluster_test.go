@@ -225,19 +225,7 @@ func TestClusterSurvivesFailures(t *testing.T) {
 	}
 	ctx, cancel := testtime.Context(t, 2*time.Minute)
 	defer cancel()
-	addr, _, err := clusterAddress(dir, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := sdk.Connect(ctx, addr, testKinds()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Shutdown(context.Background())
-	job, err := c.Submit(ctx, sdk.JobSpec{Name: "survivor"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, job := connectJob(ctx, t, dir, "survivor")
 	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "g", Kind: "counter", Workers: 4, GPUsPerWorker: 1, SameIsland: true, MaxRestarts: 5})
 	if err != nil {
 		t.Fatal(err)
@@ -425,4 +413,24 @@ func checkLinksAreMutualTLS(t *testing.T, address string) {
 		dcancel()
 		cl.Close()
 	}
+}
+
+// connectJob connects a driver to the cluster in dir and submits a job of that name; the
+// driver shuts down when the test ends.
+func connectJob(ctx context.Context, t *testing.T, dir, name string) (*sdk.Cluster, *sdk.Job) {
+	t.Helper()
+	addr, _, err := clusterAddress(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sdk.Connect(ctx, addr, testKinds()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Shutdown(context.Background()) })
+	job, err := c.Submit(ctx, sdk.JobSpec{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, job
 }

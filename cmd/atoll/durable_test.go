@@ -685,19 +685,7 @@ func TestCheckpointNeedsTwoCopies(t *testing.T) {
 	_, dir := upCluster(t, 1)
 	ctx, cancel := testtime.Context(t, 2*time.Minute)
 	defer cancel()
-	addr, _, err := clusterAddress(dir, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := sdk.Connect(ctx, addr, testKinds()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Shutdown(context.Background())
-	job, err := c.Submit(ctx, sdk.JobSpec{Name: "single"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, job := connectJob(ctx, t, dir, "single")
 	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "g", Kind: "blob", Workers: 1, GPUsPerWorker: 1})
 	if err != nil {
 		t.Fatal(err)

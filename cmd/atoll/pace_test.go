@@ -130,19 +130,7 @@ func TestPausedSingleHeadFailsNoJob(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	addr, _, err := clusterAddress(dir, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := sdk.Connect(ctx, addr, testKinds()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Shutdown(context.Background())
-	job, err := c.Submit(ctx, sdk.JobSpec{Name: "paused"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, job := connectJob(ctx, t, dir, "paused")
 	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "g", Kind: "counter", Workers: 2, GPUsPerWorker: 8, MaxRestarts: 5})
 	if err != nil {
 		t.Fatal(err)
