@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
+	"github.com/atoll-run/atoll/internal/lockdir"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 )
@@ -31,24 +33,15 @@ type tempDir struct {
 }
 
 // makeTempDir creates a temporary directory named prefix<pid>-* and locks it, after
-// reclaiming the directories of dead processes of the same prefix.
+// reclaiming the directories of dead processes of the same prefix. The directory appears
+// under its final name only with its lock held (lockdir.Make).
 func makeTempDir(prefix string, log *zap.Logger) (*tempDir, error) {
 	reclaimTempDirs(os.TempDir(), prefix, log)
-	d, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", prefix, os.Getpid()))
+	d, err := lockdir.Make(os.TempDir(), prefix, tempLockName, nil)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("sdk: temporary directory: %w", err)
 	}
-	f, err := os.OpenFile(filepath.Join(d, tempLockName), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err == nil {
-		if err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-			f.Close()
-		}
-	}
-	if err != nil {
-		_ = os.RemoveAll(d) // made just now under a fresh name: ours alone
-		return nil, fmt.Errorf("sdk: lock %s: %w", d, err)
-	}
-	return &tempDir{path: d, lock: f}, nil
+	return &tempDir{path: d.Path, lock: d.Lock}, nil
 }
 
 // remove removes the directory, then drops its lock.
@@ -67,11 +60,15 @@ func reclaimTempDirs(root, prefix string, log *zap.Logger) []string {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	// Directories a process began to make and never finished (killed in between).
+	removed, err := lockdir.Partial(root, prefix, time.Minute)
+	if err != nil {
+		log.Warn("could not remove a dead process's half-made directory", zap.Error(err))
+	}
 	es, err := os.ReadDir(root)
 	if err != nil {
-		return nil
+		return removed
 	}
-	var removed []string
 	for _, e := range es {
 		if !e.IsDir() || !strings.HasPrefix(e.Name(), prefix) {
 			continue

@@ -5,8 +5,6 @@
 package object
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/atoll-run/atoll/internal/lockdir"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 )
@@ -36,9 +35,9 @@ const (
 	shmPrefix    = "atoll-"
 	shmLockName  = "lock"
 	shmOwnerName = "owner"
-	// reclaimGrace: a directory with a free lock but no owner file yet may be
-	// one that a store is creating right now (it locks, then writes the owner
-	// file); it is reclaimed only once it is older than this.
+	// reclaimGrace: a directory with a free lock but no owner file (an older
+	// layout's), or a half-made one whose maker's pid is alive (the pid may be
+	// reused), is reclaimed only once it is older than this.
 	reclaimGrace = time.Minute
 )
 
@@ -95,38 +94,22 @@ type shmHome struct {
 }
 
 // claimShm creates and locks a new shared-memory directory under shmDir for a
-// store whose state lives in storeDir.
+// store whose state lives in storeDir. The directory appears under its final name
+// only with its lock held and its owner file written (lockdir.Make), so that a
+// process killed while making it never leaves a directory Reclaim cannot judge.
 func claimShm(shmDir, storeDir string) (*shmHome, error) {
-	var r [4]byte
-	_, _ = rand.Read(r[:])
-	dir := filepath.Join(shmDir, fmt.Sprintf("%s%d-%s", shmPrefix, os.Getpid(), hex.EncodeToString(r[:])))
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	d, err := lockdir.Make(shmDir, shmPrefix, shmLockName, func(dir string) error {
+		owner, _ := json.Marshal(shmOwner{PID: os.Getpid(), Start: procStart(os.Getpid()), StoreDir: storeDir,
+			Created: time.Now().UTC().Format(time.RFC3339)})
+		if err := os.WriteFile(filepath.Join(dir, shmOwnerName), owner, 0o600); err != nil {
+			return fmt.Errorf("owner file: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
 		return nil, fmt.Errorf("object: create shared-memory directory: %w", err)
 	}
-	fail := func(err error) (*shmHome, error) {
-		_ = os.RemoveAll(dir) // ours alone: created just now under a fresh name
-		return nil, err
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, shmLockName), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fail(fmt.Errorf("object: shared-memory lock: %w", err))
-	}
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		lock.Close()
-		return fail(fmt.Errorf("object: lock %s: %w", lock.Name(), err))
-	}
-	owner, _ := json.Marshal(shmOwner{PID: os.Getpid(), Start: procStart(os.Getpid()), StoreDir: storeDir,
-		Created: time.Now().UTC().Format(time.RFC3339)})
-	tmp := filepath.Join(dir, shmOwnerName+".tmp")
-	if err := os.WriteFile(tmp, owner, 0o600); err != nil {
-		lock.Close()
-		return fail(fmt.Errorf("object: shared-memory owner file: %w", err))
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, shmOwnerName)); err != nil {
-		lock.Close()
-		return fail(fmt.Errorf("object: shared-memory owner file: %w", err))
-	}
-	return &shmHome{dir: dir, lock: lock}, nil
+	return &shmHome{dir: d.Path, lock: d.Lock}, nil
 }
 
 // release removes the directory's files (only the ones a store creates) and the
@@ -206,6 +189,12 @@ func Reclaim(shmDir string, log *zap.Logger) (ReclaimReport, error) {
 		return rep, fmt.Errorf("object: reclaim %s: %w", shmDir, err)
 	}
 	var errs []error
+	// Directories a store began to make and never finished (killed in between).
+	partial, err := lockdir.Partial(shmDir, shmPrefix, reclaimGrace)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("object: reclaim %s: %w", shmDir, err))
+	}
+	rep.Removed = append(rep.Removed, partial...)
 	for _, e := range es {
 		if !e.IsDir() || !strings.HasPrefix(e.Name(), shmPrefix) {
 			continue
