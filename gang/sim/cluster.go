@@ -13,10 +13,11 @@ import (
 
 // LoadCluster builds the simulated cluster for --cluster: a topology spec file or
 // shorthand ("64xdgx-h100/8"), or a Philly machine list CSV (machineId, number of GPUs,
-// ...). Philly machines are declared as PCIe machines without NVLink (each GPU its own
-// island), 8 machines per rack, modeled with the tiered collective model at PCIe speeds.
+// ...; gzip-compressed when the name ends in ".gz"). Philly machines are declared as PCIe
+// machines without NVLink (each GPU its own island), 8 machines per rack, modeled with the
+// tiered collective model at PCIe speeds.
 func LoadCluster(spec string, skipBad bool, sk *Skipper) (gang.Snapshot, gang.CollectiveModel, string, error) {
-	if st, err := os.Stat(spec); err == nil && !st.IsDir() && strings.HasSuffix(strings.ToLower(spec), ".csv") {
+	if st, err := os.Stat(spec); err == nil && !st.IsDir() && (strings.HasSuffix(strings.ToLower(spec), ".csv") || strings.HasSuffix(strings.ToLower(spec), ".csv.gz")) {
 		return loadPhillyMachines(spec, skipBad, sk)
 	}
 	c, err := topology.Load(spec)

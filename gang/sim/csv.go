@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bufio"
+	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
@@ -33,14 +34,24 @@ type table struct {
 // readTable reads a simple CSV (no quoted commas in these traces) tolerantly: a missing
 // final newline, CRLF line ends, blank lines and surrounding spaces are accepted; a row
 // with the wrong number of fields is an error naming file and line unless skipBad is set,
-// in which case it is dropped and reported through skipped.
+// in which case it is dropped and reported through skipped. A path ending in ".gz" is
+// read through gzip (the repository keeps its largest trace compressed).
 func readTable(path string, skipBad bool, skipped func(error)) (*table, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("sim: open %s: %w", path, err)
 	}
 	defer f.Close()
-	return parseTable(path, f, skipBad, skipped)
+	var r io.Reader = f
+	if strings.HasSuffix(strings.ToLower(path), ".gz") {
+		z, err := gzip.NewReader(f)
+		if err != nil {
+			return nil, fmt.Errorf("sim: %s: %w", path, err)
+		}
+		defer z.Close()
+		r = z
+	}
+	return parseTable(path, r, skipBad, skipped)
 }
 
 func parseTable(name string, r io.Reader, skipBad bool, skipped func(error)) (*table, error) {

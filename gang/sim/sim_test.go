@@ -1,9 +1,13 @@
 package sim
 
 import (
+	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -14,13 +18,14 @@ import (
 	"github.com/atoll-run/atoll/gang"
 )
 
-// tracesDir finds the traces: $ATOLL_TRACES, else <repo>/../shared/traces (walking up from
-// the package directory to go.mod).
+// tracesDir finds the traces: $ATOLL_TRACES when set, else the copies committed under
+// <repo>/testdata/traces (walking up from the package directory to go.mod). A bare clone
+// has them, so the trace-based tests never skip.
 func tracesDir(t *testing.T) string {
 	t.Helper()
 	if p := os.Getenv("ATOLL_TRACES"); p != "" {
 		if _, err := os.Stat(p); err != nil {
-			t.Skipf("ATOLL_TRACES=%s: %v", p, err)
+			t.Fatalf("ATOLL_TRACES=%s: %v", p, err)
 		}
 		return p
 	}
@@ -30,15 +35,15 @@ func tracesDir(t *testing.T) string {
 	}
 	for {
 		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			p := filepath.Join(dir, "..", "shared", "traces")
+			p := filepath.Join(dir, "testdata", "traces")
 			if _, err := os.Stat(p); err != nil {
-				t.Skipf("traces not found at %s (expected <repo>/../shared/traces, or set ATOLL_TRACES): %v", p, err)
+				t.Fatalf("traces not found at %s (committed with the repository): %v", p, err)
 			}
 			return p
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			t.Skip("repository root not found")
+			t.Fatal("repository root not found")
 		}
 		dir = parent
 	}
@@ -422,5 +427,53 @@ func TestStrategyReplay(t *testing.T) {
 				t.Fatalf("mean machines per placement %v, want %v", res.MeanMachines, tt.machines)
 			}
 		})
+	}
+}
+
+// TestCommittedTraces: the traces under testdata/traces are the upstream files, byte for
+// byte (the Philly trace once gunzipped): their SHA-256 prefixes are those
+// testdata/traces/README.md lists, and the loaders read every one of them.
+func TestCommittedTraces(t *testing.T) {
+	dir := tracesDir(t)
+	want := map[string]string{
+		"alibaba-openb-v2023/openb_node_list_gpu_node.csv":  "2beca64b4d3dfa34",
+		"alibaba-openb-v2023/openb_pod_list_default.csv":    "1ee7ed79c27a3b08",
+		"alibaba-openb-v2023/openb_pod_list_gpuspec33.csv":  "eca4f746db1e5b25",
+		"alibaba-openb-v2023/openb_pod_list_multigpu50.csv": "206f2f5959db30ec",
+		"microsoft-itp-elasticflow/cluster02.csv":           "7a5849e73aff9f9b",
+		"microsoft-itp-elasticflow/cluster04.csv":           "247850e4265f3574",
+		"microsoft-itp-elasticflow/cluster10.csv":           "139abea485b52090",
+		"philly/philly_trace_rfold.csv.gz":                  "ccd6e87c569d6b5e",
+		"philly/philly_cluster_machine_list.csv":            "5a3f3ad190fcf75b",
+	}
+	for name, prefix := range want {
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r io.Reader = f
+		if strings.HasSuffix(name, ".gz") {
+			z, err := gzip.NewReader(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r = z
+		}
+		h := sha256.New()
+		if _, err := io.Copy(h, r); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		f.Close()
+		if got := hex.EncodeToString(h.Sum(nil))[:16]; got != prefix {
+			t.Errorf("%s: SHA-256 %s…, want %s… (the upstream file)", name, got, prefix)
+		}
+	}
+	jobs, format, err := LoadJobs(filepath.Join(dir, "philly", "philly_trace_rfold.csv.gz"), false, nil)
+	if err != nil || format != "philly" || len(jobs) != 111549 {
+		t.Fatalf("Philly trace: %d jobs, format %q, %v; want 111,549 philly jobs", len(jobs), format, err)
+	}
+	snap, _, _, err := LoadCluster(filepath.Join(dir, "philly", "philly_cluster_machine_list.csv"), false, nil)
+	if err != nil || len(snap.Nodes) != 552 {
+		t.Fatalf("Philly machine list: %d machines, %v; want 552", len(snap.Nodes), err)
 	}
 }
