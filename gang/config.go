@@ -105,8 +105,12 @@ type Config struct {
 	// by shorter ones of their class. 0 disables it.
 	RemainingAging time.Duration
 	// UnknownDuration is the run time per member the "urgency" order assumes for a gang
-	// that declares none (least attained service takes over once it has run longer).
+	// whose run time nothing tells (least attained service takes over once it has run
+	// longer).
 	UnknownDuration time.Duration
+	// Predict learns run times from completed gangs (Scheduler.Complete) and predicts
+	// those of gangs that declare no Duration (runtimes.go).
+	Predict PredictConfig
 
 	// Preemption enables evicting lower-priority or over-share gangs.
 	Preemption bool
@@ -221,6 +225,7 @@ func DefaultConfig() Config {
 		MaxPending:       2000,
 		RemainingAging:   24 * time.Hour,
 		UnknownDuration:  time.Hour,
+		Predict:          DefaultPredictConfig(),
 		Preemption:       true,
 		FairShareReclaim: true,
 		CheckpointGrace:  30 * time.Second,
@@ -292,6 +297,9 @@ func (c Config) Validate() error {
 	}
 	if p := c.Preempt; p.GainRatio < 0 || p.MaxEvictions < 0 || !(c.ClassWeight >= 1) || math.IsInf(c.ClassWeight, 0) {
 		return fmt.Errorf("gang: ClassWeight %v must be >= 1 and finite, Preempt %+v GainRatio and MaxEvictions >= 0: %w", c.ClassWeight, p, ErrInvalidConfig)
+	}
+	if p := c.Predict; p.Enabled && (p.Window < 1 || p.MinRuns < 0) {
+		return fmt.Errorf("gang: Predict %+v: Window must be >= 1 and MinRuns >= 0: %w", p, ErrInvalidConfig)
 	}
 	if err := validateActions(c.Actions); err != nil {
 		return err

@@ -294,15 +294,15 @@ func (s *Scheduler) sortPending(now time.Time) *queuedHeap {
 func (s *Scheduler) queuedView(g *gangState, now time.Time) QueuedGang {
 	v := QueuedGang{
 		Request: &g.req, Seq: g.seq, Submitted: g.submit,
-		Class: s.effClass(g, now), Dynamic: s.dynamicPriority(g),
+		Class: s.effClass(g, now), Dynamic: s.dynamicPriority(g, now),
 		Attained: g.attained, Evictions: g.evictions, FitSince: g.fitSince, g: g,
 		UnderShare: g.q.ratio(s.c) < 1,
 	}
 	if !g.queued.IsZero() && now.After(g.queued) {
 		v.Waited = now.Sub(g.queued)
 	}
-	if d := g.req.Duration - g.progress; g.req.Duration > 0 && d > 0 {
-		v.RemainingGPUSeconds = d.Seconds() * float64(g.req.Min) * float64(g.req.Member.TotalMilli()) / Milli
+	if left, ok := s.expectedLeft(g, now); ok && left > 0 {
+		v.RemainingGPUSeconds = left.Seconds() * float64(g.req.Min) * float64(g.req.Member.TotalMilli()) / Milli
 	}
 	return v
 }
@@ -427,7 +427,8 @@ func touches(allocs []alloc, nodes map[int]bool) bool {
 // exclusion returns the nodes gang g may not use now: those held for preemptors and those
 // of this cycle's reservations, unless held for g itself, or for a gang of lower priority
 // (a reservation does not hold back more important work), or, for a reservation, when g
-// is known to finish before it starts (backfill).
+// is bound to finish before it starts (backfill: its declared Duration or TimeLimit says
+// so; a prediction does not).
 func (s *Scheduler) exclusion(g *gangState, now time.Time) map[int]bool {
 	excl, _ := s.exclusionKeyed(g, now)
 	return excl
@@ -445,8 +446,8 @@ func (s *Scheduler) exclusionKeyed(g *gangState, now time.Time) (map[int]bool, s
 		if rg, ok := s.gangs[r.gang]; ok && g.req.Priority > rg.req.Priority {
 			return
 		}
-		if !r.preemptor && g.req.Duration > 0 && !now.Add(g.req.Duration).After(r.start) {
-			return
+		if b, ok := s.upperBound(g); ok && !r.preemptor && !now.Add(b).After(r.start) {
+			return // it ends before the reservation starts: backfill
 		}
 		key = append(key, r.gang)
 		switch n++; n {

@@ -60,12 +60,12 @@ func (s *Scheduler) shrinkCost(g *gangState, to int, now time.Time) EvictionCost
 // growGain is whether growing g from its size to `to` members is worth the pause: with
 // work that scales with members, the time saved, R × (1 − size/to) for R the expected time
 // left at the current size, must exceed the communicator set-up (plus the new members'
-// CUDA contexts). Gangs of unknown duration always grow.
+// CUDA contexts). Gangs whose run time nothing tells always grow.
 func (s *Scheduler) growGain(g *gangState, to int, now time.Time) bool {
-	if g.req.Duration <= 0 {
+	left, ok := s.expectedLeft(g, now)
+	if !ok {
 		return true
 	}
-	left := g.start.Add(g.req.Duration - g.progress).Sub(now)
 	saved := time.Duration(float64(left) * (1 - float64(g.members)/float64(to)))
 	newMilli := int64(float64(g.milli) * float64(to) / float64(max(1, g.members)))
 	pause := s.costs.Estimate(g.gpuModel, ranks(to, newMilli), CostCommunicator) + s.costs.Estimate(g.gpuModel, 1, CostCUDAContext)

@@ -124,8 +124,9 @@ type QueuedGang struct {
 	// Attained is the GPU-seconds of service the gang received in earlier runs (before
 	// evictions or shrinks): least-attained-service policies order by it.
 	Attained float64
-	// RemainingGPUSeconds is the expected GPU-seconds left at Min members, from
-	// Request.Duration; 0 when the duration is unknown.
+	// RemainingGPUSeconds is the expected GPU-seconds left at Min members: from
+	// Request.Duration, else the run-time predictor or Request.TimeLimit (runtimes.go);
+	// 0 when nothing tells.
 	RemainingGPUSeconds float64
 	// Waited is how long the gang has waited since it last queued (submission, eviction).
 	Waited time.Duration
@@ -154,8 +155,9 @@ type RunningGang struct {
 	Min, Max       int
 	MilliGPU       int64 // GPUs held, in milli-GPU
 	NotPreemptible bool
-	// ExpectedEnd is when the gang should finish from its declared duration (zero when
-	// unknown).
+	// ExpectedEnd is when the gang is expected to finish: from its declared Duration,
+	// else the run-time predictor at its age or its TimeLimit (runtimes.go); zero when
+	// nothing tells.
 	ExpectedEnd time.Time
 	// QueueRatio is its queue's dominant share over its fair share (> 1: borrowing).
 	QueueRatio float64

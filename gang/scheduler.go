@@ -110,6 +110,7 @@ type gangState struct {
 	waitCycle int
 	waited    [numWaitKinds]time.Duration
 	fitSince  time.Time // first cycle, since it queued, that found it a placement
+	pred      predCache // its latest run-time prediction
 }
 
 // accountWait adds the time since the gang's last look to its latest reason.
@@ -145,6 +146,7 @@ type Scheduler struct {
 	prof          *profile
 	steps         []step // Config.Actions compiled
 	costs         *CostModel
+	runtimes      runtimeLearner // run times of completed gangs (Config.Predict)
 
 	c      *cluster
 	queues *queueTree
@@ -606,8 +608,8 @@ func (s *Scheduler) runningView(g *gangState, now time.Time) RunningGang {
 		Evictions: g.evictions, LastEvicted: g.lastEvict, AttainedGPUSeconds: g.attained,
 		LastResized: g.lastResize, g: g, s: s,
 	}
-	if g.req.Duration > 0 {
-		r.ExpectedEnd = g.start.Add(g.req.Duration - g.progress)
+	if left, ok := s.expectedLeft(g, now); ok {
+		r.ExpectedEnd = now.Add(left)
 	}
 	if now.After(g.attainedAt) {
 		r.AttainedGPUSeconds += now.Sub(g.attainedAt).Seconds() * float64(g.milli) / Milli
@@ -690,13 +692,15 @@ func (s *Scheduler) effClass(g *gangState, now time.Time) int {
 
 // DynamicPriority returns α·(remaining/total) + β·(resource satisfaction) + γ·(queue
 // sensitivity) for a pending gang: remaining/total is the share of its expected work still
-// to do (1 when unknown or fresh); resource satisfaction is 1 - min(1, dominant share /
+// to do (1 when unknown or fresh; from what expectedLeft knows); resource satisfaction is 1 - min(1, dominant share /
 // fair share) of its queue (under-served queues first); queue sensitivity is the queue's
 // declared sensitivity, or 1 for a latency-sensitive request.
-func (s *Scheduler) dynamicPriority(g *gangState) float64 {
+func (s *Scheduler) dynamicPriority(g *gangState, now time.Time) float64 {
 	rem := 1.0
-	if g.req.Duration > 0 {
-		rem = clamp01(float64(g.req.Duration-g.progress) / float64(g.req.Duration))
+	if left, ok := s.expectedLeft(g, now); ok {
+		if total := s.age(g, now) + left; total > 0 {
+			rem = clamp01(float64(left) / float64(total))
+		}
 	}
 	sat := 1 - min(1, g.q.ratio(s.c))
 	sens := g.q.sens

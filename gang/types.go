@@ -182,8 +182,14 @@ type Request struct {
 	// Filter refuses every other node, and a gang pinned to no node of the cluster can never
 	// fit. Ray's hard node affinity.
 	Machines []string
-	// Duration is the expected run time when known (0 = unknown). Backfill and reservations use it.
+	// Duration is the expected run time when known (0 = unknown), taken as exact: the
+	// queue order, Smith's rule, shadow times and backfill use it (runtimes.go).
 	Duration time.Duration
+	// TimeLimit is an upper bound on the run time that the user declares (Slurm's
+	// --time; 0 = none): backfill relies on it, and the run-time predictor caps its
+	// predictions by it and learns per limit (runtimes.go). The scheduler does not stop a
+	// gang that runs past it.
+	TimeLimit time.Duration
 	// AllReduceBytes is the size of one gradient AllReduce, used to model collective time.
 	AllReduceBytes int64
 	Checkpoint     Checkpoint
@@ -209,6 +215,8 @@ func (r *Request) normalize(defQueue string) error {
 		return fmt.Errorf("gang: request %s min members %d: %w", r.ID, r.Min, ErrInvalidRequest)
 	case r.Max < r.Min:
 		return fmt.Errorf("gang: request %s max %d < min %d: %w", r.ID, r.Max, r.Min, ErrInvalidRequest)
+	case r.Duration < 0 || r.TimeLimit < 0:
+		return fmt.Errorf("gang: request %s duration %s or time limit %s is negative: %w", r.ID, r.Duration, r.TimeLimit, ErrInvalidRequest)
 	case m.GPUs < 0 || m.CPUMilli < 0 || m.MemMiB < 0 || m.GPUMilli < 0 || m.GPUMilli > Milli:
 		return fmt.Errorf("gang: request %s member %+v has negative or out-of-range resources: %w", r.ID, m, ErrInvalidRequest)
 	case m.GPUMilli > 0 && m.GPUMilli < Milli && m.GPUs != 1:

@@ -18,7 +18,7 @@ import (
 func newSimCmd() *cobra.Command {
 	var (
 		mode, nodesPath, podsPath, loadsStr, jobsPath, clusterSpec, policies string
-		poolsPath, strategy                                                  string
+		poolsPath, strategy, info                                            string
 		seeds, maxJobs                                                       int
 		jsonOut, skipBad                                                     bool
 		window                                                               time.Duration
@@ -84,13 +84,13 @@ func newSimCmd() *cobra.Command {
 				if jobsPath == "" || clusterSpec == "" {
 					return fmt.Errorf("sim: --mode dynamic needs --jobs and --cluster")
 				}
-				opt := sim.DynamicOptions{MaxJobs: maxJobs, Window: window, PrioritySeed: prioSeed, ElasticShare: elasticShare, SaturateLoad: saturate,
+				opt := sim.DynamicOptions{Info: info, MaxJobs: maxJobs, Window: window, PrioritySeed: prioSeed, ElasticShare: elasticShare, SaturateLoad: saturate,
 					Strategy: gang.Strategy(strategy), StrategyShare: strategyShare}
 				if policies != "" {
 					opt.Policies = strings.Split(policies, ",")
 				}
 				if err := opt.Validate(); err != nil {
-					return fmt.Errorf("%w (flags --max-jobs, --window, --elastic-share, --strategy, --strategy-share, --saturate, --policies)", err)
+					return fmt.Errorf("%w (flags --info, --max-jobs, --window, --elastic-share, --strategy, --strategy-share, --saturate, --policies)", err)
 				}
 				start := time.Now()
 				res, err := sim.RunDynamicFiles(ctx, jobsPath, clusterSpec, skipBad, sk, opt)
@@ -98,8 +98,9 @@ func newSimCmd() *cobra.Command {
 					return err
 				}
 				fmt.Fprintf(os.Stderr, "dynamic: done in %s\n", time.Since(start).Round(time.Millisecond))
-				out = map[string]any{"results": res}
+				out = map[string]any{"info": opt.Info, "results": res}
 				if !jsonOut {
+					fmt.Printf("information: %s (srtf: oracle)\n", opt.Info)
 					fmt.Printf("%-8s %6s %10s %10s %10s %10s %10s %10s %10s %9s %6s %6s %7s\n", "policy", "util%", "qdelay", "hi-qdelay", "hi-q p50", "jct", "jct high", "jct norm", "jct low", "allred ms", "preem", "lost%", "goodp%")
 					for _, r := range res {
 						c := r.JCTByClass
@@ -132,6 +133,7 @@ func newSimCmd() *cobra.Command {
 	f.StringVar(&clusterSpec, "cluster", "", "cluster spec file or shorthand COUNTxMACHINE/RACK, e.g. 64xdgx-h100/8 (dynamic mode)")
 	f.IntVar(&maxJobs, "max-jobs", 0, "replay at most this many jobs from the start of the trace (0 = all; at most 10,000,000)")
 	f.DurationVar(&window, "window", 0, "replay only jobs submitted within this time from the first (0 = all; not negative)")
+	f.StringVar(&info, "info", sim.InfoEstimate, "what every policy is told of run times: blind (nothing), estimate (a user's time limit, modelled as docs/scheduler.md states) or oracle (the true run time); srtf is always the oracle (dynamic mode)")
 	f.Float64Var(&elasticShare, "elastic-share", 0, "make this share (0-1) of the multi-GPU jobs elastic: ceil(GPUs/2)..GPUs members, work scaling linearly (dynamic mode)")
 	f.StringVar(&strategy, "strategy", "", "placement strategy of --strategy-share of the multi-GPU jobs that are not elastic: pack, spread, strict-pack or strict-spread (dynamic mode)")
 	f.Float64Var(&strategyShare, "strategy-share", 0, "share (0-1) of the multi-GPU jobs that are not elastic given --strategy (dynamic mode)")

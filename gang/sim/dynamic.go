@@ -18,7 +18,7 @@ import (
 var Strategies = []gang.Strategy{gang.StrategyPack, gang.StrategySpread, gang.StrategyStrictPack, gang.StrategyStrictSpread}
 
 // DynamicPolicies are the policies of the dynamic mode, baselines first; "srtf" is the
-// oracle (it knows every job's duration).
+// oracle reference (it is given every job's run time in every information setting).
 var DynamicPolicies = []string{"fifo", "volcano", "kueue", "tiresias", "srtf", "atoll"}
 
 // Priority classes assigned to traces without priorities.
@@ -33,7 +33,10 @@ type Job struct {
 	ID       string
 	Submit   time.Duration // from the start of the trace
 	Duration time.Duration // at GPUs
-	GPUs     int
+	// TimeLimit is the user's limit on the job's run time (at GPUs) in the estimate
+	// setting (AssignTimeLimits); 0 otherwise.
+	TimeLimit time.Duration
+	GPUs      int
 	// MinGPUs, when positive, makes the job elastic: it runs on MinGPUs..GPUs one-GPU
 	// members, its work (Duration × GPUs GPU-seconds) scaling linearly with them.
 	MinGPUs  int
@@ -170,7 +173,7 @@ func saturateUntilBusy(ctx context.Context, jobs []Job, snap gang.Snapshot, mode
 	orig := append([]Job(nil), jobs...)
 	k := Saturate(jobs, snap, load)
 	for i := 0; ; i++ {
-		r, err := runPolicy(ctx, "fifo", jobs, snap, model)
+		r, err := runPolicy(ctx, "fifo", InfoBlind, jobs, snap, model)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -194,6 +197,9 @@ func compress(jobs []Job, k float64) []Job {
 
 // DynamicOptions configure the dynamic mode.
 type DynamicOptions struct {
+	// Info is what every policy is told of run times: InfoBlind, InfoEstimate (the
+	// default: "" reads as it) or InfoOracle (estimate.go).
+	Info         string
 	MaxJobs      int           // first N jobs (0 = all)
 	Window       time.Duration // jobs submitted within Window of the first (0 = all)
 	PrioritySeed uint64        // seeds the priority classes and the elastic jobs
@@ -227,9 +233,19 @@ const (
 	MaxMachineMemMiB = 1 << 40     // MiB of one machine
 )
 
+// info is the information setting, InfoEstimate when none is given.
+func (o DynamicOptions) info() string {
+	if o.Info == "" {
+		return InfoEstimate
+	}
+	return o.Info
+}
+
 // Validate checks the options against their bounds.
 func (o DynamicOptions) Validate() error {
 	switch {
+	case o.Info != "" && !slices.Contains(Infos, o.Info):
+		return fmt.Errorf("sim: info %q: want one of %s: %w", o.Info, strings.Join(Infos, ", "), ErrBadSpec)
 	case o.MaxJobs < 0 || o.MaxJobs > MaxTraceJobs:
 		return fmt.Errorf("sim: max jobs %d outside [0, %d]: %w", o.MaxJobs, MaxTraceJobs, ErrBadSpec)
 	case o.Window < 0:
@@ -260,7 +276,10 @@ type Stats struct {
 
 // DynamicResult is one policy's outcome on a trace.
 type DynamicResult struct {
-	Policy             string  `json:"policy"`
+	Policy string `json:"policy"`
+	// Info is the information setting the run was given (InfoBlind, ...); "srtf" is
+	// given true run times whatever it says.
+	Info               string  `json:"info"`
 	UtilPct            float64 `json:"util_pct"`
 	QueueDelay         Stats   `json:"queue_delay_s"`
 	HighPrioQueueDelay Stats   `json:"high_prio_queue_delay_s"`
@@ -343,6 +362,7 @@ var (
 func PolicyConfig(policy string) (gang.Config, gang.BlindPolicy, error) {
 	cfg := gang.DefaultConfig()
 	blindBaseline := func() {
+		cfg.Predict.Enabled = false // none of them learns run times
 		cfg.TopologyAware = false
 		cfg.Preemption, cfg.FairShareReclaim, cfg.Backfill = false, false, false
 		cfg.AgingStep, cfg.RemainingAging = 0, 0
@@ -410,6 +430,12 @@ func RunDynamic(ctx context.Context, jobs []Job, snap gang.Snapshot, model gang.
 		jobs = jobs[:opt.MaxJobs]
 	}
 	AssignPriorities(jobs, opt.PrioritySeed)
+	info := opt.info()
+	if info == InfoEstimate {
+		if err := AssignTimeLimits(jobs, DefaultEstimateModel(), opt.PrioritySeed); err != nil {
+			return nil, err
+		}
+	}
 	if opt.ElasticShare > 0 {
 		MakeElastic(jobs, opt.ElasticShare, opt.PrioritySeed)
 	}
@@ -429,7 +455,7 @@ func RunDynamic(ctx context.Context, jobs []Job, snap gang.Snapshot, model gang.
 	}
 	var out []DynamicResult
 	for _, p := range pols {
-		r, err := runPolicy(ctx, p, jobs, snap, model)
+		r, err := runPolicy(ctx, p, info, jobs, snap, model)
 		if err != nil {
 			return nil, err
 		}
@@ -496,16 +522,24 @@ type jobRun struct {
 	resizes   int
 }
 
-func runPolicy(ctx context.Context, policy string, jobs []Job, snap gang.Snapshot, model gang.CollectiveModel) (DynamicResult, error) {
+func runPolicy(ctx context.Context, policy, info string, jobs []Job, snap gang.Snapshot, model gang.CollectiveModel) (DynamicResult, error) {
 	cfg, blind, err := PolicyConfig(policy)
 	if err != nil {
 		return DynamicResult{Policy: policy}, err
 	}
-	return runConfig(ctx, policy, cfg, blind, jobs, snap, model)
+	return runConfig(ctx, policy, info, cfg, blind, jobs, snap, model)
 }
 
-func runConfig(ctx context.Context, policy string, cfg gang.Config, blind gang.BlindPolicy, jobs []Job, snap gang.Snapshot, model gang.CollectiveModel) (DynamicResult, error) {
-	r := &replay{res: DynamicResult{Policy: policy, Jobs: len(jobs)}, jobs: jobs, epoch: time.Unix(0, 0), idx: map[string]int{}}
+// runConfig replays jobs under cfg, telling the scheduler what the information setting
+// allows (JobRequest).
+func runConfig(ctx context.Context, policy, info string, cfg gang.Config, blind gang.BlindPolicy, jobs []Job, snap gang.Snapshot, model gang.CollectiveModel) (DynamicResult, error) {
+	if !slices.Contains(Infos, info) {
+		return DynamicResult{Policy: policy}, fmt.Errorf("sim: info %q: want one of %s: %w", info, strings.Join(Infos, ", "), ErrBadSpec)
+	}
+	if policy == "srtf" {
+		info = InfoOracle // the oracle reference
+	}
+	r := &replay{res: DynamicResult{Policy: policy, Info: info, Jobs: len(jobs)}, jobs: jobs, info: info, epoch: time.Unix(0, 0), idx: map[string]int{}}
 	for _, n := range snap.Nodes {
 		r.total += len(n.GPUs)
 	}
@@ -531,6 +565,7 @@ type replay struct {
 	s     *gang.Scheduler
 	res   DynamicResult
 	jobs  []Job
+	info  string
 	st    []jobRun
 	idx   map[string]int
 	epoch time.Time
@@ -618,13 +653,7 @@ func (r *replay) handle(e event, now time.Duration) error {
 	at := r.epoch.Add(now)
 	switch e.kind {
 	case evArrive:
-		req := gang.Request{ID: id, Priority: job.Priority, Min: job.GPUs,
-			Member:   gang.Member{GPUs: 1, CPUMilli: jobCPUPerGPU, MemMiB: jobMemPerGPU},
-			Duration: job.Duration, Checkpoint: jobCkpt, Strategy: job.Strategy}
-		if job.MinGPUs > 0 {
-			req.Min, req.Max = job.MinGPUs, job.GPUs
-		}
-		if sst, _ := r.s.Submit(req, at); sst.State == gang.Rejected {
+		if sst, _ := r.s.Submit(JobRequest(id, job, r.info), at); sst.State == gang.Rejected {
 			j.rejected = true
 			r.res.Rejected++
 		}
@@ -639,7 +668,7 @@ func (r *replay) handle(e event, now time.Duration) error {
 		if err := r.addWaits(id, e.job); err != nil {
 			return err
 		}
-		return r.s.Finish(id, at)
+		return r.s.Complete(id, at) // its run time is history now, for the run-time predictor
 	case evEvict:
 		if e.gen != j.gen || !j.running {
 			return nil
@@ -666,6 +695,26 @@ func (r *replay) handle(e event, now time.Duration) error {
 		return r.s.ResizeDone(id, at)
 	}
 	return nil
+}
+
+// JobRequest is the gang request of a trace job under an information setting: one-GPU
+// members (elastic from MinGPUs to GPUs), the declared checkpoint costs, and what the
+// setting tells of its run time: nothing (InfoBlind), its time limit (InfoEstimate) or its
+// run time (InfoOracle).
+func JobRequest(id string, job Job, info string) gang.Request {
+	req := gang.Request{ID: id, Priority: job.Priority, Min: job.GPUs,
+		Member:     gang.Member{GPUs: 1, CPUMilli: jobCPUPerGPU, MemMiB: jobMemPerGPU},
+		Checkpoint: jobCkpt, Strategy: job.Strategy}
+	if job.MinGPUs > 0 {
+		req.Min, req.Max = job.MinGPUs, job.GPUs
+	}
+	switch info {
+	case InfoEstimate:
+		req.TimeLimit = job.TimeLimit
+	case InfoOracle:
+		req.Duration = job.Duration
+	}
+	return req
 }
 
 // resize changes a running elastic job to `to` members at now: its work scales with its

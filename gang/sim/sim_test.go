@@ -199,7 +199,7 @@ func TestDynamicSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := RunDynamic(context.Background(), jobs, snap, model, DynamicOptions{MaxJobs: 300, PrioritySeed: 1})
+	res, err := RunDynamic(context.Background(), jobs, snap, model, DynamicOptions{MaxJobs: 300, PrioritySeed: 1, Info: InfoOracle})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +329,7 @@ func TestElasticReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := runConfig(t.Context(), "atoll", cfg, blind, jobs, snap, model)
+	res, err := runConfig(t.Context(), "atoll", InfoOracle, cfg, blind, jobs, snap, model)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,7 +408,7 @@ func TestStrategyReplay(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := runConfig(t.Context(), "atoll", cfg, blind, jobs, snap, model)
+			res, err := runConfig(t.Context(), "atoll", InfoOracle, cfg, blind, jobs, snap, model)
 			if err != nil {
 				t.Fatal(err)
 			}
