@@ -28,7 +28,8 @@
 //     from the CostModel (lost work or save, restore, CUDA context, communicator set-up);
 //     victims get deadlines and the freed nodes are held for the preemptor.
 //   - Elastic gangs grow when capacity is free (Decisions.Resizes) and shrink before anyone
-//     is evicted whole (ResizeDone when the members stopped).
+//     is evicted whole (ResizeDone when the members stopped); one that shrinking to its
+//     minimum does not make room enough is evicted whole.
 //   - Waiting gangs carry a WaitKind and a specific reason; GangStatus reports them.
 //   - Backfill: a long-blocked gang gets a reservation at its shadow time; others may use
 //     the reserved nodes only if their expected duration ends before it.

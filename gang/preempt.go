@@ -68,10 +68,13 @@ func (preemption) Name() string { return PluginPreemption }
 type victim struct {
 	r        *RunningGang
 	shrinkTo int // > 0: shrink to this many members instead of evicting
-	cost     EvictionCost
-	w        float64 // class weight
-	wcost    float64 // cost.GPUSeconds × w
-	reason   string
+	// shrinkable: an eviction of an elastic gang that may be shrunk instead (to its Min,
+	// past its resize protection), should that be enough after all.
+	shrinkable bool
+	cost       EvictionCost
+	w          float64 // class weight
+	wcost      float64 // cost.GPUSeconds × w
+	reason     string
 }
 
 func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Victims, now time.Time) *PostFilterResult {
@@ -103,9 +106,12 @@ func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Vic
 		default:
 			continue
 		}
+		shrinkable := false
 		if v.Members > v.Min {
-			// An elastic gang above its minimum is shrunk, never evicted whole; it is
-			// protected for MinRunBeforePreempt after its start or its last resize.
+			// An elastic gang above its minimum may be shrunk (to any size down to its
+			// Min), which is tried before any eviction, or evicted whole like any gang
+			// when shrinking it does not make room enough. A shrink is protected for
+			// MinRunBeforePreempt after its start or its last resize.
 			since := v.Started
 			if v.LastResized.After(since) {
 				since = v.LastResized
@@ -113,8 +119,8 @@ func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Vic
 			if now.Sub(since) >= cfg.MinRunBeforePreempt {
 				c := h.ShrinkCost(v, v.Min, now)
 				cands = append(cands, victim{r: v, shrinkTo: v.Min, cost: c, w: wv, wcost: c.GPUSeconds * wv, reason: reason})
+				shrinkable = true
 			}
-			continue
 		}
 		protect := cfg.MinRunBeforePreempt
 		if pc.Backoff {
@@ -127,7 +133,7 @@ func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Vic
 			continue // the victim is as urgent per unit of work left: let it finish
 		}
 		c := h.EvictionCost(v, now)
-		cands = append(cands, victim{r: v, cost: c, w: wv, wcost: c.GPUSeconds * wv, reason: reason})
+		cands = append(cands, victim{r: v, shrinkable: shrinkable, cost: c, w: wv, wcost: c.GPUSeconds * wv, reason: reason})
 	}
 	sortVictims(cands)
 	// With a topology wait, only room for a compact placement admits the gang (it would
@@ -167,9 +173,12 @@ func ceilTo(d, step time.Duration) time.Duration {
 }
 
 // chooseVictims adds candidates, in the order given, until g fits, then drops the ones that
-// turn out unnecessary (most expensive first). It returns nil when evicting them all (or
-// the first that Config.MaxPreemptionVictims and MaxPreemptionTries allow) would not admit
-// g, or when g fits already (only a reservation holds it back).
+// turn out unnecessary (the last added first), turns evictions of elastic gangs back into
+// shrinks where a shrink is enough, and shrinks no further than needed. An elastic gang
+// may come twice, a shrink and an eviction: evicting it after it was shrunk replaces the
+// shrink. It returns nil when evicting them all (or the first that
+// Config.MaxPreemptionVictims and MaxPreemptionTries allow) would not admit g, or when g
+// fits already (only a reservation holds it back).
 //
 // With compact set, only placements on the fewest machines count as admitting g (so that
 // its topology wait does not hold it back from the capacity freed for it).
@@ -195,6 +204,7 @@ func chooseVictims(h Handle, state *CycleState, g *QueuedGang, cands []victim, n
 			t.Shrink(c.r, c.shrinkTo)
 		} else {
 			t.Evict(c.r)
+			chosen = slices.DeleteFunc(chosen, func(o victim) bool { return o.r.g == c.r.g })
 		}
 		chosen = append(chosen, c)
 		if t.FreeMilli() < need {
@@ -221,6 +231,27 @@ func chooseVictims(h Handle, state *CycleState, g *QueuedGang, cands []victim, n
 			}
 		}
 		t.Rollback(m)
+	}
+	// An elastic gang evicted whole is only shrunk when that is enough (with the others
+	// chosen): the shrink costs less than the eviction.
+	for i := range chosen {
+		c := &chosen[i]
+		if c.shrinkTo > 0 || !c.shrinkable || tries >= cfg.MaxPreemptionTries {
+			continue
+		}
+		tries++
+		m := t.Mark()
+		old := t.rel[c.r.g]
+		if !t.keepShrunk(c.r, c.r.Min) {
+			continue
+		}
+		if f := t.Fits(state, g, g.Request.Min, compact); f != nil {
+			found = f
+			c.shrinkTo = c.r.Min
+			continue
+		}
+		t.Rollback(m)
+		t.rel[c.r.g] = old
 	}
 	// Shrink no further than needed: give members back, the last released first, while g
 	// still fits.

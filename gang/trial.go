@@ -21,14 +21,47 @@ func (s *Scheduler) NewTrial() *Trial {
 	return &Trial{s: s, st: s.c.newStatement(), rel: map[*gangState][]int{}}
 }
 
-// Evict releases every member of r (as if it had stopped).
+// Evict releases every member of r (as if it had stopped); of a gang this trial shrank,
+// the members the shrink kept.
 func (t *Trial) Evict(r *RunningGang) {
-	idx := make([]int, len(r.g.allocs))
+	done := make(map[int]bool, len(t.rel[r.g]))
+	idx := t.rel[r.g]
+	for _, i := range idx {
+		done[i] = true
+	}
 	for i, a := range r.g.allocs {
+		if done[i] {
+			continue
+		}
 		t.st.release(a)
-		idx[i] = i
+		idx = append(idx, i)
 	}
 	t.rel[r.g] = idx
+}
+
+// keepShrunk takes back, of r released whole by this trial, the members a shrink to `to`
+// keeps, so that r stands shrunk instead of evicted. It returns false, and changes
+// nothing, when one of them is no longer free.
+func (t *Trial) keepShrunk(r *RunningGang, to int) bool {
+	drop := shrinkMembers(r.g, to)
+	gone := make(map[int]bool, len(drop))
+	for _, i := range drop {
+		gone[i] = true
+	}
+	m := t.Mark()
+	for _, i := range t.rel[r.g] {
+		if gone[i] {
+			continue
+		}
+		a := r.g.allocs[i]
+		if !t.s.canRetake(a) {
+			t.Rollback(m)
+			return false
+		}
+		t.st.allocate(a)
+	}
+	t.rel[r.g] = drop
+	return true
 }
 
 // Shrink releases the members of r that a shrink to `to` members would stop (those on
