@@ -13,8 +13,9 @@ import (
 //	enqueue   PreFilter: may the gang be tried at all (queue quota)? A refusal settles it.
 //	allocate  Filter, Score, Permit: place it (settled), hold it for a compact placement
 //	          (Permit's Wait), or record why it found no placement.
-//	preempt   PostFilter, for a gang allocate found no placement: stop or shrink gangs of
-//	          lower priority to make room (at most MaxPreemptionSearches a cycle).
+//	preempt   PostFilter, for a gang allocate found no placement, or only one its
+//	          topology wait holds out for: stop or shrink gangs of lower priority to make
+//	          room (compact room for the latter; at most MaxPreemptionSearches a cycle).
 //	reclaim   PostFilter, likewise: take back what queues over their fair share borrowed,
 //	          for a gang of a queue under its share (FairShareReclaim). Next to preempt,
 //	          the two are one search that weighs both kinds of victim together.

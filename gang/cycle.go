@@ -146,7 +146,9 @@ func (s *Scheduler) runStep(c *cycleRun, t *gangTry, st step) {
 		}
 		t.blocked = true
 	case ActionPreempt: // preempt, reclaim or both (step.may)
-		if !t.blocked || len(s.prof.postFilter) == 0 || c.preemptTries >= s.cfg.MaxPreemptionSearches {
+		// A gang with no placement, or one its topology wait holds for a compact one (the
+		// preemption then looks for compact room only), may make room by preemption.
+		if !(t.blocked || t.held) || len(s.prof.postFilter) == 0 || c.preemptTries >= s.cfg.MaxPreemptionSearches {
 			return
 		}
 		c.preemptTries++

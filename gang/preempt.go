@@ -137,9 +137,13 @@ func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Vic
 	}
 	sortVictims(cands)
 	// With a topology wait, only room for a compact placement admits the gang (it would
-	// wait on in scattered room, and the evictions would be wasted). Without one, any room
-	// does, and the gang takes it as it is (Permit skipped).
+	// wait on in scattered room, and the evictions would be wasted): victims are then
+	// taken machine by machine, the machines cheapest to free first (byMachine). Without
+	// one, any room does, and the gang takes it as it is (Permit skipped).
 	compact := slices.Contains(cfg.resolved().Permit, PluginTopologyWait) && cfg.topologyWait(g.Request) > 0
+	if compact {
+		cands = byMachine(h, g, cands, now)
+	}
 	found, chosen := chooseVictims(h, state, g, cands, now, compact)
 	if found == nil {
 		return nil
@@ -150,7 +154,7 @@ func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Vic
 	}
 	gpus := float64(g.Request.Min) * float64(g.Request.Member.TotalMilli()) / Milli
 	wait := g.Waited
-	if start, ok := shadowStart(h, state, g, false, now); ok && start.Sub(now) > wait {
+	if start, ok := shadowStart(h, state, g, compact, now); ok && start.Sub(now) > wait {
 		wait = start.Sub(now)
 	}
 	if gain := wp * gpus * wait.Seconds(); gain < pc.GainRatio*wcost {
@@ -165,6 +169,109 @@ func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Vic
 	res := evictionResult(g, found, chosen)
 	res.SkipPermit = !compact
 	return res
+}
+
+// byMachine reorders victims for a gang that needs compact room: shrinks first (they cost
+// least), then, machine by machine, the evictions that free on one machine what the gang
+// wants there (all of it, or the whole machine for a gang larger than one), the cheapest
+// such victims of each machine first, the machines that cost least so freed first (ties:
+// the one whose first victim comes first), then the rest in their order. Cheapest first
+// over the whole cluster frees scattered cards, which a compact placement cannot use.
+func byMachine(h Handle, g *QueuedGang, cands []victim, now time.Time) []victim {
+	s, ok := h.(*Scheduler)
+	if !ok {
+		return cands
+	}
+	excl := s.exclusion(g.g, now)
+	gangMilli := int64(g.Request.Min) * int64(g.Request.Member.TotalMilli())
+	type machine struct {
+		node    int
+		first   int   // position of its first victim in cands
+		held    []int // cands on it, in their order
+		milli   map[int]int64
+		cost    float64
+		victims []int // the victims that free what the gang wants on it
+	}
+	per := map[int]*machine{}
+	var order []int
+	for i, c := range cands {
+		if c.shrinkTo > 0 {
+			continue
+		}
+		for _, a := range c.r.g.allocs {
+			m := per[a.node]
+			if m == nil {
+				m = &machine{node: a.node, first: i, milli: map[int]int64{}}
+				per[a.node] = m
+				order = append(order, a.node)
+			}
+			if m.milli[i] == 0 {
+				m.held = append(m.held, i)
+			}
+			m.milli[i] += int64(a.totalMilli())
+		}
+	}
+	var clear []*machine
+	for _, n := range order {
+		m := per[n]
+		node := &s.c.nodes[n]
+		if node.Unschedulable || excl[n] {
+			continue
+		}
+		var total, free int64
+		for _, gp := range node.GPUs {
+			if !gp.MIG {
+				total += Milli
+				free += int64(gp.FreeMilli)
+			}
+		}
+		want := min(total, gangMilli)
+		// The victims freeing the most on it per unit of cost first, in their order on ties.
+		idx := slices.Clone(m.held)
+		sort.SliceStable(idx, func(a, b int) bool {
+			ca, cb := cands[idx[a]].wcost*float64(m.milli[idx[b]]), cands[idx[b]].wcost*float64(m.milli[idx[a]])
+			return ca < cb
+		})
+		for _, i := range idx {
+			if free >= want {
+				break
+			}
+			free += m.milli[i]
+			m.cost += cands[i].wcost
+			m.victims = append(m.victims, i)
+		}
+		if free >= want && len(m.victims) > 0 {
+			clear = append(clear, m)
+		}
+	}
+	sort.SliceStable(clear, func(i, j int) bool {
+		if clear[i].cost != clear[j].cost {
+			return clear[i].cost < clear[j].cost
+		}
+		return clear[i].first < clear[j].first
+	})
+	out := make([]victim, 0, len(cands))
+	taken := make([]bool, len(cands))
+	for i, c := range cands {
+		if c.shrinkTo > 0 {
+			out = append(out, c)
+			taken[i] = true
+		}
+	}
+	for _, m := range clear {
+		for _, i := range m.victims {
+			if !taken[i] {
+				taken[i] = true
+				out = append(out, cands[i])
+			}
+		}
+	}
+	for i, c := range cands {
+		if !taken[i] {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // ceilTo rounds d up to a multiple of step.
@@ -189,7 +296,7 @@ func chooseVictims(h Handle, state *CycleState, g *QueuedGang, cands []victim, n
 	cfg := h.Config()
 	t := h.NewTrial()
 	defer t.Discard()
-	if t.Fits(state, g, g.Request.Min, false) != nil {
+	if t.Fits(state, g, g.Request.Min, compact) != nil {
 		return nil, nil
 	}
 	if len(cands) > cfg.MaxPreemptionVictims {

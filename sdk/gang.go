@@ -95,6 +95,10 @@ type GangSpec struct {
 	// CheckpointEvery is how often the driver checkpoints (for what a stop without notice
 	// loses); Duration the expected run time (0: unknown), for the queue order.
 	CheckpointEvery, Duration time.Duration
+	// TimeLimit is an upper bound on the run time (Slurm's --time; 0: none): the
+	// scheduler's run-time predictor caps its guesses by it and learns per limit, and
+	// backfill relies on it. The scheduler does not stop a gang that runs past it.
+	TimeLimit time.Duration
 	// AllReduceBytes is the size of the gang's gradients, for the scheduler's modeled
 	// AllReduce time of each candidate placement. Zero: the scheduler's default.
 	AllReduceBytes int64
@@ -207,7 +211,7 @@ func (j *Job) SpawnGang(ctx context.Context, spec GangSpec) (*Gang, error) {
 	}
 	as := api.GangSpec{Job: j.name, Name: spec.Name, Kind: spec.Kind, Args: args, Workers: spec.Workers, MinWorkers: spec.MinWorkers, Resources: api.Resources(res),
 		SameIsland: spec.SameIsland, Strategy: api.Strategy(spec.Strategy), Machines: spec.Machines, Priority: spec.Priority, PriorityClass: spec.PriorityClass, Queue: spec.Queue,
-		NotPreemptible: spec.NotPreemptible, JustInTime: spec.CheckpointOnNotice, CheckpointEvery: api.Duration(spec.CheckpointEvery), Duration: api.Duration(spec.Duration),
+		NotPreemptible: spec.NotPreemptible, JustInTime: spec.CheckpointOnNotice, CheckpointEvery: api.Duration(spec.CheckpointEvery), Duration: api.Duration(spec.Duration), TimeLimit: api.Duration(spec.TimeLimit),
 		AllReduceBytes: spec.AllReduceBytes, MaxRestarts: spec.MaxRestarts,
 		RestartWindow: api.Duration(spec.RestartWindow), Backoff: api.Duration(spec.Backoff)}
 	if err := as.Normalize(); err != nil {

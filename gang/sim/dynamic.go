@@ -533,8 +533,36 @@ func runPolicy(ctx context.Context, policy, info string, jobs []Job, snap gang.S
 // runConfig replays jobs under cfg, telling the scheduler what the information setting
 // allows (JobRequest).
 func runConfig(ctx context.Context, policy, info string, cfg gang.Config, blind gang.BlindPolicy, jobs []Job, snap gang.Snapshot, model gang.CollectiveModel) (DynamicResult, error) {
+	r, err := replayJobs(ctx, policy, info, cfg, blind, jobs, snap, model)
+	if err != nil {
+		return DynamicResult{Policy: policy}, err
+	}
+	return r.res, nil
+}
+
+// Start is one placement of a job in a replay: when, and on which cards.
+type Start struct {
+	Job     int           // index into the jobs replayed
+	At      time.Duration // from the start of the trace (the jobs' Submit clock)
+	Members []gang.MemberPlacement
+}
+
+// ReplayConfig replays jobs (priorities, time limits and shapes as given) on the cluster
+// under the core configuration cfg, each request saying what info allows (JobRequest),
+// and returns the result with every placement in the order the cycles made them: the
+// way to run the live head's configuration through the simulator.
+func ReplayConfig(ctx context.Context, cfg gang.Config, blind gang.BlindPolicy, info string, jobs []Job, snap gang.Snapshot, model gang.CollectiveModel) (DynamicResult, []Start, error) {
+	r, err := replayJobs(ctx, "config", info, cfg, blind, jobs, snap, model)
+	if err != nil {
+		return DynamicResult{}, nil, err
+	}
+	return r.res, r.starts, nil
+}
+
+// replayJobs is runConfig, returning the whole replay (each job's outcome in st).
+func replayJobs(ctx context.Context, policy, info string, cfg gang.Config, blind gang.BlindPolicy, jobs []Job, snap gang.Snapshot, model gang.CollectiveModel) (*replay, error) {
 	if !slices.Contains(Infos, info) {
-		return DynamicResult{Policy: policy}, fmt.Errorf("sim: info %q: want one of %s: %w", info, strings.Join(Infos, ", "), ErrBadSpec)
+		return nil, fmt.Errorf("sim: info %q: want one of %s: %w", info, strings.Join(Infos, ", "), ErrBadSpec)
 	}
 	if policy == "srtf" {
 		info = InfoOracle // the oracle reference
@@ -550,14 +578,14 @@ func runConfig(ctx context.Context, policy, info string, cfg gang.Config, blind 
 	cfg.MaxPending = max(cfg.MaxPending, len(jobs)+1)
 	s, err := gang.New(cfg, snap, gang.WithCollectiveModel(model), gang.WithBlindPolicy(blind))
 	if err != nil {
-		return r.res, err
+		return nil, err
 	}
 	r.s = s
 	if err := r.run(ctx); err != nil {
-		return r.res, err
+		return nil, err
 	}
 	r.summarize()
-	return r.res, nil
+	return r, nil
 }
 
 // replay is one policy's run over the trace.
@@ -580,6 +608,7 @@ type replay struct {
 	last, windowEnd        time.Duration
 	arTimes                []float64
 	machines               int
+	starts                 []Start // every placement, in order
 }
 
 func (r *replay) push(e event) {
@@ -751,6 +780,7 @@ func (r *replay) apply(d gang.Decisions, now time.Duration) {
 		j.start = now
 		j.gen++
 		r.used += j.gpus
+		r.starts = append(r.starts, Start{Job: k, At: now, Members: p.Members})
 		r.push(event{at: now + j.remaining, kind: evFinish, job: k, gen: j.gen})
 		if len(p.Members) > 1 {
 			r.arTimes = append(r.arTimes, p.AllReduce.Seconds())

@@ -58,6 +58,9 @@ const (
 	CostsPrefix = TableControl + "costs/"
 	// WorkloadKey is the key of the workload the scheduler learned from submissions.
 	WorkloadKey = TableControl + "workload"
+	// RuntimesKey is the key of the run times the scheduler learned from gangs that ended
+	// (gang.LearnedRuntimes), committed with each end that taught it something.
+	RuntimesKey = TableControl + "runtimes"
 )
 
 // Errors of the API. They cross HTTP as status codes and error kinds, so errors.Is works
@@ -220,8 +223,18 @@ type GangSpec struct {
 	// CheckpointEvery is the program's periodic checkpoint interval (0: none declared),
 	// for the cost of evicting it without a notice.
 	CheckpointEvery Duration `json:"checkpoint_every,omitempty"`
+	// CheckpointSave and CheckpointRestore declare how long the program takes to write a
+	// checkpoint and to read it back (0: unknown until one is measured), for the cost of
+	// stopping it. A measured save replaces the declared one; a restore not declared is
+	// taken to be as long as the save.
+	CheckpointSave    Duration `json:"checkpoint_save,omitempty"`
+	CheckpointRestore Duration `json:"checkpoint_restore,omitempty"`
 	// Duration is the expected run time (0: unknown), for the queue order and backfill.
 	Duration Duration `json:"duration,omitempty"`
+	// TimeLimit is an upper bound on the run time its user declares (Slurm's --time; 0:
+	// none): the scheduler's run-time predictor caps its guesses by it and learns per
+	// limit, and backfill relies on it. Nothing stops a gang that runs past it.
+	TimeLimit Duration `json:"time_limit,omitempty"`
 	// AllReduceBytes is the size of the gang's typical AllReduce (its gradients).
 	AllReduceBytes int64 `json:"allreduce_bytes,omitempty"`
 	// Driver marks the gang of a submitted driver (`atoll submit`): its one member runs the
@@ -260,8 +273,8 @@ func (s *GangSpec) Normalize() error {
 		return fmt.Errorf("%w: gang %q min workers %d: want 1..%d (its workers), or 0 for a gang of fixed size", ErrInvalid, s.Name, s.MinWorkers, s.Workers)
 	case s.MinWorkers > 0 && (s.Strategy != "" || s.Driver):
 		return fmt.Errorf("%w: gang %q: an elastic gang (min workers %d) takes no strategy and is no driver", ErrInvalid, s.Name, s.MinWorkers)
-	case s.CheckpointEvery < 0 || s.Duration < 0:
-		return fmt.Errorf("%w: gang %q checkpoint interval and duration must not be negative", ErrInvalid, s.Name)
+	case s.CheckpointEvery < 0 || s.CheckpointSave < 0 || s.CheckpointRestore < 0 || s.Duration < 0 || s.TimeLimit < 0:
+		return fmt.Errorf("%w: gang %q checkpoint interval, save and restore, duration and time limit must not be negative", ErrInvalid, s.Name)
 	case r.GPUs < 0 || r.GPUMilli < 0 || r.GPUMilli > 1000 || r.CPUMilli < 0 || r.MemMiB < 0:
 		return fmt.Errorf("%w: gang %q resources %+v: negative or out of range", ErrInvalid, s.Name, r)
 	case r.GPUMilli > 0 && r.GPUMilli < 1000 && r.GPUs != 1:

@@ -319,6 +319,13 @@ func (c *Controller) reconcile(t *term, keys map[string]bool) {
 					t.sched.SetLearnedWorkload(w)
 				}
 			}
+		case key == api.RuntimesKey:
+			if kv, ok := c.sm.Get(key); ok && t.sched != nil {
+				var r gang.LearnedRuntimes
+				if json.Unmarshal(kv.Value, &r) == nil {
+					t.sched.SetLearnedRuntimes(r)
+				}
+			}
 		case strings.HasPrefix(key, api.CostsPrefix):
 			if m := modelOfCostsKey(key); m != "" {
 				c.costsChangedLocked(t, m) // committed again with the next batch

@@ -725,6 +725,12 @@ func (c *Controller) buildCoreLocked(t *term, now time.Time) []commitFn {
 			s.SetLearnedWorkload(w)
 		}
 	}
+	if kv, ok := c.sm.Get(api.RuntimesKey); ok {
+		var r gang.LearnedRuntimes
+		if err := json.Unmarshal(kv.Value, &r); err == nil {
+			s.SetLearnedRuntimes(r)
+		}
+	}
 	s.AfterSeq(int(t.seq))
 	t.sched, t.topo, t.specs = s, tc, specs
 	for i, m := range ms {
@@ -861,14 +867,21 @@ func (c *Controller) coreRequestLocked(t *term, s api.GangSpec) (gang.Request, e
 	req := gang.Request{
 		ID: s.Key(), Queue: queue, Priority: prio, Min: min, Max: s.Workers,
 		Member:     coreMember(s),
-		SameIsland: s.SameIsland, Strategy: gang.Strategy(s.Strategy), Machines: s.Machines, AllReduceBytes: s.AllReduceBytes, Duration: time.Duration(s.Duration),
+		SameIsland: s.SameIsland, Strategy: gang.Strategy(s.Strategy), Machines: s.Machines, AllReduceBytes: s.AllReduceBytes,
+		Duration: time.Duration(s.Duration), TimeLimit: time.Duration(s.TimeLimit),
 		// Drivers are not preempted: a driver holds no GPUs of a gang's kind.
 		NotPreemptible: s.NotPreemptible || s.Driver,
-		Checkpoint:     gang.Checkpoint{Interval: time.Duration(s.CheckpointEvery), JustInTime: s.JustInTime},
+		Checkpoint: gang.Checkpoint{Interval: time.Duration(s.CheckpointEvery), JustInTime: s.JustInTime,
+			Save: time.Duration(s.CheckpointSave), Restore: time.Duration(s.CheckpointRestore)},
 	}
 	if ck, ok := t.ckpt[s.Key()]; ok {
-		req.Checkpoint.SizeBytes, req.Checkpoint.Save = ck.bytes, ck.save
-		req.Checkpoint.Restore = ck.save // reading back is about as long as writing
+		req.Checkpoint.SizeBytes = ck.bytes
+		if ck.save > 0 || s.CheckpointSave <= 0 {
+			req.Checkpoint.Save = ck.save // measured beats declared
+		}
+		if s.CheckpointRestore <= 0 {
+			req.Checkpoint.Restore = req.Checkpoint.Save // reading back is about as long as writing
+		}
 	}
 	return req, nil
 }

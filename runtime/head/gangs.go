@@ -225,18 +225,25 @@ func (c *Controller) StopGang(ctx context.Context, job, name string) error {
 	return c.await(ctx, ch)
 }
 
-// endLocked ends a gang (stopped or failed): the scheduler forgets it, its GPUs are free.
+// endLocked ends a gang (stopped or failed): the scheduler forgets it, its GPUs are free,
+// and the run time of a gang that ran feeds the core's run-time predictor; what the
+// predictor learned goes in the same commit as the end.
 func (c *Controller) endLocked(t *term, e *gangEntry, state api.GangState, reason string, now time.Time) commitFn {
 	key := e.rec.Spec.Key()
+	var learned []meta.Op
 	if t.sched != nil {
-		_ = t.sched.Finish(key, now)
+		before := t.sched.LearnedRuntimes().Updates
+		_ = t.sched.Complete(key, now)
+		if r := t.sched.LearnedRuntimes(); r.Updates != before {
+			learned = append(learned, putJSON(api.RuntimesKey, r))
+		}
 	}
 	c.stopGangTimersLocked(t, key)
 	rec := e.rec
 	rec.State, rec.Reason, rec.Updated, rec.RestartAt, rec.Notice = state, reason, now, time.Time{}, nil
 	e.ready = map[int]api.Worker{}
 	c.log.Info("gang ended", gangField(key), zap.String("state", string(state)), zap.String("reason", reason))
-	return c.gangCommitLocked(t, e, rec, fmt.Sprintf("gang %s %s", key, state))
+	return c.gangCommitLocked(t, e, rec, fmt.Sprintf("gang %s %s", key, state), learned...)
 }
 
 func (c *Controller) failLocked(t *term, e *gangEntry, reason string, now time.Time) commitFn {

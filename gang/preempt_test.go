@@ -1,0 +1,213 @@
+package gang
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestElasticPreemptedAboveMin: an elastic gang above its minimum is shrunk for a more
+// important gang when shrinking makes room enough (to no fewer members than needed), and
+// evicted whole when it does not (before, it could only be shrunk to its minimum, and a
+// gang needing more than that freed waited for ever); with a fixed gang beside it, the
+// elastic one is shrunk and the fixed one evicted rather than both evicted.
+func TestElasticPreemptedAboveMin(t *testing.T) {
+	type gangSpec struct {
+		id       string
+		min, max int
+	}
+	tests := []struct {
+		name     string
+		nodes    int
+		running  []gangSpec // low priority, placed first, in order
+		need     int        // GPUs (one-GPU members) of the priority-10 gang
+		evicted  []string
+		shrunkTo map[string]int
+	}{
+		{"shrink is enough", 2, []gangSpec{{"el", 8, 16}}, 6, nil, map[string]int{"el": 10}},
+		{"shrink to min is not enough", 2, []gangSpec{{"el", 8, 16}}, 12, []string{"el"}, nil},
+		{"shrink one, evict the other", 2, []gangSpec{{"el", 4, 8}, {"fixed", 8, 8}}, 12, []string{"fixed"}, map[string]int{"el": 4}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := New(DefaultConfig(), testSnapshot(tt.nodes, 8, tt.nodes))
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := epoch
+			ck := Checkpoint{Interval: 30 * time.Minute, Save: 30 * time.Second, Restore: time.Minute, JustInTime: true}
+			for _, g := range tt.running {
+				req := Request{ID: g.id, Min: g.min, Max: g.max, Member: Member{GPUs: 1}, Checkpoint: ck}
+				if _, err := s.Submit(req, now); err != nil {
+					t.Fatal(err)
+				}
+				if d := s.Cycle(now); len(d.Placements) != 1 || len(d.Placements[0].Members) != g.max {
+					t.Fatalf("%s not placed at %d members: %+v", g.id, g.max, d.Placements)
+				}
+			}
+			now = now.Add(time.Hour) // past every protection
+			if _, err := s.Submit(Request{ID: "hi", Priority: 10, Min: tt.need, Member: Member{GPUs: 1}, Checkpoint: ck}, now); err != nil {
+				t.Fatal(err)
+			}
+			var d Decisions
+			for i := 0; i < 20; i++ {
+				if d = s.Cycle(now); len(d.Preemptions)+len(d.Resizes) > 0 {
+					break
+				}
+				if d.NextCycle.IsZero() {
+					t.Fatalf("cycle %d: the priority-10 gang waits with nothing stopped and no retry: %+v", i, d.Waiting)
+				}
+				now = d.NextCycle
+			}
+			var evicted []string
+			for _, p := range d.Preemptions {
+				if p.For != "hi" {
+					t.Fatalf("preemption for %s", p.For)
+				}
+				evicted = append(evicted, p.Victim)
+			}
+			shrunk := map[string]int{}
+			for _, r := range d.Resizes {
+				if r.For != "hi" || len(r.Add) > 0 {
+					t.Fatalf("resize %+v: want shrinks for hi", r)
+				}
+				shrunk[r.Gang] = r.To
+			}
+			slices.Sort(evicted)
+			if !slices.Equal(evicted, tt.evicted) || fmt.Sprint(shrunk) != fmt.Sprint(orEmpty(tt.shrunkTo)) {
+				t.Fatalf("evicted %v and shrunk %v; want evicted %v and shrunk %v", evicted, shrunk, tt.evicted, tt.shrunkTo)
+			}
+			// The victims stop; the priority-10 gang then runs on the room they left.
+			stop := now.Add(time.Minute)
+			for _, v := range evicted {
+				if err := s.Evicted(v, stop, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for g := range shrunk {
+				if err := s.ResizeDone(g, stop); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d = s.Cycle(stop)
+			if !slices.ContainsFunc(d.Placements, func(p Placement) bool { return p.Gang == "hi" && len(p.Members) == tt.need }) {
+				t.Fatalf("the priority-10 gang not placed after its victims stopped: %+v (waiting %+v)", d.Placements, d.Waiting)
+			}
+		})
+	}
+}
+
+func orEmpty(m map[string]int) map[string]int {
+	if m == nil {
+		return map[string]int{}
+	}
+	return m
+}
+
+// TestCompactPreemptionByMachine: a gang that must wait for a compact placement (two
+// whole machines) on a cluster full of one-GPU gangs spread over every machine gets its
+// room by evicting the gangs of two machines, not the cheapest ones wherever they are
+// (which frees scattered cards no compact placement can use: with a small search bound
+// nothing was evicted at all).
+func TestCompactPreemptionByMachine(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxPreemptionTries = 4
+	s, err := New(cfg, testSnapshot(4, 8, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := epoch
+	ck := Checkpoint{Save: 30 * time.Second, Restore: time.Minute, JustInTime: true}
+	for i := range 32 {
+		req := Request{ID: fmt.Sprintf("low%02d", i), Min: 1, Member: Member{GPUs: 1}, Checkpoint: ck, Machines: []string{fmt.Sprintf("n%d", i%4)}}
+		if _, err := s.Submit(req, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := s.Cycle(now); len(d.Placements) != 32 {
+		t.Fatalf("placed %d of 32", len(d.Placements))
+	}
+	now = now.Add(time.Hour)
+	if _, err := s.Submit(Request{ID: "hi", Priority: 2, Min: 16, Member: Member{GPUs: 1}, Checkpoint: ck}, now); err != nil {
+		t.Fatal(err)
+	}
+	var d Decisions
+	for i := 0; i < 10; i++ {
+		if d = s.Cycle(now); len(d.Preemptions) > 0 || d.NextCycle.IsZero() {
+			break
+		}
+		now = d.NextCycle
+	}
+	if len(d.Preemptions) != 16 {
+		t.Fatalf("%d preemptions (%+v): want the 16 gangs of two machines", len(d.Preemptions), d.Preemptions)
+	}
+	nodes := map[string]int{}
+	for _, p := range d.Preemptions {
+		var k int
+		fmt.Sscanf(p.Victim, "low%02d", &k)
+		nodes[fmt.Sprintf("n%d", k%4)]++
+	}
+	if len(nodes) != 2 {
+		t.Fatalf("victims on %v: want two whole machines", nodes)
+	}
+	stop := now.Add(time.Minute)
+	for _, p := range d.Preemptions {
+		if err := s.Evicted(p.Victim, stop, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d = s.Cycle(stop)
+	if len(d.Placements) != 1 || d.Placements[0].Gang != "hi" || d.Placements[0].Machines != 2 {
+		t.Fatalf("placements after the evictions %+v: want hi on two machines", d.Placements)
+	}
+}
+
+// TestHeldGangPreemptsForCompactRoom: a gang that fits only scattered, and that its
+// topology wait holds for a compact placement, may evict lower-priority gangs of one
+// machine to get it, when that pays, instead of waiting (before, only a gang with no
+// placement at all could preempt, so it waited out its topology wait).
+func TestHeldGangPreemptsForCompactRoom(t *testing.T) {
+	s, err := New(DefaultConfig(), testSnapshot(2, 8, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := epoch
+	ck := Checkpoint{Save: 30 * time.Second, Restore: time.Minute, JustInTime: true}
+	for i := range 8 {
+		req := Request{ID: fmt.Sprintf("low%d", i), Min: 1, Member: Member{GPUs: 1}, Checkpoint: ck, Machines: []string{fmt.Sprintf("n%d", i%2)}}
+		if _, err := s.Submit(req, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := s.Cycle(now); len(d.Placements) != 8 {
+		t.Fatalf("placed %d of 8", len(d.Placements))
+	}
+	now = now.Add(time.Hour)
+	if _, err := s.Submit(Request{ID: "hi", Priority: 2, Min: 8, Member: Member{GPUs: 1}, Checkpoint: ck}, now); err != nil {
+		t.Fatal(err)
+	}
+	var d Decisions
+	for i := 0; i < 10; i++ {
+		if d = s.Cycle(now); len(d.Preemptions) > 0 || len(d.Placements) > 0 || d.NextCycle.IsZero() {
+			break
+		}
+		now = d.NextCycle
+	}
+	if len(d.Placements) > 0 || len(d.Preemptions) != 4 {
+		t.Fatalf("placed %+v, preempted %+v: want the four gangs of one machine evicted for a compact placement", d.Placements, d.Preemptions)
+	}
+	if w := now.Sub(epoch.Add(time.Hour)); w > time.Minute {
+		t.Fatalf("preempted after %s: want it within a minute (a high-priority gang's wait pays fast)", w)
+	}
+	stop := now.Add(time.Minute)
+	for _, p := range d.Preemptions {
+		if err := s.Evicted(p.Victim, stop, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d = s.Cycle(stop)
+	if len(d.Placements) != 1 || d.Placements[0].Gang != "hi" || d.Placements[0].Machines != 1 {
+		t.Fatalf("placements after the evictions %+v: want hi on one machine", d.Placements)
+	}
+}
