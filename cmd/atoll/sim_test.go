@@ -31,6 +31,7 @@ func TestSimFlagsValidated(t *testing.T) {
 		want []string
 	}{
 		{"extra argument", append(append([]string{}, dyn...), "extra"), []string{"unknown command \"extra\""}},
+		{"unknown info", append(append([]string{}, dyn...), "--info", "psychic"), []string{`info "psychic"`, "want one of blind, estimate, oracle", "--info"}},
 		{"negative max jobs", append(append([]string{}, dyn...), "--max-jobs", "-5"), []string{"max jobs -5 outside [0, 10000000]", "--max-jobs"}},
 		{"negative window", append(append([]string{}, dyn...), "--window", "-1s"), []string{"window -1s is negative", "--window"}},
 		{"elastic share 2", append(append([]string{}, dyn...), "--elastic-share", "2"), []string{"elastic share 2 outside [0, 1]"}},
