@@ -23,6 +23,9 @@
 //     binpack) with the weights in Config.Weights.
 //   - Queue order ("urgency"): expected remaining GPU-time (least attained service when
 //     unknown), weighted by class, discounted by waiting; DRF fair share across queues.
+//     Run times come from Request.Duration, else from the runs of completed gangs of the
+//     same kind (Scheduler.Complete, Config.Predict), capped by Request.TimeLimit, else
+//     from the limit alone (runtimes.go).
 //   - Preemption evicts whole gangs (or shrinks elastic ones) cheapest first, only when the
 //     freed capacity admits the preemptor and its weighted wait pays for the victims' cost
 //     from the CostModel (lost work or save, restore, CUDA context, communicator set-up);
@@ -32,7 +35,7 @@
 //     minimum does not make room enough is evicted whole.
 //   - Waiting gangs carry a WaitKind and a specific reason; GangStatus reports them.
 //   - Backfill: a long-blocked gang gets a reservation at its shadow time; others may use
-//     the reserved nodes only if their expected duration ends before it.
+//     the reserved nodes only if their declared duration or time limit ends before it.
 //   - Backpressure: past Config.MaxPending, submissions are refused with ErrSaturated and a
 //     retry hint.
 //

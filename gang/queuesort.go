@@ -33,8 +33,8 @@ func (l lasSort) Less(a, b *QueuedGang) bool {
 }
 
 // srtfSort is shortest-remaining-first by expected GPU-seconds left (from
-// Request.Duration): the oracle order when durations are exact. Gangs with unknown
-// durations go last.
+// Request.Duration, else what runtimes.go predicts): the oracle order when durations are
+// exact. Gangs with unknown durations go last.
 type srtfSort struct{}
 
 func (srtfSort) Name() string { return PluginSRTF }
@@ -54,8 +54,8 @@ func (srtfSort) Less(a, b *QueuedGang) bool {
 
 // urgencySort is Atoll's default QueueSort: priority class first (Config.AgingStep, when
 // set, raises it), then the gang's expected remaining GPU-seconds — from its declared
-// duration, else the least-attained-service estimate max(attained, UnknownDuration × its
-// GPUs) — divided by 1 + waited/RemainingAging (so that a long gang is not passed over
+// duration, else the run-time predictor or its time limit (runtimes.go), else the
+// least-attained-service estimate max(attained, UnknownDuration × its GPUs) — divided by 1 + waited/RemainingAging (so that a long gang is not passed over
 // forever within its class), smallest first; then the dynamic priority.
 type urgencySort struct {
 	unknown  float64 // seconds per GPU assumed for a gang of unknown duration
