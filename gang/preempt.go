@@ -172,25 +172,23 @@ func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Vic
 }
 
 // byMachine reorders victims for a gang that needs compact room: shrinks first (they cost
-// least), then, machine by machine, the evictions that free on one machine what the gang
-// wants there (all of it, or the whole machine for a gang larger than one), the cheapest
-// such victims of each machine first, the machines that cost least so freed first (ties:
-// the one whose first victim comes first), then the rest in their order. Cheapest first
-// over the whole cluster frees scattered cards, which a compact placement cannot use.
+// least), then the evictions that clear a machine (its cards free or held by victims, and
+// it open to the gang), the machines whose victims cost least together first (ties: the
+// one whose first victim comes first), then the rest in their order. Cheapest first over
+// the whole cluster frees scattered cards, which a compact placement cannot use; victims a
+// smaller gang turns out not to need are dropped afterwards (chooseVictims).
 func byMachine(h Handle, g *QueuedGang, cands []victim, now time.Time) []victim {
 	s, ok := h.(*Scheduler)
 	if !ok {
 		return cands
 	}
 	excl := s.exclusion(g.g, now)
-	gangMilli := int64(g.Request.Min) * int64(g.Request.Member.TotalMilli())
 	type machine struct {
 		node    int
 		first   int   // position of its first victim in cands
-		held    []int // cands on it, in their order
-		milli   map[int]int64
+		held    int64 // milli-GPU its victims hold on it
 		cost    float64
-		victims []int // the victims that free what the gang wants on it
+		victims []int // indexes into cands, in their order
 	}
 	per := map[int]*machine{}
 	var order []int
@@ -198,17 +196,20 @@ func byMachine(h Handle, g *QueuedGang, cands []victim, now time.Time) []victim 
 		if c.shrinkTo > 0 {
 			continue
 		}
+		seen := map[int]bool{}
 		for _, a := range c.r.g.allocs {
 			m := per[a.node]
 			if m == nil {
-				m = &machine{node: a.node, first: i, milli: map[int]int64{}}
+				m = &machine{node: a.node, first: i}
 				per[a.node] = m
 				order = append(order, a.node)
 			}
-			if m.milli[i] == 0 {
-				m.held = append(m.held, i)
+			m.held += int64(a.totalMilli())
+			if !seen[a.node] {
+				seen[a.node] = true
+				m.cost += c.wcost
+				m.victims = append(m.victims, i)
 			}
-			m.milli[i] += int64(a.totalMilli())
 		}
 	}
 	var clear []*machine
@@ -225,22 +226,7 @@ func byMachine(h Handle, g *QueuedGang, cands []victim, now time.Time) []victim 
 				free += int64(gp.FreeMilli)
 			}
 		}
-		want := min(total, gangMilli)
-		// The victims freeing the most on it per unit of cost first, in their order on ties.
-		idx := slices.Clone(m.held)
-		sort.SliceStable(idx, func(a, b int) bool {
-			ca, cb := cands[idx[a]].wcost*float64(m.milli[idx[b]]), cands[idx[b]].wcost*float64(m.milli[idx[a]])
-			return ca < cb
-		})
-		for _, i := range idx {
-			if free >= want {
-				break
-			}
-			free += m.milli[i]
-			m.cost += cands[i].wcost
-			m.victims = append(m.victims, i)
-		}
-		if free >= want && len(m.victims) > 0 {
+		if free+m.held >= total {
 			clear = append(clear, m)
 		}
 	}
