@@ -200,7 +200,7 @@ func headStarts(t *testing.T, jobs []sim.Job, info string) ([]string, gang.Confi
 			ctl.mu.Unlock()
 			t.Fatal(err)
 		}
-		got, err := ctl.coreRequestLocked(ctl.t, spec)
+		got, err := ctl.t.coreRequest(spec)
 		want := sim.JobRequest(spec.Key(), j, info)
 		want.Queue, want.Max = ctl.t.conf.DefaultQueue, want.Min
 		want.Member.GPUMilli = gang.Milli // what the core makes of a whole card
