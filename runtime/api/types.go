@@ -31,6 +31,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/topology"
 )
@@ -48,6 +49,7 @@ const (
 	TableConfig      = string(meta.TableConfig)
 	TableOwners      = string(meta.TableOwners)
 	TableControl     = string(meta.TableControl)
+	TableAuth        = string(meta.TableAuth)
 	// SchedulerConfigKey is the key of the SchedulerConfig record.
 	SchedulerConfigKey = TableConfig + "scheduler"
 	// TermKey is the key of the ControlTerm record: the leader term, counted in the log.
@@ -85,6 +87,9 @@ var (
 	ErrUnavailable = errors.New("atoll: no leader head available")
 	// ErrUnauthenticated: the cluster refused our credentials.
 	ErrUnauthenticated = errors.New("atoll: not authenticated")
+	// ErrForbidden: our credentials do not allow this (HTTP 403): the answer names the
+	// role and the action (runtime/authz's table).
+	ErrForbidden = authz.ErrForbidden
 )
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -750,6 +755,9 @@ type Owner struct {
 	PID     int       `json:"pid,omitempty"`
 	Started time.Time `json:"started"`
 	Renewed time.Time `json:"renewed"`
+	// Principal is the driver's principal (runtime/authz): a driver of one job owns that
+	// job's objects only; empty in a record written before principals, read as admin.
+	Principal string `json:"principal,omitempty"`
 }
 
 // How often a driver renews its Owner record, and how long an unrenewed one is trusted.
