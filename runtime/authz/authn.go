@@ -32,6 +32,10 @@ type Identity struct {
 	TokenID string
 	// Certified says the principal comes from a client certificate's grant.
 	Certified bool
+	// Expires and JobBound are the scoped token's limits (a certificate made for it ends
+	// with it).
+	Expires  time.Time
+	JobBound bool
 }
 
 // Authenticate checks a bearer token (the Authorization header without "Bearer ") and,
@@ -57,7 +61,7 @@ func (a *Authenticator) Authenticate(bearer string, st *tls.ConnectionState) (Id
 		if err := a.live(c.ID, c.ExpiresAt(), c.JobBound, p); err != nil {
 			return Identity{}, err
 		}
-		id.Principal, id.TokenID = p, c.ID
+		id.Principal, id.TokenID, id.Expires, id.JobBound = p, c.ID, c.ExpiresAt(), c.JobBound
 	default:
 		return Identity{}, fmt.Errorf("%w: the token is neither the cluster token nor a scoped token of this cluster", ErrUnauthenticated)
 	}
@@ -76,7 +80,7 @@ func (a *Authenticator) Authenticate(bearer string, st *tls.ConnectionState) (Id
 		return Identity{}, fmt.Errorf("%w: a certificate of %s with a token of %s", ErrUnauthenticated, g.Principal, id.Principal)
 	}
 	if id.TokenID == "" {
-		id.TokenID = g.TokenID
+		id.TokenID, id.JobBound = g.TokenID, g.JobBound
 	}
 	id.Principal, id.Certified = g.Principal, true
 	return id, nil
