@@ -95,14 +95,17 @@ type Cluster struct {
 // conn is what a process (a driver, or a worker process) holds of the cluster: its client
 // of the heads, its actor system, its collectives and its object store.
 type conn struct {
-	s       settings
-	log     *zap.Logger
-	client  *api.Client
-	sys     *actors.System
-	plane   *coll.Plane
-	token   string
-	owner   string
-	objects objectHost // this process's machine's store, as this process uses it
+	s      settings
+	log    *zap.Logger
+	client *api.Client
+	sys    *actors.System
+	plane  *coll.Plane
+	token  string
+	owner  string
+	// principal is who this process is to the cluster (runtime/authz): its owner record
+	// names it.
+	principal string
+	objects   objectHost // this process's machine's store, as this process uses it
 	// ownStore: objects is a store of this process's own (a connected driver's), which
 	// goes with it.
 	ownStore bool
@@ -224,7 +227,8 @@ type Address struct {
 }
 
 // ParseClusterAddress parses an address: "URL,URL" optionally followed by
-// ";token-file=PATH" and ";ca=PATH".
+// ";token-file=PATH" and ";ca=PATH", or ";credentials=DIR" (a directory of `atoll token
+// create`: DIR/token and DIR/ca.crt).
 func ParseClusterAddress(address string) (Address, error) {
 	var a Address
 	main, opts, _ := strings.Cut(address, ";")
@@ -235,8 +239,10 @@ func ParseClusterAddress(address string) (Address, error) {
 			a.TokenFile = v
 		case ok && k == "ca":
 			a.CAFile = v
+		case ok && k == "credentials":
+			a.TokenFile, a.CAFile = filepath.Join(v, "token"), filepath.Join(v, "ca.crt")
 		case strings.TrimSpace(o) != "":
-			return a, fmt.Errorf("%w: address option %q: token-file=PATH and ca=PATH are known", ErrInvalid, o)
+			return a, fmt.Errorf("%w: address option %q: token-file=PATH, ca=PATH and credentials=DIR are known", ErrInvalid, o)
 		}
 	}
 	var err error
@@ -323,18 +329,25 @@ func connect(ctx context.Context, s settings, address string) (*Cluster, error) 
 	if err != nil {
 		return nil, err
 	}
+	// Who this driver is (admin with the cluster token, driver/<job> with a driver's
+	// credential), and the key of the links between the cluster's processes.
+	var who api.WhoAmI
+	if err := client.Do(ctx, http.MethodGet, "/v1/whoami", nil, &who); err != nil {
+		return nil, fmt.Errorf("sdk: who this driver is to the heads: %w", err)
+	}
+	link := []byte(who.LinkKey)
 	host := s.advertise
 	if host == "" {
 		host = "127.0.0.1"
 	}
 	sys, err := actors.NewSystem(actors.Config{Logger: s.log, DefaultCallTimeout: s.callTimeout, Codec: s.codec,
-		Remote: remoteConfig(net.JoinHostPort(host, "0"), token, id)})
+		Remote: remoteConfig(net.JoinHostPort(host, "0"), link, id)})
 	if err != nil {
 		return nil, err
 	}
-	c := &conn{s: s, log: s.log.Named("sdk"), client: client, sys: sys, token: string(token), owner: owner, agents: httpClient(id)}
+	c := &conn{s: s, log: s.log.Named("sdk"), client: client, sys: sys, token: string(token), owner: owner, principal: who.Principal, agents: httpClient(id)}
 	c.init()
-	if c.plane, err = coll.NewPlane(sys, token, host, s.log); err != nil {
+	if c.plane, err = coll.NewPlane(sys, link, host, s.log); err != nil {
 		_ = sys.Shutdown(ctx)
 		return nil, err
 	}
@@ -346,7 +359,7 @@ func connect(ctx context.Context, s settings, address string) (*Cluster, error) 
 	}
 	dir := td.path
 	nc := transfer.DefaultNodeConfig()
-	nc.Name, nc.Dir, nc.Token, nc.Logger, nc.ListenAddr = "driver", filepath.Join(dir, "store"), token, s.log.Named("objects"), net.JoinHostPort(host, "0")
+	nc.Name, nc.Dir, nc.Token, nc.Logger, nc.ListenAddr = "driver", filepath.Join(dir, "store"), link, s.log.Named("objects"), net.JoinHostPort(host, "0")
 	nc.Store.Directory = objects.NewDirectory(client.Meta())
 	secureLinks(id, nil, nil, &nc)
 	nc.Store.Capacity = 256 << 20

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,8 +35,9 @@ type WorkerInfo struct {
 }
 
 // apiHandler is the agent's HTTP API, for the machine's worker processes (objects: put,
-// map, release, leases) and for operators (workers, logs, kill). Every request needs the
-// cluster token.
+// map, release, leases) and for operators (workers, logs, kill). Every request needs a
+// token (the cluster token, or a scoped one), and is decided by its caller's role
+// (authz.go).
 func (a *Agent) apiHandler() http.Handler {
 	m := http.NewServeMux()
 	m.HandleFunc("POST /v1/objects/put", a.put)
@@ -167,17 +167,16 @@ func (a *Agent) apiHandler() http.Handler {
 			a.serveMetrics(w, r)
 			return
 		}
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte("Bearer "+string(a.cfg.Token))) != 1 {
-			a.log.Warn("unauthenticated agent request refused", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
-			writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: a cluster token is required", Kind: "unauthenticated"})
-			return
-		}
 		if a.id != nil {
 			if _, ok := pki.Verified(r.TLS); !ok {
 				a.log.Warn("agent request without a client certificate refused", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
 				writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: a client certificate of the cluster CA is required", Kind: "unauthenticated"})
 				return
 			}
+		}
+		r, ok := a.authorize(w, r, m) // authz.go
+		if !ok {
+			return
 		}
 		m.ServeHTTP(w, r)
 	})

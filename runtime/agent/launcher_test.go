@@ -97,7 +97,7 @@ func TestWriteDriverFiles(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			run := t.TempDir()
-			env, err := writeDriverFiles(run, "j.driver.0.g0", api.WorkerSpec{Token: "tok", Heads: []string{"http://a:1", "http://b:2"}, CACert: c.caCert})
+			env, _, err := writeDriverFiles(run, "j.driver.0.g0", api.WorkerSpec{Token: "tok", Heads: []string{"http://a:1", "http://b:2"}, CACert: c.caCert})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -24,6 +24,10 @@ type WhoAmI struct {
 // (driver/<job>) placed on the agent's machine. The token ends with its job.
 type TokenRequest struct {
 	Principal string `json:"principal"`
+	// Gang and Rank name the gang member a submitted driver runs as (a gang whose spec
+	// says Driver); a worker's principal names its own.
+	Gang string `json:"gang,omitempty"`
+	Rank int    `json:"rank,omitempty"`
 }
 
 // TokenReply is a minted credential.

@@ -86,7 +86,7 @@ var routeRules = map[string]routeRule{
 	"/v1/propose":                admin(authz.ActPropose),
 	"POST /v1/txn":               {check: checkTxn},
 	"POST /v1/certs":             {action: authz.ActCertSign, target: certTarget},
-	"POST /v1/tokens":            {action: authz.ActTokenMint, target: bodyTarget(func(t api.TokenRequest) authz.Target { return forTarget(t.Principal) })},
+	"POST /v1/tokens":            {action: authz.ActTokenMint, target: tokenTarget},
 	"POST /v1/tokens/revoke":     admin(authz.ActTokenRevoke),
 	"POST /v1/machines/register": {action: authz.ActMachineReport, target: bodyTarget(func(m api.Machine) authz.Target { return authz.Target{Machine: m.Name} })},
 	"POST /v1/machines/load":     {action: authz.ActMachineReport, target: bodyTarget(func(l api.LoadReport) authz.Target { return authz.Target{Machine: l.Machine} })},
@@ -126,6 +126,33 @@ func forTarget(s string) authz.Target {
 	}
 	return authz.Target{For: p}
 }
+
+// tokenTarget: a credential for a worker (its gang member's machine decides), or for the
+// driver of a job that runs as a member of a driver gang (that member's machine).
+func tokenTarget(r *http.Request, id authz.Identity, body []byte) (authz.Target, error) {
+	var req api.TokenRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return authz.Target{}, fmt.Errorf("%w: /v1/tokens: %v", api.ErrInvalid, err)
+	}
+	t := forTarget(req.Principal)
+	if t.For.Role != authz.RoleDriver {
+		return t, nil
+	}
+	t.Machine = "?" // no machine unless a driver gang of the job has the member
+	if s, ok := r.Context().Value(stateKey{}).(stateView); ok {
+		kv, found := s.sm.Get(api.TableGangs + t.For.Job + "/" + req.Gang)
+		var g api.Gang
+		if found && json.Unmarshal(kv.Value, &g) == nil && g.Spec.Driver {
+			if m, ok := s.MemberMachine(t.For.Job, req.Gang, req.Rank); ok {
+				t.Machine = m
+			}
+		}
+	}
+	return t, nil
+}
+
+// stateKey carries the API's state view to a route's target function.
+type stateKey struct{}
 
 // certTarget: a certificate for the principal asked for, or for the token's own.
 func certTarget(r *http.Request, id authz.Identity, body []byte) (authz.Target, error) {
@@ -243,7 +270,7 @@ func (a *API) serveAuthorized(w http.ResponseWriter, r *http.Request) {
 	default:
 		var t authz.Target
 		if rule.target != nil {
-			if t, err = rule.target(r, id, body); err != nil {
+			if t, err = rule.target(r.WithContext(context.WithValue(r.Context(), stateKey{}, a.state)), id, body); err != nil {
 				a.answer(w, r, nil, err)
 				return
 			}
