@@ -260,8 +260,6 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: log, client: client, node: node, local: local, dir: dir, hc: hc, sample: newLoadSampler(), obs: obs,
 		gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{}, ended: map[string]bool{},
 		changed: make(chan struct{}), slots: make(chan struct{}, cfg.MaxLaunches), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
-	a.state = newAgentState(a)
-	a.authn = &authz.Authenticator{Secret: cfg.Token, Revoked: a.state.Revoked}
 	a.registerMetrics()
 	if a.cfg.Launcher == nil {
 		runDir := filepath.Join(cfg.Dir, "run")

@@ -18,6 +18,7 @@ import (
 
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/store/object"
 	"github.com/atoll-run/atoll/store/transfer"
@@ -39,6 +40,8 @@ type WorkerInfo struct {
 // token (the cluster token, or a scoped one), and is decided by its caller's role
 // (authz.go).
 func (a *Agent) apiHandler() http.Handler {
+	a.state = newAgentState(a)
+	a.authn = &authz.Authenticator{Secret: a.cfg.Token, Revoked: a.state.Revoked}
 	m := http.NewServeMux()
 	m.HandleFunc("POST /v1/objects/put", a.put)
 	m.HandleFunc("POST /v1/objects/map", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/authz"
+	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/store/object"
 )
 
@@ -152,7 +153,7 @@ func (s *agentState) OwnerPrincipal(owner string) (authz.Principal, bool) {
 	s.mu.Lock()
 	c, hit := s.owners[owner]
 	s.mu.Unlock()
-	if hit && time.Since(c.when) < cacheTTL {
+	if hit && time.Since(c.when) < cacheTTL || s.a.client == nil {
 		return c.v, c.ok
 	}
 	ctx, cancel := context.WithTimeout(s.a.ctx, 5*time.Second)
@@ -183,7 +184,7 @@ func (s *agentState) Revoked(id string) bool {
 	s.mu.Lock()
 	c, hit := s.revoked[id]
 	s.mu.Unlock()
-	if hit && time.Since(c.when) < cacheTTL {
+	if hit && time.Since(c.when) < cacheTTL || s.a.client == nil {
 		return c.v
 	}
 	ctx, cancel := context.WithTimeout(s.a.ctx, 5*time.Second)
@@ -207,20 +208,31 @@ func (s *agentState) objectOwner(ctx context.Context, id object.ID) (string, err
 	if ok {
 		return o, nil
 	}
-	rec, found, err := s.a.dir.Record(ctx, id)
-	if err != nil {
-		return "", err
-	}
-	if !found {
-		return "", fmt.Errorf("%w: no object %s", api.ErrNotFound, id.Short())
+	owner := ""
+	switch d := s.a.node.Store.Directory().(type) {
+	case *objects.Directory: // the record, dead or alive
+		rec, found, err := d.Record(ctx, id)
+		if err != nil {
+			return "", err
+		}
+		if !found {
+			return "", fmt.Errorf("%w: no object %s", object.ErrNotFound, id.Short())
+		}
+		owner = rec.Owner
+	default:
+		m, err := d.Lookup(ctx, id)
+		if err != nil {
+			return "", err
+		}
+		owner = m.Owner
 	}
 	s.mu.Lock()
 	if len(s.objects) >= 100_000 { // bounded: start again
 		s.objects = map[object.ID]string{}
 	}
-	s.objects[id] = rec.Owner
+	s.objects[id] = owner
 	s.mu.Unlock()
-	return rec.Owner, nil
+	return owner, nil
 }
 
 // authorize authenticates and decides a request of the agent's API; it answers the

@@ -184,9 +184,13 @@ func writeDriverFiles(runDir, name string, spec api.WorkerSpec) (env, files []st
 	return env, files, nil
 }
 
+// removeFiles removes the regular files of a list (what is not one, the launcher did not
+// write).
 func removeFiles(files []string) {
 	for _, f := range files {
-		_ = os.Remove(f)
+		if st, err := os.Lstat(f); err == nil && st.Mode().IsRegular() {
+			_ = os.Remove(f)
+		}
 	}
 }
 
