@@ -51,15 +51,15 @@ var agentRules = map[string]agentRule{
 	}},
 	"POST /v1/objects/map":       {ref: true, decide: readAndHold},
 	"POST /v1/objects/verify":    {ref: true, decide: objectOf(authz.ActObjectRead)},
+	"POST /v1/objects/persist":   {ref: true, decide: objectOf(authz.ActObjectRead)},
+	"POST /v1/objects/export":    {ref: true, decide: objectOf(authz.ActObjectRead)},
 	"POST /v1/objects/unmap":     {ref: true, decide: holderOf(authz.ActObjectHold)},
 	"POST /v1/objects/release":   {ref: true, decide: holderOf(authz.ActObjectHold)},
 	"POST /v1/leases/renew":      {ref: true, decide: holderOf(authz.ActObjectHold)},
 	"POST /v1/objects/free":      {ref: true, decide: objectOf(authz.ActObjectWrite)},
 	"POST /v1/objects/drop":      {ref: true, decide: objectOf(authz.ActObjectWrite)},
-	"POST /v1/objects/persist":   {ref: true, decide: objectOf(authz.ActObjectWrite)},
-	"POST /v1/objects/export":    {ref: true, decide: objectOf(authz.ActObjectWrite)},
 	"POST /v1/objects/unexport":  {ref: true, decide: objectOf(authz.ActObjectWrite)},
-	"POST /v1/objects/replicate": {ref: true, decide: objectAndHolder(authz.ActObjectWrite)},
+	"POST /v1/objects/replicate": {ref: true, decide: objectAndHolder(authz.ActObjectPut)},
 	"GET /v1/workers":            {action: authz.ActAgentStateRead},
 	"POST /v1/workers/kill": {decide: func(a *Agent, p authz.Principal, r *http.Request, _ *api.ObjectRef) error {
 		return authz.Decide(p, authz.ActWorkerKill, authz.Target{Job: r.URL.Query().Get("job")}, a.state)

@@ -98,6 +98,8 @@ func allowed(p Principal, scope Scope, t Target, s State) bool {
 		return ownsObject(p, t.Owner, s)
 	case ScopeReadObjects:
 		return readsObject(p, t.Owner, s)
+	case ScopeNewObjects:
+		return t.Owner == "detached" || ownsObject(p, t.Owner, s)
 	}
 	return false
 }

@@ -65,6 +65,9 @@ const (
 	ScopeOwnObjects
 	// ScopeReadObjects: objects of its job and shared ones (detached, an admin's).
 	ScopeReadObjects
+	// ScopeNewObjects: new objects (or copies) in its own name, as ScopeOwnObjects, or
+	// detached ones (shared, and kept until freed).
+	ScopeNewObjects
 )
 
 // String says what the scope allows, as the table shows it.
@@ -82,6 +85,8 @@ func (s Scope) String() string {
 		return "its own objects"
 	case ScopeReadObjects:
 		return "its job's and shared objects"
+	case ScopeNewObjects:
+		return "its own or detached objects"
 	}
 	return "—"
 }
@@ -128,10 +133,10 @@ var table = []Rule{
 	row(ActKVBinaries, "head `POST /v1/txn` puts on `binaries/` (content-addressed; agents check the hash)", any_, none, none, any_, none),
 	row(ActKVOwners, "head `POST /v1/txn` on `owners/` (a driver's record, naming its principal)", any_, none, none, ScopeSelf, none),
 	row(ActKVControl, "head `POST /v1/txn` on every other table (`nodes/ jobs/ gangs/ placements/ actors/ events/ config/ control/ auth/`)", any_, none, none, none, none),
-	row(ActObjectPut, "agent `POST /v1/objects/put` (the new object's holder)", any_, any_, any_, ScopeOwnObjects, ScopeOwnObjects),
-	row(ActObjectRead, "agent `POST /v1/objects/map`, `/v1/objects/verify`; transfer plane: opening an object to pull", any_, any_, any_, ScopeReadObjects, ScopeReadObjects),
-	row(ActObjectHold, "agent `POST /v1/objects/unmap`, `/v1/objects/release`, `/v1/leases/renew` (a holder's own references)", any_, any_, any_, ScopeOwnObjects, ScopeOwnObjects),
-	row(ActObjectWrite, "agent `POST /v1/objects/free`, `drop`, `replicate`, `persist`, `export`, `unexport`", any_, any_, any_, ScopeOwnObjects, ScopeOwnObjects),
+	row(ActObjectPut, "agent `POST /v1/objects/put` (the new object's holder), `/v1/objects/replicate` (the new copy's holder)", any_, any_, any_, ScopeNewObjects, ScopeNewObjects),
+	row(ActObjectRead, "agent `POST /v1/objects/map`, `verify`, `persist`, `export`, `replicate` (the object); transfer plane: opening an object to pull", any_, any_, any_, ScopeReadObjects, ScopeReadObjects),
+	row(ActObjectHold, "agent `POST /v1/objects/map`, `unmap`, `release`, `/v1/leases/renew` (the holder of the references)", any_, any_, any_, ScopeOwnObjects, ScopeOwnObjects),
+	row(ActObjectWrite, "agent `POST /v1/objects/free`, `drop`, `unexport` (the object)", any_, any_, any_, ScopeOwnObjects, ScopeOwnObjects),
 	row(ActWorkerKill, "agent `POST /v1/workers/kill`", any_, any_, none, ScopeJob, none),
 	row(ActLogsRead, "agent `GET /v1/logs` (a worker's or driver's output)", any_, any_, none, ScopeJob, none),
 	row(ActAgentStateRead, "agent `GET /v1/workers`", any_, any_, any_, any_, any_),
