@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -341,7 +342,7 @@ func connect(ctx context.Context, s settings, address string) (*Cluster, error) 
 		host = "127.0.0.1"
 	}
 	sys, err := actors.NewSystem(actors.Config{Logger: s.log, DefaultCallTimeout: s.callTimeout, Codec: s.codec,
-		Remote: remoteConfig(net.JoinHostPort(host, "0"), link, id)})
+		Remote: remoteConfig(net.JoinHostPort(host, "0"), link, id, who.Principal)})
 	if err != nil {
 		return nil, err
 	}
@@ -362,6 +363,10 @@ func connect(ctx context.Context, s settings, address string) (*Cluster, error) 
 	nc.Name, nc.Dir, nc.Token, nc.Logger, nc.ListenAddr = "driver", filepath.Join(dir, "store"), link, s.log.Named("objects"), net.JoinHostPort(host, "0")
 	nc.Store.Directory = objects.NewDirectory(client.Meta())
 	secureLinks(id, nil, nil, &nc)
+	if id != nil { // a driver of one job serves its store to that job's processes
+		admit := linkAdmit(who.Principal)
+		nc.Server.Authorize = func(_ context.Context, peer *x509.Certificate, _ object.ID) error { return admit(peer) }
+	}
 	nc.Store.Capacity = 256 << 20
 	if s.objectCap > 0 {
 		nc.Store.Capacity = s.objectCap

@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"net/http"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"github.com/atoll-run/atoll/actors"
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/coll"
 	"github.com/atoll-run/atoll/store/transfer"
 )
@@ -48,14 +50,37 @@ func readCA(caFile string) ([]byte, error) {
 	return b, nil
 }
 
-// remoteConfig is the actor system's remote configuration: the token, and mutual TLS with
-// an identity.
-func remoteConfig(listen string, token []byte, id *pki.Identity) *actors.RemoteConfig {
+// remoteConfig is the actor system's remote configuration: the link key, and mutual TLS
+// with an identity, under which a link is admitted by its peer's certificate (self is this
+// process's principal: a process of one job admits the processes of that job and the
+// cluster's own, authz.LinkAdmits).
+func remoteConfig(listen string, token []byte, id *pki.Identity, self string) *actors.RemoteConfig {
 	rc := &actors.RemoteConfig{Listen: listen, Token: token}
 	if id != nil {
 		rc.ServerTLS, rc.ClientTLS = id.Server(), id.Client()
+		rc.Admit = linkAdmit(self)
 	}
 	return rc
+}
+
+// linkAdmit decides the links into a process whose principal is self, by the peer's
+// certificate (authz.LinkAdmits): a process of one job admits that job's processes and the
+// cluster's own (admin, heads, agents); a process of no job (an admin's driver), every one.
+func linkAdmit(self string) func(peer *x509.Certificate) error {
+	me, err := authz.ParsePrincipal(self)
+	if err != nil {
+		me = authz.Admin() // a process that does not know itself confines no one
+	}
+	return func(peer *x509.Certificate) error {
+		g, ok, err := authz.ParseGrant(pki.GrantOf(peer))
+		if err != nil || !ok {
+			if me.Job == "" {
+				return nil
+			}
+			return fmt.Errorf("%w: a link into a process of job %s needs a certificate that names its principal", authz.ErrForbidden, me.Job)
+		}
+		return authz.LinkAdmits(me, g.Principal)
+	}
 }
 
 // secureLinks puts an identity on the client of the heads, the collective plane and an

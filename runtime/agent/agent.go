@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -230,8 +232,16 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	nc := transfer.DefaultNodeConfig()
 	nc.Name, nc.Dir, nc.Token, nc.Logger, nc.ListenAddr = cfg.Name, filepath.Join(cfg.Dir, "store"), authz.LinkKey(cfg.Token), log.Named("objects"), cfg.TransferListen
+	var self atomic.Pointer[Agent] // the agent, once made: it decides what peers may pull
 	if id != nil {
 		nc.Server.TLS, nc.Client.TLS = id.Server(), id.Client()
+		nc.Server.Authorize = func(ctx context.Context, peer *x509.Certificate, oid object.ID) error {
+			a := self.Load()
+			if a == nil {
+				return fmt.Errorf("%w: agent %s is starting", authz.ErrForbidden, cfg.Name)
+			}
+			return a.authorizePull(ctx, peer, oid)
+		}
 	}
 	nc.Advertise = cfg.Advertise
 	obs := newAgentObs(cfg.Registry)
@@ -260,6 +270,8 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: log, client: client, node: node, local: local, dir: dir, hc: hc, sample: newLoadSampler(), obs: obs,
 		gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{}, ended: map[string]bool{},
 		changed: make(chan struct{}), slots: make(chan struct{}, cfg.MaxLaunches), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
+	a.state = newAgentState(a)
+	self.Store(a)
 	a.registerMetrics()
 	if a.cfg.Launcher == nil {
 		runDir := filepath.Join(cfg.Dir, "run")

@@ -40,7 +40,9 @@ type WorkerInfo struct {
 // token (the cluster token, or a scoped one), and is decided by its caller's role
 // (authz.go).
 func (a *Agent) apiHandler() http.Handler {
-	a.state = newAgentState(a)
+	if a.state == nil {
+		a.state = newAgentState(a)
+	}
 	a.authn = &authz.Authenticator{Secret: a.cfg.Token, Revoked: a.state.Revoked}
 	m := http.NewServeMux()
 	m.HandleFunc("POST /v1/objects/put", a.put)

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/objects"
@@ -302,4 +304,23 @@ func (a *Agent) credential(ctx context.Context, spec api.WorkerSpec) (string, er
 		return "", err
 	}
 	return rep.Token, nil
+}
+
+// authorizePull decides an object a peer opens on this machine's transfer plane, by the
+// principal its certificate's grant names (a certificate without one was not made for a
+// principal: it is the operator's). A driver or a worker reads its job's objects and
+// shared ones.
+func (a *Agent) authorizePull(ctx context.Context, peer *x509.Certificate, id object.ID) error {
+	g, ok, err := authz.ParseGrant(pki.GrantOf(peer))
+	if err != nil {
+		return fmt.Errorf("%w: %v", authz.ErrForbidden, err)
+	}
+	if !ok {
+		return nil
+	}
+	err = a.decideObject(ctx, g.Principal, authz.ActObjectRead, id.String())
+	if err != nil && !errors.Is(err, authz.ErrForbidden) && errors.Is(err, object.ErrNotFound) {
+		return nil // unknown to the directory: the store answers not found itself
+	}
+	return err
 }
