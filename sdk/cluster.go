@@ -74,6 +74,9 @@ var (
 	ErrNotFound = api.ErrNotFound
 	// ErrExists: a job, gang or placed actor of that name is already running.
 	ErrExists = api.ErrExists
+	// ErrForbidden: this process's credential does not allow it (a driver's of one job
+	// acts within that job: docs/hardening.md has the table of role × action).
+	ErrForbidden = api.ErrForbidden
 	// ErrUnknownTask: no task of that name was given to Start/Local/Connect (with Tasks).
 	ErrUnknownTask = errors.New("sdk: unknown task")
 	// ErrNoCluster: no cluster address was given and no embedded cluster was made

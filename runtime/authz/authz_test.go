@@ -186,6 +186,8 @@ func TestDecide(t *testing.T) {
 		{da, ActJobWrite, Target{Job: "a"}, true},
 		{da, ActJobWrite, Target{Job: "b"}, false},
 		{wa0, ActJobWrite, Target{Job: "a"}, false},
+		{wa0, ActGangWrite, Target{Job: "a", Gang: "tasks"}, true},
+		{wa0, ActGangWrite, Target{Job: "b", Gang: "g"}, false},
 		{da, ActGangWrite, Target{Job: "a", Gang: "x"}, true},
 		{db, ActGangWrite, Target{Job: "a", Gang: "x"}, false},
 		{wa0, ActWorkerReady, Target{For: wa0}, true},

@@ -259,10 +259,11 @@ func TestScopedCredentials(t *testing.T) {
 		body         any
 	}{
 		{"POST", "/v1/workers/ready", api.Worker{Job: "a", Gang: "g", Rank: 1}},
-		{"POST", "/v1/gangs/stop?job=a&gang=g", nil},
+		{"POST", "/v1/gangs/stop?job=b&gang=g", nil},
 		{"POST", "/v1/jobs/stop?job=a", nil},
 		{"POST", "/v1/txn", txn(put(api.TableObjects+"o4", `{"id":"o4","owner":"worker/a/g/1.g0"}`))},
-		{"POST", "/v1/txn", txn(put(api.TableCheckpoints+"a/g/00000002", "{}"))},
+		{"POST", "/v1/txn", txn(put(api.TableCheckpoints+"b/g/00000002", "{}"))},
+		{"POST", "/v1/txn", txn(put(api.TableGangs+"a/g", "{}"))},
 	} {
 		if code, out := wrk.do(r.method, r.path, r.body); code != http.StatusForbidden || !strings.Contains(out, "role worker") {
 			t.Errorf("worker/a/g/0: %s %s: %d %s; want 403", r.method, r.path, code, out)
