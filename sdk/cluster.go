@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -287,8 +288,18 @@ func newToken() string {
 	return hex.EncodeToString(b)
 }
 
+// drivers counts the connections this process made: each owns objects under a name of its
+// own.
+var drivers atomic.Int64
+
+// ownerName names this connection as an owner of objects: driver/<host>/<pid>, and
+// driver/<host>/<pid>.<n> for the n-th connection of the process after its first (two
+// drivers of one process, with credentials of different jobs, own different objects).
 func ownerName() string {
 	host, _ := os.Hostname()
+	if n := drivers.Add(1); n > 1 {
+		return fmt.Sprintf("driver/%s/%d.%d", host, os.Getpid(), n)
+	}
 	return fmt.Sprintf("driver/%s/%d", host, os.Getpid())
 }
 

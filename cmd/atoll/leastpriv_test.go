@@ -281,7 +281,7 @@ func probeFromWorker(ctx *sdk.Context, p probe) (probeReport, error) {
 	defer ccancel()
 	if ref, err := sdk.Lookup(cctx, ctx, p.Victim+"/"+p.VictimGang); err != nil {
 		rep.Call = "lookup: " + err.Error()
-	} else if n, err := sdk.Call[int](cctx, ctx, ref, tick{}); err != nil {
+	} else if n, err := sdk.Call[int](cctx, ctx, ref, bump{}); err != nil {
 		rep.Call = "refused: " + err.Error()
 	} else {
 		rep.Call = fmt.Sprintf("answered %d", n)
@@ -391,23 +391,24 @@ func TestHostileWorkerAndDriverAreConfined(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The victim: an admin's driver (the cluster token), a counter gang, and an object of
-	// its job.
+	// The victim: an admin's driver (the cluster token) and a gang whose worker put an
+	// object in its machine's store.
 	vc, victim := connectJob(ctx, t, dir, "victim")
-	vg, err := victim.SpawnGang(ctx, sdk.GangSpec{Name: "vg", Kind: "counter", Workers: 1})
+	vg, err := victim.SpawnGang(ctx, sdk.GangSpec{Name: "vg", Kind: "blob", Workers: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := vg.AwaitRunning(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := sdk.Call[int](ctx, vc, vg.Worker(0), tick{}); err != nil || n != 1 {
-		t.Fatalf("the victim's counter: %d, %v", n, err)
+	if n, err := sdk.Call[int](ctx, vc, vg.Worker(0), bump{}); err != nil || n != 1 {
+		t.Fatalf("the victim's first step: %d, %v", n, err)
 	}
-	vobj, err := sdk.Put(ctx, vc, []byte("the victim's data"))
+	vid, err := sdk.Call[string](ctx, vc, vg.Worker(0), putOwned{Tag: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
+	vobj := sdk.Ref[[]byte]{ID: vid}
 
 	// The attacker's credential: a driver of job mallory (atoll token create).
 	cred := filepath.Join(t.TempDir(), "mallory")
@@ -497,7 +498,7 @@ func TestHostileWorkerAndDriverAreConfined(t *testing.T) {
 		t.Errorf("lookup (a read): %v", err)
 	} else {
 		cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
-		if n, err := sdk.Call[int](cctx, mc, ref, tick{}); err == nil {
+		if n, err := sdk.Call[int](cctx, mc, ref, bump{}); err == nil {
 			t.Errorf("the driver called the victim's actor: %d", n)
 		}
 		ccancel()
@@ -526,8 +527,11 @@ func TestHostileWorkerAndDriverAreConfined(t *testing.T) {
 	if s, err := sdk.Call[string](ctx, mc, hg.Worker(0), tick{}); err != nil || s != "alive" {
 		t.Errorf("the hostile worker's own work: %q %v", s, err)
 	}
-	if n, err := sdk.Call[int](ctx, vc, vg.Worker(0), tick{}); err != nil || n != 2 {
-		t.Errorf("the victim's counter after the attacks: %d, %v; want 2", n, err)
+	if n, err := sdk.Call[int](ctx, vc, vg.Worker(0), bump{}); err != nil || n != 2 {
+		t.Errorf("the victim's step after the attacks: %d, %v; want 2 (nothing of it changed)", n, err)
+	}
+	if b, err := sdk.Get(ctx, vc, vobj); err != nil || !strings.HasPrefix(string(b), "owned by a worker incarnation") {
+		t.Errorf("the victim's object after the attacks: %q %v", b, err)
 	}
 	mine, err := sdk.Put(ctx, mc, []byte("mallory's own data"))
 	if err != nil {
@@ -549,7 +553,7 @@ func TestHostileWorkerAndDriverAreConfined(t *testing.T) {
 	if out, err := exec.Command(bin, "token", "revoke", "--dir", dir, "--credentials", cred).CombinedOutput(); err != nil {
 		t.Fatalf("atoll token revoke: %v\n%s", err, out)
 	}
-	if a := dc.do(ctx, "", "GET", "/v1/whoami", nil, "whoami", ""); a.Code != http.StatusUnauthorized || !strings.Contains(a.Body, "revoked") {
+	if a := dc.do(ctx, heads.Heads[0], "GET", "/v1/whoami", nil, "whoami", ""); a.Code != http.StatusUnauthorized || !strings.Contains(a.Body, "revoked") {
 		t.Errorf("a revoked credential: %d %s %s", a.Code, a.Body, a.Err)
 	}
 }

@@ -147,6 +147,8 @@ type Agent struct {
 	// (authz.go).
 	authn *authz.Authenticator
 	state *agentState
+	// reports bounds the refusals being reported to the heads at once.
+	reports chan struct{}
 }
 
 // Identity is the agent's certificate (nil without TLS).
@@ -271,6 +273,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{}, ended: map[string]bool{},
 		changed: make(chan struct{}), slots: make(chan struct{}, cfg.MaxLaunches), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
 	a.state = newAgentState(a)
+	a.reports = make(chan struct{}, 8)
 	self.Store(a)
 	a.registerMetrics()
 	if a.cfg.Launcher == nil {

@@ -319,8 +319,37 @@ func (a *Agent) authorizePull(ctx context.Context, peer *x509.Certificate, id ob
 		return nil
 	}
 	err = a.decideObject(ctx, g.Principal, authz.ActObjectRead, id.String())
-	if err != nil && !errors.Is(err, authz.ErrForbidden) && errors.Is(err, object.ErrNotFound) {
+	var denied *authz.Denied
+	switch {
+	case errors.As(err, &denied):
+		a.reportRefusal(denied, "transfer plane: open "+id.Short())
+	case err != nil && errors.Is(err, object.ErrNotFound):
 		return nil // unknown to the directory: the store answers not found itself
 	}
 	return err
+}
+
+// reportRefusal sends a refusal to the heads for their event log (POST /v1/audit), in the
+// background: at most a few at once, the others only logged here.
+func (a *Agent) reportRefusal(d *authz.Denied, where string) {
+	if a.client == nil || a.ctx == nil {
+		return
+	}
+	select {
+	case a.reports <- struct{}{}:
+	default:
+		return
+	}
+	ev := api.Event{By: d.Principal.String(), Action: string(d.Action), Job: d.Target.Job, Reason: where + ": " + d.Target.String()}
+	if len(ev.Reason) > api.MaxTextBytes/2 {
+		ev.Reason = ev.Reason[:api.MaxTextBytes/2]
+	}
+	go func() {
+		defer func() { <-a.reports }()
+		ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
+		defer cancel()
+		if err := a.client.Do(ctx, http.MethodPost, "/v1/audit", ev, nil); err != nil {
+			a.log.Info("a refusal was not reported to the heads", zap.Error(err))
+		}
+	}()
 }

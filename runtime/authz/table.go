@@ -41,6 +41,7 @@ const (
 	ActLogsRead       Action = "logs.read"
 	ActActorLink      Action = "actor.link"
 	ActAgentStateRead Action = "agent.read"
+	ActAuditReport    Action = "audit.report"
 )
 
 // Scope is how far a role may act on a target.
@@ -124,6 +125,7 @@ var table = []Rule{
 	row(ActWorkerExited, "head `POST /v1/workers/exited`", any_, none, ScopeMachine, none, none),
 	row(ActCostReport, "head `POST /v1/costs` (restart costs the scheduler learns, measured on a machine)", any_, none, none, none, ScopeMachine),
 	row(ActProgress, "head `POST /v1/progress`", any_, none, none, ScopeJob, ScopeJob),
+	row(ActAuditReport, "head `POST /v1/audit` (a refusal on an agent's API or transfer plane, for the event log)", any_, any_, any_, none, none),
 	row(ActMachineDrain, "head `POST /v1/machines/drain`, `/v1/machines/undrain`", any_, none, none, none, none),
 	row(ActPoolInterrupt, "head `POST /v1/pools/interrupt`", any_, none, none, none, none),
 	row(ActConfigWrite, "head `PUT /v1/scheduler` (queues, priority classes, bounds)", any_, none, none, none, none),

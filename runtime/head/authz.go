@@ -88,6 +88,7 @@ var routeRules = map[string]routeRule{
 	"POST /v1/certs":             {action: authz.ActCertSign, target: certTarget},
 	"POST /v1/tokens":            {action: authz.ActTokenMint, target: tokenTarget},
 	"POST /v1/tokens/revoke":     admin(authz.ActTokenRevoke),
+	"POST /v1/audit":             {action: authz.ActAuditReport},
 	"POST /v1/machines/register": {action: authz.ActMachineReport, target: bodyTarget(func(m api.Machine) authz.Target { return authz.Target{Machine: m.Name} })},
 	"POST /v1/machines/load":     {action: authz.ActMachineReport, target: bodyTarget(func(l api.LoadReport) authz.Target { return authz.Target{Machine: l.Machine} })},
 	"POST /v1/jobs":              {action: authz.ActJobWrite, target: bodyTarget(func(j api.Job) authz.Target { return authz.Target{Job: j.Name} })},
@@ -468,6 +469,15 @@ func (a *API) authRoutes(m *http.ServeMux) {
 		a.answer(w, r, api.WhoAmI{Principal: id.Principal.String(), LinkKey: string(authz.LinkKey([]byte(a.token))), TokenID: id.TokenID}, nil)
 	})
 	m.HandleFunc("POST /v1/tokens", postReq(a, func(r *http.Request, req api.TokenRequest) (any, error) { return a.mintToken(req) }))
+	m.HandleFunc("POST /v1/audit", postReq(a, func(r *http.Request, ev api.Event) (any, error) {
+		id, _ := identityOf(r)
+		if len(ev.Reason) > api.MaxTextBytes || len(ev.By) > 256 || len(ev.Action) > 64 || len(ev.Job) > api.MaxNameBytes {
+			return nil, fmt.Errorf("%w: /v1/audit: a field over its bound", api.ErrInvalid)
+		}
+		a.audit(api.Event{Kind: api.EventRefused, By: ev.By, Action: ev.Action, Job: ev.Job, Machine: id.Principal.Machine,
+			Reason: ev.Reason + " (refused by " + id.Principal.String() + ")"})
+		return nil, nil
+	}))
 	m.HandleFunc("POST /v1/tokens/revoke", postReq(a, func(r *http.Request, rev api.Revocation) (any, error) {
 		id, _ := identityOf(r)
 		return nil, a.revoke(a.ctx(r), id, rev)
