@@ -282,6 +282,7 @@ func (a *Agent) authorize(w http.ResponseWriter, r *http.Request, mux *http.Serv
 	case errors.As(err, &denied):
 		a.log.Warn("agent request refused", zap.String("principal", p.String()), zap.String("action", string(denied.Action)),
 			zap.String("path", r.URL.Path), zap.String("target", denied.Target.String()), zap.String("remote", r.RemoteAddr))
+		a.reportRefusal(denied, r.Method+" "+r.URL.Path)
 		writeJSON(w, http.StatusForbidden, api.ErrorBody{Error: denied.Error(), Kind: "forbidden"})
 		return nil, false
 	case err != nil:
