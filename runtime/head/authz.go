@@ -474,6 +474,9 @@ func (a *API) authRoutes(m *http.ServeMux) {
 		if len(ev.Reason) > api.MaxTextBytes || len(ev.By) > 256 || len(ev.Action) > 64 || len(ev.Job) > api.MaxNameBytes {
 			return nil, fmt.Errorf("%w: /v1/audit: a field over its bound", api.ErrInvalid)
 		}
+		if st := a.rep.Status(); st.Leader != 0 && st.Leader != st.ID { // only the leader commits events
+			return nil, &paxos.NotLeaderError{Leader: st.Leader}
+		}
 		a.audit(api.Event{Kind: api.EventRefused, By: ev.By, Action: ev.Action, Job: ev.Job, Machine: id.Principal.Machine,
 			Reason: ev.Reason + " (refused by " + id.Principal.String() + ")"})
 		return nil, nil
