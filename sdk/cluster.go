@@ -356,7 +356,7 @@ func connect(ctx context.Context, s settings, address string) (*Cluster, error) 
 		host = "127.0.0.1"
 	}
 	sys, err := actors.NewSystem(actors.Config{Logger: s.log, DefaultCallTimeout: s.callTimeout, Codec: s.codec,
-		Remote: remoteConfig(net.JoinHostPort(host, "0"), link, id, who.Principal)})
+		Remote: remoteConfig(net.JoinHostPort(host, "0"), link, id, who.Principal, client)})
 	if err != nil {
 		return nil, err
 	}
@@ -378,7 +378,7 @@ func connect(ctx context.Context, s settings, address string) (*Cluster, error) 
 	nc.Store.Directory = objects.NewDirectory(client.Meta())
 	secureLinks(id, nil, nil, &nc)
 	if id != nil { // a driver of one job serves its store to that job's processes
-		admit := linkAdmit(who.Principal)
+		admit := linkAdmit(who.Principal, client)
 		nc.Server.Authorize = func(_ context.Context, peer *x509.Certificate, _ object.ID) error { return admit(peer) }
 	}
 	nc.Store.Capacity = 256 << 20

@@ -131,6 +131,7 @@ type agentState struct {
 
 	mu      sync.Mutex
 	owners  map[string]cached[authz.Principal] // driver owner -> its principal
+	jobs    map[string]cached[authz.Principal] // job -> the principal that submitted it
 	revoked map[string]cached[bool]            // token id -> revoked
 	objects map[object.ID]string               // object -> owner (owners never change)
 }
@@ -144,7 +145,8 @@ type cached[T any] struct {
 var _ authz.State = (*agentState)(nil)
 
 func newAgentState(a *Agent) *agentState {
-	return &agentState{a: a, owners: map[string]cached[authz.Principal]{}, revoked: map[string]cached[bool]{}, objects: map[object.ID]string{}}
+	return &agentState{a: a, owners: map[string]cached[authz.Principal]{}, jobs: map[string]cached[authz.Principal]{}, revoked: map[string]cached[bool]{},
+		objects: map[object.ID]string{}}
 }
 
 // MemberMachine implements authz.State: no decision on an agent needs it.
@@ -176,6 +178,31 @@ func (s *agentState) OwnerPrincipal(owner string) (authz.Principal, bool) {
 	}
 	s.mu.Lock()
 	s.owners[owner] = c
+	s.mu.Unlock()
+	return c.v, c.ok
+}
+
+// JobPrincipal implements authz.State.
+func (s *agentState) JobPrincipal(job string) (authz.Principal, bool) {
+	s.mu.Lock()
+	c, hit := s.jobs[job]
+	s.mu.Unlock()
+	if hit && time.Since(c.when) < cacheTTL || s.a.client == nil {
+		return c.v, c.ok
+	}
+	ctx, cancel := context.WithTimeout(s.a.ctx, 5*time.Second)
+	defer cancel()
+	var j api.Job
+	found, err := s.a.client.Get(ctx, api.TableJobs+job, &j)
+	if err != nil {
+		return authz.Principal{}, false
+	}
+	c = cached[authz.Principal]{ok: found, when: time.Now(), v: authz.Admin()}
+	if p, err := authz.ParsePrincipal(j.Principal); err == nil {
+		c.v = p
+	}
+	s.mu.Lock()
+	s.jobs[job] = c
 	s.mu.Unlock()
 	return c.v, c.ok
 }

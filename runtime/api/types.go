@@ -700,8 +700,11 @@ type Binary struct {
 type Job struct {
 	Name  string   `json:"name"`
 	State JobState `json:"state"`
-	// Driver names who submitted it (host and pid).
+	// Driver names who submitted it (host and pid); Principal is the principal that
+	// submitted it (runtime/authz; the head sets it): a driver of one job acts on the jobs
+	// it submitted too. Empty in a record written before principals, read as admin.
 	Driver    string    `json:"driver,omitempty"`
+	Principal string    `json:"principal,omitempty"`
 	Submitted time.Time `json:"submitted"`
 	Stopped   time.Time `json:"stopped,omitempty"`
 	// Binary, Args and Env say how agents start the job's workers: the driver's own

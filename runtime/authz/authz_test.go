@@ -151,11 +151,17 @@ func TestAuthenticate(t *testing.T) {
 type fakeState struct {
 	members map[string]string // job/gang/rank -> machine
 	owners  map[string]Principal
+	jobs    map[string]Principal // job -> who submitted it
 }
 
 func (s fakeState) MemberMachine(job, gang string, rank int) (string, bool) {
 	m, ok := s.members[Worker(job, gang, rank).String()]
 	return m, ok
+}
+
+func (s fakeState) JobPrincipal(job string) (Principal, bool) {
+	p, ok := s.jobs[job]
+	return p, ok
 }
 
 func (s fakeState) OwnerPrincipal(o string) (Principal, bool) {
@@ -167,6 +173,7 @@ func TestDecide(t *testing.T) {
 	st := fakeState{
 		members: map[string]string{"worker/a/g/0": "m1", "worker/a/g/1": "m2", "worker/b/g/0": "m1"},
 		owners:  map[string]Principal{"driver/h/1": Driver("a"), "driver/h/2": Driver("b"), "driver/h/3": Admin()},
+		jobs:    map[string]Principal{"a": Driver("a"), "b": Admin(), "sub": Driver("a"), "x": Admin()},
 	}
 	da, db, wa0, wa1 := Driver("a"), Driver("b"), Worker("a", "g", 0), Worker("a", "g", 1)
 	m1 := Agent("m1")
@@ -185,6 +192,16 @@ func TestDecide(t *testing.T) {
 		{da, ActConfigWrite, Target{}, false},
 		{da, ActJobWrite, Target{Job: "a"}, true},
 		{da, ActJobWrite, Target{Job: "b"}, false},
+		{da, ActJobWrite, Target{Job: "sub"}, true}, // it submitted it
+		{db, ActJobWrite, Target{Job: "sub"}, false},
+		{da, ActJobSubmit, Target{Job: "new"}, true}, // a name not taken
+		{da, ActJobSubmit, Target{Job: "x"}, false},  // taken by another
+		{da, ActJobSubmit, Target{Job: "sub"}, true},
+		{wa0, ActJobSubmit, Target{Job: "new"}, false},
+		{da, ActKVObjects, Target{Owner: "job/sub"}, true},
+		{db, ActObjectRead, Target{Owner: "worker/sub/g/0.g0"}, false},
+		{wa0, ActObjectPut, Target{Owner: "checkpoint/a/g"}, true},
+		{wa0, ActObjectPut, Target{Owner: "checkpoint/a/other"}, false},
 		{wa0, ActJobWrite, Target{Job: "a"}, false},
 		{wa0, ActGangWrite, Target{Job: "a", Gang: "tasks"}, true},
 		{wa0, ActGangWrite, Target{Job: "b", Gang: "g"}, false},
@@ -251,13 +268,22 @@ func TestDecide(t *testing.T) {
 			t.Errorf("refusal %q does not name the role and the action", err)
 		}
 	}
-	if err := LinkAdmits(Driver("a"), Worker("b", "g", 0)); err == nil {
+	if err := LinkAdmits(Driver("a"), Worker("b", "g", 0), st); err == nil {
 		t.Error("a worker of job b was admitted into job a's driver")
 	}
-	if err := LinkAdmits(Admin(), Worker("b", "g", 0)); err != nil {
+	if err := LinkAdmits(Driver("a"), Worker("sub", "g", 0), st); err != nil {
+		t.Errorf("a worker of a job driver/a submitted was refused: %v", err)
+	}
+	if err := LinkAdmits(Worker("sub", "g", 0), Driver("a"), st); err != nil {
+		t.Errorf("the driver that submitted a job was refused by its worker: %v", err)
+	}
+	if err := LinkAdmits(Worker("sub", "g", 0), Driver("b"), st); err == nil {
+		t.Error("another job's driver was admitted into a worker")
+	}
+	if err := LinkAdmits(Admin(), Worker("b", "g", 0), st); err != nil {
 		t.Errorf("an admin's driver refused a worker: %v", err)
 	}
-	if err := LinkAdmits(Worker("a", "g", 1), Agent("m1")); err != nil {
+	if err := LinkAdmits(Worker("a", "g", 1), Agent("m1"), st); err != nil {
 		t.Errorf("an agent was refused: %v", err)
 	}
 }

@@ -16,6 +16,9 @@ type State interface {
 	// OwnerPrincipal is the principal of a driver process that owns objects
 	// ("driver/<host>/<pid>"), as its owner record (owners/) names it.
 	OwnerPrincipal(owner string) (Principal, bool)
+	// JobPrincipal is the principal that submitted a job, as its record names it (ok
+	// false: there is no such job).
+	JobPrincipal(job string) (Principal, bool)
 }
 
 // Target is what an action acts on; the fields the action needs are set.
@@ -91,7 +94,16 @@ func allowed(p Principal, scope Scope, t Target, s State) bool {
 	case ScopeSelf:
 		return !t.For.IsZero() && t.For == p
 	case ScopeJob:
-		return p.Job != "" && t.Job == p.Job
+		return inJob(p, t.Job, s)
+	case ScopeNewJob:
+		if inJob(p, t.Job, s) {
+			return true
+		}
+		if s == nil || t.Job == "" {
+			return false
+		}
+		_, taken := s.JobPrincipal(t.Job)
+		return !taken
 	case ScopeMachine:
 		return onMachine(p, t, s)
 	case ScopeOwnObjects:
@@ -182,6 +194,21 @@ func parseOwner(name string, s State) (owner, bool) {
 	return owner{}, false
 }
 
+// inJob: job is one of the principal's jobs: a worker's own; a driver's own, or one it
+// submitted (its record names the driver's principal).
+func inJob(p Principal, job string, s State) bool {
+	switch {
+	case job == "" || p.Job == "":
+		return false
+	case job == p.Job:
+		return true
+	case p.Role != RoleDriver || s == nil:
+		return false
+	}
+	q, ok := s.JobPrincipal(job)
+	return ok && q == p
+}
+
 func ownsObject(p Principal, name string, s State) bool {
 	o, ok := parseOwner(name, s)
 	if !ok || p.Job == "" {
@@ -189,9 +216,9 @@ func ownsObject(p Principal, name string, s State) bool {
 	}
 	switch p.Role {
 	case RoleDriver:
-		return o.job == p.Job
-	case RoleWorker:
-		return o.worker == p || name == "job/"+p.Job
+		return inJob(p, o.job, s)
+	case RoleWorker: // its own, its job's task results, its gang's checkpoint parts
+		return o.worker == p || name == "job/"+p.Job || name == "checkpoint/"+p.Job+"/"+p.Gang
 	}
 	return false
 }
@@ -201,16 +228,24 @@ func readsObject(p Principal, name string, s State) bool {
 	if !ok {
 		return false
 	}
-	return o.shared || (p.Job != "" && o.job == p.Job)
+	return o.shared || inJob(p, o.job, s)
 }
 
 // LinkAdmits decides an actor remote link into a process whose own principal is self:
-// from any privileged principal (admin, a head, an agent), and from a driver or a worker
-// of self's job; a process of no job (an admin's driver) admits every principal of the
-// cluster.
-func LinkAdmits(self, peer Principal) error {
+// from any privileged principal (admin, a head, an agent), from a driver or a worker of
+// self's job (a driver's job and the jobs it submitted are one), and from the driver that
+// submitted a worker's job; a process of no job (an admin's driver) admits every
+// principal of the cluster.
+func LinkAdmits(self, peer Principal, s State) error {
 	if self.Job == "" {
 		return nil
 	}
-	return Decide(peer, ActActorLink, Target{Job: self.Job}, nil)
+	err := Decide(peer, ActActorLink, Target{Job: self.Job}, s)
+	if err == nil || peer.Role != RoleWorker || self.Role != RoleDriver {
+		return err
+	}
+	if inJob(self, peer.Job, s) { // a worker of a job this driver submitted
+		return nil
+	}
+	return err
 }

@@ -18,6 +18,7 @@ const (
 	ActTokenMint      Action = "token.mint"
 	ActTokenRevoke    Action = "token.revoke"
 	ActMachineReport  Action = "machine.report"
+	ActJobSubmit      Action = "job.submit"
 	ActJobWrite       Action = "job.write"
 	ActGangWrite      Action = "gang.write"
 	ActWorkerReady    Action = "worker.ready"
@@ -58,8 +59,11 @@ const (
 	// ScopeMachine: on its machine (Target.Machine, or the machine Target.For's gang
 	// member is placed on); for a worker, the machine its own rank is placed on.
 	ScopeMachine
-	// ScopeJob: within its job (Target.Job).
+	// ScopeJob: within its jobs (Target.Job): a worker's job; a driver's, and the jobs it
+	// submitted.
 	ScopeJob
+	// ScopeNewJob: its jobs, or a job of a name not taken (it becomes the driver's).
+	ScopeNewJob
 	// ScopeOwnObjects: objects it owns (Target.Owner): a driver, those of its job; a
 	// worker, its own (worker/<job>/<gang>/<rank>.g<n>) and its job's task results
 	// (job/<job>).
@@ -81,7 +85,9 @@ func (s Scope) String() string {
 	case ScopeMachine:
 		return "its machine"
 	case ScopeJob:
-		return "its job"
+		return "its jobs"
+	case ScopeNewJob:
+		return "its jobs, or a new one"
 	case ScopeOwnObjects:
 		return "its own objects"
 	case ScopeReadObjects:
@@ -119,7 +125,8 @@ var table = []Rule{
 	row(ActTokenMint, "head `POST /v1/tokens` (a credential for a worker or a submitted driver placed on the machine)", any_, none, ScopeMachine, none, none),
 	row(ActTokenRevoke, "head `POST /v1/tokens/revoke`", any_, none, none, none, none),
 	row(ActMachineReport, "head `POST /v1/machines/register`, `/v1/machines/load`", any_, none, ScopeMachine, none, none),
-	row(ActJobWrite, "head `POST /v1/jobs`, `/v1/jobs/stop`", any_, none, none, ScopeJob, none),
+	row(ActJobSubmit, "head `POST /v1/jobs` (a submitted job is its submitter's)", any_, none, none, ScopeNewJob, none),
+	row(ActJobWrite, "head `POST /v1/jobs/stop`", any_, none, none, ScopeJob, none),
 	row(ActGangWrite, "head `POST /v1/gangs`, `/v1/gangs/stop`, `/v1/gangs/yield`, `/v1/gangs/world`, `/v1/gangs/checkpointed` (a worker's: an actor's Context.Job spawns gangs, placed actors and tasks of its job)", any_, none, none, ScopeJob, ScopeJob),
 	row(ActWorkerReady, "head `POST /v1/workers/ready`", any_, none, ScopeMachine, none, ScopeSelf),
 	row(ActWorkerExited, "head `POST /v1/workers/exited`", any_, none, ScopeMachine, none, none),

@@ -91,7 +91,7 @@ var routeRules = map[string]routeRule{
 	"POST /v1/audit":             {action: authz.ActAuditReport},
 	"POST /v1/machines/register": {action: authz.ActMachineReport, target: bodyTarget(func(m api.Machine) authz.Target { return authz.Target{Machine: m.Name} })},
 	"POST /v1/machines/load":     {action: authz.ActMachineReport, target: bodyTarget(func(l api.LoadReport) authz.Target { return authz.Target{Machine: l.Machine} })},
-	"POST /v1/jobs":              {action: authz.ActJobWrite, target: bodyTarget(func(j api.Job) authz.Target { return authz.Target{Job: j.Name} })},
+	"POST /v1/jobs":              {action: authz.ActJobSubmit, target: bodyTarget(func(j api.Job) authz.Target { return authz.Target{Job: j.Name} })},
 	"POST /v1/jobs/stop":         {action: authz.ActJobWrite, target: queryTarget},
 	"POST /v1/gangs":             {action: authz.ActGangWrite, target: bodyTarget(func(s api.GangSpec) authz.Target { return authz.Target{Job: s.Job, Gang: s.Name} })},
 	"POST /v1/gangs/stop":        {action: authz.ActGangWrite, target: queryTarget},
@@ -200,6 +200,34 @@ func (s stateView) OwnerPrincipal(owner string) (authz.Principal, bool) {
 	}
 	p, err := authz.ParsePrincipal(o.Principal)
 	return p, err == nil
+}
+
+func (s stateView) JobPrincipal(job string) (authz.Principal, bool) {
+	kv, ok := s.sm.Get(api.TableJobs + job)
+	if !ok {
+		return authz.Principal{}, false
+	}
+	var j api.Job
+	if json.Unmarshal(kv.Value, &j) != nil {
+		return authz.Principal{}, true // a record of no principal: not the caller's
+	}
+	return principalOr(j.Principal), true
+}
+
+// principalOr reads a record's principal ("" and unreadable ones are admin's).
+func principalOr(s string) authz.Principal {
+	p, err := authz.ParsePrincipal(s)
+	if err != nil {
+		return authz.Admin()
+	}
+	return p
+}
+
+// principalOf is the principal the API authenticated a request as (the zero principal,
+// unauthenticated, when it did not).
+func principalOf(r *http.Request) string {
+	id, _ := identityOf(r)
+	return id.Principal.String()
 }
 
 func (s stateView) revoked(id string) bool {

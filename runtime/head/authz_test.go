@@ -185,7 +185,7 @@ func TestScopedCredentials(t *testing.T) {
 		{"POST", "/v1/propose", txn(put(api.TableGangs+"b/x", "{}")), authz.ActPropose},
 		{"POST", "/v1/members/add?id=9&addr=127.0.0.1:1", nil, authz.ActMembers},
 		{"POST", "/v1/members/remove?id=1", nil, authz.ActMembers},
-		{"POST", "/v1/jobs", api.Job{Name: "b"}, authz.ActJobWrite},
+		{"POST", "/v1/jobs", api.Job{Name: "b"}, authz.ActJobSubmit},
 		{"POST", "/v1/jobs/stop?job=b", nil, authz.ActJobWrite},
 		{"POST", "/v1/gangs", api.GangSpec{Job: "b", Name: "g", Kind: "k", Workers: 1}, authz.ActGangWrite},
 		{"POST", "/v1/gangs/stop?job=b&gang=g", nil, authz.ActGangWrite},
