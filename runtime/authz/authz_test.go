@@ -173,7 +173,7 @@ func TestDecide(t *testing.T) {
 	st := fakeState{
 		members: map[string]string{"worker/a/g/0": "m1", "worker/a/g/1": "m2", "worker/b/g/0": "m1"},
 		owners:  map[string]Principal{"driver/h/1": Driver("a"), "driver/h/2": Driver("b"), "driver/h/3": Admin()},
-		jobs:    map[string]Principal{"a": Driver("a"), "b": Admin(), "sub": Driver("a"), "x": Admin()},
+		jobs:    map[string]Principal{"a": Driver("a"), "b": Admin(), "sub": Driver("a"), "x": Admin(), "submitted": Admin()},
 	}
 	da, db, wa0, wa1 := Driver("a"), Driver("b"), Worker("a", "g", 0), Worker("a", "g", 1)
 	m1 := Agent("m1")
@@ -198,6 +198,9 @@ func TestDecide(t *testing.T) {
 		{da, ActJobSubmit, Target{Job: "x"}, false},  // taken by another
 		{da, ActJobSubmit, Target{Job: "sub"}, true},
 		{wa0, ActJobSubmit, Target{Job: "new"}, false},
+		{Driver("submitted"), ActJobSubmit, Target{Job: "x", Stopped: true}, true}, // its submitter's, stopped
+		{Driver("submitted"), ActJobSubmit, Target{Job: "x"}, false},               // running
+		{da, ActJobSubmit, Target{Job: "x", Stopped: true}, false},                 // not its submitter's
 		{da, ActKVObjects, Target{Owner: "job/sub"}, true},
 		{db, ActObjectRead, Target{Owner: "worker/sub/g/0.g0"}, false},
 		{wa0, ActObjectPut, Target{Owner: "checkpoint/a/g"}, true},

@@ -32,6 +32,8 @@ type Target struct {
 	For Principal
 	// Owner: an object's owner, as the stores name it.
 	Owner string
+	// Stopped: the job (Job) exists and is stopped (a job submission).
+	Stopped bool
 	// What describes the target in a refusal ("put gangs/b/g"); default: from the fields.
 	What string
 }
@@ -99,11 +101,17 @@ func allowed(p Principal, scope Scope, t Target, s State) bool {
 		if inJob(p, t.Job, s) {
 			return true
 		}
-		if s == nil || t.Job == "" {
+		if s == nil || t.Job == "" || p.Job == "" {
 			return false
 		}
-		_, taken := s.JobPrincipal(t.Job)
-		return !taken
+		owner, taken := s.JobPrincipal(t.Job)
+		if !taken {
+			return true
+		}
+		// A driver that another principal submitted (atoll submit) acts for it on the
+		// names of its stopped jobs: a submitted program names its own job.
+		submitter, ok := s.JobPrincipal(p.Job)
+		return t.Stopped && ok && submitter != p && owner == submitter
 	case ScopeMachine:
 		return onMachine(p, t, s)
 	case ScopeOwnObjects:

@@ -62,7 +62,8 @@ const (
 	// ScopeJob: within its jobs (Target.Job): a worker's job; a driver's, and the jobs it
 	// submitted.
 	ScopeJob
-	// ScopeNewJob: its jobs, or a job of a name not taken (it becomes the driver's).
+	// ScopeNewJob: its jobs, or a job of a name not taken (it becomes the driver's); for a
+	// driver that another principal submitted, also a stopped job of that principal.
 	ScopeNewJob
 	// ScopeOwnObjects: objects it owns (Target.Owner): a driver, those of its job; a
 	// worker, its own (worker/<job>/<gang>/<rank>.g<n>) and its job's task results

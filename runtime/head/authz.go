@@ -91,7 +91,7 @@ var routeRules = map[string]routeRule{
 	"POST /v1/audit":             {action: authz.ActAuditReport},
 	"POST /v1/machines/register": {action: authz.ActMachineReport, target: bodyTarget(func(m api.Machine) authz.Target { return authz.Target{Machine: m.Name} })},
 	"POST /v1/machines/load":     {action: authz.ActMachineReport, target: bodyTarget(func(l api.LoadReport) authz.Target { return authz.Target{Machine: l.Machine} })},
-	"POST /v1/jobs":              {action: authz.ActJobSubmit, target: bodyTarget(func(j api.Job) authz.Target { return authz.Target{Job: j.Name} })},
+	"POST /v1/jobs":              {action: authz.ActJobSubmit, target: jobTarget},
 	"POST /v1/jobs/stop":         {action: authz.ActJobWrite, target: queryTarget},
 	"POST /v1/gangs":             {action: authz.ActGangWrite, target: bodyTarget(func(s api.GangSpec) authz.Target { return authz.Target{Job: s.Job, Gang: s.Name} })},
 	"POST /v1/gangs/stop":        {action: authz.ActGangWrite, target: queryTarget},
@@ -147,6 +147,22 @@ func tokenTarget(r *http.Request, id authz.Identity, body []byte) (authz.Target,
 			if m, ok := s.MemberMachine(t.For.Job, req.Gang, req.Rank); ok {
 				t.Machine = m
 			}
+		}
+	}
+	return t, nil
+}
+
+// jobTarget: a job submitted, and whether one of its name exists and is stopped.
+func jobTarget(r *http.Request, _ authz.Identity, body []byte) (authz.Target, error) {
+	var j api.Job
+	if err := json.Unmarshal(body, &j); err != nil {
+		return authz.Target{}, fmt.Errorf("%w: /v1/jobs: %v", api.ErrInvalid, err)
+	}
+	t := authz.Target{Job: j.Name}
+	if s, ok := r.Context().Value(stateKey{}).(stateView); ok {
+		if kv, found := s.sm.Get(api.TableJobs + j.Name); found {
+			var old api.Job
+			t.Stopped = json.Unmarshal(kv.Value, &old) == nil && old.State == api.JobStopped
 		}
 	}
 	return t, nil
