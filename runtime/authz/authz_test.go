@@ -203,6 +203,9 @@ func TestDecide(t *testing.T) {
 		{da, ActJobSubmit, Target{Job: "x", Stopped: true}, false},                 // not its submitter's
 		{da, ActKVObjects, Target{Owner: "job/sub"}, true},
 		{db, ActObjectRead, Target{Owner: "worker/sub/g/0.g0"}, false},
+		{Worker("sub", "g", 0), ActObjectRead, Target{Owner: "driver/h/1"}, true}, // the driver that submitted its job
+		{Worker("sub", "g", 0), ActObjectRead, Target{Owner: "driver/h/2"}, false},
+		{Worker("sub", "g", 0), ActObjectWrite, Target{Owner: "driver/h/1"}, false},
 		{wa0, ActObjectPut, Target{Owner: "checkpoint/a/g"}, true},
 		{wa0, ActObjectPut, Target{Owner: "checkpoint/a/other"}, false},
 		{wa0, ActJobWrite, Target{Job: "a"}, false},

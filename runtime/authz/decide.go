@@ -155,6 +155,7 @@ func onMachine(p Principal, t Target, s State) bool {
 type owner struct {
 	job    string    // the job whose it is ("" if none)
 	worker Principal // the worker incarnation that owns it
+	driver Principal // the driver process that owns it (its principal)
 	shared bool      // readable by every job: detached, or an admin's
 }
 
@@ -196,7 +197,7 @@ func parseOwner(name string, s State) (owner, bool) {
 		case RoleAdmin:
 			return owner{shared: true}, true
 		case RoleDriver:
-			return owner{job: p.Job}, true
+			return owner{driver: p}, true
 		}
 	}
 	return owner{}, false
@@ -224,7 +225,7 @@ func ownsObject(p Principal, name string, s State) bool {
 	}
 	switch p.Role {
 	case RoleDriver:
-		return inJob(p, o.job, s)
+		return o.driver == p || inJob(p, o.job, s)
 	case RoleWorker: // its own, its job's task results, its gang's checkpoint parts
 		return o.worker == p || name == "job/"+p.Job || name == "checkpoint/"+p.Job+"/"+p.Gang
 	}
@@ -236,7 +237,13 @@ func readsObject(p Principal, name string, s State) bool {
 	if !ok {
 		return false
 	}
-	return o.shared || inJob(p, o.job, s)
+	switch {
+	case o.shared, inJob(p, o.job, s), o.driver == p:
+		return true
+	case !o.driver.IsZero(): // a driver's: read by the workers of its jobs
+		return inJob(o.driver, p.Job, s)
+	}
+	return false
 }
 
 // LinkAdmits decides an actor remote link into a process whose own principal is self:
