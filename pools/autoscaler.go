@@ -20,6 +20,13 @@ type Config struct {
 	// PreemptDeadline is how long a gang preempted off a draining machine (not an
 	// interrupted one) has to checkpoint and stop. Default 2 min.
 	PreemptDeadline time.Duration
+	// Consolidate moves the gangs of a partly used machine onto the free cards of other
+	// machines when all of them fit there, and drains the emptied machine: the idle timeout's
+	// counterpart for machines that are only partly idle. Each move costs the gang a
+	// checkpoint and a restore, so a machine qualifies only once its gangs have not changed
+	// for its pool's idle timeout (Machine.Changed), and only while no gang is pending.
+	// Default off.
+	Consolidate bool
 }
 
 // DefaultConfig returns the defaults.
@@ -220,6 +227,9 @@ func (a *Autoscaler) Decide(s *Snapshot) (Decision, error) {
 	// Scale down: idle machines past their pool's timeout, pools above max.
 	for _, r := range order {
 		r.scaleDown(&d, s, drainingNow)
+	}
+	if a.cfg.Consolidate && len(s.Pending) == 0 && len(rep) == 0 {
+		a.consolidate(&d, s, runs, drainingNow)
 	}
 	for _, r := range order {
 		d.Launches = r.appendLaunches(d.Launches)
