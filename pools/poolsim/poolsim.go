@@ -178,10 +178,14 @@ type Result struct {
 	// written on request, restores).
 	LaunchingGPUHours float64 `json:"launching_gpu_hours"`
 	UnusedGPUHours    float64 `json:"unused_gpu_hours"`
-	LostGPUHours      float64 `json:"lost_gpu_hours"`
-	QueueDelayMeanS   float64 `json:"queue_delay_s"`
-	QueueDelayP99S    float64 `json:"queue_delay_p99_s"`
-	Interruptions     int     `json:"interruptions"`
+	// Of the unused GPU-hours: on machines hosting no job (idle, draining or noticed), and
+	// the free cards of machines hosting some.
+	IdleGPUHours     float64 `json:"idle_gpu_hours"`
+	FreeCardGPUHours float64 `json:"free_card_gpu_hours"`
+	LostGPUHours     float64 `json:"lost_gpu_hours"`
+	QueueDelayMeanS  float64 `json:"queue_delay_s"`
+	QueueDelayP99S   float64 `json:"queue_delay_p99_s"`
+	Interruptions    int     `json:"interruptions"`
 	// CheckpointsSaved counts checkpoints on request written in time; CheckpointsMissed
 	// those that did not fit their deadline (the job fell back to its last periodic one).
 	CheckpointsSaved  int     `json:"checkpoints_saved"`

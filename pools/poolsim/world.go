@@ -121,7 +121,12 @@ type world struct {
 	dirty    bool          // an event changed the world since the last reconcile
 	left     int           // jobs not done
 	held     float64       // GPU-hours held by jobs
-	maxPer   int
+	// idleH and partH integrate the cards of ready machines that no job holds: on machines
+	// hosting nothing, and on machines hosting some job; lastAcc is when they were last
+	// brought up to date.
+	idleH, partH float64
+	lastAcc      time.Duration
+	maxPer       int
 }
 
 func (w *world) push(at time.Duration, k evKind, ref, gen int) {
@@ -167,6 +172,7 @@ func (w *world) run(ctx context.Context) error {
 			return ctx.Err()
 		}
 		e := heap.Pop(&w.q).(event)
+		w.accrue(e.at)
 		w.now = e.at
 		if e.kind != evReconcile {
 			w.dirty = true
@@ -255,6 +261,25 @@ func (w *world) run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// accrue integrates the unused cards of ready machines up to t.
+func (w *world) accrue(t time.Duration) {
+	dt := (t - w.lastAcc).Hours()
+	w.lastAcc = t
+	if dt <= 0 {
+		return
+	}
+	for _, m := range w.machines {
+		if m.gone || !m.ready {
+			continue
+		}
+		if len(m.hosts) == 0 {
+			w.idleH += float64(m.pool.Shape.GPUs) * dt
+		} else {
+			w.partH += float64(m.free) * dt
+		}
+	}
 }
 
 // launch buys a machine of the pool: it is paid from now and ready after the pool's launch
@@ -549,6 +574,7 @@ func (w *world) finish() {
 	r.LaunchingGPUHours = launching
 	r.LostGPUHours = max(0, w.held-useful)
 	r.UnusedGPUHours = max(0, paid-launching-w.held)
+	r.IdleGPUHours, r.FreeCardGPUHours = w.idleH, w.partH
 	if paid > 0 {
 		r.GoodputPct = 100 * useful / paid
 	}
