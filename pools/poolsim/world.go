@@ -102,11 +102,13 @@ type simMachine struct {
 }
 
 type world struct {
-	opt      Options
-	set      *pools.Set
-	sc       scaler
-	adm      admitter // nil: every pending job may be placed
-	rng      *rand.Rand
+	opt Options
+	set *pools.Set
+	sc  scaler
+	adm admitter // nil: every pending job may be placed
+	// rngs draw interruptions, one stream per pool: the k-th machine of a pool gets the same
+	// draw under every policy (common random numbers), whatever other pools did.
+	rngs     map[*pools.Pool]*rand.Rand
 	now      time.Duration
 	q        queue
 	seq      int
@@ -135,11 +137,13 @@ func (w *world) push(at time.Duration, k evKind, ref, gen int) {
 }
 
 func newWorld(jobs []Job, set *pools.Set, opt Options, sc scaler) *world {
-	w := &world{opt: opt, set: set, sc: sc, rng: rand.New(rand.NewPCG(opt.Seed, 0x5eed)), recAt: -1,
+	w := &world{opt: opt, set: set, sc: sc, rngs: map[*pools.Pool]*rand.Rand{}, recAt: -1,
 		epoch: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), res: Result{Policy: sc.name(), Jobs: len(jobs)}}
 	w.adm, _ = sc.(admitter)
-	for _, p := range set.Pools {
+	for i := range set.Pools {
+		p := &set.Pools[i]
 		w.maxPer = max(w.maxPer, p.Shape.GPUs)
+		w.rngs[p] = rand.New(rand.NewPCG(opt.Seed, 0x5eed+uint64(i)))
 	}
 	for i, j := range jobs {
 		sj := &simJob{Job: j, started: -1, firstStart: -1, on: map[int]int{}, failedAt: -1}
@@ -293,7 +297,7 @@ func (w *world) launch(p *pools.Pool) int {
 	lat := time.Duration(p.Spec.LaunchLatency)
 	w.push(w.now+lat, evReady, idx, 0)
 	if m.spot && p.Spec.InterruptionsPerHour > 0 {
-		after := time.Duration(w.rng.ExpFloat64() / p.Spec.InterruptionsPerHour * float64(time.Hour))
+		after := time.Duration(w.rngs[p].ExpFloat64() / p.Spec.InterruptionsPerHour * float64(time.Hour))
 		at := w.now + lat + after
 		w.push(max(w.now, at-time.Duration(p.Spec.NoticeSeconds)*time.Second), evNotice, idx, 0)
 		w.push(at, evInterrupt, idx, 0)
