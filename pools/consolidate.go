@@ -20,8 +20,7 @@ import (
 //     cards wins);
 //   - emptying: while nothing is pending, a partly used machine whose gangs have not changed
 //     for its pool's idle timeout and all fit on the free cards of other ready machines is
-//     drained, and its gangs move there (the dearest machines per card first, then the
-//     emptiest);
+//     drained, and its gangs move there (the emptiest machines first);
 //   - back to spot: such an on-demand machine (a fallback taken while spot had no room) whose
 //     gangs do not fit elsewhere gets a spot machine launched for them when a spot pool has
 //     room; once it is ready, emptying moves them there.
@@ -247,8 +246,8 @@ func (a *Autoscaler) makeRoom(d *Decision, s *Snapshot, rooms []*room, g *Gang) 
 }
 
 // consolidate empties partly used ready machines whose gangs all fit on the free capacity of
-// the other ready machines: the machine is drained and its gangs move. Machines go dearest
-// per card first, then emptiest; a machine qualifies once settled, with every gang on it movable, and its pool
+// the other ready machines: the machine is drained and its gangs move. Machines go emptiest
+// first; a machine qualifies once settled, with every gang on it movable, and its pool
 // launching nothing in this decision. It is called only while no gang is pending.
 func (a *Autoscaler) consolidate(d *Decision, s *Snapshot, runs map[string]*poolRun, rooms []*room) {
 	var cands []*room
@@ -257,13 +256,8 @@ func (a *Autoscaler) consolidate(d *Decision, s *Snapshot, runs map[string]*pool
 			cands = append(cands, r)
 		}
 	}
-	// The dearest per card first (an on-demand fallback before spot), then the emptiest, then
-	// by name.
-	perCard := func(r *room) float64 { return r.r.p.Spec.PricePerHour / float64(max(1, r.r.p.Shape.GPUs)) }
+	// The emptiest first (the fewest cards to move), then by name.
 	slices.SortStableFunc(cands, func(x, y *room) int {
-		if c := cmp.Compare(perCard(y), perCard(x)); c != 0 {
-			return c
-		}
 		if c := cmp.Compare(y.cards, x.cards); c != 0 {
 			return c
 		}
@@ -296,7 +290,7 @@ func (a *Autoscaler) consolidate(d *Decision, s *Snapshot, runs map[string]*pool
 // emptied (an on-demand fallback, taken when spot had no room): one spot machine of a pool
 // with room, the cheapest per card, for each such machine whose gangs it holds; spot capacity
 // already launching counts first. Once the spot machine is ready, consolidation moves the
-// gangs there (it empties the dearest machines first) and the on-demand machine goes.
+// gangs there and the on-demand machine goes.
 func (a *Autoscaler) backToSpot(cands []*room, runs map[string]*poolRun) {
 	flight := 0
 	var spot []*poolRun
