@@ -186,6 +186,15 @@ func (a *Autoscaler) makeRoom(d *Decision, s *Snapshot, rooms []*room, g *Gang) 
 		return false
 	}
 	c := g.Member.GPUs
+	// Moves only shift free cards between machines: without c free or freeing cards in all,
+	// no machine can get c.
+	total := 0
+	for _, r := range rooms {
+		total += r.cards + r.soon
+	}
+	if total < c {
+		return false
+	}
 	var best *room
 	var bestMoves []move
 	bestCards := 0

@@ -224,6 +224,24 @@ func (r *rayScaler) trySchedule(w *world, nodes []rnode, reqs []int) ([]rnode, [
 	return target, reqs
 }
 
+// capacity is the GPUs the nodes have available plus those of the nodes the types could
+// still add.
+func (r *rayScaler) capacity(w *world, nodes []rnode) int {
+	n := 0
+	room := make([]int, len(w.set.Pools))
+	for i := range w.set.Pools {
+		room[i] = w.set.Pools[i].Spec.Max
+	}
+	for _, x := range nodes {
+		n += x.avail
+		room[x.pool]--
+	}
+	for i, k := range room {
+		n += max(0, k) * w.set.Pools[i].Shape.GPUs
+	}
+	return n
+}
+
 func (r *rayScaler) reconcile(w *world) error {
 	// 1. Scheduling nodes: instances with a machine, then the queued ones.
 	var nodes []rnode
@@ -259,6 +277,9 @@ func (r *rayScaler) reconcile(w *world) error {
 	slices.SortStableFunc(gangs, func(a, b int) int { return cmp.Compare(w.jobs[b].members, w.jobs[a].members) })
 	for _, ji := range gangs {
 		j := w.jobs[ji]
+		if j.members*j.per > r.capacity(w, nodes) {
+			continue // cannot fit, whatever the packing: the scheduler would find no room
+		}
 		reqs := make([]int, j.members)
 		for k := range reqs {
 			reqs[k] = j.per
