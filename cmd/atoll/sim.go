@@ -110,9 +110,13 @@ func newSimCmd() *cobra.Command {
 					return nil
 				}
 			case "pools":
-				res, err := runPoolsSim(ctx, poolsSimArgs{jobsPath: jobsPath, poolsPath: poolsPath, maxJobs: maxJobs, policies: policies,
+				a := poolsSimArgs{jobsPath: jobsPath, poolsPath: poolsPath, maxJobs: maxJobs, policies: policies,
 					discounts: spotDiscounts, ckptGBPerGPU: ckptGBPerGPU, storageGBps: storageGBps, ckptSet: cmd.Flags().Changed("checkpoint-gb-per-gpu"),
-					storageSet: cmd.Flags().Changed("storage-gbps"), skipBad: skipBad, jsonOut: jsonOut}, sk)
+					storageSet: cmd.Flags().Changed("storage-gbps"), seeds: 1, skipBad: skipBad, jsonOut: jsonOut}
+				if cmd.Flags().Changed("seeds") {
+					a.seeds = seeds
+				}
+				res, err := runPoolsSim(ctx, a, sk)
 				if err != nil || res == nil {
 					return err
 				}
@@ -129,7 +133,7 @@ func newSimCmd() *cobra.Command {
 	f.StringVar(&nodesPath, "nodes", "", "openb node list CSV (fgd mode)")
 	f.StringVar(&podsPath, "pods", "", "openb pod list CSV (fgd mode)")
 	f.StringVar(&loadsStr, "load", "1.0,1.3", "arrived GPU requests as a share of cluster GPUs, comma-separated, each in (0, 10] (fgd mode)")
-	f.IntVar(&seeds, "seeds", 10, "seeds per policy, 1-1000 (fgd mode; seeds 42, 43, ...)")
+	f.IntVar(&seeds, "seeds", 10, "seeds per policy, 1-1000 (fgd mode: seeds 42, 43, ...; pools mode: the spot interruptions' seeds 1, 2, ..., default 1)")
 	f.StringVar(&poolsPath, "pools", "", "pool file (pools mode; default: built-in on-demand and spot DGX H100 pools, docs/pools.md)")
 	f.StringVar(&spotDiscounts, "spot-discount", "", "comma-separated spot discounts in percent, each in [0, 100), e.g. 40,50,60,70,80,90: the replay runs once per discount with every spot pool priced that far below its on-demand pool (pools mode; default: the pool file's prices)")
 	f.Float64Var(&ckptGBPerGPU, "checkpoint-gb-per-gpu", 10, "a job's checkpoint state per GPU in GB, written on a notice or eviction and read back on restart (pools mode)")

@@ -16,7 +16,7 @@ import (
 // poolsSimArgs are the flags of `atoll sim --mode pools`.
 type poolsSimArgs struct {
 	jobsPath, poolsPath, policies, discounts string
-	maxJobs                                  int
+	maxJobs, seeds                           int
 	ckptGBPerGPU, storageGBps                float64
 	ckptSet, storageSet                      bool
 	skipBad, jsonOut                         bool
@@ -75,22 +75,28 @@ func runPoolsSim(ctx context.Context, a poolsSimArgs, sk *sim.Skipper) (any, err
 	if err := opt.Validate(); err != nil {
 		return nil, fmt.Errorf("sim: %w (flags --policies, --checkpoint-gb-per-gpu, --storage-gbps)", err)
 	}
+	if a.seeds < 1 || a.seeds > 1000 {
+		return nil, fmt.Errorf("sim: --seeds %d: want 1-1000", a.seeds)
+	}
 	start := time.Now()
 	var res []poolsim.Result
 	for _, s := range sets {
-		r, err := poolsim.Run(ctx, pj, s, opt)
-		if err != nil {
-			return nil, err
+		for seed := 1; seed <= a.seeds; seed++ {
+			opt.Seed = uint64(seed)
+			r, err := poolsim.Run(ctx, pj, s, opt)
+			if err != nil {
+				return nil, err
+			}
+			res = append(res, r...)
 		}
-		res = append(res, r...)
 	}
-	fmt.Fprintf(os.Stderr, "pools: %d %s jobs on %d pools, %d discount(s), in %s\n", len(pj), format, len(set.Pools), len(sets), time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(os.Stderr, "pools: %d %s jobs on %d pools, %d discount(s), %d seed(s), in %s\n", len(pj), format, len(set.Pools), len(sets), a.seeds, time.Since(start).Round(time.Millisecond))
 	if a.jsonOut {
 		return map[string]any{"results": res}, nil
 	}
-	fmt.Printf("%-6s %-16s %12s %8s %8s %8s %8s %9s %9s %10s %6s %9s\n", "disc%", "policy", "cost_usd", "vs_od%", "saving%", "max%", "of_max%", "goodput%", "bound%", "qdelay_s", "intr", "lost_gpuh")
+	fmt.Printf("%-6s %-4s %-16s %12s %8s %8s %8s %8s %9s %9s %10s %6s %9s\n", "disc%", "seed", "policy", "cost_usd", "vs_od%", "saving%", "max%", "of_max%", "goodput%", "bound%", "qdelay_s", "intr", "lost_gpuh")
 	for _, r := range res {
-		fmt.Printf("%-6.0f %-16s %12.0f %8.1f %8.1f %8.1f %8.1f %9.1f %9.1f %10.0f %6d %9.1f\n", r.SpotDiscountPct, r.Policy, r.Cost, r.CostVsOnDemandPct,
+		fmt.Printf("%-6.0f %-4d %-16s %12.0f %8.1f %8.1f %8.1f %8.1f %9.1f %9.1f %10.0f %6d %9.1f\n", r.SpotDiscountPct, r.Seed, r.Policy, r.Cost, r.CostVsOnDemandPct,
 			r.SavingPct, r.MaxSavingPct, r.SavingOfMaxPct, r.GoodputPct, r.GoodputBoundPct, r.QueueDelayMeanS, r.Interruptions, r.LostGPUHours)
 	}
 	return nil, nil

@@ -15,6 +15,7 @@ type bounds struct {
 	onDemandWork float64 // USD
 	oracle       float64 // USD
 	goodputBound float64 // percent
+	noDelay      float64 // USD
 }
 
 // boundsOf computes the bounds:
@@ -32,6 +33,8 @@ type bounds struct {
 //     the cards of the jobs running then, rounded up to whole machines (to a multiple of the
 //     greatest common divisor of the pools' card counts), with nothing paid for launches,
 //     idle machines or moves;
+//   - no-delay oracle: the oracle plus those rounding cards at the cheapest price per
+//     GPU-hour of any pool: no policy that starts every job on arrival pays less;
 //   - discount: the first spot pool's discount on the price per GPU-hour of the cheapest
 //     on-demand pool of the same machine type.
 func boundsOf(jobs []Job, set *pools.Set) (bounds, error) {
@@ -45,6 +48,13 @@ func boundsOf(jobs []Job, set *pools.Set) (bounds, error) {
 		return b, fmt.Errorf("poolsim: no pool has GPUs")
 	}
 	perGPUh := func(p *pools.Pool) float64 { return p.Spec.PricePerHour / float64(p.Shape.GPUs) }
+	cheapest := math.Inf(1)
+	for i := range set.Pools {
+		if set.Pools[i].Shape.GPUs > 0 {
+			cheapest = min(cheapest, perGPUh(&set.Pools[i]))
+		}
+	}
+	held := 0.0 // card-hours the jobs hold
 	type delta struct {
 		at    time.Duration
 		cards int
@@ -73,6 +83,7 @@ func boundsOf(jobs []Job, set *pools.Set) (bounds, error) {
 		cardH := float64(members*per) * j.Duration.Hours()
 		b.onDemandWork += cardH * od
 		b.oracle += cardH * any
+		held += cardH
 		useful += float64(j.GPUs) * j.Duration.Hours()
 		deltas = append(deltas, delta{j.Submit, members * per}, delta{j.Submit + j.Duration, -members * per})
 	}
@@ -88,6 +99,7 @@ func boundsOf(jobs []Job, set *pools.Set) (bounds, error) {
 	if paid > 0 {
 		b.goodputBound = 100 * useful / paid
 	}
+	b.noDelay = b.oracle + max(0, paid-held)*cheapest
 	b.discountPct = discountOf(set)
 	return b, nil
 }
@@ -98,12 +110,17 @@ func (b bounds) fill(r *Result) {
 	r.OnDemandWorkUSD = b.onDemandWork
 	r.OracleCostUSD = b.oracle
 	r.GoodputBoundPct = b.goodputBound
+	r.NoDelayOracleUSD = b.noDelay
 	if b.onDemandWork > 0 {
 		r.MaxSavingPct = 100 * (1 - b.oracle/b.onDemandWork)
+		r.MaxSavingNoDelayPct = 100 * (1 - b.noDelay/b.onDemandWork)
 		r.SavingPct = 100 * (1 - r.Cost/b.onDemandWork)
 	}
 	if r.MaxSavingPct > 0 {
 		r.SavingOfMaxPct = 100 * r.SavingPct / r.MaxSavingPct
+	}
+	if r.MaxSavingNoDelayPct > 0 {
+		r.SavingOfNoDelayMaxPct = 100 * r.SavingPct / r.MaxSavingNoDelayPct
 	}
 }
 

@@ -144,6 +144,8 @@ func Policies() []string {
 // max saving, goodput bound) are the run's, the same in every result.
 type Result struct {
 	Policy string `json:"policy"`
+	// Seed drew the spot interruptions.
+	Seed uint64 `json:"seed"`
 	// SpotDiscountPct is the spot pools' discount on the on-demand price of the same
 	// machine, in percent (0 without spot pools).
 	SpotDiscountPct float64 `json:"spot_discount_pct"`
@@ -165,6 +167,13 @@ type Result struct {
 	SavingPct      float64 `json:"saving_pct"`
 	MaxSavingPct   float64 `json:"max_saving_pct"`
 	SavingOfMaxPct float64 `json:"saving_of_max_pct"`
+	// NoDelayOracleUSD adds to the oracle what whole machines cost a policy that starts every
+	// job on arrival (GoodputBoundPct's rounding, at the cheapest price per GPU-hour);
+	// MaxSavingNoDelayPct is its saving against OnDemandWorkUSD, SavingOfNoDelayMaxPct
+	// SavingPct as a percentage of it.
+	NoDelayOracleUSD      float64 `json:"no_delay_oracle_usd"`
+	MaxSavingNoDelayPct   float64 `json:"max_saving_no_delay_pct"`
+	SavingOfNoDelayMaxPct float64 `json:"saving_of_no_delay_max_pct"`
 	// GoodputPct is useful GPU-hours (the jobs' work) over paid GPU-hours.
 	GoodputPct float64 `json:"goodput_pct"`
 	// GoodputBoundPct is the best goodput of any policy that starts every job when it
@@ -253,6 +262,7 @@ func Run(ctx context.Context, jobs []Job, set *pools.Set, opt Options) ([]Result
 			r.CostVsOnDemandPct = 100 * r.Cost / ref
 		}
 		b.fill(r)
+		r.Seed = opt.Seed
 	}
 	if !slices.Contains(opt.Policies, "static") && len(opt.Policies) > 0 {
 		out = out[1:]
