@@ -82,11 +82,12 @@ type rayScaler struct {
 }
 
 // rayRound is one reconcile's requests: per pool, the instances requested and the
-// instances requested or allocated before it.
+// instances requested or allocated before it; queued is what stayed queued after it.
 type rayRound struct {
 	at        time.Duration
 	requested map[int]int
 	allocated map[int]int
+	queued    int
 }
 
 var _ scaler = (*rayScaler)(nil)
@@ -357,6 +358,7 @@ func (r *rayScaler) request(w *world) {
 		}
 	}
 	if total > 0 {
+		round.queued = len(r.queued)
 		r.rounds = append(r.rounds, round)
 	}
 }

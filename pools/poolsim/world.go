@@ -169,11 +169,20 @@ func (w *world) run(ctx context.Context) error {
 	if err := w.sc.start(w); err != nil {
 		return err
 	}
+	return w.loop(ctx, -1)
+}
+
+// loop processes events until the trace ends, or (until ≥ 0) until the next event comes
+// after until.
+func (w *world) loop(ctx context.Context, until time.Duration) error {
 	_, takesNotices := w.sc.(noticeTaker)
 	steps := 0
 	for w.q.Len() > 0 && w.left > 0 {
 		if steps++; steps%4096 == 0 && ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if until >= 0 && w.q[0].at > until {
+			return nil
 		}
 		e := heap.Pop(&w.q).(event)
 		w.accrue(e.at)
