@@ -87,7 +87,7 @@ type atollScaler struct {
 	every   time.Duration
 	predict bool
 	noSpot  bool
-	consol  bool
+	cfg     pools.Config
 	fc      pools.Forecaster
 }
 
@@ -96,7 +96,7 @@ func newAtoll(name string, cfg pools.Config, predict, noSpot bool) (*atollScaler
 	if err != nil {
 		return nil, err
 	}
-	return &atollScaler{pol: name, core: core, every: 10 * time.Second, predict: predict, noSpot: noSpot, consol: cfg.Consolidate}, nil
+	return &atollScaler{pol: name, core: core, every: 10 * time.Second, predict: predict, noSpot: noSpot, cfg: cfg}, nil
 }
 
 func (a *atollScaler) name() string            { return a.pol }
@@ -124,10 +124,10 @@ func (a *atollScaler) wake(w *world) (time.Duration, bool) {
 		idle := time.Duration(m.pool.Spec.IdleTimeout)
 		switch {
 		case m.draining:
-			consider(m.drainedAt + pools.DefaultConfig().DrainGrace)
+			consider(m.drainedAt + a.cfg.DrainGrace)
 		case m.ready && len(m.hosts) == 0 && m.idleSince >= 0:
 			consider(m.idleSince + idle)
-		case m.ready && a.consol && len(w.pending) == 0:
+		case m.ready && a.cfg.Consolidate && len(w.pending) == 0:
 			consider(m.changed + idle)
 		}
 	}
