@@ -116,7 +116,7 @@ func newSimCmd() *cobra.Command {
 				if cmd.Flags().Changed("seeds") {
 					a.seeds = seeds
 				}
-				res, err := runPoolsSim(ctx, a, sk)
+				res, err := runPoolsSim(ctx, cmd.OutOrStdout(), a, sk)
 				if err != nil || res == nil {
 					return err
 				}
@@ -124,7 +124,7 @@ func newSimCmd() *cobra.Command {
 			default:
 				return fmt.Errorf("sim: --mode %q: want fgd, dynamic or pools", mode)
 			}
-			enc := json.NewEncoder(os.Stdout)
+			enc := json.NewEncoder(cmd.OutOrStdout())
 			return enc.Encode(out)
 		},
 	}

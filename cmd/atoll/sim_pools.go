@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -23,9 +24,9 @@ type poolsSimArgs struct {
 }
 
 // runPoolsSim is `atoll sim --mode pools`: a trace replayed on autoscaling pools under
-// each policy, once per spot discount asked for. It returns nil after printing a table
-// (without --json).
-func runPoolsSim(ctx context.Context, a poolsSimArgs, sk *sim.Skipper) (any, error) {
+// each policy, once per spot discount and seed asked for. It returns nil after printing a
+// table on out (without --json).
+func runPoolsSim(ctx context.Context, out io.Writer, a poolsSimArgs, sk *sim.Skipper) (any, error) {
 	if a.jobsPath == "" {
 		return nil, fmt.Errorf("sim: --mode pools needs --jobs (an ITP or Philly trace)")
 	}
@@ -94,9 +95,9 @@ func runPoolsSim(ctx context.Context, a poolsSimArgs, sk *sim.Skipper) (any, err
 	if a.jsonOut {
 		return map[string]any{"results": res}, nil
 	}
-	fmt.Printf("%-6s %-4s %-16s %12s %8s %8s %8s %8s %9s %9s %10s %6s %9s\n", "disc%", "seed", "policy", "cost_usd", "vs_od%", "saving%", "max%", "of_max%", "goodput%", "bound%", "qdelay_s", "intr", "lost_gpuh")
+	fmt.Fprintf(out, "%-6s %-4s %-16s %12s %8s %8s %8s %8s %9s %9s %10s %6s %9s\n", "disc%", "seed", "policy", "cost_usd", "vs_od%", "saving%", "max%", "of_max%", "goodput%", "bound%", "qdelay_s", "intr", "lost_gpuh")
 	for _, r := range res {
-		fmt.Printf("%-6.0f %-4d %-16s %12.0f %8.1f %8.1f %8.1f %8.1f %9.1f %9.1f %10.0f %6d %9.1f\n", r.SpotDiscountPct, r.Seed, r.Policy, r.Cost, r.CostVsOnDemandPct,
+		fmt.Fprintf(out, "%-6.0f %-4d %-16s %12.0f %8.1f %8.1f %8.1f %8.1f %9.1f %9.1f %10.0f %6d %9.1f\n", r.SpotDiscountPct, r.Seed, r.Policy, r.Cost, r.CostVsOnDemandPct,
 			r.SavingPct, r.MaxSavingPct, r.SavingOfMaxPct, r.GoodputPct, r.GoodputBoundPct, r.QueueDelayMeanS, r.Interruptions, r.LostGPUHours)
 	}
 	return nil, nil
