@@ -20,6 +20,11 @@ type Config struct {
 	// PreemptDeadline is how long a gang preempted off a draining machine (not an
 	// interrupted one) has to checkpoint and stop. Default 2 min.
 	PreemptDeadline time.Duration
+	// MoveDeadline is how long a gang moved by consolidation has to checkpoint and stop. A
+	// move has no outside deadline, and a gang stopped before its checkpoint is written loses
+	// its work, so it is generous. Default 10 min (what Kubernetes' cluster-autoscaler gives
+	// a pod it evicts, --max-graceful-termination-sec).
+	MoveDeadline time.Duration
 	// Consolidate moves gangs between ready machines (consolidate.go): a pending gang of one
 	// member gets room on a ready machine by moving some of its gangs onto the free cards of
 	// others, rather than a launch; and, while nothing is pending, a partly used machine whose
@@ -33,13 +38,13 @@ type Config struct {
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
-	return Config{NoticeMargin: 10 * time.Second, DrainGrace: 30 * time.Minute, PreemptDeadline: 2 * time.Minute}
+	return Config{NoticeMargin: 10 * time.Second, DrainGrace: 30 * time.Minute, PreemptDeadline: 2 * time.Minute, MoveDeadline: 10 * time.Minute}
 }
 
 // Validate rejects bad values.
 func (c Config) Validate() error {
-	if c.NoticeMargin < 0 || c.DrainGrace < 0 || c.PreemptDeadline <= 0 {
-		return fmt.Errorf("%w: config %+v: margins and graces must not be negative, the preemption deadline positive", ErrSpec, c)
+	if c.NoticeMargin < 0 || c.DrainGrace < 0 || c.PreemptDeadline <= 0 || c.Consolidate && c.MoveDeadline <= 0 {
+		return fmt.Errorf("%w: config %+v: margins and graces must not be negative, the preemption (and, consolidating, move) deadlines positive", ErrSpec, c)
 	}
 	return nil
 }

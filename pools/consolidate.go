@@ -10,20 +10,22 @@ import (
 
 // Consolidation (Config.Consolidate) moves gangs between ready machines so that fewer
 // machines are paid for. A move is a preemption (checkpoint, stop) after which the
-// scheduler places the gang again on the free cards it was planned for; it costs the gang a
-// checkpoint and a restore, less than a machine launched or kept partly idle. Two steps use
-// it:
+// scheduler places the gang again on the free cards it was planned for; it costs each of the
+// gang's cards its Gang.MoveCost (checkpoint, restart, restore), and every step weighs that
+// cost against what the move saves, ski-rental fashion (no step waits on a tuned constant):
 //
 //   - making room: a pending gang of one member that no ready machine has room for, but
 //     that one ready machine would have room for once some of its gangs move onto the free
-//     cards of others, gets that room instead of a launch (the machine moving the fewest
-//     cards wins);
+//     cards of others, gets that room instead of a launch, when the moves cost less than
+//     the launch (launch latency times the machine's cards; the cheapest moves win);
 //   - emptying: while nothing is pending, a partly used machine whose gangs have not changed
 //     for its pool's idle timeout and all fit on the free cards of other ready machines is
-//     drained, and its gangs move there (the emptiest machines first);
+//     drained, and its gangs move there (the emptiest machines first), once a machine's worth
+//     of cards, unused since its gangs last changed, covers what the moves cost;
 //   - back to spot: such an on-demand machine (a fallback taken while spot had no room) whose
 //     gangs do not fit elsewhere gets a spot machine launched for them when a spot pool has
-//     room; once it is ready, emptying moves them there.
+//     room and the on-demand premium paid since its gangs last changed covers the launch and
+//     the moves; once it is ready, emptying moves them there.
 //
 // Only gangs that tolerate interruption, have all their members on the machine and are not
 // already stopping move. Targets are ready machines that nothing drains, without a notice; a
@@ -113,6 +115,15 @@ func (r *room) takes(g *Gang) bool {
 	return true
 }
 
+// cardTime is what moving the gangs costs: their cards times their move cost.
+func cardTime(gangs []*Gang) time.Duration {
+	var t time.Duration
+	for _, g := range gangs {
+		t += time.Duration(g.Size*g.Member.GPUs) * g.MoveCost
+	}
+	return t
+}
+
 type move struct {
 	g   *Gang
 	dst *room
@@ -172,15 +183,17 @@ func (a *Autoscaler) commitMoves(d *Decision, s *Snapshot, from *room, moves []m
 		mv.dst.mem -= int64(mv.g.Size) * mv.g.Member.MemMiB
 		mv.dst.taken = true
 		from.movable = slices.DeleteFunc(from.movable, func(g *Gang) bool { return g == mv.g })
-		d.Preemptions = append(d.Preemptions, Preempt{Gang: mv.g.ID, Machine: from.m.Name, Deadline: s.Now.Add(a.cfg.PreemptDeadline),
+		d.Preemptions = append(d.Preemptions, Preempt{Gang: mv.g.ID, Machine: from.m.Name, Deadline: s.Now.Add(a.cfg.MoveDeadline),
 			Reason: fmt.Sprintf("consolidation: %s moves to %s %s", mv.g.ID, mv.dst.m.Name, why)})
 	}
 }
 
 // makeRoom finds a ready machine that would hold the pending gang g (one member) once some of
-// its gangs move onto other machines' free cards, and moves them: the machine moving the
-// fewest cards, then the first. A machine already freeing enough cards (gangs stopping on
-// it) takes the gang with no move. It reports whether g got room.
+// its gangs move onto other machines' free cards, and moves them: the cheapest moves (cards
+// times move cost), then the fewest cards, then the first machine; only moves that cost less
+// than launching a machine of its pool (launch latency times its cards). A machine already
+// freeing enough cards (gangs stopping on it) takes the gang with no move. It reports
+// whether g got room.
 func (a *Autoscaler) makeRoom(d *Decision, s *Snapshot, rooms []*room, g *Gang) bool {
 	if g.Size != 1 || g.Member.GPUs <= 0 {
 		return false
@@ -198,6 +211,7 @@ func (a *Autoscaler) makeRoom(d *Decision, s *Snapshot, rooms []*room, g *Gang) 
 	var best *room
 	var bestMoves []move
 	bestCards := 0
+	var bestCost time.Duration
 	for _, r := range rooms {
 		if !r.takes(g) || r.cards >= c || r.r.p.Shape.GPUs < c {
 			// A machine with the cards free already is the scheduler's to use (it did not:
@@ -233,14 +247,20 @@ func (a *Autoscaler) makeRoom(d *Decision, s *Snapshot, rooms []*room, g *Gang) 
 		for _, x := range pick {
 			moved += x.Size * x.Member.GPUs
 		}
-		if best != nil && moved >= bestCards {
+		// The moves must cost less than the launch they save (the pool's launch latency on
+		// all its cards).
+		cost := cardTime(pick)
+		if cost >= time.Duration(r.r.p.Shape.GPUs)*time.Duration(r.r.p.Spec.LaunchLatency) && cost > 0 {
+			continue
+		}
+		if best != nil && (cost > bestCost || cost == bestCost && moved >= bestCards) {
 			continue
 		}
 		moves, ok := planMoves(pick, r, rooms)
 		if !ok {
 			continue
 		}
-		best, bestMoves, bestCards = r, moves, moved
+		best, bestMoves, bestCards, bestCost = r, moves, moved, cost
 	}
 	if best == nil {
 		return false
@@ -256,8 +276,10 @@ func (a *Autoscaler) makeRoom(d *Decision, s *Snapshot, rooms []*room, g *Gang) 
 
 // consolidate empties partly used ready machines whose gangs all fit on the free capacity of
 // the other ready machines: the machine is drained and its gangs move. Machines go emptiest
-// first; a machine qualifies once settled, with every gang on it movable, and its pool
-// launching nothing in this decision. It is called only while no gang is pending.
+// first; a machine qualifies once settled, with every gang on it movable, its pool launching
+// nothing in this decision, and its cards times the time since its gangs last changed at
+// least what the moves cost (cards times move cost). It is called only while no gang is
+// pending.
 func (a *Autoscaler) consolidate(d *Decision, s *Snapshot, runs map[string]*poolRun, rooms []*room) {
 	var cands []*room
 	for _, r := range rooms {
@@ -265,14 +287,23 @@ func (a *Autoscaler) consolidate(d *Decision, s *Snapshot, runs map[string]*pool
 			cands = append(cands, r)
 		}
 	}
+	var empty []*room
+	for _, r := range cands {
+		// Ski rental: emptying it gives back a whole machine's worth of unused cards (its
+		// own free ones and those its gangs fill elsewhere); it pays once that worth, unused
+		// since its gangs last changed, covers what moving them costs.
+		if time.Duration(r.r.p.Shape.GPUs)*s.Now.Sub(r.m.Changed) >= cardTime(r.movable) {
+			empty = append(empty, r)
+		}
+	}
 	// The emptiest first (the fewest cards to move), then by name.
-	slices.SortStableFunc(cands, func(x, y *room) int {
+	slices.SortStableFunc(empty, func(x, y *room) int {
 		if c := cmp.Compare(y.cards, x.cards); c != 0 {
 			return c
 		}
 		return strings.Compare(x.m.Name, y.m.Name)
 	})
-	for _, c := range cands {
+	for _, c := range empty {
 		if c.taken {
 			continue
 		}
@@ -292,15 +323,16 @@ func (a *Autoscaler) consolidate(d *Decision, s *Snapshot, runs map[string]*pool
 		d.Drains = append(d.Drains, Drain{Machine: m.Name, Pool: m.Pool, MoveObjects: m.LastCopies,
 			Reason: fmt.Sprintf("consolidation: its gangs fit on the free cards of %s", strings.Join(to, ", "))})
 	}
-	a.backToSpot(cands, runs)
+	a.backToSpot(s, cands, runs)
 }
 
 // backToSpot launches spot machines for the gangs of on-demand machines that could not be
 // emptied (an on-demand fallback, taken when spot had no room): one spot machine of a pool
-// with room, the cheapest per card, for each such machine whose gangs it holds; spot capacity
-// already launching counts first. Once the spot machine is ready, consolidation moves the
-// gangs there and the on-demand machine goes.
-func (a *Autoscaler) backToSpot(cands []*room, runs map[string]*poolRun) {
+// with room, the cheapest per card, for each such machine whose gangs it holds, once the
+// on-demand premium paid since its gangs last changed covers the spot machine's launch and
+// the moves; spot capacity already launching counts first. Once the spot machine is ready,
+// consolidation moves the gangs there and the on-demand machine goes.
+func (a *Autoscaler) backToSpot(s *Snapshot, cands []*room, runs map[string]*poolRun) {
 	flight := 0
 	var spot []*poolRun
 	for _, r := range runs {
@@ -328,7 +360,13 @@ func (a *Autoscaler) backToSpot(cands []*room, runs map[string]*poolRun) {
 			continue
 		}
 		for _, r := range spot {
-			ok := r.p.Shape.GPUs >= used && !r.st.SpotUnavailable && r.blocked(1) == ""
+			// Ski rental: the on-demand premium paid since the gangs last changed covers the
+			// spot machine's launch and the moves.
+			od := c.r.p.Spec.PricePerHour
+			premium := (od - r.p.Spec.PricePerHour) * s.Now.Sub(c.m.Changed).Hours()
+			switchCost := r.p.Spec.PricePerHour*time.Duration(r.p.Spec.LaunchLatency).Hours() +
+				od/float64(max(1, c.r.p.Shape.GPUs))*cardTime(c.movable).Hours()
+			ok := premium >= switchCost && r.p.Shape.GPUs >= used && !r.st.SpotUnavailable && r.blocked(1) == ""
 			for _, g := range c.movable {
 				ok = ok && r.p.Shape.hasModel(g.Member.Models) && g.Pool == "" &&
 					(!g.SameIsland || len(r.p.Shape.Islands) == 1 && r.p.Shape.Islands[0] >= g.Size*g.Member.GPUs)

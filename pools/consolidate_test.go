@@ -106,6 +106,15 @@ func TestConsolidate(t *testing.T) {
 		{name: "a pending gang waits for cards already moving off a machine",
 			machines: []Machine{{Name: "spot-0", Pool: "spot", State: Ready, Changed: recent, Gangs: []Hosted{{Gang: "c4", Members: 1}, {Gang: "b2", Members: 1, Stopping: true}}}},
 			running:  []Gang{c4, b2}, pending: []Gang{g("p4", 1, 4)}, waiting: []string{"p4"}},
+		{name: "moves dearer than the machine-time they save wait",
+			machines: []Machine{ready("spot-0", "spot", settled, costly(a1, 2*time.Hour)), ready("spot-1", "spot", settled, costly(d6, 2*time.Hour))},
+			running:  []Gang{costly(a1, 2*time.Hour), costly(d6, 2*time.Hour)}},
+		{name: "moves dearer than a launch: a launch",
+			machines: []Machine{ready("spot-0", "spot", recent, c4, costly(b2, 1000*time.Second)), ready("spot-1", "spot", recent, d6)},
+			running:  []Gang{c4, costly(b2, 1000*time.Second), d6}, pending: []Gang{g("p4", 1, 4)}, launch: map[string]int{"spot": 1}},
+		{name: "an on-demand premium too small for the moves: no spot machine yet",
+			machines: []Machine{ready("od-0", "od", settled, costly(d6, time.Hour)), ready("spot-0", "spot", settled, e8)},
+			running:  []Gang{costly(d6, time.Hour), e8}},
 		{name: "no room to make: a launch",
 			machines: []Machine{ready("spot-0", "spot", recent, d6), ready("spot-1", "spot", recent, d6x("d6b"))},
 			running:  []Gang{d6, d6x("d6b")}, pending: []Gang{g("p4", 1, 4)}, launch: map[string]int{"spot": 1}},
@@ -134,13 +143,16 @@ func TestConsolidate(t *testing.T) {
 				}
 			}
 			for _, p := range d.Preemptions {
-				if want := t0.Add(DefaultConfig().PreemptDeadline); !p.Deadline.Equal(want) {
+				if want := t0.Add(DefaultConfig().MoveDeadline); !p.Deadline.Equal(want) {
 					t.Errorf("preemption %+v: deadline want %v", p, want)
 				}
 			}
 		})
 	}
 }
+
+// costly is g with a move cost.
+func costly(g Gang, cost time.Duration) Gang { g.MoveCost = cost; return g }
 
 // b2x and d6x are tolerant gangs of one member of 2 and 6 cards with the given ID.
 func b2x(id string) Gang { return gpuGang(id, 1, 2, true) }

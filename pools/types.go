@@ -29,6 +29,10 @@ type Gang struct {
 	Arrived  time.Time `json:"arrived"`
 	// Pool pins the gang to one pool; empty lets the autoscaler choose.
 	Pool string `json:"pool,omitempty"`
+	// MoveCost is what moving the gang costs each of its cards, in time: its checkpoint
+	// written, its restart and the checkpoint read back (measured, or declared). Zero when not
+	// known: consolidation then weighs moves as free.
+	MoveCost time.Duration `json:"move_cost,omitempty"`
 }
 
 // MachineState is where a pool's machine is in its life.

@@ -134,9 +134,12 @@ func (a *atollScaler) wake(w *world) (time.Duration, bool) {
 	return best, ok
 }
 
+// gangOf is the job as the core sees it; its move cost is the checkpoint model's (write,
+// restart, read back), which a job declares.
 func (a *atollScaler) gangOf(w *world, ji int) pools.Gang {
 	j := w.jobs[ji]
-	return pools.Gang{ID: fmt.Sprintf("%s#%d", j.ID, ji), Size: j.members, Member: pools.Member{GPUs: j.per}, Tolerant: true, Arrived: w.epoch.Add(j.Submit)}
+	return pools.Gang{ID: fmt.Sprintf("%s#%d", j.ID, ji), Size: j.members, Member: pools.Member{GPUs: j.per}, Tolerant: true, Arrived: w.epoch.Add(j.Submit),
+		MoveCost: w.opt.Restore + 2*w.ckptTime(j)}
 }
 
 // reconcile runs the core once and carries out its decision.
