@@ -146,9 +146,16 @@ func TestClusterCollectiveFailureIsStaleOnEveryRank(t *testing.T) {
 		t.Fatalf("%d worker processes, want 16 besides this one", len(pids))
 	}
 	step := func(crash int) []error {
-		fs := make([]*sdk.Future[[]float32], g.Size())
+		// Every call goes to the same incarnation: the references are taken before the
+		// first call, since the crash may restart the gang while the calls go out (a
+		// reference taken then names the next generation, whose workers are not up yet).
+		refs := make([]sdk.ActorRef, g.Size())
+		for r := range refs {
+			refs[r] = g.Worker(r)
+		}
+		fs := make([]*sdk.Future[[]float32], len(refs))
 		for r := range fs {
-			fs[r] = sdk.CallAsync[[]float32](ctx, c, g.Worker(r), stepReq{Crash: crash})
+			fs[r] = sdk.CallAsync[[]float32](ctx, c, refs[r], stepReq{Crash: crash})
 		}
 		errs := make([]error, len(fs))
 		for r, f := range fs {

@@ -28,5 +28,5 @@ func (c *Controller) Revoke(ctx context.Context, rev api.Revocation, ev api.Even
 	}
 	ch := c.enqueueLocked(t, []commitFn{{what: "revoke " + rev.ID, ops: []meta.Op{putJSON(api.RevokedKey(rev.ID), rev)}, events: []api.Event{ev}}})
 	c.mu.Unlock()
-	return c.await(ctx, ch)
+	return await(ctx, ch)
 }

@@ -11,11 +11,11 @@ import (
 // holds at most 1,120 of them.
 const MinMemberCPUMilli = 100
 
-// checkWorkerBoundsLocked refuses a gang that would take its job, or the cluster, past the
+// checkWorkerBounds refuses a gang that would take its job, or the cluster, past the
 // operator's bounds on workers (SchedulerConfig.MaxJobWorkers, MaxClusterWorkers). Live
 // gangs count their largest size; a gang spawned again under an ended one's name replaces
 // it.
-func (c *Controller) checkWorkerBoundsLocked(t *term, spec api.GangSpec) error {
+func (t *term) checkWorkerBounds(spec api.GangSpec) error {
 	job, cluster := spec.Workers, spec.Workers
 	for key, e := range t.gangs {
 		if !e.rec.State.Live() || key == spec.Key() {

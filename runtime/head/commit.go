@@ -65,7 +65,7 @@ func (c *Controller) enqueueLocked(t *term, work []commitFn) <-chan error {
 }
 
 // await waits for queued decisions to be committed, or for ctx.
-func (c *Controller) await(ctx context.Context, ch <-chan error) error {
+func await(ctx context.Context, ch <-chan error) error {
 	select {
 	case err := <-ch:
 		return err
@@ -120,32 +120,9 @@ func answer(qs []*queuedWork, err error) {
 
 // commitBatch proposes a batch as one transaction and answers its decisions.
 func (c *Controller) commitBatch(t *term, batch []*queuedWork) {
-	var req meta.Request
-	written, compared := map[string]bool{}, map[string]bool{}
-	var evs []api.Event
-	var what []string
-	for _, q := range batch {
-		for _, w := range q.work {
-			for _, cm := range w.cmp {
-				if !written[cm.Key] && !compared[cm.Key] {
-					compared[cm.Key] = true
-					req.Compares = append(req.Compares, cm)
-				}
-			}
-			ops := w.ops
-			if len(w.events) > 0 {
-				ops = append(ops[:len(ops):len(ops)], c.obs.events.Ops(w.events)...)
-			}
-			for _, op := range ops {
-				written[op.Key] = true
-			}
-			req.Ops = append(req.Ops, ops...)
-			evs = append(evs, w.events...)
-			what = append(what, w.what)
-		}
-	}
+	req, evs, what := batchRequest(batch, c.obs)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	err := c.propose(ctx, req)
+	err := c.logw.propose(ctx, req)
 	cancel()
 	if err == nil {
 		c.obs.committed(evs)
@@ -195,13 +172,47 @@ func (c *Controller) commitBatch(t *term, batch []*queuedWork) {
 	answer(later, fmt.Errorf("%w: an earlier decision was refused by the log: %v", api.ErrUnavailable, err))
 }
 
+// batchRequest is a batch's decisions as one transaction, with their events and what
+// they are: a compare on a record that an earlier decision of the batch writes is implied
+// by the order and left out.
+func batchRequest(batch []*queuedWork, obs *ctlObs) (req meta.Request, evs []api.Event, what []string) {
+	written, compared := map[string]bool{}, map[string]bool{}
+	for _, q := range batch {
+		for _, w := range q.work {
+			for _, cm := range w.cmp {
+				if !written[cm.Key] && !compared[cm.Key] {
+					compared[cm.Key] = true
+					req.Compares = append(req.Compares, cm)
+				}
+			}
+			ops := w.ops
+			if len(w.events) > 0 {
+				ops = append(ops[:len(ops):len(ops)], obs.events.Ops(w.events)...)
+			}
+			for _, op := range ops {
+				written[op.Key] = true
+			}
+			req.Ops = append(req.Ops, ops...)
+			evs = append(evs, w.events...)
+			what = append(what, w.what)
+		}
+	}
+	return req, evs, what
+}
+
 // refusedError is a commit the state machine refused (malformed, stale).
 type refusedError struct{ msg string }
 
 func (e *refusedError) Error() string { return "head: commit refused: " + e.msg }
 
+// logWriter writes transactions to the Paxos log and measures them.
+type logWriter struct {
+	rep *paxos.Replica
+	obs *ctlObs
+}
+
 // propose proposes one transaction through the log and waits until it is chosen.
-func (c *Controller) propose(ctx context.Context, req meta.Request) error {
+func (c logWriter) propose(ctx context.Context, req meta.Request) error {
 	if len(req.Ops) == 0 {
 		return nil
 	}
@@ -234,7 +245,7 @@ func (c *Controller) propose(ctx context.Context, req meta.Request) error {
 
 // commit proposes one transaction outside the decision queue (the operator's
 // configuration, which waits for its own commit before it is applied).
-func (c *Controller) commit(ctx context.Context, cmp []meta.Compare, ops []meta.Op) error {
+func (c logWriter) commit(ctx context.Context, cmp []meta.Compare, ops []meta.Op) error {
 	return c.propose(ctx, meta.Request{Compares: cmp, Ops: ops})
 }
 
@@ -304,7 +315,7 @@ func (c *Controller) reconcile(t *term, keys map[string]bool) {
 					t.cordons[name] = &cd
 				}
 			}
-			c.cordonToCoreLocked(t, name)
+			t.cordonToCore(name)
 		case key == api.SchedulerConfigKey:
 			if kv, ok := c.sm.Get(key); ok {
 				var conf api.SchedulerConfig
@@ -340,7 +351,7 @@ func (c *Controller) reconcile(t *term, keys map[string]bool) {
 		if t.sched != nil {
 			_ = t.sched.Finish(k, now)
 		}
-		c.stopGangTimersLocked(t, k)
+		t.stopGangTimers(k)
 	}
 	for _, k := range keysOf {
 		delete(t.gangs, k)
@@ -374,11 +385,11 @@ func (c *Controller) reconcile(t *term, keys map[string]bool) {
 	c.notifyLocked()
 }
 
-// stopGangTimersLocked stops a gang's restart and notice timers.
-func (c *Controller) stopGangTimersLocked(t *term, key string) {
-	if tm := t.timers[key]; tm != nil {
+// stopGangTimers stops a gang's restart and notice timers.
+func (l *ledger) stopGangTimers(key string) {
+	if tm := l.timers[key]; tm != nil {
 		tm.Stop()
-		delete(t.timers, key)
+		delete(l.timers, key)
 	}
-	c.stopNoticeTimerLocked(t, key)
+	l.stopNoticeTimer(key)
 }

@@ -120,10 +120,11 @@ func (c *Controller) schedulerConfig(conf api.SchedulerConfig) gang.Config {
 // *paxos.NotLeaderError when this replica does not lead (the API turns that into a 421 with
 // the leader's id) and api.ErrUnavailable while it is loading the log after an election.
 type Controller struct {
-	cfg ControllerConfig
-	rep *paxos.Replica
-	sm  *metaserver.StateMachine
-	log *zap.Logger
+	cfg  ControllerConfig
+	rep  *paxos.Replica
+	sm   *metaserver.StateMachine
+	log  *zap.Logger
+	logw logWriter // writes to the log
 
 	mu       sync.Mutex
 	t        *term
@@ -140,38 +141,71 @@ type Controller struct {
 	done chan struct{}
 }
 
-// term is the controller's state while its replica leads.
+// term is the controller's state while its replica leads, by concern: the machines
+// (fleet), the jobs and gangs (ledger), the scheduler core and what feeds it (core), the
+// learned restart costs waiting for their commit (costs) and the commit queue (commits,
+// commit.go). The Controller's methods decide under its lock and orchestrate; each
+// concern's own bookkeeping is a method of its type.
 type term struct {
-	id       int64 // the leader term it committed (api.ControlTerm)
-	termVer  int64 // the version of the term record it read
+	id      int64 // the leader term it committed (api.ControlTerm)
+	termVer int64 // the version of the term record it read
+	log     *zap.Logger
+	obs     *ctlObs
+	fleet
+	ledger
+	core
+	costs
+	commits
+}
+
+// fleet is what the leader knows of the machines: their records, cordons, load reports and
+// liveness evidence, and the scheduler's view of them (its node order and topology).
+type fleet struct {
 	machines map[string]*machineEntry
-	jobs     map[string]*jobEntry
-	gangs    map[string]*gangEntry
 	cordons  map[string]*api.Cordon
-	sched    *gang.Scheduler
+	loads    map[string]api.LoadReport
+	detect   *failureDetector // the machines' liveness evidence (detect.go)
 	topo     *topology.Cluster
 	order    []string       // scheduler node index -> machine name
 	index    map[string]int // machine name -> scheduler node index
 	specs    []string       // scheduler node index -> the machine spec it was built from (JSON)
-	timers   map[string]*time.Timer
-	loads    map[string]api.LoadReport
-	detect   *failureDetector // the machines' liveness evidence (detect.go)
+}
+
+// ledger is the jobs and gangs of the log, their newest checkpoints, the submission
+// sequence and the gangs' timers (restarts, notice deadlines).
+type ledger struct {
+	jobs  map[string]*jobEntry
+	gangs map[string]*gangEntry
+	// ckpt is the gangs' newest checkpoints, by gang key (from their manifests in the log).
+	ckpt map[string]ckptInfo
+	// seq is the highest gang submission sequence given out.
+	seq    int64
+	timers map[string]*time.Timer
+}
+
+// core is the scheduler core, the operator's configuration it runs under and its next
+// timed cycle.
+type core struct {
+	sched *gang.Scheduler
 	// conf is the operator's scheduler configuration (queues, priority classes), from the
 	// log (confVer its version, 0 when none was ever set).
 	conf    api.SchedulerConfig
 	confVer int64
-	// ckpt is the gangs' newest checkpoints, by gang key (from their manifests in the log).
-	ckpt map[string]ckptInfo
-	// seq is the highest gang submission sequence given out.
-	seq int64
-	// costsDirty are the GPU models whose learned costs changed since they were last
-	// committed; costsTimer commits them.
-	costsDirty map[string]bool
-	costsTimer *time.Timer
 	// cycleAt is when a cycle is armed (cycleTimer), for the scheduler's NextCycle.
 	cycleAt    time.Time
 	cycleTimer *time.Timer
-	// The commit queue (commit.go): decisions in the order they were made.
+}
+
+// costs are the GPU models whose learned costs changed since they were last committed;
+// costsTimer commits them.
+type costs struct {
+	costsDirty map[string]bool
+	costsTimer *time.Timer
+}
+
+// commits is the commit queue (commit.go): decisions in the order they were made, and the
+// committer's wake-up and end.
+type commits struct {
 	queue []*queuedWork
 	kick  chan struct{}
 	ended chan struct{}
@@ -230,8 +264,9 @@ func NewController(cfg ControllerConfig, rep *paxos.Replica, sm *metaserver.Stat
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	return &Controller{cfg: cfg, rep: rep, sm: sm, log: cfg.Logger.Named("controller"), stop: make(chan struct{}), done: make(chan struct{}),
-		poke: make(chan struct{}, 1), obs: newCtlObs()}
+	obs := newCtlObs()
+	return &Controller{cfg: cfg, rep: rep, sm: sm, log: cfg.Logger.Named("controller"), logw: logWriter{rep: rep, obs: obs},
+		stop: make(chan struct{}), done: make(chan struct{}), poke: make(chan struct{}, 1), obs: obs}
 }
 
 // SetMembership gives the controller gossip's view of which machines failed or left; it is
@@ -404,10 +439,13 @@ func (c *Controller) buildTerm() error {
 		return err
 	}
 	now := c.cfg.Clock()
-	t := &term{machines: map[string]*machineEntry{}, jobs: map[string]*jobEntry{}, gangs: map[string]*gangEntry{},
-		cordons: map[string]*api.Cordon{}, index: map[string]int{}, timers: map[string]*time.Timer{}, loads: map[string]api.LoadReport{},
-		ckpt: map[string]ckptInfo{}, costsDirty: map[string]bool{},
-		kick: make(chan struct{}, 1), ended: make(chan struct{})}
+	t := &term{
+		log: c.log, obs: c.obs,
+		fleet:   fleet{machines: map[string]*machineEntry{}, cordons: map[string]*api.Cordon{}, index: map[string]int{}, loads: map[string]api.LoadReport{}},
+		ledger:  ledger{jobs: map[string]*jobEntry{}, gangs: map[string]*gangEntry{}, timers: map[string]*time.Timer{}, ckpt: map[string]ckptInfo{}},
+		costs:   costs{costsDirty: map[string]bool{}},
+		commits: commits{kick: make(chan struct{}, 1), ended: make(chan struct{})},
+	}
 	// The term first: a head takes office by committing the next leader term, before it
 	// reads the tables it decides from (a head that believed it led and decided meanwhile
 	// had its decisions ordered before it, or refused).
@@ -420,7 +458,7 @@ func (c *Controller) buildTerm() error {
 		termVer = kv.Version
 	}
 	t.id = prev.Term + 1
-	if err := c.commit(ctx, []meta.Compare{{Key: api.TermKey, Version: termVer}},
+	if err := c.logw.commit(ctx, []meta.Compare{{Key: api.TermKey, Version: termVer}},
 		[]meta.Op{putJSON(api.TermKey, api.ControlTerm{Term: t.id, Leader: c.rep.Status().ID, Since: now})}); err != nil {
 		return fmt.Errorf("head: commit leader term %d: %w", t.id, err)
 	}
@@ -485,7 +523,7 @@ func (c *Controller) buildTerm() error {
 			t.ckpt[key] = ckptInfo{at: cp.Time, step: cp.Step, bytes: cp.Bytes, save: time.Duration(cp.Save)}
 		}
 	}
-	assignSeqs(t)
+	t.assignSeqs()
 	prune := c.obs.events.Resume(c.sm.Range(api.TableEvents)) // continue the event log's sequence
 	c.mu.Lock()
 	if c.t != nil || c.rep.Status().Role != paxos.Leader {
@@ -518,17 +556,17 @@ func (c *Controller) buildTerm() error {
 	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.await(ctx, ch)
+	return await(ctx, ch)
 }
 
 // assignSeqs gives the gangs of a log written before submission sequences existed one,
 // in the order they were admitted (then by key), after every sequence already given: the
 // same on every leader that reads the same log.
-func assignSeqs(t *term) {
+func (l *ledger) assignSeqs() {
 	var legacy []*gangEntry
-	for _, e := range t.gangs {
+	for _, e := range l.gangs {
 		if e.rec.Sched != nil && e.rec.Sched.Seq > 0 {
-			t.seq = max(t.seq, e.rec.Sched.Seq)
+			l.seq = max(l.seq, e.rec.Sched.Seq)
 		} else {
 			legacy = append(legacy, e)
 		}
@@ -541,11 +579,11 @@ func assignSeqs(t *term) {
 		return a.Spec.Key() < b.Spec.Key()
 	})
 	for _, e := range legacy {
-		t.seq++
-		s := api.GangSched{Seq: t.seq, Queued: e.rec.Updated}
+		l.seq++
+		s := api.GangSched{Seq: l.seq, Queued: e.rec.Updated}
 		if e.rec.Sched != nil {
 			s = *e.rec.Sched
-			s.Seq = t.seq
+			s.Seq = l.seq
 		}
 		e.rec.Sched = &s
 	}
@@ -568,22 +606,22 @@ func putJSON(key string, v any) meta.Op {
 	return meta.Op{Type: meta.OpPut, Key: key, Value: b}
 }
 
-// gangCommitLocked records a new state of a gang in the cache and returns its commit,
+// gangCommit records a new state of a gang in the cache and returns its commit,
 // guarded by the version the decision read. The record carries the scheduler's record of
 // the gang as it stands now (its sequence, aging inputs, attained service...).
-func (c *Controller) gangCommitLocked(t *term, e *gangEntry, rec api.Gang, what string, extra ...meta.Op) commitFn {
+func (t *term) gangCommit(e *gangEntry, rec api.Gang, what string, extra ...meta.Op) commitFn {
 	key := api.TableGangs + rec.Spec.Key()
 	cmp := []meta.Compare{{Key: key, Version: e.ver}}
-	rec.Sched = c.schedRecordLocked(t, rec.Spec.Key(), rec.Sched)
+	rec.Sched = t.schedRecord(rec.Spec.Key(), rec.Sched)
 	evs := events.FromGang(&e.rec, rec)
 	e.rec = rec
 	e.ver++
 	return commitFn{what: what, cmp: cmp, ops: append([]meta.Op{putJSON(key, rec)}, extra...), events: evs}
 }
 
-// schedRecordLocked is the core's record of a gang in the log's terms, or old when the
+// schedRecord is the core's record of a gang in the log's terms, or old when the
 // core does not hold the gang (it ended, or no machine is there yet).
-func (c *Controller) schedRecordLocked(t *term, key string, old *api.GangSched) *api.GangSched {
+func (t *term) schedRecord(key string, old *api.GangSched) *api.GangSched {
 	if t.sched == nil {
 		return old
 	}
@@ -605,8 +643,8 @@ func (c *Controller) schedRecordLocked(t *term, key string, old *api.GangSched) 
 	return s
 }
 
-// coreRecordLocked is the core's record of a gang from its log record.
-func coreRecordLocked(t *term, rec api.Gang) gang.Record {
+// coreRecord is the core's record of a gang from its log record.
+func (t *term) coreRecord(rec api.Gang) gang.Record {
 	r := gang.Record{Submitted: rec.Created, Queued: rec.Updated}
 	s := rec.Sched
 	if s == nil {
@@ -630,11 +668,11 @@ func coreRecordLocked(t *term, rec api.Gang) gang.Record {
 	return r
 }
 
-// desiredNodes lists the machines the scheduler schedules on: the alive ones with a
+// desired lists the machines the scheduler schedules on: the alive ones with a
 // topology, by rack then name.
-func desiredNodes(t *term) []*machineEntry {
+func (f *fleet) desired() []*machineEntry {
 	var alive []*machineEntry
-	for _, m := range t.machines {
+	for _, m := range f.machines {
 		if m.rec.Alive && m.rec.Spec != nil {
 			alive = append(alive, m)
 		}
@@ -648,9 +686,9 @@ func desiredNodes(t *term) []*machineEntry {
 	return alive
 }
 
-// snapshotLocked builds the topology of machines and the scheduler's snapshot of it
+// snapshot builds the topology of machines and the scheduler's snapshot of it
 // (cordons applied, simulated cards apart), with each machine's spec as built.
-func (c *Controller) snapshotLocked(t *term, ms []*machineEntry) (*topology.Cluster, gang.Snapshot, []string, error) {
+func (f *fleet) snapshot(ms []*machineEntry) (*topology.Cluster, gang.Snapshot, []string, error) {
 	if len(ms) == 0 {
 		return nil, gang.Snapshot{}, nil, nil
 	}
@@ -671,7 +709,7 @@ func (c *Controller) snapshotLocked(t *term, ms []*machineEntry) (*topology.Clus
 	}
 	snap := topoadapt.Snapshot(tc)
 	for i, m := range ms {
-		snap.Nodes[i].Unschedulable = t.cordons[m.rec.Name] != nil
+		snap.Nodes[i].Unschedulable = f.cordons[m.rec.Name] != nil
 		if m.rec.Simulated { // their restart costs are learnt apart from real cards'
 			for g := range snap.Nodes[i].GPUs {
 				snap.Nodes[i].GPUs[g].Model += api.SimulatedSuffix
@@ -688,11 +726,11 @@ func (c *Controller) snapshotLocked(t *term, ms []*machineEntry) (*topology.Clus
 // cannot be restored on their machines wait to be placed elsewhere.
 func (c *Controller) buildCoreLocked(t *term, now time.Time) []commitFn {
 	t.sched, t.topo, t.order, t.index, t.specs = nil, nil, nil, map[string]int{}, nil
-	ms := desiredNodes(t)
+	ms := t.desired()
 	if len(ms) == 0 {
 		return nil
 	}
-	tc, snap, specs, err := c.snapshotLocked(t, ms)
+	tc, snap, specs, err := t.snapshot(ms)
 	if err != nil {
 		c.log.Error("the registered machines do not form a cluster", zap.Error(err))
 		return nil
@@ -756,8 +794,8 @@ func (c *Controller) loadGangLocked(t *term, e *gangEntry, now time.Time) []comm
 	switch e.rec.State {
 	case api.GangStarting, api.GangRunning, api.GangRestarting:
 		if t.sched != nil { // without machines it is adopted, or moved, when they register
-			if err := c.adoptLocked(t, e); err != nil {
-				return append(work, c.lostLocked(t, e, err.Error(), now)...)
+			if err := t.adopt(e); err != nil {
+				return append(work, t.lost(e, err.Error(), now)...)
 			}
 		}
 		// Restarts that were waiting for their backoff, notices that were running.
@@ -771,28 +809,28 @@ func (c *Controller) loadGangLocked(t *term, e *gangEntry, now time.Time) []comm
 		if t.sched == nil {
 			break
 		}
-		if err := c.restorePendingLocked(t, e); err != nil {
-			work = append(work, c.failLocked(t, e, "can never be placed: "+err.Error(), now))
+		if err := t.restorePending(e); err != nil {
+			work = append(work, t.fail(e, "can never be placed: "+err.Error(), now))
 		}
 	}
 	return work
 }
 
-// restorePendingLocked queues a waiting gang of the log in the core, with its record.
-func (c *Controller) restorePendingLocked(t *term, e *gangEntry) error {
-	req, err := c.coreRequestLocked(t, e.rec.Spec)
+// restorePending queues a waiting gang of the log in the core, with its record.
+func (t *term) restorePending(e *gangEntry) error {
+	req, err := t.coreRequest(e.rec.Spec)
 	if err != nil {
 		return err
 	}
-	if err := t.sched.Restore(req, coreRecordLocked(t, e.rec), nil); err != nil {
+	if err := t.sched.Restore(req, t.coreRecord(e.rec), nil); err != nil {
 		return err
 	}
-	c.checkpointToCoreLocked(t, e.rec.Spec.Key())
+	t.checkpointToCore(e.rec.Spec.Key())
 	return nil
 }
 
-// adoptLocked tells the scheduler that a placed gang holds its cards (its active members).
-func (c *Controller) adoptLocked(t *term, e *gangEntry) error {
+// adopt tells the scheduler that a placed gang holds its cards (its active members).
+func (t *term) adopt(e *gangEntry) error {
 	if t.sched == nil || e.rec.Placement == nil {
 		return fmt.Errorf("no machine of its placement is alive")
 	}
@@ -805,11 +843,11 @@ func (c *Controller) adoptLocked(t *term, e *gangEntry) error {
 		}
 		members = append(members, gang.MemberPlacement{Node: node, NodeName: m.Machine, GPUs: m.GPUs, Milli: m.Milli, MIG: m.MIG, CPUMilli: m.CPUMilli, MemMiB: m.MemMiB})
 	}
-	req, err := c.coreRequestLocked(t, e.rec.Spec)
+	req, err := t.coreRequest(e.rec.Spec)
 	if err != nil {
 		return err
 	}
-	rec := coreRecordLocked(t, e.rec)
+	rec := t.coreRecord(e.rec)
 	if rec.Started.IsZero() { // a record of an older log
 		rec.Started = e.rec.Created
 		if e.rec.State == api.GangRunning || e.rec.State == api.GangStarting {
@@ -819,12 +857,12 @@ func (c *Controller) adoptLocked(t *term, e *gangEntry) error {
 	if err := t.sched.Restore(req, rec, members); err != nil {
 		return err
 	}
-	c.checkpointToCoreLocked(t, e.rec.Spec.Key())
+	t.checkpointToCore(e.rec.Spec.Key())
 	return nil
 }
 
-// checkpointToCoreLocked tells the core of a gang's newest checkpoint.
-func (c *Controller) checkpointToCoreLocked(t *term, key string) {
+// checkpointToCore tells the core of a gang's newest checkpoint.
+func (t *term) checkpointToCore(key string) {
 	if ck, ok := t.ckpt[key]; ok && t.sched != nil {
 		_ = t.sched.Checkpointed(key, ck.at)
 		_ = t.sched.CheckpointMeasured(key, ck.save, ck.bytes)
@@ -843,9 +881,9 @@ func coreMember(s api.GangSpec) gang.Member {
 	return gang.Member{GPUs: s.Resources.GPUs, GPUMilli: milli, MIG: s.Resources.MIG, CPUMilli: cpu, MemMiB: s.Resources.MemMiB}
 }
 
-// coreRequestLocked is the scheduler core's view of a gang: its priority (from its class),
+// coreRequest is the scheduler core's view of a gang: its priority (from its class),
 // queue, size (Min..Max for an elastic gang), preemptibility and what its checkpoints cost.
-func (c *Controller) coreRequestLocked(t *term, s api.GangSpec) (gang.Request, error) {
+func (t *term) coreRequest(s api.GangSpec) (gang.Request, error) {
 	prio, err := t.conf.Priority(s)
 	if err != nil {
 		return gang.Request{}, err
@@ -894,10 +932,10 @@ func (c *Controller) cycleLocked(t *term, now time.Time) []commitFn {
 		}
 		rec := e.rec
 		c.obs.gangWaited(now.Sub(rec.Updated))
-		rec.Placement = c.placementLocked(t, p)
+		rec.Placement = t.placement(p)
 		rec.State, rec.Reason, rec.Updated, rec.World, rec.Notice = api.GangStarting, "", now, nil, nil
 		e.ready = map[int]api.Worker{}
-		work = append(work, c.gangCommitLocked(t, e, rec, "placement of "+p.Gang))
+		work = append(work, t.gangCommit(e, rec, "placement of "+p.Gang))
 		c.log.Info("gang placed", gangField(p.Gang), zap.Int("generation", rec.Generation), zap.Int("members", len(p.Members)),
 			zap.Strings("machines", rec.Placement.Machines), zap.Int("islands", rec.Placement.Islands), zap.Bool("preemptor", p.Preemptor))
 	}
@@ -926,7 +964,7 @@ func (c *Controller) cycleLocked(t *term, now time.Time) []commitFn {
 	sort.Strings(keys)
 	for _, k := range keys {
 		if e := t.gangs[k]; e != nil && e.rec.State == api.GangPending {
-			work = append(work, c.gangCommitLocked(t, e, e.rec, "hold of "+k))
+			work = append(work, t.gangCommit(e, e.rec, "hold of "+k))
 		}
 	}
 	c.armCycleLocked(t, d.NextCycle)
@@ -961,27 +999,27 @@ func (c *Controller) timedCycle(t *term) {
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := c.await(ctx, ch); err != nil {
+	if err := await(ctx, ch); err != nil {
 		c.log.Warn("the commits of a timed cycle failed", zap.Error(err))
 	}
 }
 
-func (c *Controller) placementLocked(t *term, p gang.Placement) *api.Placement {
+func (f *fleet) placement(p gang.Placement) *api.Placement {
 	out := &api.Placement{Islands: p.Islands, Scores: map[string]float64{}}
 	seen := map[string]bool{}
 	for _, m := range p.Members {
-		name := t.order[m.Node]
+		name := f.order[m.Node]
 		mm := api.Member{Machine: name, GPUs: append([]int(nil), m.GPUs...), Milli: m.Milli, MIG: m.MIG, CPUMilli: m.CPUMilli, MemMiB: m.MemMiB}
-		if t.topo != nil {
-			tm := t.topo.Machines[m.Node]
+		if f.topo != nil {
+			tm := f.topo.Machines[m.Node]
 			for _, g := range m.GPUs {
 				if g >= 0 && g < len(tm.GPUs) {
 					mm.UUIDs = append(mm.UUIDs, tm.GPUs[g].UUID)
-					mm.Islands = append(mm.Islands, t.topo.IslandOf(tm.GPUs[g].ID))
+					mm.Islands = append(mm.Islands, f.topo.IslandOf(tm.GPUs[g].ID))
 					mm.GPUModel = tm.GPUs[g].Model
 				}
 			}
-			if me := t.machines[name]; me != nil && me.rec.Simulated && mm.GPUModel != "" {
+			if me := f.machines[name]; me != nil && me.rec.Simulated && mm.GPUModel != "" {
 				mm.GPUModel += api.SimulatedSuffix
 			}
 		}

@@ -75,7 +75,7 @@ func (c *Controller) cordon(ctx context.Context, machine string, cd api.Cordon, 
 		work = append(work, commitFn{what: "cordon of " + machine, ops: []meta.Op{putJSON(key, cd)},
 			events: []api.Event{{Time: now, Kind: api.EventMachineCordoned, Machine: machine, Reason: reason}}})
 		t.cordons[machine] = &cd
-		c.cordonToCoreLocked(t, machine)
+		t.cordonToCore(machine)
 		c.log.Info("machine cordoned", zap.String("machine", machine), zap.String("by", cd.By), zap.String("reason", cd.Reason), zap.Bool("drain", drain))
 	}
 	if drain {
@@ -86,18 +86,18 @@ func (c *Controller) cordon(ctx context.Context, machine string, cd api.Cordon, 
 		if why == "" && old != nil {
 			why = old.Reason
 		}
-		for _, e := range c.gangsOnLocked(t, machine) {
+		for _, e := range t.gangsOn(machine) {
 			if n := e.rec.Notice; n != nil && (n.Kind == api.NoticeDrain || n.Kind == api.NoticePreempt) {
 				continue
 			}
 			if e.rec.State != api.GangRunning && e.rec.State != api.GangStarting {
-				work = append(work, c.evictLocked(t, e, false, 0, "its machine "+machine+" is drained: "+why, now)...)
+				work = append(work, t.evict(e, false, 0, "its machine "+machine+" is drained: "+why, now)...)
 				continue
 			}
 			rec := e.rec
 			rec.Notice = &api.Notice{Kind: api.NoticeDrain, Issued: now, Deadline: deadline, Reason: "machine " + machine + " is drained: " + why}
 			rec.Updated = now
-			work = append(work, c.gangCommitLocked(t, e, rec, "drain notice to "+rec.Spec.Key()))
+			work = append(work, t.gangCommit(e, rec, "drain notice to "+rec.Spec.Key()))
 			c.armNoticeLocked(t, e)
 		}
 	}
@@ -105,7 +105,7 @@ func (c *Controller) cordon(ctx context.Context, machine string, cd api.Cordon, 
 	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.await(ctx, ch)
+	return await(ctx, ch)
 }
 
 // Undrain lifts a machine's cordon or drain (atoll undrain): new gangs may be placed on
@@ -132,17 +132,17 @@ func (c *Controller) Undrain(ctx context.Context, machine, by string) error {
 	work := []commitFn{{what: "undrain of " + machine, ops: []meta.Op{{Type: meta.OpDelete, Key: key}},
 		events: []api.Event{{Time: now, Kind: api.EventMachineUncordoned, Machine: machine, Reason: fmt.Sprintf("cordon lifted by %s (it was placed by %s)", by, old.By)}}}}
 	delete(t.cordons, machine)
-	c.cordonToCoreLocked(t, machine)
+	t.cordonToCore(machine)
 	c.log.Info("machine cordon lifted", zap.String("machine", machine), zap.String("by", by))
 	work = append(work, c.cycleLocked(t, now)...)
 	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.await(ctx, ch)
+	return await(ctx, ch)
 }
 
-// cordonToCoreLocked gives the scheduler a machine's cordon as it stands in the cache.
-func (c *Controller) cordonToCoreLocked(t *term, machine string) {
+// cordonToCore gives the scheduler a machine's cordon as it stands in the cache.
+func (t *term) cordonToCore(machine string) {
 	if t.sched == nil {
 		return
 	}

@@ -42,7 +42,7 @@ func (c *Controller) SubmitJob(ctx context.Context, j api.Job) (api.Job, error) 
 	ch := c.enqueueLocked(t, []commitFn{w})
 	c.notifyLocked()
 	c.mu.Unlock()
-	return j, c.await(ctx, ch)
+	return j, await(ctx, ch)
 }
 
 // StopJob stops a job's gangs (freeing their GPUs) and the job.
@@ -58,9 +58,9 @@ func (c *Controller) StopJob(ctx context.Context, name string) error {
 	}
 	now := c.cfg.Clock()
 	var work []commitFn
-	for _, g := range c.gangsOfLocked(t, name) {
+	for _, g := range t.gangsOf(name) {
 		if g.rec.State.Live() {
-			work = append(work, c.endLocked(t, g, api.GangStopped, "its job stopped", now))
+			work = append(work, t.end(g, api.GangStopped, "its job stopped", now))
 		}
 	}
 	if e.rec.State == api.JobRunning {
@@ -74,12 +74,12 @@ func (c *Controller) StopJob(ctx context.Context, name string) error {
 	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.await(ctx, ch)
+	return await(ctx, ch)
 }
 
-func (c *Controller) gangsOfLocked(t *term, job string) []*gangEntry {
+func (l *ledger) gangsOf(job string) []*gangEntry {
 	var out []*gangEntry
-	for _, g := range t.gangs {
+	for _, g := range l.gangs {
 		if g.rec.Spec.Job == job {
 			out = append(out, g)
 		}
@@ -111,10 +111,10 @@ func (c *Controller) SpawnGang(ctx context.Context, spec api.GangSpec) (api.Gang
 	if old != nil && old.rec.State.Live() {
 		return unlock(fmt.Errorf("%w: gang %s is %s", api.ErrExists, key, old.rec.State))
 	}
-	if err := c.checkWorkerBoundsLocked(t, spec); err != nil {
+	if err := t.checkWorkerBounds(spec); err != nil {
 		return unlock(err)
 	}
-	req, err := c.coreRequestLocked(t, spec)
+	req, err := t.coreRequest(spec)
 	if err != nil {
 		return unlock(err)
 	}
@@ -173,7 +173,7 @@ func (c *Controller) SpawnGang(ctx context.Context, spec api.GangSpec) (api.Gang
 	}
 	t.gangs[key] = e
 	// The gang is committed pending first, then the cycle (which may place it at once).
-	work := []commitFn{c.gangCommitLocked(t, e, rec, "admission of "+key, learned...)}
+	work := []commitFn{t.gangCommit(e, rec, "admission of "+key, learned...)}
 	work = append(work, c.cycleLocked(t, now)...)
 	if e.rec.State == api.GangPending && len(work[0].ops) > 0 {
 		// The cycle said why it waits: the admission records it.
@@ -189,7 +189,7 @@ func (c *Controller) SpawnGang(ctx context.Context, spec api.GangSpec) (api.Gang
 	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	if err := c.await(ctx, ch); err != nil {
+	if err := await(ctx, ch); err != nil {
 		return api.Gang{}, err
 	}
 	return rec, nil
@@ -217,30 +217,30 @@ func (c *Controller) StopGang(ctx context.Context, job, name string) error {
 		return nil
 	}
 	now := c.cfg.Clock()
-	work := []commitFn{c.endLocked(t, e, api.GangStopped, "stopped by its driver", now)}
+	work := []commitFn{t.end(e, api.GangStopped, "stopped by its driver", now)}
 	work = append(work, c.cycleLocked(t, now)...)
 	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.await(ctx, ch)
+	return await(ctx, ch)
 }
 
-// endLocked ends a gang (stopped or failed): the scheduler forgets it, its GPUs are free.
-func (c *Controller) endLocked(t *term, e *gangEntry, state api.GangState, reason string, now time.Time) commitFn {
+// end ends a gang (stopped or failed): the scheduler forgets it, its GPUs are free.
+func (t *term) end(e *gangEntry, state api.GangState, reason string, now time.Time) commitFn {
 	key := e.rec.Spec.Key()
 	if t.sched != nil {
 		_ = t.sched.Finish(key, now)
 	}
-	c.stopGangTimersLocked(t, key)
+	t.stopGangTimers(key)
 	rec := e.rec
 	rec.State, rec.Reason, rec.Updated, rec.RestartAt, rec.Notice = state, reason, now, time.Time{}, nil
 	e.ready = map[int]api.Worker{}
-	c.log.Info("gang ended", gangField(key), zap.String("state", string(state)), zap.String("reason", reason))
-	return c.gangCommitLocked(t, e, rec, fmt.Sprintf("gang %s %s", key, state))
+	t.log.Info("gang ended", gangField(key), zap.String("state", string(state)), zap.String("reason", reason))
+	return t.gangCommit(e, rec, fmt.Sprintf("gang %s %s", key, state))
 }
 
-func (c *Controller) failLocked(t *term, e *gangEntry, reason string, now time.Time) commitFn {
-	return c.endLocked(t, e, api.GangFailed, reason, now)
+func (t *term) fail(e *gangEntry, reason string, now time.Time) commitFn {
+	return t.end(e, api.GangFailed, reason, now)
 }
 
 // restartPolicy decides, from a gang's failures within its window, whether it restarts and
@@ -292,13 +292,13 @@ func (c *Controller) WorkerReady(ctx context.Context, w api.Worker) error {
 	if e.rec.State == api.GangStarting && allReady(e) {
 		rec := e.rec
 		rec.State, rec.Updated, rec.Reason = api.GangRunning, c.cfg.Clock(), ""
-		work = []commitFn{c.gangCommitLocked(t, e, rec, "gang "+key+" running", ops...)}
+		work = []commitFn{t.gangCommit(e, rec, "gang "+key+" running", ops...)}
 		c.log.Info("gang running", gangField(key), zap.Int("generation", rec.Generation))
 	}
 	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.await(ctx, ch)
+	return await(ctx, ch)
 }
 
 // WorkerExited handles a worker that stopped without being asked to: its gang restarts
@@ -321,24 +321,24 @@ func (c *Controller) WorkerExited(ctx context.Context, x api.WorkerExit) error {
 	ok, backoff, kept := restartPolicy(e.rec.Spec, e.rec.Failures, now)
 	switch {
 	case x.Completed && e.rec.Spec.Driver:
-		work = append(work, c.endLocked(t, e, api.GangStopped, "completed: the driver exited with status 0", now))
+		work = append(work, t.end(e, api.GangStopped, "completed: the driver exited with status 0", now))
 		work = append(work, c.cycleLocked(t, now)...)
 	case x.Permanent:
-		work = append(work, c.failLocked(t, e, reason+" (permanent: a restart cannot help)", now))
+		work = append(work, t.fail(e, reason+" (permanent: a restart cannot help)", now))
 		work = append(work, c.cycleLocked(t, now)...)
 	case !ok:
-		work = append(work, c.failLocked(t, e, fmt.Sprintf("%s, after %d restarts within %v", reason, e.rec.Spec.MaxRestarts, time.Duration(e.rec.Spec.RestartWindow)), now))
+		work = append(work, t.fail(e, fmt.Sprintf("%s, after %d restarts within %v", reason, e.rec.Spec.MaxRestarts, time.Duration(e.rec.Spec.RestartWindow)), now))
 		work = append(work, c.cycleLocked(t, now)...)
 	case e.rec.Notice != nil && (e.rec.Notice.Kind == api.NoticePreempt || e.rec.Notice.Kind == api.NoticeDrain):
 		// It was to stop anyway: it stops now and queues again.
 		ck := t.ckpt[key]
-		work = append(work, c.evictLocked(t, e, !ck.at.IsZero() && ck.at.After(e.rec.Notice.Issued), ck.step, reason, now)...)
+		work = append(work, t.evict(e, !ck.at.IsZero() && ck.at.After(e.rec.Notice.Issued), ck.step, reason, now)...)
 		work = append(work, c.cycleLocked(t, now)...)
 	default:
-		c.stopNoticeTimerLocked(t, key)
+		t.stopNoticeTimer(key)
 		rec := e.rec
 		if n := rec.Notice; n != nil && n.Kind == api.NoticeShrink {
-			c.dropMembersLocked(t, &rec, n.Remove, now) // the restart takes the shrink
+			t.dropMembers(&rec, n.Remove, now) // the restart takes the shrink
 		}
 		rec.Generation++
 		rec.Restarts++
@@ -347,7 +347,7 @@ func (c *Controller) WorkerExited(ctx context.Context, x api.WorkerExit) error {
 		rec.State, rec.Reason, rec.Updated = api.GangRestarting, reason, now
 		rec.RestartAt = now.Add(backoff)
 		e.ready = map[int]api.Worker{}
-		work = append(work, c.gangCommitLocked(t, e, rec, "restart of "+key))
+		work = append(work, t.gangCommit(e, rec, "restart of "+key))
 		c.armRestartLocked(t, key, rec.Generation, rec.RestartAt)
 		c.log.Warn("worker exited; the gang restarts all-for-one", gangField(key), zap.Int("rank", x.Rank),
 			zap.String("reason", x.Reason), zap.Int("generation", rec.Generation), zap.Duration("backoff", backoff))
@@ -355,7 +355,7 @@ func (c *Controller) WorkerExited(ctx context.Context, x api.WorkerExit) error {
 	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.await(ctx, ch)
+	return await(ctx, ch)
 }
 
 // allReady reports whether every member of the gang's world is ready.
@@ -390,26 +390,26 @@ func (c *Controller) startGeneration(t *term, key string, gen int) {
 	}
 	rec := e.rec
 	rec.State, rec.RestartAt, rec.Updated = api.GangStarting, time.Time{}, c.cfg.Clock()
-	w := c.gangCommitLocked(t, e, rec, fmt.Sprintf("generation %d of %s", gen, key))
+	w := t.gangCommit(e, rec, fmt.Sprintf("generation %d of %s", gen, key))
 	ch := c.enqueueLocked(t, []commitFn{w})
 	c.notifyLocked()
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := c.await(ctx, ch); err != nil {
+	if err := await(ctx, ch); err != nil {
 		c.log.Warn("could not start the next generation", gangField(key), zap.Error(err))
 	}
 }
 
-// lostLocked handles a gang that lost members with their machine: it restarts in the next
+// lost handles a gang that lost members with their machine: it restarts in the next
 // generation wherever the scheduler places it, and waits in its queue, with its reason,
 // while nothing fits: a lost machine never fails a gang (it keeps its place in the queue
 // order, its aging and its attained service). It is not the gang's failure either: it does
 // not count against MaxRestarts, which stops a program that keeps crashing. The caller
 // runs the cycle that places it.
-func (c *Controller) lostLocked(t *term, e *gangEntry, reason string, now time.Time) []commitFn {
+func (t *term) lost(e *gangEntry, reason string, now time.Time) []commitFn {
 	key := e.rec.Spec.Key()
-	c.stopGangTimersLocked(t, key)
+	t.stopGangTimers(key)
 	rec := e.rec
 	rec.Generation++
 	rec.Restarts++
@@ -425,18 +425,18 @@ func (c *Controller) lostLocked(t *term, e *gangEntry, reason string, now time.T
 		if err != nil || st.State != gang.GangPending {
 			// Not requeued by the scheduler (it was never adopted): queued again with its
 			// record, from now.
-			req, rerr := c.coreRequestLocked(t, rec.Spec)
+			req, rerr := t.coreRequest(rec.Spec)
 			if rerr == nil {
-				r := coreRecordLocked(t, rec)
+				r := t.coreRecord(rec)
 				r.Queued, r.Started, r.Stopping, r.ShrinkTo, r.ShrinkIndex, r.Hold = now, time.Time{}, false, 0, nil, nil
 				rerr = t.sched.Restore(req, r, nil)
 			}
 			if rerr != nil {
-				return []commitFn{c.failLocked(t, e, "lost its machine and can never be placed: "+rerr.Error(), now)}
+				return []commitFn{t.fail(e, "lost its machine and can never be placed: "+rerr.Error(), now)}
 			}
-			c.checkpointToCoreLocked(t, key)
+			t.checkpointToCore(key)
 		}
 	}
-	c.log.Warn("gang lost members with their machine; it restarts elsewhere", gangField(key), zap.String("reason", reason), zap.Int("generation", rec.Generation))
-	return []commitFn{c.gangCommitLocked(t, e, rec, "re-placement of "+key)}
+	t.log.Warn("gang lost members with their machine; it restarts elsewhere", gangField(key), zap.String("reason", reason), zap.Int("generation", rec.Generation))
+	return []commitFn{t.gangCommit(e, rec, "re-placement of "+key)}
 }

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -104,6 +105,8 @@ type Head struct {
 	id             *pki.Identity // this head's certificate (nil without TLS)
 	agents         agentClient   // to agents' APIs (CallAgent)
 	obs            *observer     // the dashboard and /metrics (dashboard.go)
+	// headsMu guards cfg.Heads, which SetHeads may change while the status is read.
+	headsMu sync.Mutex
 }
 
 // Start starts a head: it opens the WAL, starts the replica, the controller and the API.
@@ -253,7 +256,9 @@ func apiHosts(cfg Config) []string {
 }
 
 func (h *Head) heads() []api.HeadInfo {
+	h.headsMu.Lock()
 	out := append([]api.HeadInfo(nil), h.cfg.Heads...)
+	h.headsMu.Unlock()
 	found := false
 	gossip := ""
 	if h.gossip != nil {
@@ -281,7 +286,11 @@ func (h *Head) heads() []api.HeadInfo {
 }
 
 // SetHeads sets the group's heads for the cluster status.
-func (h *Head) SetHeads(heads []api.HeadInfo) { h.cfg.Heads = heads }
+func (h *Head) SetHeads(heads []api.HeadInfo) {
+	h.headsMu.Lock()
+	h.cfg.Heads = append([]api.HeadInfo(nil), heads...)
+	h.headsMu.Unlock()
+}
 
 // Address is the API's base URL.
 func (h *Head) Address() string { return h.addr }

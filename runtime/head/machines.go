@@ -58,8 +58,8 @@ func (c *Controller) RegisterMachine(ctx context.Context, m api.Machine) (api.Ma
 	e.rec, e.ver = m, e.ver+1
 	t.detect.heard(m.Name, now)
 	if restarted {
-		for _, g := range c.gangsOnLocked(t, m.Name) {
-			work = append(work, c.restartLocked(t, g, fmt.Sprintf("the agent of %s restarted", m.Name), now)...)
+		for _, g := range t.gangsOn(m.Name) {
+			work = append(work, t.restart(g, fmt.Sprintf("the agent of %s restarted", m.Name), now)...)
 		}
 	}
 	c.log.Info("machine registered", zap.String("machine", m.Name), zap.Uint64("incarnation", m.Incarnation),
@@ -69,7 +69,7 @@ func (c *Controller) RegisterMachine(ctx context.Context, m api.Machine) (api.Ma
 	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return m, c.await(ctx, ch)
+	return m, await(ctx, ch)
 }
 
 // membershipLocked gives the scheduler the machines as the cache has them now, as a
@@ -78,14 +78,14 @@ func (c *Controller) RegisterMachine(ctx context.Context, m api.Machine) (api.Ma
 // machine whose topology changed is replaced. The core is built only when the first
 // machine of the term comes (from the records, as when the term started).
 func (c *Controller) membershipLocked(t *term, now time.Time) []commitFn {
-	ms := desiredNodes(t)
+	ms := t.desired()
 	if t.sched == nil {
 		if len(ms) == 0 {
 			return nil
 		}
 		return c.buildCoreLocked(t, now)
 	}
-	tc, snap, specs, err := c.snapshotLocked(t, ms)
+	tc, snap, specs, err := t.snapshot(ms)
 	if err != nil {
 		c.log.Error("the registered machines do not form a cluster; the scheduler keeps the machines it had", zap.Error(err))
 		return nil
@@ -140,16 +140,16 @@ func (c *Controller) membershipLocked(t *term, now time.Time) []commitFn {
 				}
 			}
 		}
-		work = append(work, c.lostLocked(t, e, why, now)...)
+		work = append(work, t.lost(e, why, now)...)
 	}
 	c.log.Info("the scheduler's machines changed", zap.Int("machines", len(ms)), zap.Int("gangs_requeued", len(lost)))
 	return work
 }
 
-// gangsOnLocked lists the live, placed gangs with a member on a machine.
-func (c *Controller) gangsOnLocked(t *term, machine string) []*gangEntry {
+// gangsOn lists the live, placed gangs with a member on a machine.
+func (l *ledger) gangsOn(machine string) []*gangEntry {
 	var out []*gangEntry
-	for _, g := range t.gangs {
+	for _, g := range l.gangs {
 		if !g.rec.State.Live() || g.rec.Placement == nil {
 			continue
 		}
@@ -164,16 +164,16 @@ func (c *Controller) gangsOnLocked(t *term, machine string) []*gangEntry {
 	return out
 }
 
-// restartLocked restarts a gang in its next generation on its current GPUs, at once: its
+// restart restarts a gang in its next generation on its current GPUs, at once: its
 // workers were lost with their agent, not failed by themselves, so it does not count
 // against MaxRestarts.
-func (c *Controller) restartLocked(t *term, e *gangEntry, reason string, now time.Time) []commitFn {
+func (t *term) restart(e *gangEntry, reason string, now time.Time) []commitFn {
 	rec := e.rec
 	rec.Generation++
 	rec.Restarts++
 	rec.State, rec.Reason, rec.Updated, rec.RestartAt = api.GangStarting, reason, now, time.Time{}
 	e.ready = map[int]api.Worker{}
-	return []commitFn{c.gangCommitLocked(t, e, rec, "restart of "+rec.Spec.Key())}
+	return []commitFn{t.gangCommit(e, rec, "restart of "+rec.Spec.Key())}
 }
 
 // MachineDown declares a machine dead (its agent failed or left, as membership says): the
@@ -185,7 +185,7 @@ func (c *Controller) MachineDown(ctx context.Context, name, reason string) error
 		return err
 	}
 	now := c.cfg.Clock()
-	work := c.machineDownLocked(t, name, reason, now)
+	work := t.machineDown(name, reason, now)
 	if len(work) == 0 {
 		c.mu.Unlock()
 		return nil
@@ -195,12 +195,12 @@ func (c *Controller) MachineDown(ctx context.Context, name, reason string) error
 	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.await(ctx, ch)
+	return await(ctx, ch)
 }
 
-// machineDownLocked marks a machine dead; the caller gives the scheduler the change
+// machineDown marks a machine dead; the caller gives the scheduler the change
 // (membershipLocked), which moves its gangs.
-func (c *Controller) machineDownLocked(t *term, name, reason string, now time.Time) []commitFn {
+func (t *term) machineDown(name, reason string, now time.Time) []commitFn {
 	e := t.machines[name]
 	if e == nil || !e.rec.Alive {
 		return nil
@@ -213,7 +213,7 @@ func (c *Controller) machineDownLocked(t *term, name, reason string, now time.Ti
 	e.rec, e.ver = m, e.ver+1
 	delete(t.loads, name)
 	t.detect.declared(name)
-	c.log.Warn("machine declared dead", zap.String("machine", name), zap.String("reason", reason))
+	t.log.Warn("machine declared dead", zap.String("machine", name), zap.String("reason", reason))
 	return []commitFn{w}
 }
 
@@ -379,7 +379,7 @@ func (c *Controller) Status() (api.Status, error) {
 		}
 		return st.Gangs[i].Name < st.Gangs[j].Name
 	})
-	st.Queues = c.queueStatusLocked(t)
+	st.Queues = t.queueStatus()
 	st.Revision = c.sm.Revision()
 	st.Term = t.id
 	if c.poolStatus != nil {

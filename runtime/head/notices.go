@@ -48,10 +48,10 @@ func (c *Controller) armNoticeLocked(t *term, e *gangEntry) {
 	t.timers[name] = time.AfterFunc(max(0, n.Deadline.Sub(c.cfg.Clock())), func() { c.noticeExpired(t, key, uid, gen, issued) })
 }
 
-func (c *Controller) stopNoticeTimerLocked(t *term, key string) {
-	if tm := t.timers[noticeTimer(key)]; tm != nil {
+func (l *ledger) stopNoticeTimer(key string) {
+	if tm := l.timers[noticeTimer(key)]; tm != nil {
 		tm.Stop()
-		delete(t.timers, noticeTimer(key))
+		delete(l.timers, noticeTimer(key))
 	}
 }
 
@@ -73,12 +73,12 @@ func (c *Controller) noticeExpired(t *term, key, uid string, gen int, issued tim
 	switch e.rec.Notice.Kind {
 	case api.NoticeShrink:
 		c.log.Warn("a shrink was not taken by its deadline; the gang restarts at its new size", gangField(key))
-		work = c.forceShrinkLocked(t, e, now)
+		work = t.forceShrink(e, now)
 	default:
 		ck := t.ckpt[key]
 		checkpointed := !ck.at.IsZero() && ck.at.After(issued)
 		c.log.Warn("a stop notice was not answered by its deadline; the gang stops", gangField(key), zap.Bool("checkpointed", checkpointed))
-		work = c.evictLocked(t, e, checkpointed, ck.step, "its deadline passed", now)
+		work = t.evict(e, checkpointed, ck.step, "its deadline passed", now)
 	}
 	work = append(work, c.cycleLocked(t, now)...)
 	ch := c.enqueueLocked(t, work)
@@ -86,7 +86,7 @@ func (c *Controller) noticeExpired(t *term, key, uid string, gen int, issued tim
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := c.await(ctx, ch); err != nil {
+	if err := await(ctx, ch); err != nil {
 		c.log.Warn("could not carry out an expired notice", gangField(key), zap.Error(err))
 	}
 }
@@ -109,12 +109,12 @@ func (c *Controller) preemptLocked(t *term, p gang.Preemption, now time.Time) []
 	reason := fmt.Sprintf("%s preemption for %s: its eviction costs %.0f GPU-seconds", p.Reason, p.For, p.Cost)
 	if e.rec.State != api.GangRunning && e.rec.State != api.GangStarting {
 		// Restarting (waiting for its backoff): nothing runs that could checkpoint.
-		return c.evictLocked(t, e, false, 0, reason, now)
+		return t.evict(e, false, 0, reason, now)
 	}
 	rec := e.rec
 	rec.Notice = &api.Notice{Kind: api.NoticePreempt, Issued: now, Deadline: p.Deadline, For: p.For, Reason: reason, Costs: costsOf(p.Costs)}
 	rec.Updated = now
-	w := c.gangCommitLocked(t, e, rec, "preemption notice to "+p.Victim)
+	w := t.gangCommit(e, rec, "preemption notice to "+p.Victim)
 	c.armNoticeLocked(t, e)
 	c.obs.preemptions.Inc()
 	c.obs.preemptCost.Add(p.Costs.LostWork.Seconds() * p.Costs.GPUs)
@@ -123,23 +123,23 @@ func (c *Controller) preemptLocked(t *term, p gang.Preemption, now time.Time) []
 	return []commitFn{w}
 }
 
-// evictLocked stops a gang that answered its stop notice (or whose deadline passed): it
+// evict stops a gang that answered its stop notice (or whose deadline passed): it
 // goes back to its queue as its next generation, and resumes from its newest checkpoint
 // when placed again.
-func (c *Controller) evictLocked(t *term, e *gangEntry, checkpointed bool, step int64, why string, now time.Time) []commitFn {
+func (t *term) evict(e *gangEntry, checkpointed bool, step int64, why string, now time.Time) []commitFn {
 	key := e.rec.Spec.Key()
 	if t.sched != nil {
 		if err := t.sched.Evicted(key, now, checkpointed); err != nil {
 			// The scheduler did not hold it running: queue it again with its record.
 			_ = t.sched.Finish(key, now)
-			if req, err := c.coreRequestLocked(t, e.rec.Spec); err == nil {
-				r := coreRecordLocked(t, e.rec)
+			if req, err := t.coreRequest(e.rec.Spec); err == nil {
+				r := t.coreRecord(e.rec)
 				r.Queued, r.Started, r.Stopping, r.ShrinkTo, r.ShrinkIndex, r.Hold = now, time.Time{}, false, 0, nil, nil
 				_ = t.sched.Restore(req, r, nil)
 			}
 		}
 	}
-	c.stopNoticeTimerLocked(t, key)
+	t.stopNoticeTimer(key)
 	if tm := t.timers[key]; tm != nil {
 		tm.Stop()
 		delete(t.timers, key)
@@ -164,8 +164,8 @@ func (c *Controller) evictLocked(t *term, e *gangEntry, checkpointed bool, step 
 	}
 	rec.Reason += fmt.Sprintf(" (%s); queued again, resumes from %s", why, resume)
 	e.ready = map[int]api.Worker{}
-	c.log.Info("gang stopped on notice; queued again", gangField(key), zap.Bool("checkpointed", checkpointed), zap.Int("generation", rec.Generation))
-	return []commitFn{c.gangCommitLocked(t, e, rec, "eviction of "+key)}
+	t.log.Info("gang stopped on notice; queued again", gangField(key), zap.Bool("checkpointed", checkpointed), zap.Int("generation", rec.Generation))
+	return []commitFn{t.gangCommit(e, rec, "eviction of "+key)}
 }
 
 // Yield carries out a driver's answer to a stop notice: the gang stops now and queues again.
@@ -195,12 +195,12 @@ func (c *Controller) Yield(ctx context.Context, y api.Yield) error {
 		}
 		t.ckpt[key] = ck
 	}
-	work := c.evictLocked(t, e, y.Checkpointed, y.Step, "answered its notice", now)
+	work := t.evict(e, y.Checkpointed, y.Step, "answered its notice", now)
 	work = append(work, c.cycleLocked(t, now)...)
 	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.await(ctx, ch)
+	return await(ctx, ch)
 }
 
 // resizeLocked records a cycle's resize of a running elastic gang: a grow's members are
@@ -222,7 +222,7 @@ func (c *Controller) resizeLocked(t *term, r gang.Resize, now time.Time) []commi
 			// The program works with the members it has until it takes the grow.
 			rec.World = &api.World{Members: rec.Active()}
 		}
-		added := c.placementLocked(t, gang.Placement{Gang: key, Members: r.Add})
+		added := t.placement(gang.Placement{Gang: key, Members: r.Add})
 		var idx []int
 		for _, m := range added.Members {
 			idx = append(idx, len(p.Members))
@@ -242,7 +242,7 @@ func (c *Controller) resizeLocked(t *term, r gang.Resize, now time.Time) []commi
 			c.log.Info("a grow while another notice runs: the new members join at the next resize", gangField(key))
 		}
 		c.log.Info("elastic gang grows", gangField(key), zap.Int("from", r.From), zap.Int("to", r.To))
-		return []commitFn{c.gangCommitLocked(t, e, rec, "grow of "+key)}
+		return []commitFn{t.gangCommit(e, rec, "grow of "+key)}
 	}
 	if len(r.Remove) == 0 {
 		return nil
@@ -264,7 +264,7 @@ func (c *Controller) resizeLocked(t *term, r gang.Resize, now time.Time) []commi
 	reason := fmt.Sprintf("%s shrink for %s: %d -> %d members", r.Cause, r.For, r.From, r.To)
 	rec.Notice = &api.Notice{Kind: api.NoticeShrink, Issued: now, Deadline: r.Deadline, For: r.For, Reason: reason,
 		From: r.From, To: r.To, Remove: remove, Costs: costsOf(r.Cost)}
-	w := c.gangCommitLocked(t, e, rec, "shrink notice to "+key)
+	w := t.gangCommit(e, rec, "shrink notice to "+key)
 	c.armNoticeLocked(t, e)
 	c.log.Info("elastic gang asked to shrink", gangField(key), zap.Int("from", r.From), zap.Int("to", r.To), zap.String("for", r.For))
 	return []commitFn{w}
@@ -321,7 +321,7 @@ func (c *Controller) TakeWorld(ctx context.Context, w api.WorldChange) error {
 	from := len(rec.Ranks())
 	var work []commitFn
 	if n.Kind == api.NoticeShrink {
-		c.dropMembersLocked(t, &rec, n.Remove, now)
+		t.dropMembers(&rec, n.Remove, now)
 		for _, i := range n.Remove {
 			delete(e.ready, i)
 		}
@@ -329,28 +329,28 @@ func (c *Controller) TakeWorld(ctx context.Context, w api.WorldChange) error {
 	} else {
 		c.obs.resizes.WithLabelValues("grow").Inc()
 	}
-	c.stopNoticeTimerLocked(t, key)
+	t.stopNoticeTimer(key)
 	rec.World = &api.World{Epoch: w.Epoch, Members: slices.Clone(w.Members)}
 	rec.Notice = nil
 	rec.Resizes++
 	rec.Reason = fmt.Sprintf("resized %d -> %d members (%s)", from, len(w.Members), n.Kind)
 	rec.Updated = now
-	work = append(work, c.gangCommitLocked(t, e, rec, "world of "+key))
+	work = append(work, t.gangCommit(e, rec, "world of "+key))
 	work = append(work, c.cycleLocked(t, now)...)
 	c.log.Info("elastic gang resized", gangField(key), zap.Int("from", from), zap.Int("to", len(w.Members)), zap.Int("epoch", w.Epoch))
 	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
-	return c.await(ctx, ch)
+	return await(ctx, ch)
 }
 
-// forceShrinkLocked carries out a shrink whose deadline passed: the removed members go and
+// forceShrink carries out a shrink whose deadline passed: the removed members go and
 // the gang restarts at its new size (its next generation, from its newest checkpoint).
-func (c *Controller) forceShrinkLocked(t *term, e *gangEntry, now time.Time) []commitFn {
+func (t *term) forceShrink(e *gangEntry, now time.Time) []commitFn {
 	key := e.rec.Spec.Key()
 	n := e.rec.Notice
 	rec := e.rec
-	c.dropMembersLocked(t, &rec, n.Remove, now)
+	t.dropMembers(&rec, n.Remove, now)
 	if tm := t.timers[key]; tm != nil {
 		tm.Stop()
 		delete(t.timers, key)
@@ -360,12 +360,12 @@ func (c *Controller) forceShrinkLocked(t *term, e *gangEntry, now time.Time) []c
 	rec.State, rec.World, rec.Notice, rec.Updated = api.GangStarting, nil, nil, now
 	rec.Reason = fmt.Sprintf("shrink to %d members not taken by its deadline: restarted at that size", n.To)
 	e.ready = map[int]api.Worker{}
-	return []commitFn{c.gangCommitLocked(t, e, rec, "forced shrink of "+key)}
+	return []commitFn{t.gangCommit(e, rec, "forced shrink of "+key)}
 }
 
-// dropMembersLocked marks a shrink's members removed in rec (a copy of the placement) and
+// dropMembers marks a shrink's members removed in rec (a copy of the placement) and
 // tells the scheduler the shrink is done: their capacity is free.
-func (c *Controller) dropMembersLocked(t *term, rec *api.Gang, remove []int, now time.Time) {
+func (t *term) dropMembers(rec *api.Gang, remove []int, now time.Time) {
 	p := *rec.Placement
 	p.Members = slices.Clone(p.Members)
 	rec.Placement = &p
@@ -376,7 +376,7 @@ func (c *Controller) dropMembersLocked(t *term, rec *api.Gang, remove []int, now
 	}
 	if t.sched != nil {
 		if err := t.sched.ResizeDone(rec.Spec.Key(), now); err != nil {
-			c.log.Warn("the scheduler had no shrink of this gang pending (rebuilt since?)", gangField(rec.Spec.Key()), zap.Error(err))
+			t.log.Warn("the scheduler had no shrink of this gang pending (rebuilt since?)", gangField(rec.Spec.Key()), zap.Error(err))
 		}
 	}
 }
@@ -403,7 +403,7 @@ func (c *Controller) CheckpointReported(r api.CheckpointReport) error {
 		ck.at = c.cfg.Clock()
 	}
 	t.ckpt[key] = ck
-	c.checkpointToCoreLocked(t, key)
+	t.checkpointToCore(key)
 	return nil
 }
 
@@ -465,18 +465,18 @@ func (c *Controller) flushCosts(t *term) {
 		return
 	}
 	t.costsTimer = nil
-	work := c.costsCommitLocked(t)
+	work := t.costsCommit()
 	ch := c.enqueueLocked(t, work)
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := c.await(ctx, ch); err != nil {
+	if err := await(ctx, ch); err != nil {
 		c.log.Warn("could not commit the learned restart costs", zap.Error(err))
 	}
 }
 
-// costsCommitLocked is the commit of the dirty GPU models' learned costs.
-func (c *Controller) costsCommitLocked(t *term) []commitFn {
+// costsCommit is the commit of the dirty GPU models' learned costs.
+func (t *term) costsCommit() []commitFn {
 	if t.sched == nil || len(t.costsDirty) == 0 {
 		return nil
 	}

@@ -141,7 +141,7 @@ func (c *Controller) SetPoolStatus(f func() *api.PoolsStatus) {
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := c.await(ctx, ch); err != nil {
+	if err := await(ctx, ch); err != nil {
 		c.log.Warn("giving the scheduler the pools", zap.Error(err))
 	}
 }

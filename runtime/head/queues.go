@@ -62,7 +62,7 @@ func (c *Controller) SetSchedulerConfig(ctx context.Context, conf api.SchedulerC
 		sort.Strings(orphans)
 		return api.SchedulerConfig{}, fmt.Errorf("%w: the new configuration drops what live gangs name: %v", api.ErrInvalid, orphans)
 	}
-	if err := c.commit(ctx, []meta.Compare{{Key: api.SchedulerConfigKey, Version: ver}}, []meta.Op{putJSON(api.SchedulerConfigKey, conf)}); err != nil {
+	if err := c.logw.commit(ctx, []meta.Compare{{Key: api.SchedulerConfigKey, Version: ver}}, []meta.Op{putJSON(api.SchedulerConfigKey, conf)}); err != nil {
 		return api.SchedulerConfig{}, err
 	}
 	t, err = c.lockTerm()
@@ -81,7 +81,7 @@ func (c *Controller) SetSchedulerConfig(ctx context.Context, conf api.SchedulerC
 	c.notifyLocked()
 	c.mu.Unlock()
 	c.log.Info("scheduler configuration set", zap.Int("queues", len(conf.Queues)), zap.Int("priority_classes", len(conf.PriorityClasses)))
-	return conf, c.await(ctx, ch)
+	return conf, await(ctx, ch)
 }
 
 // reconfigureLocked gives the scheduler the operator's configuration as it stands in the
@@ -105,12 +105,12 @@ func (c *Controller) reconfigureLocked(t *term, now time.Time) []commitFn {
 		if _, err := t.sched.GangStatus(k); err != nil {
 			continue
 		}
-		req, err := c.coreRequestLocked(t, e.rec.Spec)
+		req, err := t.coreRequest(e.rec.Spec)
 		if err == nil && !slices.ContainsFunc(t.conf.Queues, func(q api.QueueSpec) bool { return q.Name == req.Queue }) {
 			err = fmt.Errorf("queue %q is not configured", req.Queue)
 		}
 		if err != nil {
-			work = append(work, c.failLocked(t, e, "can never be placed under the new configuration: "+err.Error(), now))
+			work = append(work, t.fail(e, "can never be placed under the new configuration: "+err.Error(), now))
 			continue
 		}
 		moves[k] = gang.Requeue{Queue: req.Queue, Priority: req.Priority}
@@ -121,8 +121,8 @@ func (c *Controller) reconfigureLocked(t *term, now time.Time) []commitFn {
 	return work
 }
 
-// queueStatusLocked is every queue's line for the cluster status.
-func (c *Controller) queueStatusLocked(t *term) []api.QueueStatus {
+// queueStatus is every queue's line for the cluster status.
+func (t *term) queueStatus() []api.QueueStatus {
 	out := make([]api.QueueStatus, 0, len(t.conf.Queues))
 	idx := map[string]int{}
 	for _, q := range t.conf.Queues {
