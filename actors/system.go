@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -81,6 +83,12 @@ type RemoteConfig struct {
 	// does not hold it cannot deliver a message to any actor here (it is refused before the
 	// message is decoded), and this system presents it to the others.
 	Token []byte
+	// Admit, when set, decides each remote link by the peer's verified client certificate
+	// (nil without TLS): an error refuses the link (PermissionDenied) before any message
+	// of it is decoded. protoactor-go remote carries the messages of every sender of a
+	// process over that process's one link and delivers them without naming their sender,
+	// so a link, not a message, is what can be decided: per process, not per actor.
+	Admit func(peer *x509.Certificate) error
 }
 
 // DefaultCallTimeout is used when Config.DefaultCallTimeout is zero.
@@ -180,7 +188,7 @@ func (s *System) startRemote(rc RemoteConfig) error {
 	if rc.ClientTLS != nil {
 		dialOpts = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(rc.ClientTLS))}
 	}
-	if len(rc.Token) > 0 {
+	if len(rc.Token) > 0 || rc.Admit != nil {
 		want := "Bearer " + string(rc.Token)
 		check := func(ctx context.Context) error {
 			md, _ := metadata.FromIncomingContext(ctx)
@@ -188,9 +196,21 @@ func (s *System) startRemote(rc RemoteConfig) error {
 			if v := md.Get("authorization"); len(v) == 1 {
 				got = v[0]
 			}
-			if subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+			if len(rc.Token) > 0 && subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
 				s.log.Warn("unauthenticated remote link refused")
 				return status.Error(codes.Unauthenticated, "atoll: the cluster token is required")
+			}
+			if rc.Admit != nil {
+				var cert *x509.Certificate
+				if p, ok := peer.FromContext(ctx); ok {
+					if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.VerifiedChains[0]) > 0 {
+						cert = ti.State.VerifiedChains[0][0]
+					}
+				}
+				if err := rc.Admit(cert); err != nil {
+					s.log.Warn("remote link refused", zap.Error(err))
+					return status.Error(codes.PermissionDenied, "atoll: "+err.Error())
+				}
 			}
 			return nil
 		}
@@ -207,7 +227,9 @@ func (s *System) startRemote(rc RemoteConfig) error {
 				}
 				return h(ctx, req)
 			}))
-		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(tokenCreds(want)))
+		if len(rc.Token) > 0 {
+			dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(tokenCreds(want)))
+		}
 	}
 	if len(serverOpts) > 0 {
 		opts = append(opts, remote.WithServerOptions(serverOpts...))

@@ -20,17 +20,31 @@ type Config struct {
 	// PreemptDeadline is how long a gang preempted off a draining machine (not an
 	// interrupted one) has to checkpoint and stop. Default 2 min.
 	PreemptDeadline time.Duration
+	// MoveDeadline is how long a gang moved by consolidation has to checkpoint and stop. A
+	// move has no outside deadline, and a gang stopped before its checkpoint is written loses
+	// its work, so it is generous. Default 10 min (what Kubernetes' cluster-autoscaler gives
+	// a pod it evicts, --max-graceful-termination-sec).
+	MoveDeadline time.Duration
+	// Consolidate moves gangs between ready machines (consolidate.go): a pending gang of one
+	// member gets room on a ready machine by moving some of its gangs onto the free cards of
+	// others, rather than a launch; and, while nothing is pending, a partly used machine whose
+	// gangs have not changed for its pool's idle timeout (Machine.Changed) and all fit on
+	// other machines' free cards is emptied and drained: the idle timeout's counterpart for
+	// machines that are only partly idle; an on-demand machine whose gangs fit nowhere gets a
+	// spot machine for them when spot has room. A move costs the gang a checkpoint and a
+	// restore. Default off.
+	Consolidate bool
 }
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
-	return Config{NoticeMargin: 10 * time.Second, DrainGrace: 30 * time.Minute, PreemptDeadline: 2 * time.Minute}
+	return Config{NoticeMargin: 10 * time.Second, DrainGrace: 30 * time.Minute, PreemptDeadline: 2 * time.Minute, MoveDeadline: 10 * time.Minute}
 }
 
 // Validate rejects bad values.
 func (c Config) Validate() error {
-	if c.NoticeMargin < 0 || c.DrainGrace < 0 || c.PreemptDeadline <= 0 {
-		return fmt.Errorf("%w: config %+v: margins and graces must not be negative, the preemption deadline positive", ErrSpec, c)
+	if c.NoticeMargin < 0 || c.DrainGrace < 0 || c.PreemptDeadline <= 0 || c.Consolidate && c.MoveDeadline <= 0 {
+		return fmt.Errorf("%w: config %+v: margins and graces must not be negative, the preemption (and, consolidating, move) deadlines positive", ErrSpec, c)
 	}
 	return nil
 }
@@ -204,22 +218,31 @@ func (a *Autoscaler) Decide(s *Snapshot) (Decision, error) {
 	rep, drainingNow := a.drainStep(&d, s, runs)
 	// Scale up: replacements first, then pending gangs in priority order.
 	for i := range rep {
-		a.scaleFor(&d, runs, order, &rep[i].gang, rep[i].machine, false)
+		a.scaleFor(&d, runs, order, &rep[i].gang, rep[i].machine, false, nil)
 	}
 	pending := byPriority(s.Pending)
+	var room func(*Gang) bool
+	if a.cfg.Consolidate && len(pending) > 0 {
+		rooms, _ := roomsOf(&d, s, runs, drainingNow)
+		room = func(g *Gang) bool { return a.makeRoom(&d, s, rooms, g) }
+	}
 	for i := range pending {
-		a.scaleFor(&d, runs, order, &pending[i], "", false)
+		a.scaleFor(&d, runs, order, &pending[i], "", false, room)
 	}
 	for _, r := range order {
 		r.launchMinimum()
 	}
 	// Forecast demand: pre-warm where a pool has room; no verdicts.
 	for i := range s.Forecast {
-		a.scaleFor(nil, runs, order, &s.Forecast[i], "", true)
+		a.scaleFor(nil, runs, order, &s.Forecast[i], "", true, nil)
 	}
 	// Scale down: idle machines past their pool's timeout, pools above max.
 	for _, r := range order {
 		r.scaleDown(&d, s, drainingNow)
+	}
+	if a.cfg.Consolidate && len(s.Pending) == 0 && len(rep) == 0 {
+		rooms, _ := roomsOf(&d, s, runs, drainingNow)
+		a.consolidate(&d, s, runs, rooms)
 	}
 	for _, r := range order {
 		d.Launches = r.appendLaunches(d.Launches)
@@ -698,9 +721,10 @@ func (r *poolRun) blocked(k int) string {
 	return ""
 }
 
-// scaleFor sizes capacity for one gang: on capacity in flight, else on fresh machines of
-// the best pool. d is nil for forecast gangs (no verdicts).
-func (a *Autoscaler) scaleFor(d *Decision, runs map[string]*poolRun, order []*poolRun, g *Gang, replaces string, prewarm bool) {
+// scaleFor sizes capacity for one gang: on capacity in flight, else (room, when not nil,
+// finds it on ready machines by moving gangs) on fresh machines of the best pool. d is nil
+// for forecast gangs (no verdicts).
+func (a *Autoscaler) scaleFor(d *Decision, runs map[string]*poolRun, order []*poolRun, g *Gang, replaces string, prewarm bool, room func(*Gang) bool) {
 	infeasible := func(reason string) {
 		if d != nil {
 			d.Infeasible = append(d.Infeasible, Verdict{Gang: g.ID, Reason: reason})
@@ -722,6 +746,8 @@ func (a *Autoscaler) scaleFor(d *Decision, runs map[string]*poolRun, order []*po
 		if !prewarm {
 			waiting(fmt.Sprintf("waits for machines launching in pool %s", sv.inFlight.p.Spec.Name))
 		}
+		return
+	case room != nil && room(g):
 		return
 	case len(sv.ok) == 0 && prewarm:
 		return

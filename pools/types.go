@@ -29,6 +29,10 @@ type Gang struct {
 	Arrived  time.Time `json:"arrived"`
 	// Pool pins the gang to one pool; empty lets the autoscaler choose.
 	Pool string `json:"pool,omitempty"`
+	// MoveCost is what moving the gang costs each of its cards, in time: its checkpoint
+	// written, its restart and the checkpoint read back (measured, or declared). Zero when not
+	// known: consolidation then weighs moves as free.
+	MoveCost time.Duration `json:"move_cost,omitempty"`
 }
 
 // MachineState is where a pool's machine is in its life.
@@ -81,6 +85,9 @@ type Machine struct {
 	// for its pool's idle timeout only once IdleSince is set.
 	Gangs     []Hosted  `json:"gangs,omitempty"`
 	IdleSince time.Time `json:"idle_since"`
+	// Changed is when a gang last came onto or left the machine; zero when the caller does
+	// not track it, and then the machine is never consolidated (Config.Consolidate).
+	Changed time.Time `json:"changed"`
 	// LastCopies counts objects whose only copy lives on this machine.
 	LastCopies int `json:"last_copies,omitempty"`
 	// Notice, when set, is when the provider takes the machine back (a spot interruption).
@@ -105,8 +112,8 @@ type Snapshot struct {
 	Machines []Machine
 	// Pending are the gangs the scheduler could not place on the machines there are.
 	Pending []Gang
-	// Running are the placed gangs; only those on machines with a notice are read (to size
-	// their replacement).
+	// Running are the placed gangs: read to size the replacement of those on machines with a
+	// notice, and for the cards, CPU and memory of those a consolidation would move.
 	Running []Gang
 	// Forecast are gangs expected to arrive within the launch latency (Forecaster); capacity
 	// is pre-warmed for them when a pool has room. Empty when prediction is off.

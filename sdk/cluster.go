@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -73,6 +75,9 @@ var (
 	ErrNotFound = api.ErrNotFound
 	// ErrExists: a job, gang or placed actor of that name is already running.
 	ErrExists = api.ErrExists
+	// ErrForbidden: this process's credential does not allow it (a driver's of one job
+	// acts within that job: docs/hardening.md has the table of role × action).
+	ErrForbidden = api.ErrForbidden
 	// ErrUnknownTask: no task of that name was given to Start/Local/Connect (with Tasks).
 	ErrUnknownTask = errors.New("sdk: unknown task")
 	// ErrNoCluster: no cluster address was given and no embedded cluster was made
@@ -95,14 +100,17 @@ type Cluster struct {
 // conn is what a process (a driver, or a worker process) holds of the cluster: its client
 // of the heads, its actor system, its collectives and its object store.
 type conn struct {
-	s       settings
-	log     *zap.Logger
-	client  *api.Client
-	sys     *actors.System
-	plane   *coll.Plane
-	token   string
-	owner   string
-	objects objectHost // this process's machine's store, as this process uses it
+	s      settings
+	log    *zap.Logger
+	client *api.Client
+	sys    *actors.System
+	plane  *coll.Plane
+	token  string
+	owner  string
+	// principal is who this process is to the cluster (runtime/authz): its owner record
+	// names it.
+	principal string
+	objects   objectHost // this process's machine's store, as this process uses it
 	// ownStore: objects is a store of this process's own (a connected driver's), which
 	// goes with it.
 	ownStore bool
@@ -224,7 +232,8 @@ type Address struct {
 }
 
 // ParseClusterAddress parses an address: "URL,URL" optionally followed by
-// ";token-file=PATH" and ";ca=PATH".
+// ";token-file=PATH" and ";ca=PATH", or ";credentials=DIR" (a directory of `atoll token
+// create`: DIR/token and DIR/ca.crt).
 func ParseClusterAddress(address string) (Address, error) {
 	var a Address
 	main, opts, _ := strings.Cut(address, ";")
@@ -235,8 +244,10 @@ func ParseClusterAddress(address string) (Address, error) {
 			a.TokenFile = v
 		case ok && k == "ca":
 			a.CAFile = v
+		case ok && k == "credentials":
+			a.TokenFile, a.CAFile = filepath.Join(v, "token"), filepath.Join(v, "ca.crt")
 		case strings.TrimSpace(o) != "":
-			return a, fmt.Errorf("%w: address option %q: token-file=PATH and ca=PATH are known", ErrInvalid, o)
+			return a, fmt.Errorf("%w: address option %q: token-file=PATH, ca=PATH and credentials=DIR are known", ErrInvalid, o)
 		}
 	}
 	var err error
@@ -277,8 +288,18 @@ func newToken() string {
 	return hex.EncodeToString(b)
 }
 
+// drivers counts the connections this process made: each owns objects under a name of its
+// own.
+var drivers atomic.Int64
+
+// ownerName names this connection as an owner of objects: driver/<host>/<pid>, and
+// driver/<host>/<pid>.<n> for the n-th connection of the process after its first (two
+// drivers of one process, with credentials of different jobs, own different objects).
 func ownerName() string {
 	host, _ := os.Hostname()
+	if n := drivers.Add(1); n > 1 {
+		return fmt.Sprintf("driver/%s/%d.%d", host, os.Getpid(), n)
+	}
 	return fmt.Sprintf("driver/%s/%d", host, os.Getpid())
 }
 
@@ -323,18 +344,25 @@ func connect(ctx context.Context, s settings, address string) (*Cluster, error) 
 	if err != nil {
 		return nil, err
 	}
+	// Who this driver is (admin with the cluster token, driver/<job> with a driver's
+	// credential), and the key of the links between the cluster's processes.
+	var who api.WhoAmI
+	if err := client.Do(ctx, http.MethodGet, "/v1/whoami", nil, &who); err != nil {
+		return nil, fmt.Errorf("sdk: who this driver is to the heads: %w", err)
+	}
+	link := []byte(who.LinkKey)
 	host := s.advertise
 	if host == "" {
 		host = "127.0.0.1"
 	}
 	sys, err := actors.NewSystem(actors.Config{Logger: s.log, DefaultCallTimeout: s.callTimeout, Codec: s.codec,
-		Remote: remoteConfig(net.JoinHostPort(host, "0"), token, id)})
+		Remote: remoteConfig(net.JoinHostPort(host, "0"), link, id, who.Principal, client)})
 	if err != nil {
 		return nil, err
 	}
-	c := &conn{s: s, log: s.log.Named("sdk"), client: client, sys: sys, token: string(token), owner: owner, agents: httpClient(id)}
+	c := &conn{s: s, log: s.log.Named("sdk"), client: client, sys: sys, token: string(token), owner: owner, principal: who.Principal, agents: httpClient(id)}
 	c.init()
-	if c.plane, err = coll.NewPlane(sys, token, host, s.log); err != nil {
+	if c.plane, err = coll.NewPlane(sys, link, host, s.log); err != nil {
 		_ = sys.Shutdown(ctx)
 		return nil, err
 	}
@@ -346,9 +374,13 @@ func connect(ctx context.Context, s settings, address string) (*Cluster, error) 
 	}
 	dir := td.path
 	nc := transfer.DefaultNodeConfig()
-	nc.Name, nc.Dir, nc.Token, nc.Logger, nc.ListenAddr = "driver", filepath.Join(dir, "store"), token, s.log.Named("objects"), net.JoinHostPort(host, "0")
+	nc.Name, nc.Dir, nc.Token, nc.Logger, nc.ListenAddr = "driver", filepath.Join(dir, "store"), link, s.log.Named("objects"), net.JoinHostPort(host, "0")
 	nc.Store.Directory = objects.NewDirectory(client.Meta())
 	secureLinks(id, nil, nil, &nc)
+	if id != nil { // a driver of one job serves its store to that job's processes
+		admit := linkAdmit(who.Principal, client)
+		nc.Server.Authorize = func(_ context.Context, peer *x509.Certificate, _ object.ID) error { return admit(peer) }
+	}
 	nc.Store.Capacity = 256 << 20
 	if s.objectCap > 0 {
 		nc.Store.Capacity = s.objectCap

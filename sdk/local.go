@@ -6,6 +6,7 @@ import (
 
 	"github.com/atoll-run/atoll/actors"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/coll"
 	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/sdk/internal/embed"
@@ -107,9 +108,9 @@ func startLocal(ctx context.Context, s settings) (*Cluster, error) {
 	if err != nil {
 		return fail(err)
 	}
-	c := &conn{s: s, log: s.log.Named("sdk"), client: client, sys: sys, token: token, owner: ownerName()}
+	c := &conn{s: s, log: s.log.Named("sdk"), client: client, sys: sys, token: token, owner: ownerName(), principal: authz.Admin().String()}
 	c.init()
-	if c.plane, err = coll.NewPlane(sys, []byte(token), "127.0.0.1", s.log); err != nil {
+	if c.plane, err = coll.NewPlane(sys, authz.LinkKey([]byte(token)), "127.0.0.1", s.log); err != nil {
 		_ = sys.Shutdown(ctx)
 		return fail(err)
 	}

@@ -206,7 +206,7 @@ func (c *conn) endOwnedBy(ctx context.Context, owner string) error {
 // a driver whose record is gone or stale as ended, and its objects with it.
 func (c *conn) registerOwner(ctx context.Context, store string) error {
 	host, _ := os.Hostname()
-	o := api.Owner{Name: c.owner, Store: store, Host: host, PID: os.Getpid(), Started: time.Now()}
+	o := api.Owner{Name: c.owner, Store: store, Host: host, PID: os.Getpid(), Started: time.Now(), Principal: c.principal}
 	put := func(ctx context.Context) error {
 		o.Renewed = time.Now()
 		b, _ := json.Marshal(o)

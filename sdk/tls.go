@@ -2,13 +2,17 @@ package sdk
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"net/http"
 	"os"
+	"sync"
+	"time"
 
 	"github.com/atoll-run/atoll/actors"
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/coll"
 	"github.com/atoll-run/atoll/store/transfer"
 )
@@ -48,15 +52,89 @@ func readCA(caFile string) ([]byte, error) {
 	return b, nil
 }
 
-// remoteConfig is the actor system's remote configuration: the token, and mutual TLS with
-// an identity.
-func remoteConfig(listen string, token []byte, id *pki.Identity) *actors.RemoteConfig {
+// remoteConfig is the actor system's remote configuration: the link key, and mutual TLS
+// with an identity, under which a link is admitted by its peer's certificate (self is this
+// process's principal: a process of one job admits the processes of that job and the
+// cluster's own, authz.LinkAdmits).
+func remoteConfig(listen string, token []byte, id *pki.Identity, self string, client *api.Client) *actors.RemoteConfig {
 	rc := &actors.RemoteConfig{Listen: listen, Token: token}
 	if id != nil {
 		rc.ServerTLS, rc.ClientTLS = id.Server(), id.Client()
+		rc.Admit = linkAdmit(self, client)
 	}
 	return rc
 }
+
+// linkAdmit decides the links into a process whose principal is self, by the peer's
+// certificate (authz.LinkAdmits): a process of one job admits that job's processes and the
+// cluster's own (admin, heads, agents); a process of no job (an admin's driver), every one.
+func linkAdmit(self string, client *api.Client) func(peer *x509.Certificate) error {
+	me, err := authz.ParsePrincipal(self)
+	if err != nil {
+		me = authz.Admin() // a process that does not know itself confines no one
+	}
+	st := &jobsView{client: client, jobs: map[string]jobSeen{}}
+	return func(peer *x509.Certificate) error {
+		g, ok, err := authz.ParseGrant(pki.GrantOf(peer))
+		if err != nil || !ok {
+			if me.Job == "" {
+				return nil
+			}
+			return fmt.Errorf("%w: a link into a process of job %s needs a certificate that names its principal", authz.ErrForbidden, me.Job)
+		}
+		return authz.LinkAdmits(me, g.Principal, st)
+	}
+}
+
+// jobsView answers which principal submitted a job (the jobs a driver submitted are its
+// own), from the heads, cached for a few seconds.
+type jobsView struct {
+	client *api.Client
+
+	mu   sync.Mutex
+	jobs map[string]jobSeen
+}
+
+type jobSeen struct {
+	p    authz.Principal
+	ok   bool
+	when time.Time
+}
+
+var _ authz.State = (*jobsView)(nil)
+
+func (v *jobsView) JobPrincipal(job string) (authz.Principal, bool) {
+	v.mu.Lock()
+	s, hit := v.jobs[job]
+	v.mu.Unlock()
+	if hit && time.Since(s.when) < 5*time.Second {
+		return s.p, s.ok
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var j api.Job
+	found, err := v.client.Get(ctx, api.TableJobs+job, &j)
+	if err != nil {
+		return authz.Principal{}, false
+	}
+	s = jobSeen{p: authz.Admin(), ok: found, when: time.Now()}
+	if p, err := authz.ParsePrincipal(j.Principal); err == nil {
+		s.p = p
+	}
+	v.mu.Lock()
+	if len(v.jobs) > 10_000 {
+		v.jobs = map[string]jobSeen{}
+	}
+	v.jobs[job] = s
+	v.mu.Unlock()
+	return s.p, s.ok
+}
+
+// MemberMachine implements authz.State: no link decision needs it.
+func (v *jobsView) MemberMachine(string, string, int) (string, bool) { return "", false }
+
+// OwnerPrincipal implements authz.State: no link decision needs it.
+func (v *jobsView) OwnerPrincipal(string) (authz.Principal, bool) { return authz.Principal{}, false }
 
 // secureLinks puts an identity on the client of the heads, the collective plane and an
 // object store node's configuration (any may be nil).

@@ -18,6 +18,7 @@ import (
 	"github.com/atoll-run/atoll/actors"
 	"github.com/atoll-run/atoll/internal/cudactx"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/coll"
 	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/sdk/internal/embed"
@@ -549,13 +550,17 @@ func serveWorker(ctx context.Context, s settings) error {
 	if err != nil || host == "" {
 		host = "127.0.0.1"
 	}
+	link := []byte(spec.LinkKey) // the links' key; the token is this worker's own credential
+	if len(link) == 0 {
+		link = []byte(spec.Token)
+	}
 	sys, err := actors.NewSystem(actors.Config{Logger: log, DefaultCallTimeout: s.callTimeout, Codec: s.codec,
-		Remote: remoteConfig(net.JoinHostPort(host, "0"), []byte(spec.Token), id)})
+		Remote: remoteConfig(net.JoinHostPort(host, "0"), link, id, authz.Worker(spec.Job, spec.Gang, spec.Rank).String(), client)})
 	if err != nil {
 		return fmt.Errorf("sdk: worker %s: actor system: %w", spec.Key(), err)
 	}
 	defer sys.Shutdown(context.Background())
-	plane, err := coll.NewPlane(sys, []byte(spec.Token), host, log)
+	plane, err := coll.NewPlane(sys, link, host, log)
 	if err != nil {
 		return fmt.Errorf("sdk: worker %s: collectives: %w", spec.Key(), err)
 	}
@@ -563,7 +568,8 @@ func serveWorker(ctx context.Context, s settings) error {
 	secureLinks(id, nil, plane, nil)
 	store := &agentStore{url: spec.Agent, token: spec.Token, holder: spec.Holder, transfer: spec.Transfer, hc: httpClient(id)}
 	go store.renew(ctx, 2*time.Second)
-	c := &conn{s: s, log: log.Named("sdk"), client: client, sys: sys, plane: plane, token: spec.Token, owner: spec.Holder, objects: store, agents: store.hc}
+	c := &conn{s: s, log: log.Named("sdk"), client: client, sys: sys, plane: plane, token: spec.Token, owner: spec.Holder, objects: store, agents: store.hc,
+		principal: authz.Worker(spec.Job, spec.Gang, spec.Rank).String()}
 	c.init()
 	h, err := c.host(sctx, spec, store)
 	if err != nil {

@@ -39,7 +39,8 @@ func (c *counter) Restore(b []byte) error                 { c.N = int(b[0]); ret
 
 func testKinds() []sdk.Option {
 	return []sdk.Option{sdk.Kind("counter", func() sdk.Actor { return &counter{} }, tick{}),
-		sdk.Kind("blob", func() sdk.Actor { return &blob{} }, bump{}, digestReq{}, putDetached{}, putOwned{})}
+		sdk.Kind("blob", func() sdk.Actor { return &blob{} }, bump{}, digestReq{}, putDetached{}, putOwned{}),
+		sdk.Kind("hostile", func() sdk.Actor { return hostile{} }, probe{})}
 }
 
 func TestMain(m *testing.M) {

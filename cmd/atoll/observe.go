@@ -20,7 +20,7 @@ import (
 
 func newEventsCmd() *cobra.Command {
 	var dir, address, job string
-	var follow, asJSON bool
+	var follow, asJSON, audit bool
 	var limit int
 	cmd := &cobra.Command{
 		Use:   "events",
@@ -28,9 +28,11 @@ func newEventsCmd() *cobra.Command {
 		Long: `events prints the cluster's event log: every decision of the leader head (a gang placed, with
 its machines, islands and scores; refused for lack of capacity; running; restarting after a
 worker failed; waiting for capacity after its machine was lost; failed; stopped), machines
-joining and declared dead, jobs submitted and stopped. The leader commits each event with its
+joining and declared dead, jobs submitted and stopped; and the audit: every request refused for
+its caller's role (refused: by whom, the action, what it would have touched), every write only
+admin may make (admin_write), every credential revoked. The leader commits each event with its
 decision, so every head keeps the same log (the newest 2000 events). --follow keeps printing
-new events as they are committed.`,
+new events as they are committed; --audit prints the audit events only.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if job != "" {
@@ -57,6 +59,10 @@ new events as they are committed.`,
 			show := func(evs []api.Event) error {
 				for _, e := range events.Filter(evs, job) {
 					if e.Seq <= last {
+						continue
+					}
+					if audit && e.Kind != api.EventRefused && e.Kind != api.EventAdminWrite && e.Kind != api.EventCredentialRevoked {
+						last = e.Seq
 						continue
 					}
 					last = e.Seq
@@ -104,6 +110,7 @@ new events as they are committed.`,
 	f.BoolVarP(&follow, "follow", "f", false, "keep printing new events")
 	f.BoolVar(&asJSON, "json", false, "one JSON object per line")
 	f.IntVar(&limit, "limit", 0, "print only the newest N (0: all the log keeps)")
+	f.BoolVar(&audit, "audit", false, "only the audit events (refused, admin_write, credential_revoked)")
 	return cmd
 }
 

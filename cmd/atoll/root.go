@@ -56,6 +56,7 @@ func newRootCmd() *cobra.Command {
 		newSimCmd(),
 		newStoreServeCmd(),
 		newTopologyCmd(),
+		newTokenCmd(),
 	)
 	root.Args = noSubcommand
 	root.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }

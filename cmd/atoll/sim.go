@@ -18,12 +18,13 @@ import (
 func newSimCmd() *cobra.Command {
 	var (
 		mode, nodesPath, podsPath, loadsStr, jobsPath, clusterSpec, policies string
-		poolsPath, strategy, info                                            string
+		poolsPath, strategy, info, spotDiscounts                             string
 		seeds, maxJobs                                                       int
 		jsonOut, skipBad                                                     bool
 		window                                                               time.Duration
 		prioSeed                                                             uint64
 		cpuStrand, elasticShare, saturate, strategyShare                     float64
+		ckptGBPerGPU, storageGBps                                            float64
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -110,7 +111,13 @@ func newSimCmd() *cobra.Command {
 					return nil
 				}
 			case "pools":
-				res, err := runPoolsSim(ctx, jobsPath, poolsPath, maxJobs, policies, skipBad, sk, jsonOut)
+				a := poolsSimArgs{jobsPath: jobsPath, poolsPath: poolsPath, maxJobs: maxJobs, policies: policies,
+					discounts: spotDiscounts, ckptGBPerGPU: ckptGBPerGPU, storageGBps: storageGBps, ckptSet: cmd.Flags().Changed("checkpoint-gb-per-gpu"),
+					storageSet: cmd.Flags().Changed("storage-gbps"), seeds: 1, skipBad: skipBad, jsonOut: jsonOut}
+				if cmd.Flags().Changed("seeds") {
+					a.seeds = seeds
+				}
+				res, err := runPoolsSim(ctx, cmd.OutOrStdout(), a, sk)
 				if err != nil || res == nil {
 					return err
 				}
@@ -118,7 +125,7 @@ func newSimCmd() *cobra.Command {
 			default:
 				return fmt.Errorf("sim: --mode %q: want fgd, dynamic or pools", mode)
 			}
-			enc := json.NewEncoder(os.Stdout)
+			enc := json.NewEncoder(cmd.OutOrStdout())
 			return enc.Encode(out)
 		},
 	}
@@ -127,8 +134,11 @@ func newSimCmd() *cobra.Command {
 	f.StringVar(&nodesPath, "nodes", "", "openb node list CSV (fgd mode)")
 	f.StringVar(&podsPath, "pods", "", "openb pod list CSV (fgd mode)")
 	f.StringVar(&loadsStr, "load", "1.0,1.3", "arrived GPU requests as a share of cluster GPUs, comma-separated, each in (0, 10] (fgd mode)")
-	f.IntVar(&seeds, "seeds", 10, "seeds per policy, 1-1000 (fgd mode; seeds 42, 43, ...)")
+	f.IntVar(&seeds, "seeds", 10, "seeds per policy, 1-1000 (fgd mode: seeds 42, 43, ...; pools mode: the spot interruptions' seeds 1, 2, ..., default 1)")
 	f.StringVar(&poolsPath, "pools", "", "pool file (pools mode; default: built-in on-demand and spot DGX H100 pools, docs/pools.md)")
+	f.StringVar(&spotDiscounts, "spot-discount", "", "comma-separated spot discounts in percent, each in [0, 100), e.g. 40,50,60,70,80,90: the replay runs once per discount with every spot pool priced that far below its on-demand pool (pools mode; default: the pool file's prices)")
+	f.Float64Var(&ckptGBPerGPU, "checkpoint-gb-per-gpu", 10, "a job's checkpoint state per GPU in GB, written on a notice or eviction and read back on restart (pools mode)")
+	f.Float64Var(&storageGBps, "storage-gbps", 2, "a machine's bandwidth to checkpoint storage in GB/s, shared by its GPUs (pools mode)")
 	f.StringVar(&jobsPath, "jobs", "", "job trace CSV, ITP or Philly, detected from the header (dynamic mode)")
 	f.StringVar(&clusterSpec, "cluster", "", "cluster spec file or shorthand COUNTxMACHINE/RACK, e.g. 64xdgx-h100/8 (dynamic mode)")
 	f.IntVar(&maxJobs, "max-jobs", 0, "replay at most this many jobs from the start of the trace (0 = all; at most 10,000,000)")

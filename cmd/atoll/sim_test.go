@@ -1,6 +1,9 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,5 +60,67 @@ func TestSimFlagsValidated(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSimPoolsContract: `atoll sim --mode pools --json` gives, per spot discount, every
+// policy asked for with cost_vs_on_demand_pct, goodput_pct and a max_saving_pct that is the
+// same for all policies of a discount and grows with the discount; bad discounts, storage
+// bandwidths and seed counts are refused.
+func TestSimPoolsContract(t *testing.T) {
+	dir := t.TempDir()
+	jobs := filepath.Join(dir, "jobs.csv")
+	trace := "job_id,submission_time,duration,num_gpu\n"
+	for i, g := range []int{1, 4, 8, 16, 2, 8} {
+		trace += fmt.Sprintf("j%d,%d,%d,%d\n", i, i*600, 3600+i*900, g)
+	}
+	if err := os.WriteFile(jobs, []byte(trace), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runCLI(t, "sim", "--mode", "pools", "--jobs", jobs, "--spot-discount", "40,90", "--policies", "ray,kueue,atoll", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Results []map[string]any `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(got.Results) != 6 {
+		t.Fatalf("%d results, want 3 policies × 2 discounts: %s", len(got.Results), out)
+	}
+	maxSaving := map[float64]float64{}
+	for _, r := range got.Results {
+		for _, k := range []string{"policy", "cost_vs_on_demand_pct", "goodput_pct", "max_saving_pct", "saving_pct", "spot_discount_pct", "oracle_cost_usd", "goodput_bound_pct"} {
+			if _, ok := r[k]; !ok {
+				t.Fatalf("result without %q: %v", k, r)
+			}
+		}
+		d, m := r["spot_discount_pct"].(float64), r["max_saving_pct"].(float64)
+		if prev, ok := maxSaving[d]; ok && prev != m {
+			t.Errorf("discount %v: max_saving_pct %v and %v within one run", d, prev, m)
+		}
+		maxSaving[d] = m
+		if r["saving_pct"].(float64) > m {
+			t.Errorf("%v saves %v%%, more than the max %v%%", r["policy"], r["saving_pct"], m)
+		}
+	}
+	if len(maxSaving) != 2 || math.Abs(maxSaving[40]-40) > 0.01 || math.Abs(maxSaving[90]-90) > 0.01 {
+		t.Errorf("max savings %v: want 40 and 90 (every job may run on spot)", maxSaving)
+	}
+	for _, bad := range []struct {
+		flags []string
+		want  string
+	}{
+		{[]string{"--spot-discount", "100"}, "spot discount 100%"},
+		{[]string{"--spot-discount", "forty"}, `--spot-discount "forty"`},
+		{[]string{"--storage-gbps", "0"}, "--storage-gbps"},
+		{[]string{"--seeds", "0"}, "--seeds 0"},
+	} {
+		_, err := runCLI(t, append([]string{"sim", "--mode", "pools", "--jobs", jobs, "--json"}, bad.flags...)...)
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%v: error %v, want it to say %q", bad.flags, err, bad.want)
+		}
 	}
 }

@@ -8,6 +8,11 @@
 // peer is authenticated by its chain to the cluster CA (and, inside the TLS link, by the
 // cluster token), not by its host name, so a process is reached at any address (loopback,
 // a container's name, a worker's random port) without certificates per address.
+//
+// What a peer may do is named by its certificate's Grant: a URI (a subject alternative
+// name) that runtime/authz reads as a role and its scope ("atoll:driver/train"), and an
+// expiry no later than the credential it was issued for. This package signs and reads
+// grants; it does not interpret them.
 package pki
 
 import (
@@ -22,6 +27,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -140,13 +146,34 @@ func LoadCA(dir string) (*CA, error) {
 	return &CA{Cert: cert, CertPEM: certPEM, key: key}, nil
 }
 
-func (ca *CA) sign(name string, pub any, hosts ...string) ([]byte, error) {
+// Grant is what a certificate grants its holder beyond its chain to the cluster CA.
+type Grant struct {
+	// URI names the holder's role and scope, carried as a URI subject alternative name
+	// (runtime/authz writes and reads it); "" grants nothing.
+	URI string
+	// NotAfter ends the certificate before its default lifetime (a year): the expiry of
+	// the credential it was issued for. Zero: the default.
+	NotAfter time.Time
+}
+
+func (ca *CA) sign(name string, pub any, g Grant, hosts ...string) ([]byte, error) {
+	notAfter := time.Now().Add(certLifetime)
+	if !g.NotAfter.IsZero() && g.NotAfter.Before(notAfter) {
+		notAfter = g.NotAfter
+	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(certLifetime),
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: notAfter,
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		DNSNames:    []string{ServerName},
+	}
+	if g.URI != "" {
+		u, err := url.Parse(g.URI)
+		if err != nil {
+			return nil, fmt.Errorf("pki: grant %q: %w", g.URI, err)
+		}
+		tmpl.URIs = []*url.URL{u}
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
@@ -166,11 +193,16 @@ func (ca *CA) sign(name string, pub any, hosts ...string) ([]byte, error) {
 // Hosts (IP addresses or DNS names) are added to ServerName, for clients that check the
 // host they dialed (a browser on a head's dashboard).
 func (ca *CA) Issue(name string, hosts ...string) (certPEM, keyPEMBytes []byte, err error) {
+	return ca.IssueGrant(name, Grant{}, hosts...)
+}
+
+// IssueGrant is Issue for a certificate that carries a grant.
+func (ca *CA) IssueGrant(name string, g Grant, hosts ...string) (certPEM, keyPEMBytes []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
 	}
-	certPEM, err = ca.sign(name, &key.PublicKey, hosts...)
+	certPEM, err = ca.sign(name, &key.PublicKey, g, hosts...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -181,6 +213,12 @@ func (ca *CA) Issue(name string, hosts ...string) (certPEM, keyPEMBytes []byte, 
 // SignCSR signs a certificate request (PEM) for a process named name; the request's own
 // subject is ignored.
 func (ca *CA) SignCSR(csrPEM []byte, name string) ([]byte, error) {
+	return ca.SignCSRGrant(csrPEM, name, Grant{})
+}
+
+// SignCSRGrant is SignCSR for a certificate that carries a grant (the request's own
+// extensions are ignored too).
+func (ca *CA) SignCSRGrant(csrPEM []byte, name string, g Grant) ([]byte, error) {
 	b, _ := pem.Decode(csrPEM)
 	if b == nil || b.Type != "CERTIFICATE REQUEST" {
 		return nil, errors.New("pki: not a PEM certificate request")
@@ -192,7 +230,7 @@ func (ca *CA) SignCSR(csrPEM []byte, name string) ([]byte, error) {
 	if err := csr.CheckSignature(); err != nil {
 		return nil, fmt.Errorf("pki: certificate request: %w", err)
 	}
-	return ca.sign(name, csr.PublicKey)
+	return ca.sign(name, csr.PublicKey, g)
 }
 
 // NewCSR makes a key and a certificate request for it.
@@ -277,7 +315,12 @@ func (id *Identity) Client() *tls.Config {
 // IssueIdentity makes an identity for a process named name, signed by this CA (a head's
 // own: it holds the CA), valid also for hosts (see Issue).
 func (ca *CA) IssueIdentity(name string, hosts ...string) (*Identity, error) {
-	certPEM, kp, err := ca.Issue(name, hosts...)
+	return ca.IssueIdentityGrant(name, Grant{}, hosts...)
+}
+
+// IssueIdentityGrant is IssueIdentity for a certificate that carries a grant.
+func (ca *CA) IssueIdentityGrant(name string, g Grant, hosts ...string) (*Identity, error) {
+	certPEM, kp, err := ca.IssueGrant(name, g, hosts...)
 	if err != nil {
 		return nil, err
 	}
@@ -331,6 +374,29 @@ func Verified(st *tls.ConnectionState) (string, bool) {
 		return "", false
 	}
 	return st.VerifiedChains[0][0].Subject.CommonName, true
+}
+
+// PeerCert returns the client certificate of a TLS connection state verified against the
+// cluster CA, or nil when there is none.
+func PeerCert(st *tls.ConnectionState) *x509.Certificate {
+	if st == nil || len(st.VerifiedChains) == 0 || len(st.VerifiedChains[0]) == 0 {
+		return nil
+	}
+	return st.VerifiedChains[0][0]
+}
+
+// GrantOf returns the grant URI a certificate carries ("" for none): the first URI
+// subject alternative name of scheme "atoll".
+func GrantOf(c *x509.Certificate) string {
+	if c == nil {
+		return ""
+	}
+	for _, u := range c.URIs {
+		if u.Scheme == "atoll" {
+			return u.String()
+		}
+	}
+	return ""
 }
 
 // ValidName checks a process name for a certificate: 1 to 128 characters of letters,

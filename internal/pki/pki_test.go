@@ -2,12 +2,15 @@ package pki
 
 import (
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestMutualTLSWithTheClusterCA(t *testing.T) {
@@ -96,4 +99,41 @@ func TestMutualTLSWithTheClusterCA(t *testing.T) {
 		t.Fatal("a garbage CSR was signed")
 	}
 	_ = net.IPv4len
+}
+
+// TestGrant: a certificate carries its grant's URI, and no longer than its grant's expiry.
+func TestGrant(t *testing.T) {
+	ca, err := NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := time.Now().Add(2 * time.Hour).Truncate(time.Second)
+	csr, _, err := NewCSR("asked-for")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, err := ca.SignCSRGrant(csr, "driver/x", Grant{URI: "atoll:driver/x?tid=ab", NotAfter: end})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := pem.Decode(certPEM)
+	c, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := GrantOf(c); got != "atoll:driver/x?tid=ab" {
+		t.Errorf("grant %q", got)
+	}
+	if !c.NotAfter.Equal(end) {
+		t.Errorf("NotAfter %v, want %v", c.NotAfter, end)
+	}
+	plain, _, _ := ca.Issue("head-1")
+	b, _ = pem.Decode(plain)
+	pc, _ := x509.ParseCertificate(b.Bytes)
+	if GrantOf(pc) != "" || pc.NotAfter.Before(time.Now().Add(300*24*time.Hour)) {
+		t.Errorf("a certificate without a grant: %q, %v", GrantOf(pc), pc.NotAfter)
+	}
+	if PeerCert(nil) != nil || PeerCert(&tls.ConnectionState{}) != nil {
+		t.Error("PeerCert of no chain")
+	}
 }

@@ -2,36 +2,54 @@
 // policies by cost, goodput, queueing delay and interruptions (`atoll sim --mode pools`).
 //
 // The model: each trace job is a gang (up to 8 GPUs: one member of that many cards; more:
-// members of 8 cards), tolerant of interruption, checkpointing every CheckpointEvery of
-// progress. Machines are bought from pools (launch latency, price per hour, spot
-// interruptions drawn from the pool's declared rate, each announced notice_seconds
-// ahead). A simple placer puts pending gangs, in arrival order with backfill, on ready
-// machines (best fit per member, all members or none). The policies differ in how they
-// buy and release machines:
+// members of 8 cards) that tolerates interruption. Machines are bought from pools (launch
+// latency, price per hour, spot interruptions drawn from the pool's declared rate, each
+// announced notice_seconds ahead), paid from launch to removal. One placer puts pending
+// jobs, in queue order with backfill, on ready machines (best fit per member, all members
+// or none); the policies decide what to buy, drain and remove, and which jobs to stop.
+//
+// The checkpoint model is the same for every policy. A job writes a periodic checkpoint every
+// CheckpointEvery of progress, in the background (its cost is in the trace's durations). A
+// checkpoint on request (a spot notice, an eviction, a preemption) stops training and takes
+// Checkpoint.Time: the job's state (Checkpoint.GBPerGPU on each GPU) at each GPU's share of
+// its machine's storage bandwidth (Checkpoint.StorageGBps). If it is written before the
+// deadline (the interruption, the eviction's grace), the job keeps all its work; if not, it is
+// lost, and the job keeps only its last periodic checkpoint. A restart from a checkpoint
+// pays Restore (process and framework start) plus reading the checkpoint back at the same
+// bandwidth. A job killed without a checkpoint (its machine lost) keeps its last periodic
+// one.
+//
+// The policies (each documented where it is written):
 //
 //   - static: every on-demand pool at its max, always on (the on-demand reference);
-//   - ray: a model of Ray's autoscaler: reconcile every 5 s, launches per round limited by
-//     upscaling_speed 1 (at most max(5, machines) new machines a round), 60 s idle timeout,
-//     spot first, no notice handling (an interruption loses the work since the last
-//     checkpoint);
-//   - kueue: admission after provisioning with the cluster autoscaler: whole gangs provisioned
-//     together (the pools core), scan every 10 s, 10 min scale-down-unneeded time, spot
-//     first, no notice handling;
-//   - atoll: the pools core every 10 s with the pools' idle timeouts, and notices turned into
-//     a checkpoint before the machine goes (only the restore is lost);
+//   - ray: a model of Ray's autoscaler v2 (ray.go): resource-demand bin-packing of pending
+//     placement groups onto node types, upscaling_speed bounding requests per reconcile,
+//     idle_timeout_minutes; no notice handling (an interruption is a lost node);
+//   - kueue: a model of Kueue with the ProvisioningRequest admission check and the
+//     cluster-autoscaler (kueue.go): ClusterQueue quota over spot then on-demand
+//     ResourceFlavors, one atomic scale-up per workload, CA's scale-down of unneeded nodes;
+//     a node termination handler drains a node on its spot notice;
+//   - atoll: the pools core (pools.Autoscaler) every 10 s with the pools' idle timeouts,
+//     notices turned into checkpoint-then-stop, and consolidation of partly used machines;
 //   - atoll-predict: atoll with the arrival forecaster pre-warming machines;
 //   - atoll-on-demand: atoll on the on-demand pools only (what autoscaling alone saves,
 //     without spot).
+//
+// Every policy sees the same world: the trace's jobs as they arrive (no durations), the
+// machines and what runs on them, and, for the policies that listen, the interruption
+// notices, which providers publish to everyone. None gets a job's duration.
+//
+// Besides each policy's figures, a run computes two bounds from the trace and the pools
+// (bounds.go): the cost of the work at the cheapest price per GPU-hour it may run at
+// (oracle_cost_usd, hence max_saving_pct), and the best goodput of any policy that starts
+// every job when it arrives (goodput_bound_pct).
 package poolsim
 
 import (
-	"container/heap"
 	"context"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/atoll-run/atoll/pools"
@@ -45,19 +63,76 @@ type Job struct {
 	GPUs     int
 }
 
+// Checkpoint is what a checkpoint on request costs.
+type Checkpoint struct {
+	// GBPerGPU is a job's checkpoint state per GPU, in GB. Default 10: the mixed-precision
+	// Adam state of a 7-billion-parameter model (12 bytes a parameter: fp32 weights and two
+	// moments) sharded over 8 GPUs.
+	GBPerGPU float64
+	// StorageGBps is a machine's bandwidth to checkpoint storage, in GB/s, shared by its
+	// GPUs. Default 2.
+	StorageGBps float64
+}
+
+// Time is how long a job on a machine of gpus cards takes to write (or read) its
+// checkpoint: its state per GPU at one GPU's share of the machine's bandwidth. With the
+// defaults, 40 s on an 8-GPU machine.
+func (c Checkpoint) Time(gpus int) time.Duration {
+	return time.Duration(c.GBPerGPU * float64(gpus) / c.StorageGBps * float64(time.Second))
+}
+
+func (c Checkpoint) time(gpus int) time.Duration { return c.Time(gpus) }
+
 // Options configure a replay.
 type Options struct {
 	Policies []string
-	// CheckpointEvery is the jobs' checkpoint interval (of progress); Restore the time a
-	// restarted gang spends restoring (lost work).
+	// CheckpointEvery is the jobs' periodic checkpoint interval, in progress.
 	CheckpointEvery time.Duration
-	Restore         time.Duration
-	Seed            uint64
+	// Restore is what a restart from a checkpoint costs before it reads the checkpoint
+	// (process and framework start).
+	Restore    time.Duration
+	Checkpoint Checkpoint
+	Seed       uint64
+	// Ray and Kueue configure the baselines' models; Atoll the pools core of the atoll
+	// policies.
+	Ray   RayConfig
+	Kueue KueueConfig
+	Atoll pools.Config
 }
 
-// DefaultOptions: every policy, 30 min checkpoints, 1 min restores.
+// DefaultOptions: every policy, 30 min periodic checkpoints, 1 min restarts, 10 GB per
+// GPU at 2 GB/s per machine, the baselines with their systems' defaults, and the pools core
+// with consolidation on.
 func DefaultOptions() Options {
-	return Options{Policies: Policies(), CheckpointEvery: 30 * time.Minute, Restore: time.Minute, Seed: 1}
+	atoll := pools.DefaultConfig()
+	atoll.Consolidate = true
+	return Options{Policies: Policies(), CheckpointEvery: 30 * time.Minute, Restore: time.Minute,
+		Checkpoint: Checkpoint{GBPerGPU: 10, StorageGBps: 2}, Seed: 1,
+		Ray: DefaultRayConfig(), Kueue: DefaultKueueConfig(), Atoll: atoll}
+}
+
+// Validate rejects options the replay cannot run with.
+func (o Options) Validate() error {
+	switch {
+	case o.CheckpointEvery <= 0:
+		return fmt.Errorf("poolsim: checkpoint interval %v: want > 0", o.CheckpointEvery)
+	case o.Restore < 0:
+		return fmt.Errorf("poolsim: restore %v: want ≥ 0", o.Restore)
+	case !(o.Checkpoint.GBPerGPU >= 0) || math.IsInf(o.Checkpoint.GBPerGPU, 0) || !(o.Checkpoint.StorageGBps > 0) || math.IsInf(o.Checkpoint.StorageGBps, 0):
+		return fmt.Errorf("poolsim: checkpoint %+v: want GB per GPU ≥ 0 and storage bandwidth > 0", o.Checkpoint)
+	}
+	for _, p := range o.Policies {
+		if !slices.Contains(Policies(), p) {
+			return fmt.Errorf("poolsim: policy %q: want one of %v", p, Policies())
+		}
+	}
+	if err := o.Ray.Validate(); err != nil {
+		return err
+	}
+	if err := o.Kueue.Validate(); err != nil {
+		return err
+	}
+	return o.Atoll.Validate()
 }
 
 // Policies lists the policies.
@@ -65,72 +140,103 @@ func Policies() []string {
 	return []string{"static", "ray", "kueue", "atoll", "atoll-predict", "atoll-on-demand"}
 }
 
-// Result is one policy's figures.
+// Result is one policy's figures. The bounds (spot discount, on-demand work, oracle cost,
+// max saving, goodput bound) are the run's, the same in every result.
 type Result struct {
-	Policy string  `json:"policy"`
-	Jobs   int     `json:"jobs"`
-	Cost   float64 `json:"cost_usd"`
+	Policy string `json:"policy"`
+	// Seed drew the spot interruptions.
+	Seed uint64 `json:"seed"`
+	// SpotDiscountPct is the spot pools' discount on the on-demand price of the same
+	// machine, in percent (0 without spot pools).
+	SpotDiscountPct float64 `json:"spot_discount_pct"`
+	Jobs            int     `json:"jobs"`
+	Cost            float64 `json:"cost_usd"`
 	// CostVsOnDemandPct is the cost as a percentage of the static on-demand reference's
 	// (100 = the same; 30 = 70% cheaper).
 	CostVsOnDemandPct float64 `json:"cost_vs_on_demand_pct"`
+	// OnDemandWorkUSD is the trace's work (GPU-hours) at the cheapest on-demand price per
+	// GPU-hour of a pool that holds it: what a perfect on-demand autoscaler would pay.
+	OnDemandWorkUSD float64 `json:"on_demand_work_usd"`
+	// OracleCostUSD is the trace's work at the cheapest price per GPU-hour of a pool that
+	// holds it, spot included: no policy pays less (no launch, idle card, interruption or
+	// restore is paid; jobs may wait as long as it takes to fill whole machines).
+	OracleCostUSD float64 `json:"oracle_cost_usd"`
+	// SavingPct is the saving against OnDemandWorkUSD; MaxSavingPct the oracle's, the best
+	// saving any policy could reach with perfect knowledge; SavingOfMaxPct the first as a
+	// percentage of the second.
+	SavingPct      float64 `json:"saving_pct"`
+	MaxSavingPct   float64 `json:"max_saving_pct"`
+	SavingOfMaxPct float64 `json:"saving_of_max_pct"`
+	// NoDelayOracleUSD adds to the oracle what whole machines cost a policy that starts every
+	// job on arrival (GoodputBoundPct's rounding, at the cheapest price per GPU-hour);
+	// MaxSavingNoDelayPct is its saving against OnDemandWorkUSD, SavingOfNoDelayMaxPct
+	// SavingPct as a percentage of it.
+	NoDelayOracleUSD      float64 `json:"no_delay_oracle_usd"`
+	MaxSavingNoDelayPct   float64 `json:"max_saving_no_delay_pct"`
+	SavingOfNoDelayMaxPct float64 `json:"saving_of_no_delay_max_pct"`
 	// GoodputPct is useful GPU-hours (the jobs' work) over paid GPU-hours.
-	GoodputPct       float64 `json:"goodput_pct"`
-	UsefulGPUHours   float64 `json:"useful_gpu_hours"`
-	PaidGPUHours     float64 `json:"paid_gpu_hours"`
+	GoodputPct float64 `json:"goodput_pct"`
+	// GoodputBoundPct is the best goodput of any policy that starts every job when it
+	// arrives: whole machines, no launch paid, no idle machine, free moves.
+	GoodputBoundPct float64 `json:"goodput_bound_pct"`
+	UsefulGPUHours  float64 `json:"useful_gpu_hours"`
+	PaidGPUHours    float64 `json:"paid_gpu_hours"`
+	// Paid GPU-hours that are not useful, by cause: machines launching (paid before they are
+	// ready), cards on ready machines that no job held (idle machines and free cards of busy
+	// ones), and cards jobs held without keeping the work (lost progress, checkpoints
+	// written on request, restores).
+	LaunchingGPUHours float64 `json:"launching_gpu_hours"`
+	UnusedGPUHours    float64 `json:"unused_gpu_hours"`
+	// Of the unused GPU-hours: on machines hosting no job (idle, draining or noticed), and
+	// the free cards of machines hosting some.
+	IdleGPUHours     float64 `json:"idle_gpu_hours"`
+	FreeCardGPUHours float64 `json:"free_card_gpu_hours"`
+	LostGPUHours     float64 `json:"lost_gpu_hours"`
 	QueueDelayMeanS  float64 `json:"queue_delay_s"`
 	QueueDelayP99S   float64 `json:"queue_delay_p99_s"`
 	Interruptions    int     `json:"interruptions"`
-	LostGPUHours     float64 `json:"lost_gpu_hours"`
-	MachinesLaunched int     `json:"machines_launched"`
-	SpotShare        float64 `json:"spot_machine_hours_pct"`
-	MakespanH        float64 `json:"makespan_h"`
-	Unfinished       int     `json:"unfinished"`
+	// CheckpointsSaved counts checkpoints on request written in time; CheckpointsMissed
+	// those that did not fit their deadline (the job fell back to its last periodic one).
+	CheckpointsSaved  int     `json:"checkpoints_saved"`
+	CheckpointsMissed int     `json:"checkpoints_missed"`
+	MachinesLaunched  int     `json:"machines_launched"`
+	SpotShare         float64 `json:"spot_machine_hours_pct"`
+	MakespanH         float64 `json:"makespan_h"`
+	Unfinished        int     `json:"unfinished"`
 }
 
-// policy parameters.
-type policy struct {
-	name      string
-	static    bool
-	reconcile time.Duration
-	idle      time.Duration // 0: the pools' own
-	notices   bool
-	predict   bool
-	rayLimit  bool
-	noSpot    bool
-}
-
-func policyOf(name string) (policy, error) {
+// newScaler builds a policy.
+func newScaler(name string, set *pools.Set, opt Options) (scaler, error) {
 	switch name {
 	case "static":
-		return policy{name: name, static: true, reconcile: time.Minute}, nil
+		return staticScaler{}, nil
 	case "ray":
-		return policy{name: name, reconcile: 5 * time.Second, idle: time.Minute, rayLimit: true}, nil
+		return &rayScaler{cfg: opt.Ray}, nil
 	case "kueue":
-		return policy{name: name, reconcile: 10 * time.Second, idle: 10 * time.Minute}, nil
+		return newKueue(opt.Kueue, set), nil
 	case "atoll":
-		return policy{name: name, reconcile: 10 * time.Second, notices: true}, nil
+		return newAtoll(name, opt.Atoll, false, false)
 	case "atoll-predict":
-		return policy{name: name, reconcile: 10 * time.Second, notices: true, predict: true}, nil
+		return newAtoll(name, opt.Atoll, true, false)
 	case "atoll-on-demand":
-		return policy{name: name, reconcile: 10 * time.Second, notices: true, noSpot: true}, nil
+		return newAtoll(name, opt.Atoll, false, true)
 	}
-	return policy{}, fmt.Errorf("poolsim: policy %q: want one of %v", name, Policies())
+	return nil, fmt.Errorf("poolsim: policy %q: want one of %v", name, Policies())
 }
 
-// Run replays the jobs on the pools under every policy.
+// Run replays the jobs on the pools under every policy (the static reference always runs;
+// it is returned only when asked for or when Policies is empty).
 func Run(ctx context.Context, jobs []Job, set *pools.Set, opt Options) ([]Result, error) {
 	if len(jobs) == 0 {
 		return nil, fmt.Errorf("poolsim: no jobs")
 	}
-	if opt.CheckpointEvery <= 0 {
-		return nil, fmt.Errorf("poolsim: checkpoint interval %v: want > 0", opt.CheckpointEvery)
+	if err := opt.Validate(); err != nil {
+		return nil, err
 	}
-	maxGPUs := 0
-	for _, p := range set.Pools {
-		maxGPUs = max(maxGPUs, p.Shape.GPUs*p.Spec.Max)
+	b, err := boundsOf(jobs, set)
+	if err != nil {
+		return nil, err
 	}
-	var out []Result
-	var ref float64
 	names := opt.Policies
 	if len(names) == 0 {
 		names = Policies()
@@ -138,12 +244,10 @@ func Run(ctx context.Context, jobs []Job, set *pools.Set, opt Options) ([]Result
 	if !slices.Contains(names, "static") {
 		names = append([]string{"static"}, names...) // the reference
 	}
+	var out []Result
+	var ref float64
 	for _, name := range names {
-		pol, err := policyOf(name)
-		if err != nil {
-			return nil, err
-		}
-		r, err := replay(ctx, jobs, set, opt, pol)
+		r, err := replay(ctx, jobs, set, opt, name)
 		if err != nil {
 			return nil, err
 		}
@@ -153,9 +257,12 @@ func Run(ctx context.Context, jobs []Job, set *pools.Set, opt Options) ([]Result
 		out = append(out, r)
 	}
 	for i := range out {
+		r := &out[i]
 		if ref > 0 {
-			out[i].CostVsOnDemandPct = 100 * out[i].Cost / ref
+			r.CostVsOnDemandPct = 100 * r.Cost / ref
 		}
+		b.fill(r)
+		r.Seed = opt.Seed
 	}
 	if !slices.Contains(opt.Policies, "static") && len(opt.Policies) > 0 {
 		out = out[1:]
@@ -163,536 +270,15 @@ func Run(ctx context.Context, jobs []Job, set *pools.Set, opt Options) ([]Result
 	return out, nil
 }
 
-// --- the replay ---
-
-type evKind int
-
-const (
-	evArrive evKind = iota
-	evFinish
-	evReady
-	evNotice
-	evInterrupt
-	evReconcile
-)
-
-type event struct {
-	at   time.Duration
-	kind evKind
-	ref  int
-	gen  int
-	seq  int
-}
-
-type queue []event
-
-func (q queue) Len() int { return len(q) }
-func (q queue) Less(i, j int) bool {
-	if q[i].at != q[j].at {
-		return q[i].at < q[j].at
-	}
-	return q[i].seq < q[j].seq
-}
-func (q queue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *queue) Push(x any)   { *q = append(*q, x.(event)) }
-func (q *queue) Pop() any     { o := *q; e := o[len(o)-1]; *q = o[:len(o)-1]; return e }
-
-type simJob struct {
-	Job
-	members, per int
-	progress     time.Duration // work done when the current run started
-	started      time.Duration // start of the current run (-1 when not running)
-	firstStart   time.Duration
-	gen          int
-	on           map[int]int // machine -> members
-	failedAt     int         // capacity version of its last failed placement (-1: never)
-	done         bool
-	pendingSince time.Duration
-}
-
-type simMachine struct {
-	name      string
-	pool      *pools.Pool
-	spot      bool
-	launched  time.Duration
-	ready     bool
-	readyAt   time.Duration
-	gone      bool
-	goneAt    time.Duration
-	draining  bool
-	drainedAt time.Duration
-	free      int
-	hosts     map[int]int
-	idleSince time.Duration
-	notice    time.Duration // 0: none
-	counted   bool          // its interruption is counted
-}
-
-type world struct {
-	opt      Options
-	pol      policy
-	set      *pools.Set
-	core     *pools.Autoscaler
-	fc       pools.Forecaster
-	rng      *rand.Rand
-	now      time.Duration
-	q        queue
-	seq      int
-	jobs     []*simJob
-	pending  []int
-	machines []*simMachine
-	res      Result
-	lost     float64
-	nextRec  time.Duration
-	epoch    time.Time
-	capVer   int // bumped whenever capacity frees up
-	recAt    time.Duration
-	dirty    bool // an event changed the world since the last decision
-}
-
-func (w *world) push(at time.Duration, k evKind, ref, gen int) {
-	w.seq++
-	heap.Push(&w.q, event{at: at, kind: k, ref: ref, gen: gen, seq: w.seq})
-}
-
-func replay(ctx context.Context, jobs []Job, set *pools.Set, opt Options, pol policy) (Result, error) {
-	core, err := pools.New(pools.DefaultConfig())
+func replay(ctx context.Context, jobs []Job, set *pools.Set, opt Options, name string) (Result, error) {
+	sc, err := newScaler(name, set, opt)
 	if err != nil {
 		return Result{}, err
 	}
-	w := &world{opt: opt, pol: pol, set: set, core: core, rng: rand.New(rand.NewPCG(opt.Seed, 0x5eed)),
-		epoch: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), res: Result{Policy: pol.name, Jobs: len(jobs)}}
-	maxPer := 0
-	for _, p := range set.Pools {
-		maxPer = max(maxPer, p.Shape.GPUs)
+	w := newWorld(jobs, set, opt, sc)
+	if err := w.run(ctx); err != nil {
+		return w.res, err
 	}
-	for i, j := range jobs {
-		sj := &simJob{Job: j, started: -1, firstStart: -1, on: map[int]int{}, failedAt: -1}
-		if j.GPUs <= maxPer {
-			sj.members, sj.per = 1, j.GPUs
-		} else {
-			sj.members, sj.per = (j.GPUs+maxPer-1)/maxPer, maxPer
-		}
-		w.jobs = append(w.jobs, sj)
-		w.push(j.Submit, evArrive, i, 0)
-	}
-	if pol.static {
-		for i := range set.Pools {
-			p := &set.Pools[i]
-			if p.Spec.Capacity != pools.OnDemand {
-				continue
-			}
-			for k := 0; k < p.Spec.Max; k++ {
-				m := w.launch(p, 0)
-				m.ready, m.readyAt, m.idleSince = true, 0, 0
-			}
-		}
-	}
-	remaining := len(jobs)
-	steps := 0
-	for w.q.Len() > 0 && remaining > 0 {
-		if steps++; steps%4096 == 0 && ctx.Err() != nil {
-			return w.res, ctx.Err()
-		}
-		e := heap.Pop(&w.q).(event)
-		w.now = e.at
-		if e.kind != evReconcile {
-			w.dirty = true
-		}
-		switch e.kind {
-		case evArrive:
-			j := w.jobs[e.ref]
-			j.pendingSince = w.now
-			w.pending = append(w.pending, e.ref)
-			if pol.predict {
-				w.fc.Observe(w.gangOf(e.ref), w.epoch.Add(w.now))
-			}
-		case evFinish:
-			j := w.jobs[e.ref]
-			if j.gen != e.gen || j.done {
-				continue
-			}
-			j.progress = j.Duration
-			j.done = true
-			remaining--
-			w.release(e.ref)
-		case evReady:
-			m := w.machines[e.ref]
-			if m.gone {
-				continue
-			}
-			m.ready, m.readyAt, m.idleSince = true, w.now, w.now
-			w.capVer++
-		case evNotice:
-			m := w.machines[e.ref]
-			if m.gone {
-				continue
-			}
-			m.notice = w.now + time.Duration(m.pool.Spec.NoticeSeconds)*time.Second
-			m.counted = true
-			w.res.Interruptions++
-		case evInterrupt:
-			m := w.machines[e.ref]
-			if m.gone {
-				continue
-			}
-			if !m.counted {
-				w.res.Interruptions++
-			}
-			hosted := make([]int, 0, len(m.hosts))
-			for ji := range m.hosts {
-				hosted = append(hosted, ji)
-			}
-			sort.Ints(hosted)
-			for _, ji := range hosted {
-				w.stop(ji, false)
-			}
-			w.remove(e.ref)
-		case evReconcile:
-		}
-		w.place()
-		if !pol.static && w.now >= w.nextRec {
-			if err := w.reconcile(); err != nil {
-				return w.res, err
-			}
-			w.dirty = false
-			w.nextRec = w.now + pol.reconcile
-		}
-		if !pol.static && w.q.Len() > 0 {
-			if at, ok := w.wake(); ok && (w.recAt <= w.now || at < w.recAt) {
-				w.recAt = at
-				w.push(at, evReconcile, 0, 0)
-			}
-		}
-	}
-	w.finish(remaining)
+	w.finish()
 	return w.res, nil
-}
-
-// wake returns when the autoscaler next has something to do: at the next reconcile while
-// gangs wait or machines drain or have notices, else when the first idle machine's timeout
-// ends; false when nothing is due.
-func (w *world) wake() (time.Duration, bool) {
-	if len(w.pending) > 0 && w.dirty {
-		// Something changed since the last decision; unchanged, the same snapshot would only
-		// give the same decision until a timer below is due.
-		return w.nextRec, true
-	}
-	best, ok := time.Duration(0), false
-	for _, m := range w.machines {
-		if m.gone {
-			continue
-		}
-		var at time.Duration
-		switch {
-		case m.draining || m.notice > 0:
-			at = w.nextRec
-		case m.ready && len(m.hosts) == 0 && m.idleSince >= 0:
-			idle := time.Duration(m.pool.Spec.IdleTimeout)
-			if w.pol.idle > 0 {
-				idle = w.pol.idle
-			}
-			at = max(w.nextRec, m.idleSince+idle)
-		default:
-			continue
-		}
-		if !ok || at < best {
-			best, ok = at, true
-		}
-	}
-	return best, ok
-}
-
-func (w *world) launch(p *pools.Pool, rack int) *simMachine {
-	m := &simMachine{name: fmt.Sprintf("%s-%d", p.Spec.Name, len(w.machines)), pool: p, spot: p.Spec.Capacity == pools.Spot,
-		launched: w.now, free: p.Shape.GPUs, hosts: map[int]int{}, idleSince: -1}
-	idx := len(w.machines)
-	w.machines = append(w.machines, m)
-	w.res.MachinesLaunched++
-	w.push(w.now+time.Duration(p.Spec.LaunchLatency), evReady, idx, 0)
-	if m.spot && p.Spec.InterruptionsPerHour > 0 {
-		after := time.Duration(w.rng.ExpFloat64() / p.Spec.InterruptionsPerHour * float64(time.Hour))
-		at := w.now + time.Duration(p.Spec.LaunchLatency) + after
-		if w.pol.notices {
-			w.push(max(w.now, at-time.Duration(p.Spec.NoticeSeconds)*time.Second), evNotice, idx, 0)
-		}
-		w.push(at, evInterrupt, idx, 0)
-	}
-	return m
-}
-
-func (w *world) remove(i int) {
-	m := w.machines[i]
-	if m.gone {
-		return
-	}
-	m.gone, m.goneAt = true, w.now
-}
-
-// release frees a job's machines.
-func (w *world) release(ji int) {
-	j := w.jobs[ji]
-	for mi, n := range j.on {
-		m := w.machines[mi]
-		m.free += n * j.per
-		delete(m.hosts, ji)
-		if len(m.hosts) == 0 {
-			m.idleSince = w.now
-		}
-	}
-	j.on = map[int]int{}
-	j.started = -1
-	j.gen++
-	w.capVer++
-}
-
-// stop ends a job's run: with a checkpoint (notice) it keeps all its progress; without, it
-// keeps the progress of its last periodic checkpoint. Either way it pays the restore on
-// its next run. It goes back to pending.
-func (w *world) stop(ji int, checkpointed bool) {
-	j := w.jobs[ji]
-	if j.started < 0 || j.done {
-		return
-	}
-	ran := w.now - j.started
-	p := j.progress + ran
-	kept := p
-	if !checkpointed {
-		kept = (p / w.opt.CheckpointEvery) * w.opt.CheckpointEvery
-		if kept < j.progress { // a restore that had not finished: nothing new kept
-			kept = j.progress
-		}
-	}
-	lost := p - kept + w.opt.Restore
-	w.lost += lost.Hours() * float64(j.GPUs)
-	j.progress = kept - w.opt.Restore // the restore is paid on the next run
-	if j.progress < 0 {
-		j.progress = 0
-	}
-	w.release(ji)
-	j.pendingSince = w.now
-	w.pending = append(w.pending, ji)
-}
-
-// place puts pending jobs, in order, on ready machines: each member on the fullest machine
-// it fits (best fit), all members or none; blocked jobs do not hold back others.
-func (w *world) place() {
-	if len(w.pending) == 0 {
-		return
-	}
-	var ready []int
-	for i, m := range w.machines {
-		if m.ready && !m.gone && !m.draining && m.notice == 0 && m.free > 0 {
-			ready = append(ready, i)
-		}
-	}
-	if len(ready) == 0 {
-		return
-	}
-	total := 0
-	for _, mi := range ready {
-		total += w.machines[mi].free
-	}
-	keep := w.pending[:0]
-	for _, ji := range w.pending {
-		j := w.jobs[ji]
-		if j.failedAt == w.capVer || j.GPUs > total {
-			// Nothing freed since it last failed, or not enough cards at all.
-			if j.GPUs > total {
-				j.failedAt = w.capVer
-			}
-			keep = append(keep, ji)
-			continue
-		}
-		plan := map[int]int{}
-		free := map[int]int{}
-		ok := true
-		for k := 0; k < j.members; k++ {
-			best := -1
-			for _, mi := range ready {
-				f, seen := free[mi]
-				if !seen {
-					f = w.machines[mi].free
-				}
-				if f >= j.per && (best < 0 || f < free2(free, w.machines, best)) {
-					best = mi
-				}
-			}
-			if best < 0 {
-				ok = false
-				break
-			}
-			free[best] = free2(free, w.machines, best) - j.per
-			plan[best]++
-		}
-		if !ok {
-			j.failedAt = w.capVer
-			keep = append(keep, ji)
-			continue
-		}
-		total -= j.members * j.per
-		for mi, n := range plan {
-			m := w.machines[mi]
-			m.free -= n * j.per
-			m.hosts[ji] += n
-			m.idleSince = -1
-		}
-		j.on = plan
-		j.started = w.now
-		if j.firstStart < 0 {
-			j.firstStart = w.now
-		}
-		w.push(w.now+(j.Duration-j.progress), evFinish, ji, j.gen)
-	}
-	w.pending = keep
-}
-
-func free2(free map[int]int, ms []*simMachine, i int) int {
-	if f, ok := free[i]; ok {
-		return f
-	}
-	return ms[i].free
-}
-
-func (w *world) gangOf(ji int) pools.Gang {
-	j := w.jobs[ji]
-	return pools.Gang{ID: j.ID + "#" + fmt.Sprint(ji), Size: j.members, Member: pools.Member{GPUs: j.per}, Tolerant: true, Arrived: w.epoch.Add(j.Submit)}
-}
-
-// reconcile runs the policy's autoscaler once.
-func (w *world) reconcile() error {
-	now := w.epoch.Add(w.now)
-	s := &pools.Snapshot{Now: now}
-	for i := range w.set.Pools {
-		p := &w.set.Pools[i]
-		if w.pol.noSpot && p.Spec.Capacity == pools.Spot {
-			continue
-		}
-		if w.pol.idle > 0 {
-			cp := *p
-			cp.Spec.IdleTimeout = pools.Duration(w.pol.idle)
-			p = &cp
-		}
-		s.Pools = append(s.Pools, pools.PoolState{Pool: p})
-	}
-	byName := map[string]int{}
-	for i, m := range w.machines {
-		if m.gone {
-			continue
-		}
-		byName[m.name] = i
-		pm := pools.Machine{Name: m.name, Pool: m.pool.Spec.Name, State: pools.Ready, Since: w.epoch.Add(m.readyAt)}
-		switch {
-		case m.draining:
-			pm.State, pm.Since = pools.Draining, w.epoch.Add(m.drainedAt)
-		case !m.ready:
-			pm.State, pm.Since = pools.Launching, w.epoch.Add(m.launched)
-		}
-		if m.idleSince >= 0 && len(m.hosts) == 0 {
-			pm.IdleSince = w.epoch.Add(m.idleSince)
-		}
-		if w.pol.notices && m.notice > 0 {
-			pm.Notice = w.epoch.Add(m.notice)
-		}
-		hosted := make([]int, 0, len(m.hosts))
-		for ji := range m.hosts {
-			hosted = append(hosted, ji)
-		}
-		sort.Ints(hosted)
-		for _, ji := range hosted {
-			pm.Gangs = append(pm.Gangs, pools.Hosted{Gang: w.gangOf(ji).ID, Members: m.hosts[ji]})
-			s.Running = append(s.Running, w.gangOf(ji))
-		}
-		s.Machines = append(s.Machines, pm)
-	}
-	for _, ji := range w.pending {
-		s.Pending = append(s.Pending, w.gangOf(ji))
-	}
-	if w.pol.predict {
-		var horizon time.Duration
-		for _, p := range w.set.Pools {
-			horizon = max(horizon, time.Duration(p.Spec.LaunchLatency))
-		}
-		s.Forecast = w.fc.Forecast(now, max(horizon, time.Minute))
-	}
-	d, err := w.core.Decide(s)
-	if err != nil {
-		return err
-	}
-	// Ray's upscaling_speed: at most max(5, machines) new machines a round.
-	budget := math.MaxInt
-	if w.pol.rayLimit {
-		budget = max(5, len(byName))
-	}
-	for _, l := range d.Launches {
-		p, _ := w.set.ByName(l.Pool)
-		n := min(l.Count, budget)
-		budget -= n
-		for k := 0; k < n; k++ {
-			w.launch(p, l.Domain)
-		}
-	}
-	for _, dr := range d.Drains {
-		m := w.machines[byName[dr.Machine]]
-		m.draining, m.drainedAt = true, w.now
-	}
-	for _, pr := range d.Preemptions {
-		m := w.machines[byName[pr.Machine]]
-		for ji := range m.hosts {
-			if w.gangOf(ji).ID == pr.Gang {
-				w.stop(ji, true) // checkpoint before the machine goes
-			}
-		}
-	}
-	for _, rm := range d.Removes {
-		w.remove(byName[rm.Machine])
-	}
-	return nil
-}
-
-func (w *world) finish(unfinished int) {
-	end := w.now
-	var delays []float64
-	useful := 0.0
-	for _, j := range w.jobs {
-		if j.done {
-			useful += j.Duration.Hours() * float64(j.GPUs)
-		}
-		if j.firstStart >= 0 {
-			delays = append(delays, (j.firstStart - j.Submit).Seconds())
-		}
-	}
-	paid, spot, all := 0.0, 0.0, 0.0
-	for _, m := range w.machines {
-		to := end
-		if m.gone {
-			to = m.goneAt
-		}
-		h := (to - m.launched).Hours()
-		w.res.Cost += h * m.pool.Spec.PricePerHour
-		paid += h * float64(m.pool.Shape.GPUs)
-		all += h
-		if m.spot {
-			spot += h
-		}
-	}
-	w.res.UsefulGPUHours, w.res.PaidGPUHours = useful, paid
-	if paid > 0 {
-		w.res.GoodputPct = 100 * useful / paid
-	}
-	if all > 0 {
-		w.res.SpotShare = 100 * spot / all
-	}
-	if len(delays) > 0 {
-		sum := 0.0
-		for _, d := range delays {
-			sum += d
-		}
-		w.res.QueueDelayMeanS = sum / float64(len(delays))
-		slices.Sort(delays)
-		w.res.QueueDelayP99S = delays[min(len(delays)-1, len(delays)*99/100)]
-	}
-	w.res.LostGPUHours = w.lost
-	w.res.MakespanH = end.Hours()
-	w.res.Unfinished = unfinished
 }

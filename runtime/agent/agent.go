@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,6 +33,7 @@ import (
 
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/member"
 	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/store/meta"
@@ -140,6 +143,12 @@ type Agent struct {
 	binErr      map[string]error
 	// lastReconcile is the last pass of the objects table this agent ran.
 	lastReconcile *objects.Report
+	// authn authenticates the API's requests, state answers what its decisions read
+	// (authz.go).
+	authn *authz.Authenticator
+	state *agentState
+	// reports bounds the refusals being reported to the heads at once.
+	reports chan struct{}
 }
 
 // Identity is the agent's certificate (nil without TLS).
@@ -210,7 +219,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		if len(cfg.CACert) == 0 {
 			return nil, fmt.Errorf("%w: agent %s: the heads are https but the agent has no cluster CA certificate (--ca-cert)", api.ErrInvalid, cfg.Name)
 		}
-		id, err = api.RequestIdentity(ctx, cfg.Heads, string(cfg.Token), cfg.CACert, "agent/"+cfg.Name)
+		id, err = api.RequestIdentityAs(ctx, cfg.Heads, string(cfg.Token), cfg.CACert, "agent/"+cfg.Name, authz.Agent(cfg.Name).String())
 		if err != nil {
 			return nil, fmt.Errorf("agent %s: its certificate: %w", cfg.Name, err)
 		}
@@ -224,9 +233,17 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent %s: %w", cfg.Name, err)
 	}
 	nc := transfer.DefaultNodeConfig()
-	nc.Name, nc.Dir, nc.Token, nc.Logger, nc.ListenAddr = cfg.Name, filepath.Join(cfg.Dir, "store"), cfg.Token, log.Named("objects"), cfg.TransferListen
+	nc.Name, nc.Dir, nc.Token, nc.Logger, nc.ListenAddr = cfg.Name, filepath.Join(cfg.Dir, "store"), authz.LinkKey(cfg.Token), log.Named("objects"), cfg.TransferListen
+	var self atomic.Pointer[Agent] // the agent, once made: it decides what peers may pull
 	if id != nil {
 		nc.Server.TLS, nc.Client.TLS = id.Server(), id.Client()
+		nc.Server.Authorize = func(ctx context.Context, peer *x509.Certificate, oid object.ID) error {
+			a := self.Load()
+			if a == nil {
+				return fmt.Errorf("%w: agent %s is starting", authz.ErrForbidden, cfg.Name)
+			}
+			return a.authorizePull(ctx, peer, oid)
+		}
 	}
 	nc.Advertise = cfg.Advertise
 	obs := newAgentObs(cfg.Registry)
@@ -255,9 +272,18 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: log, client: client, node: node, local: local, dir: dir, hc: hc, sample: newLoadSampler(), obs: obs,
 		gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{}, ended: map[string]bool{},
 		changed: make(chan struct{}), slots: make(chan struct{}, cfg.MaxLaunches), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
+	a.state = newAgentState(a)
+	a.reports = make(chan struct{}, 8)
+	self.Store(a)
 	a.registerMetrics()
 	if a.cfg.Launcher == nil {
-		a.cfg.Launcher = &ExecLauncher{RunDir: filepath.Join(cfg.Dir, "run"), LogDir: filepath.Join(cfg.Dir, "logs"), Binary: a.binary}
+		runDir := filepath.Join(cfg.Dir, "run")
+		// What an earlier run of this agent left there (its workers died with it) goes:
+		// no credential file outlives the process it was made for.
+		if n := removeRunFiles(runDir); n > 0 {
+			log.Info("removed the spec and credential files an earlier run left", zap.Int("files", n))
+		}
+		a.cfg.Launcher = &ExecLauncher{RunDir: runDir, LogDir: filepath.Join(cfg.Dir, "logs"), Binary: a.binary, Credential: a.credential}
 	}
 	a.ln, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -465,7 +491,7 @@ func applyGangs(gangs map[string]api.Gang, reset bool, l api.Listing, evs []meta
 
 // desiredLocked computes the workers this machine should run, by job/gang/rank.
 func (a *Agent) desiredLocked() map[string]api.WorkerSpec {
-	base := api.WorkerSpec{Machine: a.cfg.Name, Simulated: a.cfg.Simulated, Heads: a.client.Heads(), Token: string(a.cfg.Token),
+	base := api.WorkerSpec{Machine: a.cfg.Name, Simulated: a.cfg.Simulated, Heads: a.client.Heads(), LinkKey: string(authz.LinkKey(a.cfg.Token)),
 		CACert: string(a.cfg.CACert), Agent: a.addr, Transfer: a.node.Addr}
 	return desired(withoutEnded(a.gangs, a.ended), a.exited, base)
 }

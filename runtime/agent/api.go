@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/store/object"
 	"github.com/atoll-run/atoll/store/transfer"
@@ -36,9 +36,14 @@ type WorkerInfo struct {
 }
 
 // apiHandler is the agent's HTTP API, for the machine's worker processes (objects: put,
-// map, release, leases) and for operators (workers, logs, kill). Every request needs the
-// cluster token.
+// map, release, leases) and for operators (workers, logs, kill). Every request needs a
+// token (the cluster token, or a scoped one), and is decided by its caller's role
+// (authz.go).
 func (a *Agent) apiHandler() http.Handler {
+	if a.state == nil {
+		a.state = newAgentState(a)
+	}
+	a.authn = &authz.Authenticator{Secret: a.cfg.Token, Revoked: a.state.Revoked}
 	m := http.NewServeMux()
 	m.HandleFunc("POST /v1/objects/put", a.put)
 	m.HandleFunc("POST /v1/objects/map", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
@@ -167,17 +172,16 @@ func (a *Agent) apiHandler() http.Handler {
 			a.serveMetrics(w, r)
 			return
 		}
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte("Bearer "+string(a.cfg.Token))) != 1 {
-			a.log.Warn("unauthenticated agent request refused", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
-			writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: a cluster token is required", Kind: "unauthenticated"})
-			return
-		}
 		if a.id != nil {
 			if _, ok := pki.Verified(r.TLS); !ok {
 				a.log.Warn("agent request without a client certificate refused", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
 				writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: a client certificate of the cluster CA is required", Kind: "unauthenticated"})
 				return
 			}
+		}
+		r, ok := a.authorize(w, r, m) // authz.go
+		if !ok {
+			return
 		}
 		m.ServeHTTP(w, r)
 	})

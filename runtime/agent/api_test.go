@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/store/object"
 	"github.com/atoll-run/atoll/store/transfer"
@@ -391,5 +393,96 @@ func TestBinaryFetch(t *testing.T) {
 	_, err = a.binary(context.Background(), api.Job{Name: "j", Binary: &api.Binary{SHA256: hex.EncodeToString(wrongSum[:]), Size: int64(len(content)), Object: id.String()}})
 	if !isPermanent(err) || !strings.Contains(err.Error(), "does not match its hash") {
 		t.Fatalf("a mismatched executable: %v", err)
+	}
+}
+
+// TestAPIScopedCredentials: on an agent's API a worker's credential puts, maps and frees
+// its own objects and is refused (403, naming the role and the action) another worker's,
+// another job's, and the operator's routes; a driver's credential acts within its job.
+func TestAPIScopedCredentials(t *testing.T) {
+	a := newTestAgent(t, 1<<20)
+	h := a.apiHandler()
+	tok := func(p string) string {
+		s, _, err := authz.NewToken([]byte(testToken), authz.Claims{Principal: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	w0, w1, da, db := tok("worker/a/g/0"), tok("worker/a/g/1"), tok("driver/a"), tok("driver/b")
+	ref := func(id, holder string) []byte { b, _ := json.Marshal(api.ObjectRef{ID: id, Holder: holder}); return b }
+	put := func(token, holder string) (int, string) {
+		code, body, _ := call(t, h, "POST", "/v1/objects/put?holder="+holder, token, []byte("bytes"))
+		var in api.ObjectInfo
+		_ = json.Unmarshal(body, &in)
+		return code, in.ID
+	}
+	code, mine := put(w0, "worker/a/g/0.g0")
+	if code != 200 {
+		t.Fatalf("a worker puts its own object: %d", code)
+	}
+	code, jobs := put(w0, "job/a")
+	if code != 200 {
+		t.Fatalf("a worker puts its job's task result: %d", code)
+	}
+	code, bs := put(db, "job/b")
+	if code != 200 {
+		t.Fatalf("driver/b puts job b's object: %d", code)
+	}
+	cases := []struct {
+		name         string
+		token        string
+		method, path string
+		body         []byte
+		code         int
+	}{
+		{"a worker maps its own object", w0, "POST", "/v1/objects/map", ref(mine, "worker/a/g/0.g0"), 200},
+		{"another worker of its job maps it", w1, "POST", "/v1/objects/map", ref(mine, "worker/a/g/1.g0"), 200},
+		{"a worker maps in another's name", w1, "POST", "/v1/objects/map", ref(mine, "worker/a/g/0.g0"), 403},
+		{"a worker puts in another's name", w1, "POST", "/v1/objects/put?holder=worker/a/g/0.g0", []byte("x"), 403},
+		{"a worker puts in another job's name", w0, "POST", "/v1/objects/put?holder=job/b", []byte("x"), 403},
+		{"a worker maps another job's object", w0, "POST", "/v1/objects/map", ref(bs, "worker/a/g/0.g0"), 403},
+		{"a worker frees another worker's object", w1, "POST", "/v1/objects/free", ref(mine, ""), 403},
+		{"a driver of another job frees it", db, "POST", "/v1/objects/free", ref(jobs, ""), 403},
+		{"a driver of another job replicates it", db, "POST", "/v1/objects/replicate", ref(jobs, "job/b"), 403},
+		{"a worker kills a worker", w0, "POST", "/v1/workers/kill?job=a&gang=g&rank=1", nil, 403},
+		{"a driver kills another job's worker", db, "POST", "/v1/workers/kill?job=a&gang=g&rank=1", nil, 403},
+		{"a driver reads another job's logs", db, "GET", "/v1/logs?job=a&gang=g&rank=0", nil, 403},
+		{"a driver reads its job's logs", da, "GET", "/v1/logs?job=a&gang=g&rank=0", nil, 404},
+		{"a driver renews another's lease", da, "POST", "/v1/leases/renew", ref("", "job/b"), 403},
+		{"a driver frees its job's object", da, "POST", "/v1/objects/free", ref(jobs, ""), 204},
+		{"a worker frees its own object", w0, "POST", "/v1/objects/free", ref(mine, ""), 204},
+	}
+	for _, c := range cases {
+		code, body, _ := call(t, h, c.method, c.path, c.token, c.body)
+		if code != c.code {
+			t.Errorf("%s: %d %s, want %d", c.name, code, body, c.code)
+			continue
+		}
+		if code == 403 {
+			eb := errorBody(t, body)
+			if eb.Kind != "forbidden" || !strings.Contains(eb.Error, "role ") {
+				t.Errorf("%s: %+v: want a refusal naming the role", c.name, eb)
+			}
+		}
+	}
+}
+
+// TestEveryAgentRouteHasARule: every route of the agent's API has a rule (a route without
+// one would be admin only, and is a mistake).
+func TestEveryAgentRouteHasARule(t *testing.T) {
+	b, err := os.ReadFile("api.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, m := range regexp.MustCompile(`m\.HandleFunc\("([^"]+)"`).FindAllStringSubmatch(string(b), -1) {
+		n++
+		if _, ok := agentRules[m[1]]; !ok {
+			t.Errorf("route %q has no rule in agentRules", m[1])
+		}
+	}
+	if n < 15 {
+		t.Fatalf("found %d routes: the scan is broken", n)
 	}
 }

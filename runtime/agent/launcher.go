@@ -45,6 +45,9 @@ type ExecLauncher struct {
 	RunDir, LogDir string
 	// Binary returns the path of the job's executable (fetching it if needed).
 	Binary func(ctx context.Context, job api.Job) (string, error)
+	// Credential, when set, gets the process its own credential (api.WorkerSpec.Token): a
+	// token for worker/<job>/<gang>/<rank>, or driver/<job> for a submitted driver.
+	Credential func(ctx context.Context, spec api.WorkerSpec) (string, error)
 }
 
 // Launch implements Launcher.
@@ -53,16 +56,27 @@ func (l *ExecLauncher) Launch(ctx context.Context, spec api.WorkerSpec, job api.
 	if err != nil {
 		return nil, err
 	}
+	if l.Credential != nil {
+		if spec.Token, err = l.Credential(ctx, spec); err != nil {
+			return nil, fmt.Errorf("agent: a credential for %s: %w", spec.Key(), err)
+		}
+	}
 	name := fmt.Sprintf("%s.%s.%d.g%d", spec.Job, spec.Gang, spec.Rank, spec.Generation)
 	specPath, err := writeWorkerSpec(l.RunDir, name, spec)
 	if err != nil {
 		return nil, err
 	}
+	files := []string{specPath} // what holds the credential: removed when the process ends, or now
+	started := false
+	defer func() {
+		if !started {
+			removeFiles(files)
+		}
+	}()
 	logf, err := openWorkerLog(l.LogDir, spec)
 	if err != nil {
 		return nil, err
 	}
-	started := false
 	defer func() {
 		if !started { // the log is the started worker's to close; on any error, ours
 			_ = logf.Close()
@@ -73,7 +87,8 @@ func (l *ExecLauncher) Launch(ctx context.Context, spec api.WorkerSpec, job api.
 	cmd.Dir = workDir(job.Dir)
 	env := append(inheritedEnv(os.Environ()), job.Env...)
 	if spec.Driver {
-		denv, err := writeDriverFiles(l.RunDir, name, spec)
+		denv, dfiles, err := writeDriverFiles(l.RunDir, name, spec)
+		files = append(files, dfiles...)
 		if err != nil {
 			return nil, err
 		}
@@ -88,14 +103,14 @@ func (l *ExecLauncher) Launch(ctx context.Context, spec api.WorkerSpec, job api.
 		return nil, fmt.Errorf("agent: start worker %s (%s): %w", spec.Key(), bin, err)
 	}
 	started = true
-	h := &procHandle{cmd: cmd, done: make(chan struct{}), spec: specPath, log: logf}
+	h := &procHandle{cmd: cmd, done: make(chan struct{}), files: files, log: logf}
 	go h.wait()
 	return h, nil
 }
 
 // writeWorkerSpec writes a worker's spec file, name.json in runDir (made 0700): mode 0600,
-// for it holds the cluster token (api.ReadWorkerSpec refuses any other). It returns the
-// file's path.
+// for it holds the worker's credential (api.ReadWorkerSpec refuses any other). It returns
+// the file's path.
 func writeWorkerSpec(runDir, name string, spec api.WorkerSpec) (string, error) {
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
 		return "", err
@@ -147,23 +162,52 @@ func inheritedEnv(environ []string) []string {
 	return env
 }
 
-// writeDriverFiles writes what a submitted driver connects with, a token file (0600) and
-// the cluster CA's certificate when there is one, beside its spec in runDir, and returns
-// the environment that names them and the heads.
-func writeDriverFiles(runDir, name string, spec api.WorkerSpec) ([]string, error) {
+// writeDriverFiles writes what a submitted driver connects with, a token file (0600, its
+// own credential) and the cluster CA's certificate when there is one, beside its spec in
+// runDir, and returns the environment that names them and the heads, and the files (to
+// remove when the driver ends).
+func writeDriverFiles(runDir, name string, spec api.WorkerSpec) (env, files []string, err error) {
 	tokenPath := filepath.Join(runDir, name+".token")
+	files = append(files, tokenPath)
 	if err := os.WriteFile(tokenPath, []byte(spec.Token+"\n"), 0o600); err != nil {
-		return nil, fmt.Errorf("agent: driver token file: %w", err)
+		return nil, files, fmt.Errorf("agent: driver token file: %w", err)
 	}
-	env := []string{"ATOLL_ADDRESS=" + strings.Join(spec.Heads, ","), "ATOLL_TOKEN_FILE=" + tokenPath}
+	env = []string{"ATOLL_ADDRESS=" + strings.Join(spec.Heads, ","), "ATOLL_TOKEN_FILE=" + tokenPath}
 	if spec.CACert != "" { // and the cluster CA's certificate, to get its own from the heads
 		caPath := filepath.Join(runDir, name+".ca.crt")
+		files = append(files, caPath)
 		if err := os.WriteFile(caPath, []byte(spec.CACert), 0o644); err != nil {
-			return nil, fmt.Errorf("agent: driver CA file: %w", err)
+			return nil, files, fmt.Errorf("agent: driver CA file: %w", err)
 		}
 		env = append(env, api.CACertEnv+"="+caPath)
 	}
-	return env, nil
+	return env, files, nil
+}
+
+// removeFiles removes the regular files of a list (what is not one, the launcher did not
+// write).
+func removeFiles(files []string) {
+	for _, f := range files {
+		if st, err := os.Lstat(f); err == nil && st.Mode().IsRegular() {
+			_ = os.Remove(f)
+		}
+	}
+}
+
+// removeRunFiles removes the spec and credential files in runDir (a worker's spec, a
+// submitted driver's token and CA certificate): those an earlier run of the agent left,
+// whose processes died with it. It returns how many it removed.
+func removeRunFiles(runDir string) int {
+	n := 0
+	for _, pat := range []string{"*.json", "*.token", "*.ca.crt"} {
+		matches, _ := filepath.Glob(filepath.Join(runDir, pat))
+		for _, m := range matches {
+			if os.Remove(m) == nil {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // gpuEnv gives a worker its GPUs: CUDA_VISIBLE_DEVICES lists its cards' UUIDs (empty
@@ -179,10 +223,10 @@ func gpuEnv(spec api.WorkerSpec) []string {
 }
 
 type procHandle struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	spec string
-	log  *os.File
+	cmd   *exec.Cmd
+	done  chan struct{}
+	files []string // its spec and credential files
+	log   *os.File
 
 	mu  sync.Mutex
 	err error
@@ -195,7 +239,7 @@ var ErrExitedZero = errors.New("exited with status 0")
 func (h *procHandle) wait() {
 	err := exitError(h.cmd.Wait())
 	_ = h.log.Close()
-	_ = os.Remove(h.spec)
+	removeFiles(h.files)
 	h.mu.Lock()
 	h.err = err
 	h.mu.Unlock()

@@ -97,7 +97,7 @@ func TestWriteDriverFiles(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			run := t.TempDir()
-			env, err := writeDriverFiles(run, "j.driver.0.g0", api.WorkerSpec{Token: "tok", Heads: []string{"http://a:1", "http://b:2"}, CACert: c.caCert})
+			env, _, err := writeDriverFiles(run, "j.driver.0.g0", api.WorkerSpec{Token: "tok", Heads: []string{"http://a:1", "http://b:2"}, CACert: c.caCert})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -279,5 +279,58 @@ func TestExecLauncherDriverFilesFail(t *testing.T) {
 				t.Errorf("%d descriptors open after 20 failed launches, %d before", after, before)
 			}
 		})
+	}
+}
+
+// TestNoCredentialFileOutlivesItsProcess: the spec and credential files of a launch that
+// fails are removed at once, those of a process when it ends, and those an earlier run of
+// the agent left when it starts again; the spec holds the process's own credential.
+func TestNoCredentialFileOutlivesItsProcess(t *testing.T) {
+	dir := t.TempDir()
+	run := filepath.Join(dir, "run")
+	bin := "/nonexistent/program"
+	l := &ExecLauncher{RunDir: run, LogDir: filepath.Join(dir, "logs"),
+		Binary:     func(context.Context, api.Job) (string, error) { return bin, nil },
+		Credential: func(_ context.Context, s api.WorkerSpec) (string, error) { return "credential-of-" + s.Key(), nil }}
+	left := func() []string {
+		m, _ := filepath.Glob(filepath.Join(run, "*"))
+		return m
+	}
+	for _, driver := range []bool{false, true} {
+		spec := api.WorkerSpec{Job: "j", Gang: "g", Driver: driver, Heads: []string{"http://h:1"}, CACert: "-----BEGIN CERTIFICATE-----\n"}
+		if _, err := l.Launch(context.Background(), spec, api.Job{Name: "j"}); err == nil {
+			t.Fatal("a launch of a missing program started")
+		}
+		if f := left(); len(f) != 0 {
+			t.Errorf("driver %v: a failed launch left %v", driver, f)
+		}
+	}
+	bin = "/bin/true"
+	for _, driver := range []bool{false, true} {
+		spec := api.WorkerSpec{Job: "j", Gang: "g", Driver: driver, Heads: []string{"http://h:1"}, CACert: "-----BEGIN CERTIFICATE-----\n"}
+		h, err := l.Launch(context.Background(), spec, api.Job{Name: "j"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-h.Done()
+		if f := left(); len(f) != 0 {
+			t.Errorf("driver %v: an ended process left %v", driver, f)
+		}
+	}
+	// The spec holds the credential the launcher got, never another.
+	spec, err := writeWorkerSpec(run, "x", api.WorkerSpec{Token: "credential-of-x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := api.ReadWorkerSpec(spec); err != nil || s.Token != "credential-of-x" {
+		t.Fatalf("spec: %+v %v", s, err)
+	}
+	for _, f := range []string{"a.token", "a.ca.crt"} {
+		if err := os.WriteFile(filepath.Join(run, f), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := removeRunFiles(run); n != 3 || len(left()) != 0 {
+		t.Errorf("removeRunFiles removed %d, left %v", n, left())
 	}
 }

@@ -15,18 +15,23 @@ import (
 	"github.com/atoll-run/atoll/internal/pki"
 )
 
-// CertRequest asks a head to sign a certificate for a process (POST /v1/certs, with the
-// cluster token): Name names the process (its certificate's subject), CSR is a PEM
-// certificate request.
+// CertRequest asks a head to sign a certificate for a process (POST /v1/certs, with a
+// token): Name names the process (its certificate's subject), CSR is a PEM certificate
+// request. Principal is the principal the certificate grants (runtime/authz): "" for the
+// token's own (admin for the cluster token); a scoped token gets a certificate for its
+// own principal only, the cluster token one for any.
 type CertRequest struct {
-	Name string `json:"name"`
-	CSR  string `json:"csr"`
+	Name      string `json:"name"`
+	CSR       string `json:"csr"`
+	Principal string `json:"principal,omitempty"`
 }
 
-// CertReply is the signed certificate and the cluster CA's, both PEM.
+// CertReply is the signed certificate and the cluster CA's, both PEM, and the principal
+// the certificate grants.
 type CertReply struct {
-	Cert string `json:"cert"`
-	CA   string `json:"ca"`
+	Cert      string `json:"cert"`
+	CA        string `json:"ca"`
+	Principal string `json:"principal,omitempty"`
 }
 
 // Secure reports whether the heads are reached over TLS (every URL https); a mix of
@@ -50,6 +55,12 @@ func Secure(heads []string) (bool, error) {
 // and returns the identity for mutual TLS on every later link. The private key never
 // leaves this process. It retries until ctx ends.
 func RequestIdentity(ctx context.Context, heads []string, token string, caPEM []byte, name string) (*pki.Identity, error) {
+	return RequestIdentityAs(ctx, heads, token, caPEM, name, "")
+}
+
+// RequestIdentityAs is RequestIdentity for a certificate that grants principal (see
+// CertRequest.Principal).
+func RequestIdentityAs(ctx context.Context, heads []string, token string, caPEM []byte, name, principal string) (*pki.Identity, error) {
 	if err := pki.ValidName(name); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
@@ -61,7 +72,7 @@ func RequestIdentity(ctx context.Context, heads []string, token string, caPEM []
 	if err != nil {
 		return nil, err
 	}
-	body, _ := json.Marshal(CertRequest{Name: name, CSR: string(csr)})
+	body, _ := json.Marshal(CertRequest{Name: name, CSR: string(csr), Principal: principal})
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = trust
 	hc := &http.Client{Transport: tr, Timeout: 5 * time.Second}
@@ -93,7 +104,7 @@ func RequestIdentity(ctx context.Context, heads []string, token string, caPEM []
 				if resp.StatusCode == http.StatusUnauthorized {
 					return nil, fmt.Errorf("%w: %s refused the cluster token when asked for a certificate (is this the right token file?)", ErrUnauthenticated, h)
 				}
-				if errors.Is(err, ErrInvalid) {
+				if errors.Is(err, ErrInvalid) || errors.Is(err, ErrForbidden) {
 					return nil, err
 				}
 				last = fmt.Errorf("%s: %w", h, err)

@@ -45,6 +45,7 @@ var errorKinds = []struct {
 	{"stale", ErrStale, http.StatusGone},
 	{"unavailable", ErrUnavailable, http.StatusServiceUnavailable},
 	{"unauthenticated", ErrUnauthenticated, http.StatusUnauthorized},
+	{"forbidden", ErrForbidden, http.StatusForbidden},
 	{"saturated", ErrSaturated, http.StatusTooManyRequests},
 	{"too_large", ErrTooLarge, http.StatusRequestEntityTooLarge},
 }

@@ -55,6 +55,14 @@ const (
 	// EventMachineUncordoned: its cordon was lifted.
 	EventMachineCordoned   EventKind = "machine_cordoned"
 	EventMachineUncordoned EventKind = "machine_uncordoned"
+	// EventRefused: a request outside its caller's role was refused (403): By names the
+	// principal, Action the table's action, Reason the route and what it would have
+	// touched. EventAdminWrite: an action only admin may take was taken (By, Action;
+	// Reason: what it wrote). EventCredentialRevoked: a credential was revoked (Reason:
+	// its id and principal).
+	EventRefused           EventKind = "refused"
+	EventAdminWrite        EventKind = "admin_write"
+	EventCredentialRevoked EventKind = "credential_revoked"
 )
 
 // Event is one entry of the control plane's event log (table events/): a decision of the
@@ -75,6 +83,10 @@ type Event struct {
 	Machines []string           `json:"machines,omitempty"`
 	Islands  int                `json:"islands,omitempty"`
 	Scores   map[string]float64 `json:"scores,omitempty"`
+	// By and Action name who did what, in an audit event (EventRefused, EventAdminWrite,
+	// EventCredentialRevoked): a principal and an action of runtime/authz's table.
+	By     string `json:"by,omitempty"`
+	Action string `json:"action,omitempty"`
 }
 
 // EventKey is an event's key in its table (sorted by sequence number).
@@ -101,6 +113,12 @@ func (e Event) String() string {
 		fmt.Fprintf(&b, " %s", e.Job)
 	case e.Machine != "":
 		fmt.Fprintf(&b, " %s", e.Machine)
+	}
+	if e.By != "" {
+		fmt.Fprintf(&b, " by %s", e.By)
+	}
+	if e.Action != "" {
+		fmt.Fprintf(&b, " (%s)", e.Action)
 	}
 	if len(e.Machines) > 0 {
 		fmt.Fprintf(&b, " on %s (%d island(s))", strings.Join(e.Machines, ","), e.Islands)

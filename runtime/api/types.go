@@ -31,6 +31,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/topology"
 )
@@ -48,6 +49,7 @@ const (
 	TableConfig      = string(meta.TableConfig)
 	TableOwners      = string(meta.TableOwners)
 	TableControl     = string(meta.TableControl)
+	TableAuth        = string(meta.TableAuth)
 	// SchedulerConfigKey is the key of the SchedulerConfig record.
 	SchedulerConfigKey = TableConfig + "scheduler"
 	// TermKey is the key of the ControlTerm record: the leader term, counted in the log.
@@ -88,6 +90,9 @@ var (
 	ErrUnavailable = errors.New("atoll: no leader head available")
 	// ErrUnauthenticated: the cluster refused our credentials.
 	ErrUnauthenticated = errors.New("atoll: not authenticated")
+	// ErrForbidden: our credentials do not allow this (HTTP 403): the answer names the
+	// role and the action (runtime/authz's table).
+	ErrForbidden = authz.ErrForbidden
 )
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -708,8 +713,11 @@ type Binary struct {
 type Job struct {
 	Name  string   `json:"name"`
 	State JobState `json:"state"`
-	// Driver names who submitted it (host and pid).
+	// Driver names who submitted it (host and pid); Principal is the principal that
+	// submitted it (runtime/authz; the head sets it): a driver of one job acts on the jobs
+	// it submitted too. Empty in a record written before principals, read as admin.
 	Driver    string    `json:"driver,omitempty"`
+	Principal string    `json:"principal,omitempty"`
 	Submitted time.Time `json:"submitted"`
 	Stopped   time.Time `json:"stopped,omitempty"`
 	// Binary, Args and Env say how agents start the job's workers: the driver's own
@@ -763,6 +771,9 @@ type Owner struct {
 	PID     int       `json:"pid,omitempty"`
 	Started time.Time `json:"started"`
 	Renewed time.Time `json:"renewed"`
+	// Principal is the driver's principal (runtime/authz): a driver of one job owns that
+	// job's objects only; empty in a record written before principals, read as admin.
+	Principal string `json:"principal,omitempty"`
 }
 
 // How often a driver renews its Owner record, and how long an unrenewed one is trusted.

@@ -11,7 +11,8 @@ import (
 // references.
 
 // WorkerEnv is the environment variable that makes a program a worker: it names the
-// worker's spec file (JSON, mode 0600, holding the cluster token among the rest).
+// worker's spec file (JSON, mode 0600, holding the worker's own credential among the rest;
+// the agent removes it when the worker ends).
 const WorkerEnv = "ATOLL_WORKER"
 
 // ExitPermanent is the exit status of a worker process that a restart cannot help (an
@@ -49,9 +50,13 @@ type WorkerSpec struct {
 	// yet: its driver brings it in (Gang.Yield).
 	World []int `json:"world,omitempty"`
 	Epoch int   `json:"epoch,omitempty"`
-	// Heads are the heads' API URLs, Token the cluster secret.
-	Heads []string `json:"heads"`
-	Token string   `json:"token"`
+	// Heads are the heads' API URLs. Token is the process's own credential, a scoped token
+	// (runtime/authz) for worker/<job>/<gang>/<rank>, or for driver/<job> for a submitted
+	// driver, that ends with its job: never the cluster token. LinkKey is the secret of the
+	// cluster's process links (actor remote, collectives, transfer plane).
+	Heads   []string `json:"heads"`
+	Token   string   `json:"token"`
+	LinkKey string   `json:"link_key,omitempty"`
 	// CACert is the cluster CA's certificate (PEM) when the cluster runs mutual TLS: the
 	// worker gets a certificate of its own from the heads with it and the token.
 	CACert string `json:"ca_cert,omitempty"`
@@ -77,7 +82,7 @@ func ReadWorkerSpec(path string) (WorkerSpec, error) {
 		return WorkerSpec{}, fmt.Errorf("atoll worker: spec %s: %w", path, err)
 	}
 	if st.Mode().Perm()&0o077 != 0 {
-		return WorkerSpec{}, fmt.Errorf("atoll worker: spec %s has mode %v: it holds the cluster token and must be readable by its owner only (0600)", path, st.Mode().Perm())
+		return WorkerSpec{}, fmt.Errorf("atoll worker: spec %s has mode %v: it holds the worker's credential and must be readable by its owner only (0600)", path, st.Mode().Perm())
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/member"
 	"github.com/atoll-run/atoll/store/meta/metaserver"
 	"github.com/atoll-run/atoll/store/paxos"
@@ -146,7 +147,7 @@ func Start(cfg Config) (*Head, error) {
 	}
 	h := &Head{cfg: cfg, log: log}
 	if cfg.CA != nil {
-		id, err := cfg.CA.IssueIdentity(fmt.Sprintf("head-%d", cfg.ID), apiHosts(cfg)...)
+		id, err := cfg.CA.IssueIdentityGrant(fmt.Sprintf("head-%d", cfg.ID), pki.Grant{URI: authz.Grant(authz.Head(), "", false)}, apiHosts(cfg)...)
 		if err != nil {
 			return nil, fmt.Errorf("head %d: its certificate: %w", cfg.ID, err)
 		}

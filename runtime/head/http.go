@@ -2,7 +2,6 @@ package head
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/meta/metaserver"
 	"github.com/atoll-run/atoll/store/paxos"
@@ -35,7 +35,8 @@ const (
 )
 
 // API is the head's HTTP API: the metadata log's client API (store/meta's Handler) plus the
-// control plane's. Every request needs the cluster token as a bearer token. Control
+// control plane's. Every request needs a token (the cluster token, or a scoped one) as a
+// bearer token, and is decided by its caller's role (authz.go). Control
 // requests reach the controller only on the leader; followers answer 421 with the leader's
 // id, which api.Client follows.
 type API struct {
@@ -52,6 +53,11 @@ type API struct {
 	ca *pki.CA
 	// dashboard is the dashboard's URL with its token, for the cluster status (nil: none).
 	dashboard func() string
+	// authn authenticates requests, state answers what decisions read, limit bounds the
+	// audit events (authz.go).
+	authn *authz.Authenticator
+	state stateView
+	limit auditLimiter
 }
 
 // RequireClientCerts turns mutual TLS on for the API: a process holding the token gets a
@@ -59,54 +65,30 @@ type API struct {
 // Serve the API with the CA's identity's BootstrapServer configuration.
 func (a *API) RequireClientCerts(ca *pki.CA) { a.ca = ca }
 
-// signCert signs a process's certificate request.
-func (a *API) signCert(w http.ResponseWriter, r *http.Request) {
-	if a.ca == nil {
-		a.answer(w, r, nil, fmt.Errorf("%w: this head runs without TLS: it signs no certificates", api.ErrInvalid))
-		return
-	}
-	body, err := readBody(w, r, 64<<10)
-	if err != nil {
-		a.answer(w, r, nil, err)
-		return
-	}
-	var req api.CertRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		a.answer(w, r, nil, fmt.Errorf("%w: /v1/certs: %v", api.ErrInvalid, err))
-		return
-	}
-	if err := pki.ValidName(req.Name); err != nil {
-		a.answer(w, r, nil, fmt.Errorf("%w: /v1/certs: %v", api.ErrInvalid, err))
-		return
-	}
-	cert, err := a.ca.SignCSR([]byte(req.CSR), req.Name)
-	if err != nil {
-		a.answer(w, r, nil, fmt.Errorf("%w: /v1/certs: %v", api.ErrInvalid, err))
-		return
-	}
-	a.log.Info("certificate signed", zap.String("name", req.Name), zap.String("remote", r.RemoteAddr))
-	writeJSON(w, http.StatusOK, api.CertReply{Cert: string(cert), CA: string(a.ca.CertPEM)})
-}
-
 // NewAPI returns the API of one head.
 func NewAPI(ctl *Controller, rep *paxos.Replica, sm *metaserver.StateMachine, token string, heads func() []api.HeadInfo, log *zap.Logger) *API {
 	if log == nil {
 		log = zap.NewNop()
 	}
 	a := &API{ctl: ctl, rep: rep, sm: sm, token: token, heads: heads, log: log.Named("api"),
-		meta: &metaserver.Handler{Replica: rep, SM: sm, Token: token, Logger: log}}
+		meta:  &metaserver.Handler{Replica: rep, SM: sm, Token: token, Logger: log},
+		authn: newAuthenticator(token, sm), state: stateView{sm: sm}}
+	a.meta.Authenticated = func(r *http.Request) bool { _, ok := identityOf(r); return ok }
 	m := http.NewServeMux()
 	for _, p := range []string{"/v1/get", "/v1/range", "/v1/status", "/v1/members/"} {
 		m.Handle(p, a.meta)
 	}
-	m.HandleFunc("POST /v1/certs", a.signCert)
+	a.authRoutes(m) // POST /v1/certs, /v1/txn, /v1/tokens, GET /v1/whoami
 	m.Handle("/v1/propose", timedProposals(ctl.obs, a.meta))
 	m.HandleFunc("GET /v1/list", a.list)
 	m.HandleFunc("GET /v1/watch", a.watch)
 	m.HandleFunc("GET /v1/cluster", a.cluster)
 	m.HandleFunc("POST /v1/machines/register", post(a, func(ctx context.Context, m api.Machine) (any, error) { return ctl.RegisterMachine(ctx, m) }))
 	m.HandleFunc("POST /v1/machines/load", post(a, func(_ context.Context, r api.LoadReport) (any, error) { return nil, ctl.ReportLoad(r) }))
-	m.HandleFunc("POST /v1/jobs", post(a, func(ctx context.Context, j api.Job) (any, error) { return ctl.SubmitJob(ctx, j) }))
+	m.HandleFunc("POST /v1/jobs", postReq(a, func(r *http.Request, j api.Job) (any, error) {
+		j.Principal = principalOf(r) // the job is its submitter's (authz.go)
+		return ctl.SubmitJob(a.ctx(r), j)
+	}))
 	m.HandleFunc("POST /v1/jobs/stop", func(w http.ResponseWriter, r *http.Request) {
 		a.answer(w, r, nil, a.ctl.StopJob(a.ctx(r), r.URL.Query().Get("job")))
 	})
@@ -147,23 +129,9 @@ func NewAPI(ctl *Controller, rep *paxos.Replica, sm *metaserver.StateMachine, to
 	return a
 }
 
-// ServeHTTP implements http.Handler.
-func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	got := r.Header.Get("Authorization")
-	if subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+a.token)) != 1 {
-		a.log.Warn("unauthenticated request refused", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
-		writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: a cluster token is required", Kind: "unauthenticated"})
-		return
-	}
-	if a.ca != nil && !(r.Method == http.MethodPost && r.URL.Path == "/v1/certs") {
-		if _, ok := pki.Verified(r.TLS); !ok {
-			a.log.Warn("request without a client certificate refused", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
-			writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: a client certificate of the cluster CA is required (POST /v1/certs with the token gets one)", Kind: "unauthenticated"})
-			return
-		}
-	}
-	a.mux.ServeHTTP(w, r)
-}
+// ServeHTTP implements http.Handler: each request is authenticated and decided against
+// runtime/authz's table before it is served (authz.go).
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.serveAuthorized(w, r) }
 
 type ctxKey struct{}
 

@@ -107,7 +107,7 @@ func (c *Client) do(ctx context.Context, fn func(ctx context.Context, conn Conn)
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, ErrBadRequest) || errors.Is(err, ErrStaleRequest) || errors.Is(err, ErrUnauthenticated) {
+		if errors.Is(err, ErrBadRequest) || errors.Is(err, ErrStaleRequest) || errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrForbidden) {
 			return err
 		}
 		last = err

@@ -96,6 +96,8 @@ func (c HTTPConn) call(ctx context.Context, method, path string, body []byte) ([
 		return nil, resp.StatusCode, fmt.Errorf("meta: %s: %s: %w", c.BaseURL, eb.Error, ErrBadRequest)
 	case http.StatusUnauthorized:
 		return nil, resp.StatusCode, fmt.Errorf("meta: the head at %s refused this client's token (401): check the client's cluster token: %w", c.BaseURL, ErrUnauthenticated)
+	case http.StatusForbidden:
+		return nil, resp.StatusCode, fmt.Errorf("meta: %s: %s: %w", c.BaseURL, eb.Error, ErrForbidden)
 	}
 	return nil, resp.StatusCode, fmt.Errorf("meta: %s %s: status %d: %s", method, path, resp.StatusCode, out)
 }
@@ -143,7 +145,7 @@ func isRemoteAlert(err error) bool {
 
 // Propose implements Conn.
 func (c HTTPConn) Propose(ctx context.Context, req []byte) ([]byte, error) {
-	out, _, err := c.call(ctx, http.MethodPost, "/v1/propose", req)
+	out, _, err := c.call(ctx, http.MethodPost, "/v1/txn", req)
 	return out, err
 }
 

@@ -23,6 +23,9 @@ var (
 	// ErrUnauthenticated means a head refused the client's token (HTTP 401): the client's
 	// token is wrong, not the head. It is not retried.
 	ErrUnauthenticated = errors.New("meta: token refused")
+	// ErrForbidden means a head refused the request for the client's role (HTTP 403): the
+	// client may not write those keys. It is not retried.
+	ErrForbidden = errors.New("meta: forbidden")
 )
 
 // Table is a key prefix for one kind of record. Every key written through the client API
@@ -54,6 +57,9 @@ const (
 	// workload the scheduler learned (the runtime's api.ControlTerm, api.Cordon,
 	// api.LearnedCosts).
 	TableControl Table = "control/"
+	// TableAuth holds what the heads decide authorization with: the revoked credentials
+	// (auth/revoked/<id>, the runtime's api.Revocation).
+	TableAuth Table = "auth/"
 )
 
 // AllTables lists every table: the one place that says which key prefixes exist. Adding a
@@ -73,6 +79,7 @@ func AllTables() []Table {
 		TableConfig,
 		TableOwners,
 		TableControl,
+		TableAuth,
 	}
 }
 

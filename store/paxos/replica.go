@@ -566,6 +566,12 @@ func (r *Replica) handleReady() error {
 				out = r.sm.Apply(e.Slot, e.Data)
 			case e.Type == EntryConfig:
 				r.applyConf(e)
+				// The new configuration is in Status before the change's proposer is
+				// answered: it reads Status next (the membership API answers with it).
+				st := r.node.Status()
+				r.mu.Lock()
+				r.status.Epoch, r.status.Members = st.Epoch, st.Members
+				r.mu.Unlock()
 			}
 			r.applied = max(r.applied, e.Slot)
 			if p, ok := r.waiting[e.Slot]; ok {

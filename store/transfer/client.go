@@ -339,6 +339,8 @@ func remoteErr(addr string, f Frame) error {
 		base = ErrObjectLost
 	case CodeBadFrame:
 		base = ErrBadFrame
+	case CodeDenied:
+		base = ErrDenied
 	default:
 		base = ErrRemote
 	}

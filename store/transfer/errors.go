@@ -23,6 +23,9 @@ var (
 	ErrRange = errors.New("transfer: range outside region")
 	// ErrClosed: the connection or server is closed.
 	ErrClosed = errors.New("transfer: closed")
+	// ErrDenied: the server's Authorize refused this peer the object (its certificate's
+	// principal may not read it).
+	ErrDenied = errors.New("transfer: denied")
 	// ErrRemote: the server failed for another reason (message attached).
 	ErrRemote = errors.New("transfer: remote error")
 )

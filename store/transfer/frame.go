@@ -65,6 +65,7 @@ const (
 	CodeRange
 	CodeLost
 	CodeBadFrame
+	CodeDenied
 )
 
 // Frame is a decoded frame; which fields matter depends on Type.

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -92,8 +93,12 @@ type ServerConfig struct {
 	// present a certificate that ClientCAs verifies (ClientAuth is forced to
 	// tls.RequireAndVerifyClientCert) and then still prove the token. Chunks go
 	// through TLS records, so Sendfile does not apply.
-	TLS    *tls.Config
-	Logger *zap.Logger
+	TLS *tls.Config
+	// Authorize, when set, decides each object a peer opens, by the peer's verified client
+	// certificate (nil without TLS): an error refuses it (CodeDenied, ErrDenied at the
+	// puller). It must be safe for concurrent use.
+	Authorize func(ctx context.Context, peer *x509.Certificate, id object.ID) error
+	Logger    *zap.Logger
 	// Metrics, default unregistered counters.
 	Metrics *Metrics
 }
@@ -346,7 +351,8 @@ func (s *Server) serveConn(raw net.Conn, connID uint64) {
 			r.close()
 		}
 	}()
-	var sc syscall.RawConn // for sendfile; nil if c is not a plain TCP connection
+	var peer *x509.Certificate // the client's verified certificate, under TLS
+	var sc syscall.RawConn     // for sendfile; nil if c is not a plain TCP connection
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 		sc, _ = tc.SyscallConn()
@@ -361,6 +367,9 @@ func (s *Server) serveConn(raw net.Conn, connID uint64) {
 			return
 		}
 		c, sc = tc, nil
+		if st := tc.ConnectionState(); len(st.VerifiedChains) > 0 && len(st.VerifiedChains[0]) > 0 {
+			peer = st.VerifiedChains[0][0]
+		}
 	}
 	if err := serverHandshake(c, s.cfg.Token, deadline); err != nil {
 		s.m.err(reasonAuth)
@@ -383,6 +392,15 @@ func (s *Server) serveConn(raw net.Conn, connID uint64) {
 		}
 		switch f.Type {
 		case FrameOpen:
+			if s.cfg.Authorize != nil {
+				if err := s.cfg.Authorize(ctx, peer, f.Object); err != nil {
+					log.Info("object refused", zap.Stringer("object", f.Object), zap.Error(err))
+					if s.sendErr(c, f.ReqID, CodeDenied, err) != nil {
+						return
+					}
+					continue
+				}
+			}
 			r, err := s.src.OpenRegion(ctx, f.Object)
 			if err != nil {
 				code := CodeInternal

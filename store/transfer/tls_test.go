@@ -12,6 +12,9 @@ import (
 	"errors"
 	"math/big"
 	"net"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -184,5 +187,71 @@ func TestServerTLSConfigValidated(t *testing.T) {
 	}
 	if srv.cfg.TLS.ClientAuth != tls.RequireAndVerifyClientCert || c.TLS.ClientAuth != tls.NoClientCert {
 		t.Fatal("client certificates not required, or the caller's config changed")
+	}
+}
+
+// TestAuthorizeDecidesByThePeer: a server's Authorize sees the peer's verified
+// certificate and decides each object it opens; a refused peer gets ErrDenied and no
+// byte, an admitted one pulls.
+func TestAuthorizeDecidesByThePeer(t *testing.T) {
+	ca := newTestCA(t, "cluster CA")
+	src := newNode(t, zaptest.NewLogger(t), nil)
+	ctx := ctxT(t)
+	data := randBytes(1<<20+3, 5)
+	id, _ := src.store.Put(ctx, "o", data)
+	m, _ := NewMetrics(prometheus.NewRegistry())
+	scfg := DefaultServerConfig()
+	scfg.Token, scfg.Logger, scfg.Metrics, scfg.TLS = testToken, zaptest.NewLogger(t), m, ca.serverTLS(t, "agent-1")
+	var mu sync.Mutex
+	var seen []string
+	scfg.Authorize = func(_ context.Context, peer *x509.Certificate, oid object.ID) error {
+		if peer == nil || oid != id {
+			return errors.New("no certificate, or another object")
+		}
+		mu.Lock()
+		seen = append(seen, peer.Subject.CommonName)
+		mu.Unlock()
+		if peer.Subject.CommonName != "reader" {
+			return errors.New(peer.Subject.CommonName + " may not read it")
+		}
+		return nil
+	}
+	srv, err := NewServer(scfg, StoreSource{src.store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, err := srv.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+
+	bad := newNode(t, zaptest.NewLogger(t), func(c *ClientConfig) { c.TLS = ca.clientTLS(t, "intruder") })
+	if err := bad.client.Pull(ctx, bad.store, id, []string{addr}, PullOptions{}); err == nil || bad.store.Contains(id) {
+		t.Fatalf("a refused peer pulled: %v", err)
+	}
+	cc := DefaultClientConfig()
+	cc.Token, cc.TLS = testToken, ca.clientTLS(t, "intruder")
+	cl, err := NewClient(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	cn, err := cl.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cn.Open(ctx, id); !errors.Is(err, ErrDenied) || !strings.Contains(err.Error(), "intruder may not read it") {
+		t.Fatalf("open: %v, want ErrDenied with the reason", err)
+	}
+	cn.Close()
+	good := newNode(t, zaptest.NewLogger(t), func(c *ClientConfig) { c.TLS = ca.clientTLS(t, "reader") })
+	if err := good.client.Pull(ctx, good.store, id, []string{addr}, PullOptions{}); err != nil {
+		t.Fatalf("an admitted peer: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !bytes.Equal(getBytes(t, good.store, id), data) || !slices.Contains(seen, "intruder") || !slices.Contains(seen, "reader") {
+		t.Fatalf("bytes or the peers seen (%v) differ", seen)
 	}
 }
