@@ -104,7 +104,7 @@ func (g *Gang) Yield(ctx context.Context, n Notice) error {
 		step := g.lastStep
 		g.mu.Unlock()
 		if err := c.client.Yield(ctx, api.Yield{Job: g.job, Gang: g.name, UID: n.uid, Generation: n.Generation, Checkpointed: checkpointed, Step: step}); err != nil {
-			return fmt.Errorf("sdk: yield gang %s: %w", g.key, err)
+			return fmt.Errorf("sdk: yield gang %s: %w", g.key, staleToo(err))
 		}
 		return g.awaitRecord(ctx, func(r api.Gang) bool { return r.Generation > n.Generation || !r.State.Live() })
 	case NoticeShrink:
@@ -140,7 +140,7 @@ func (g *Gang) takeWorld(ctx context.Context, n Notice, members []int, state str
 	c := g.c
 	epoch := n.epoch + 1
 	if err := c.client.TakeWorld(ctx, api.WorldChange{Job: g.job, Gang: g.name, UID: n.uid, Generation: n.Generation, Epoch: epoch, Members: members}); err != nil {
-		return fmt.Errorf("sdk: resize gang %s: %w", g.key, err)
+		return fmt.Errorf("sdk: resize gang %s: %w", g.key, staleToo(err))
 	}
 	if err := g.awaitRecord(ctx, func(r api.Gang) bool {
 		return r.Generation != n.Generation || (r.World != nil && r.World.Epoch >= epoch)
@@ -306,4 +306,14 @@ func (w *cell) takeWorld(ctx *Context, req worldReq) error {
 		return r.Resized(ctx)
 	}
 	return nil
+}
+
+// staleToo makes the head's answer that a generation has ended (api.ErrStale) also wrap
+// the SDK's ErrStale: a notice the leader carried out itself, past its deadline, is
+// answered so.
+func staleToo(err error) error {
+	if errors.Is(err, api.ErrStale) && !errors.Is(err, ErrStale) {
+		return fmt.Errorf("%w: %w", ErrStale, err)
+	}
+	return err
 }

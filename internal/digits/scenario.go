@@ -217,7 +217,12 @@ func (t *trainer) take(ctx context.Context, n sdk.Notice) error {
 		err := t.g.Checkpoint(ctx, t.step) // just in time: nothing is lost
 		t.checkpointed = err == nil && (n.Deadline.IsZero() || time.Now().Before(n.Deadline))
 		if err := t.g.Yield(ctx, n); err != nil {
-			return err
+			if !errors.Is(err, sdk.ErrStale) {
+				return err
+			}
+			// Past its deadline the leader stopped the gang itself; it is queued again
+			// all the same.
+			t.live.note(fmt.Sprintf("%s: the stop was carried out before the notice was taken (%v)", t.name, err))
 		}
 		t.live.note(fmt.Sprintf("%s: stopped and queued again (checkpoint of step %d taken on notice: %v); waiting to be placed", t.name, at, t.checkpointed))
 		if _, err := t.g.AwaitRunning(ctx, n.Generation+1); err != nil {
@@ -236,17 +241,47 @@ func (t *trainer) take(ctx context.Context, n sdk.Notice) error {
 		err := t.g.Checkpoint(ctx, t.step) // the state is durable before members go
 		t.checkpointed = err == nil && (n.Deadline.IsZero() || time.Now().Before(n.Deadline))
 		if err := t.g.Yield(ctx, n); err != nil {
-			return err
+			if !errors.Is(err, sdk.ErrStale) {
+				return err
+			}
+			// Past its deadline the leader carried the shrink out itself: the gang restarts
+			// at its new size from its newest checkpoint. Follow it there.
+			if err := t.followRestart(ctx, n); err != nil {
+				return err
+			}
 		}
 		to := t.g.Size()
 		t.shrunkTo, t.resumed = &to, true
 		t.record(n, start)
 	case sdk.NoticeGrow:
 		if err := t.g.Yield(ctx, n); err != nil {
-			return err
+			if !errors.Is(err, sdk.ErrStale) {
+				return err
+			}
+			if err := t.followRestart(ctx, n); err != nil { // the gang restarted meanwhile
+				return err
+			}
 		}
 		t.record(n, start)
 	}
+	return nil
+}
+
+// followRestart follows a gang whose notice ended with its generation (the leader acted
+// alone past the deadline, or the gang failed meanwhile): it waits for the next
+// generation and resumes from the step its workers restored.
+func (t *trainer) followRestart(ctx context.Context, n sdk.Notice) error {
+	at := t.step
+	if _, err := t.g.AwaitRunning(ctx, n.Generation+1); err != nil {
+		return err
+	}
+	step, err := resync(ctx, t.c, t.g)
+	if err != nil {
+		return err
+	}
+	t.res.StepsLost += max(0, at-step)
+	t.step = step
+	t.live.note(fmt.Sprintf("%s: %s notice carried out by the leader past its deadline; resumed at step %d with %d workers", t.name, n.Kind, step, t.g.Size()))
 	return nil
 }
 
