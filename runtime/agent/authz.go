@@ -152,81 +152,80 @@ func newAgentState(a *Agent) *agentState {
 // MemberMachine implements authz.State: no decision on an agent needs it.
 func (s *agentState) MemberMachine(string, string, int) (string, bool) { return "", false }
 
-// OwnerPrincipal implements authz.State.
-func (s *agentState) OwnerPrincipal(owner string) (authz.Principal, bool) {
+// lookup answers key from m while its entry is younger than cacheTTL, else asks the
+// heads (fetch) and caches the answer. On an error it returns the entry it had, if any
+// (hit says whether there was one).
+func lookup[T any](s *agentState, m map[string]cached[T], key string, fetch func(context.Context) (T, bool, error)) (c cached[T], hit bool, err error) {
 	s.mu.Lock()
-	c, hit := s.owners[owner]
+	c, hit = m[key]
 	s.mu.Unlock()
 	if hit && time.Since(c.when) < cacheTTL || s.a.client == nil {
-		return c.v, c.ok
+		return c, hit, nil
 	}
 	ctx, cancel := context.WithTimeout(s.a.ctx, 5*time.Second)
 	defer cancel()
-	var o api.Owner
-	found, err := s.a.client.Get(ctx, api.TableOwners+owner, &o)
+	v, ok, err := fetch(ctx)
+	if err != nil {
+		return c, hit, err
+	}
+	c = cached[T]{v: v, ok: ok, when: time.Now()}
+	s.mu.Lock()
+	m[key] = c
+	s.mu.Unlock()
+	return c, true, nil
+}
+
+// OwnerPrincipal implements authz.State.
+func (s *agentState) OwnerPrincipal(owner string) (authz.Principal, bool) {
+	c, _, err := lookup(s, s.owners, owner, func(ctx context.Context) (authz.Principal, bool, error) {
+		var o api.Owner
+		found, err := s.a.client.Get(ctx, api.TableOwners+owner, &o)
+		switch {
+		case err != nil || !found:
+			return authz.Principal{}, false, err
+		case o.Principal == "":
+			return authz.Admin(), true, nil
+		}
+		p, err := authz.ParsePrincipal(o.Principal)
+		return p, err == nil, nil
+	})
 	if err != nil {
 		return authz.Principal{}, false
 	}
-	c = cached[authz.Principal]{when: time.Now()}
-	switch {
-	case !found:
-	case o.Principal == "":
-		c.v, c.ok = authz.Admin(), true
-	default:
-		p, err := authz.ParsePrincipal(o.Principal)
-		c.v, c.ok = p, err == nil
-	}
-	s.mu.Lock()
-	s.owners[owner] = c
-	s.mu.Unlock()
 	return c.v, c.ok
 }
 
 // JobPrincipal implements authz.State.
 func (s *agentState) JobPrincipal(job string) (authz.Principal, bool) {
-	s.mu.Lock()
-	c, hit := s.jobs[job]
-	s.mu.Unlock()
-	if hit && time.Since(c.when) < cacheTTL || s.a.client == nil {
-		return c.v, c.ok
-	}
-	ctx, cancel := context.WithTimeout(s.a.ctx, 5*time.Second)
-	defer cancel()
-	var j api.Job
-	found, err := s.a.client.Get(ctx, api.TableJobs+job, &j)
+	c, _, err := lookup(s, s.jobs, job, func(ctx context.Context) (authz.Principal, bool, error) {
+		var j api.Job
+		found, err := s.a.client.Get(ctx, api.TableJobs+job, &j)
+		if err != nil {
+			return authz.Principal{}, false, err
+		}
+		if p, err := authz.ParsePrincipal(j.Principal); err == nil {
+			return p, found, nil
+		}
+		return authz.Admin(), found, nil
+	})
 	if err != nil {
 		return authz.Principal{}, false
 	}
-	c = cached[authz.Principal]{ok: found, when: time.Now(), v: authz.Admin()}
-	if p, err := authz.ParsePrincipal(j.Principal); err == nil {
-		c.v = p
-	}
-	s.mu.Lock()
-	s.jobs[job] = c
-	s.mu.Unlock()
 	return c.v, c.ok
 }
 
 // Revoked reports whether a credential was revoked (unknown, when the heads do not
 // answer: not revoked).
 func (s *agentState) Revoked(id string) bool {
-	s.mu.Lock()
-	c, hit := s.revoked[id]
-	s.mu.Unlock()
-	if hit && time.Since(c.when) < cacheTTL || s.a.client == nil {
-		return c.v
-	}
-	ctx, cancel := context.WithTimeout(s.a.ctx, 5*time.Second)
-	defer cancel()
-	var rev api.Revocation
-	found, err := s.a.client.Get(ctx, api.RevokedKey(id), &rev)
+	c, hit, err := lookup(s, s.revoked, id, func(ctx context.Context) (bool, bool, error) {
+		var rev api.Revocation
+		found, err := s.a.client.Get(ctx, api.RevokedKey(id), &rev)
+		return found, true, err
+	})
 	if err != nil {
 		return hit && c.v
 	}
-	s.mu.Lock()
-	s.revoked[id] = cached[bool]{v: found, ok: true, when: time.Now()}
-	s.mu.Unlock()
-	return found
+	return c.v
 }
 
 // objectOwner is an object's owner: its directory record's (dead or alive).
