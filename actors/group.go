@@ -108,7 +108,8 @@ func (g *Group) memberStarted(name string) {
 func (g *Group) AwaitStarted(ctx context.Context) error {
 	for {
 		g.mu.Lock()
-		n, f, stopped, err, ch, want := len(g.started), g.failure, g.stopped, g.spawnErr, g.changed, len(g.specs)
+		// A member may start before the supervisor has recorded every ref: wait for both.
+		n, f, stopped, err, ch, want := min(len(g.started), len(g.members)), g.failure, g.stopped, g.spawnErr, g.changed, len(g.specs)
 		g.mu.Unlock()
 		switch {
 		case err != nil:
@@ -294,7 +295,7 @@ func (g *Group) Add(ctx context.Context, m MemberSpec) (Ref, error) {
 func (g *Group) AwaitMember(ctx context.Context, name string) error {
 	for {
 		g.mu.Lock()
-		started, f, stopped, ch := g.started[name], g.failed[name], g.stopped, g.changed
+		started, f, stopped, ch := g.started[name] && g.recordedLocked(name), g.failed[name], g.stopped, g.changed
 		g.mu.Unlock()
 		switch {
 		case f != nil:
@@ -310,6 +311,16 @@ func (g *Group) AwaitMember(ctx context.Context, name string) error {
 			return fmt.Errorf("actors: group %q member %s did not start: %w", g.spec.Name, name, ctx.Err())
 		}
 	}
+}
+
+// recordedLocked reports whether the supervisor has recorded the named member's ref.
+func (g *Group) recordedLocked(name string) bool {
+	for i, s := range g.specs {
+		if s.Name == name {
+			return i < len(g.members)
+		}
+	}
+	return false
 }
 
 // MemberRef returns the ref of the named member, or the zero Ref.
