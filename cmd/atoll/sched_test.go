@@ -110,7 +110,9 @@ func TestClusterSchedulerPreempts(t *testing.T) {
 	victim := p["victim"].(map[string]any)
 	if p["victim_shrunk_to"] != nil || p["victim_resumed"] != true || p["victim_checkpointed"] != true || p["victim_steps_lost"].(float64) > 1 ||
 		victim["preemptions"] != 1.0 || victim["restarts"] != 0.0 || p["victim_accuracy"].(float64) < 0.9 {
-		t.Fatalf("preempt --victim-fixed on the cluster: %v", p)
+		// What restarted it (a worker's exit, a machine declared dead) is in the events.
+		evs, _ := exec.Command(bin, "events", "--dir", dir, "--job", "digits-low").CombinedOutput()
+		t.Fatalf("preempt --victim-fixed on the cluster: %v\nthe victim's events:\n%s", p, evs)
 	}
 	if c := p["cost_s"].(map[string]any); c["checkpoint"].(float64) <= 0 || c["restore"].(float64) <= 0 {
 		t.Fatalf("a fixed victim's costs %v: want the measured checkpoint and its restore", c)
