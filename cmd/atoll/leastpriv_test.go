@@ -203,6 +203,10 @@ func attacks(ctx context.Context, c *rawCaller, own string, p probe) []attempt {
 		c.do(ctx, "", "POST", "/v1/tokens", api.TokenRequest{Principal: authz.Worker(p.Victim, p.VictimGang, 0).String()}, "a credential of the victim's worker", authz.ActTokenMint),
 		c.do(ctx, "", "POST", "/v1/tokens/revoke", api.Revocation{ID: "0123456789abcdef"}, "a revocation", authz.ActTokenRevoke),
 		c.do(ctx, "", "POST", "/v1/certs", api.CertRequest{Name: "intruder", CSR: "x", Principal: "admin"}, "an admin certificate", authz.ActCertSign),
+		c.do(ctx, "", "GET", "/v1/get?key="+victimGang, nil, "the victim's gang record read", authz.ActReadJob),
+		c.do(ctx, "", "GET", "/v1/list?prefix="+api.TableJobs+p.Victim, nil, "the victim's job record listed", authz.ActReadJob),
+		c.do(ctx, "", "GET", "/v1/list?prefix="+api.TableEvents, nil, "the event and audit log read", authz.ActReadControl),
+		c.do(ctx, "", "GET", "/v1/range?prefix="+api.TableAuth, nil, "the revocations read", authz.ActReadControl),
 	}
 	agentAPI, _, err := c.victimObject(ctx, p.Object)
 	if err != nil {
@@ -279,7 +283,9 @@ func probeFromWorker(ctx *sdk.Context, p probe) (probeReport, error) {
 	rep.Pull = c.pullVictim(actx, []byte(spec.LinkKey), p.Object)
 	cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
 	defer ccancel()
-	if ref, err := sdk.Lookup(cctx, ctx, p.Victim+"/"+p.VictimGang); err != nil {
+	if ref, err := sdk.Lookup(cctx, ctx, p.Victim+"/"+p.VictimGang); errors.Is(err, sdk.ErrForbidden) {
+		rep.Call = "refused: " + err.Error() // another job's records are not its to read
+	} else if err != nil {
 		rep.Call = "lookup: " + err.Error()
 	} else if n, err := sdk.Call[int](cctx, ctx, ref, bump{}); err != nil {
 		rep.Call = "refused: " + err.Error()
@@ -503,8 +509,13 @@ func TestHostileWorkerAndDriverAreConfined(t *testing.T) {
 	if _, err := sdk.Get(ctx, mc, sdk.Ref[[]byte]{ID: vobj.ID}); err == nil {
 		t.Error("the driver got the victim's object through the SDK")
 	}
-	if ref, err := sdk.Lookup(ctx, mc, "victim/vg"); err != nil {
-		t.Errorf("lookup (a read): %v", err)
+	// Another job's actor is not even found by name (its records are its job's to read);
+	// a ref the victim's driver looked up is refused too.
+	if _, err := sdk.Lookup(ctx, mc, "victim/vg"); !errors.Is(err, sdk.ErrForbidden) {
+		t.Errorf("the driver looked up the victim's actor: %v, want ErrForbidden", err)
+	}
+	if ref, err := sdk.Lookup(ctx, vc, "victim/vg"); err != nil {
+		t.Errorf("the victim's own lookup: %v", err)
 	} else {
 		cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
 		if n, err := sdk.Call[int](cctx, mc, ref, bump{}); err == nil {

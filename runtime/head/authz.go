@@ -51,6 +51,9 @@ type routeRule struct {
 	// check decides instead of action and target (POST /v1/txn: key by key); adminOnly
 	// says the request needed admin (it is audited).
 	check func(a *API, id authz.Identity, body []byte) (adminOnly bool, what string, err error)
+	// key names the query parameter of a log read's key or prefix: its table decides
+	// (authz.ReadOf), and a range's answer keeps only the keys the caller may read.
+	key string
 }
 
 // bodyTarget decodes a JSON body into T and reads the target from it.
@@ -70,15 +73,16 @@ func queryTarget(r *http.Request, _ authz.Identity, _ []byte) (authz.Target, err
 }
 
 func read() routeRule                { return routeRule{action: authz.ActRead} }
+func readKey(param string) routeRule { return routeRule{key: param} }
 func admin(a authz.Action) routeRule { return routeRule{action: a} }
 
 // routeRules maps each route pattern of the API (as its mux registers it) to its rule.
 var routeRules = map[string]routeRule{
-	"/v1/get":                    read(),
-	"/v1/range":                  read(),
+	"/v1/get":                    readKey("key"),
+	"/v1/range":                  readKey("prefix"),
 	"/v1/status":                 read(),
-	"GET /v1/list":               read(),
-	"GET /v1/watch":              read(),
+	"GET /v1/list":               readKey("prefix"),
+	"GET /v1/watch":              readKey("prefix"),
 	"GET /v1/cluster":            read(),
 	"GET /v1/scheduler":          read(),
 	"GET /v1/whoami":             read(),
@@ -312,6 +316,16 @@ func (a *API) serveAuthorized(w http.ResponseWriter, r *http.Request) {
 	case rule.check != nil:
 		action = authz.ActKVControl
 		adminOnly, what, err = rule.check(a, id, body)
+	case rule.key != "":
+		key := r.URL.Query().Get(rule.key)
+		var t authz.Target
+		action, t = authz.ReadOf(key)
+		adminOnly = false // a read changes nothing: no audit of its success
+		if rule.key == "prefix" && action == authz.ActReadJob && t.Job == "" {
+			break // a range over every job's records: answered key by key (readable)
+		}
+		err = authz.Decide(id.Principal, action, t, a.state)
+		what = t.String()
 	default:
 		var t authz.Target
 		if rule.target != nil {
@@ -595,4 +609,17 @@ func (a *API) revoke(ctx context.Context, id authz.Identity, rev api.Revocation)
 	ev := api.Event{Time: rev.Time, Kind: api.EventCredentialRevoked, By: rev.By, Action: string(authz.ActTokenRevoke),
 		Reason: strings.TrimSpace(fmt.Sprintf("credential %s of %s %s", rev.ID, rev.Principal, rev.Reason))}
 	return a.ctl.Revoke(ctx, rev, ev)
+}
+
+// readable is the filter of a log read's answer: nil when the caller reads every key,
+// else whether it may read each key (a range over several jobs keeps the caller's).
+func (a *API) readable(r *http.Request) func(key string) bool {
+	id, ok := identityOf(r)
+	if !ok {
+		return func(string) bool { return false }
+	}
+	if authz.ReadsAll(id.Principal) {
+		return nil
+	}
+	return func(key string) bool { return authz.Readable(id.Principal, key, a.state) }
 }
