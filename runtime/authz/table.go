@@ -19,6 +19,7 @@ const (
 	ActCertSign       Action = "cert.sign"
 	ActTokenMint      Action = "token.mint"
 	ActTokenRevoke    Action = "token.revoke"
+	ActTokenReview    Action = "token.review"
 	ActMachineReport  Action = "machine.report"
 	ActJobSubmit      Action = "job.submit"
 	ActJobWrite       Action = "job.write"
@@ -129,6 +130,7 @@ var table = []Rule{
 	row(ActCertSign, "head `POST /v1/certs` (a certificate for the token's principal)", any_, none, ScopeSelf, ScopeSelf, ScopeSelf),
 	row(ActTokenMint, "head `POST /v1/tokens` (a credential for a worker or a submitted driver placed on the machine)", any_, none, ScopeMachine, none, none),
 	row(ActTokenRevoke, "head `POST /v1/tokens/revoke`", any_, none, none, none, none),
+	row(ActTokenReview, "head `POST /v1/tokens/review` (who a bearer token names: an agent with a scoped credential checks its callers' tokens there)", any_, any_, any_, none, none),
 	row(ActMachineReport, "head `POST /v1/machines/register`, `/v1/machines/load`", any_, none, ScopeMachine, none, none),
 	row(ActJobSubmit, "head `POST /v1/jobs` (a submitted job is its submitter's)", any_, none, none, ScopeNewJob, none),
 	row(ActJobWrite, "head `POST /v1/jobs/stop`", any_, none, none, ScopeJob, none),

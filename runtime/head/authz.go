@@ -3,6 +3,7 @@ package head
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/authz"
+	"github.com/atoll-run/atoll/runtime/member"
 	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/meta/metaserver"
 	"github.com/atoll-run/atoll/store/paxos"
@@ -92,6 +94,7 @@ var routeRules = map[string]routeRule{
 	"POST /v1/certs":             {action: authz.ActCertSign, target: certTarget},
 	"POST /v1/tokens":            {action: authz.ActTokenMint, target: tokenTarget},
 	"POST /v1/tokens/revoke":     admin(authz.ActTokenRevoke),
+	"POST /v1/tokens/review":     {action: authz.ActTokenReview},
 	"POST /v1/audit":             {action: authz.ActAuditReport},
 	"POST /v1/machines/register": {action: authz.ActMachineReport, target: bodyTarget(func(m api.Machine) authz.Target { return authz.Target{Machine: m.Name} })},
 	"POST /v1/machines/load":     {action: authz.ActMachineReport, target: bodyTarget(func(l api.LoadReport) authz.Target { return authz.Target{Machine: l.Machine} })},
@@ -524,8 +527,21 @@ func (a *API) authRoutes(m *http.ServeMux) {
 	m.HandleFunc("POST /v1/certs", a.signCert)
 	m.HandleFunc("GET /v1/whoami", func(w http.ResponseWriter, r *http.Request) {
 		id, _ := identityOf(r)
-		a.answer(w, r, api.WhoAmI{Principal: id.Principal.String(), LinkKey: string(authz.LinkKey([]byte(a.token))), TokenID: id.TokenID}, nil)
+		who := api.WhoAmI{Principal: id.Principal.String(), LinkKey: string(authz.LinkKey([]byte(a.token))), TokenID: id.TokenID}
+		switch id.Principal.Role {
+		case authz.RoleAdmin, authz.RoleHead, authz.RoleAgent: // the processes that gossip and serve /metrics
+			who.GossipKey = hex.EncodeToString(member.GossipKey([]byte(a.token)))
+			who.DashboardToken = api.DashboardToken([]byte(a.token))
+		}
+		a.answer(w, r, who, nil)
 	})
+	m.HandleFunc("POST /v1/tokens/review", postReq(a, func(r *http.Request, req api.TokenReview) (any, error) {
+		id, err := a.authn.Authenticate(req.Token, nil)
+		if err != nil {
+			return api.TokenReviewAnswer{Error: err.Error()}, nil
+		}
+		return api.TokenReviewAnswer{Principal: id.Principal.String(), TokenID: id.TokenID, Expires: id.Expires, JobBound: id.JobBound}, nil
+	}))
 	m.HandleFunc("POST /v1/tokens", postReq(a, func(r *http.Request, req api.TokenRequest) (any, error) { return a.mintToken(req) }))
 	m.HandleFunc("POST /v1/audit", postReq(a, func(r *http.Request, ev api.Event) (any, error) {
 		id, _ := identityOf(r)
