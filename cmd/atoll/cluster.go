@@ -27,6 +27,7 @@ import (
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/pools"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/sdk"
 )
@@ -510,8 +511,8 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		stopProcs(&clusterFile{Agents: started}, 5*time.Second)
 		return nil, st, err
 	}
-	start := func(p *procInfo, args []string) error {
-		pid, err := spawn(p.Log, env, args...)
+	start := func(p *procInfo, args []string, extra ...string) error {
+		pid, err := spawn(p.Log, append(slices.Clone(env), extra...), args...)
 		if err != nil {
 			return fmt.Errorf("start %s: %w", p.Name, err)
 		}
@@ -553,12 +554,17 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		if a.running() {
 			continue
 		}
-		args := append([]string{"agent", "--join", cf.Address, "--name", a.Name, "--machine", cf.Machine, "--dir", a.Dir}, cf.AgentArgs...)
+		args := []string{"agent", "--join", cf.Address, "--name", a.Name, "--machine", cf.Machine, "--dir", a.Dir}
 		if cf.GossipProbe != "" {
 			args = append(args, "--gossip-probe", cf.GossipProbe)
 		}
 		args = append(args, cf.AgentArgs...)
-		if err := start(a, args); err != nil {
+		cred, err := agentCredential(cf.TokenFile, a.Dir, a.Name)
+		if err != nil {
+			return fail(fmt.Errorf("agent %s: its credential: %w", a.Name, err))
+		}
+		// Its own credential, not the cluster token (an env entry later in the list wins).
+		if err := start(a, args, "ATOLL_TOKEN_FILE="+cred); err != nil {
 			return fail(err)
 		}
 	}
@@ -1006,4 +1012,35 @@ func newKillWorkerCmd() *cobra.Command {
 	f.StringVar(&gang, "gang", "", "the gang")
 	f.IntVar(&rank, "rank", 0, "the worker's rank")
 	return cmd
+}
+
+// agentCredentialFile is the name, in an agent's directory, of the credential `up` gives it.
+const agentCredentialFile = "credential"
+
+// agentCredential returns the file of the credential of an agent `up` starts (made once,
+// mode 0600, in its directory): a scoped token of agent/<name>, so that the agent holds
+// no cluster secret and can do only what that machine's agent does (docs/hardening.md).
+func agentCredential(clusterTokenFile, agentDir, name string) (string, error) {
+	path := filepath.Join(agentDir, agentCredentialFile)
+	if b, err := sdk.ReadTokenFile(path); err == nil {
+		if _, p, err := authz.ParseToken([]byte(mustToken(clusterTokenFile)), string(b)); err == nil && p == authz.Agent(name) {
+			return path, nil
+		}
+	}
+	secret, err := sdk.ReadTokenFile(clusterTokenFile)
+	if err != nil {
+		return "", err
+	}
+	tok, _, err := authz.NewToken(secret, authz.Claims{Principal: authz.Agent(name).String()})
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(agentDir, 0o700); err != nil {
+		return "", err
+	}
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(tok+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return path, os.Rename(tmp, path)
 }
