@@ -3,8 +3,12 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 func runCLI(t *testing.T, args ...string) (string, error) {
@@ -156,5 +160,33 @@ func TestBadArgumentsAreRefused(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("atoll %v: %v, want an error mentioning %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// TestFlagPlaceholders checks what --help shows after each flag: pflag takes a backquoted
+// word of a flag's usage as its placeholder, so a usage quoting a command ("of `atoll
+// up`") showed --dir atoll up. A backquoted placeholder is an upper-case word, and a
+// directory flag reads --dir DIR.
+func TestFlagPlaceholders(t *testing.T) {
+	placeholder := regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			name, _ := pflag.UnquoteUsage(f)
+			if strings.Contains(f.Usage, "`") && !placeholder.MatchString(name) {
+				t.Errorf("%s --%s shows the placeholder %q (usage %q): backquote an upper-case word, or none", c.CommandPath(), f.Name, name, f.Usage)
+			}
+			if f.Name == "dir" && name != "DIR" {
+				t.Errorf("%s --dir shows the placeholder %q: want DIR", c.CommandPath(), name)
+			}
+		})
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRootCmd())
+	out, err := runCLI(t, "status", "--help")
+	if err != nil || !strings.Contains(out, "--dir DIR ") || strings.Contains(out, "atoll up`") {
+		t.Errorf("atoll status --help: %v\n%s", err, out)
 	}
 }

@@ -111,6 +111,13 @@ type procInfo struct {
 	Cmdline []string `json:"cmdline,omitempty"`
 }
 
+// The usages of --dir and --address of the commands that reach a running cluster (pflag
+// shows the backquoted word as the flag's placeholder: --dir DIR).
+const (
+	dirUsage     = "the cluster in `DIR`, as atoll up --dir DIR started it"
+	addressUsage = "the cluster at `ADDRESS`, as atoll address prints it (default $ATOLL_ADDRESS)"
+)
+
 const (
 	clusterFileName = "cluster.json"
 	tokenFileName   = "token"
@@ -305,7 +312,7 @@ Existing files are kept.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&dir, "dir", "", "the cluster directory to create")
+	cmd.Flags().StringVar(&dir, "dir", "", "the cluster's directory `DIR` to create")
 	return cmd
 }
 
@@ -403,7 +410,7 @@ another process reuses is never taken for one of them.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "the cluster's directory (created with its secret if new)")
+	f.StringVar(&dir, "dir", "", "the cluster's directory `DIR` (created with its secret if new)")
 	f.IntVar(&agents, "agents", 4, "agent processes (one per declared machine)")
 	f.IntVar(&heads, "heads", 3, "head processes (1, 3 or 5)")
 	f.StringVar(&machine, "machine", "dgx-h100", "the machine each agent declares: a built-in machine or a spec file of one machine (simulated GPUs)")
@@ -775,7 +782,7 @@ func newDownCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&dir, "dir", "", "the cluster's directory")
+	cmd.Flags().StringVar(&dir, "dir", "", "the cluster's directory `DIR`")
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long each process has to stop before it is killed")
 	return cmd
 }
@@ -798,7 +805,7 @@ func newAddressCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&dir, "dir", "", "the cluster's directory")
+	cmd.Flags().StringVar(&dir, "dir", "", "the cluster's directory `DIR`")
 	return cmd
 }
 
@@ -847,8 +854,8 @@ func newStatusCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	f.BoolVar(&asJSON, "json", false, "print JSON: leader, heads, machines, gangs")
 	return cmd
 }
@@ -1001,8 +1008,8 @@ func newKillWorkerCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	f.StringVar(&gang, "gang", "", "the gang")
 	f.IntVar(&rank, "rank", 0, "the worker's rank")
 	return cmd

@@ -78,8 +78,8 @@ default run inside the driver's process and have no log of their own.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	f.StringVar(&gang, "gang", "", "the gang (default: the job's only gang)")
 	f.IntVar(&rank, "rank", 0, "the worker's rank")
 	f.IntVar(&gen, "gen", -1, "the gang generation (default: the newest on the rank's machine)")
