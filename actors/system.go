@@ -198,7 +198,7 @@ func (s *System) startRemote(rc RemoteConfig) error {
 			}
 			if len(rc.Token) > 0 && subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
 				s.log.Warn("unauthenticated remote link refused")
-				return status.Error(codes.Unauthenticated, "atoll: the cluster token is required")
+				return status.Error(codes.Unauthenticated, "actors: the cluster token is required")
 			}
 			if rc.Admit != nil {
 				var cert *x509.Certificate
@@ -209,7 +209,7 @@ func (s *System) startRemote(rc RemoteConfig) error {
 				}
 				if err := rc.Admit(cert); err != nil {
 					s.log.Warn("remote link refused", zap.Error(err))
-					return status.Error(codes.PermissionDenied, "atoll: "+err.Error())
+					return status.Error(codes.PermissionDenied, "actors: "+err.Error())
 				}
 			}
 			return nil

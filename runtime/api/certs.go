@@ -112,7 +112,7 @@ func RequestIdentityAs(ctx context.Context, heads []string, token string, caPEM 
 			}
 			var rep CertReply
 			if err := json.Unmarshal(data, &rep); err != nil {
-				return nil, fmt.Errorf("atoll: decode the certificate from %s: %w", h, err)
+				return nil, fmt.Errorf("api: decode the certificate from %s: %w", h, err)
 			}
 			// Trust the CA we were given, not the one the head sent back.
 			return pki.NewIdentity(caPEM, []byte(rep.Cert), key)
