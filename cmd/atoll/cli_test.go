@@ -3,7 +3,11 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -153,7 +157,7 @@ func TestBadArgumentsAreRefused(t *testing.T) {
 		{[]string{"up"}, "--dir is required"},
 		{[]string{"up", "--dir", t.TempDir(), "--heads", "2"}, "--heads 2"},
 		{[]string{"up", "--dir", t.TempDir(), "--machine", "../../x"}, "--machine"},
-		{[]string{"status", "--dir", t.TempDir()}, "not a running cluster's directory"},
+		{[]string{"status", "--dir", t.TempDir()}, "no cluster runs in"},
 		{[]string{"logs", "../job"}, "job name"},
 	} {
 		_, err := runCLI(t, tc.args...)
@@ -188,5 +192,50 @@ func TestFlagPlaceholders(t *testing.T) {
 	out, err := runCLI(t, "status", "--help")
 	if err != nil || !strings.Contains(out, "--dir DIR ") || strings.Contains(out, "atoll up`") {
 		t.Errorf("atoll status --help: %v\n%s", err, out)
+	}
+}
+
+// TestStoppedClusterAnswersAtOnce runs every command that reaches a cluster against the
+// directory of one that does not run: each says so and what to do (before, status and
+// logs retried for 15 s and printed a certificate error, demo waited for ever), and down
+// says it had nothing to stop.
+func TestStoppedClusterAnswersAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	tf, _, err := initDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := newClusterFile(dir, 3, "dgx-h100", true, "") // its addresses are free: nothing listens
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf.TokenFile = tf
+	cf.Agents = []procInfo{{Name: "node-0", PID: 0, Dir: filepath.Join(dir, "agents", "node-0")}}
+	if err := writeClusterFile(dir, cf); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("no cluster runs in %s: start one with atoll up --dir %s", dir, dir)
+	for _, args := range [][]string{
+		{"status"}, {"status", "--json"}, {"logs", "digits", "--rank", "3"}, {"logs", "digits", "--follow"},
+		{"demo"}, {"demo", "--scenario", "autoscale"}, {"checkpoints", "--json"}, {"events"}, {"dashboard"},
+		{"queues"}, {"drain", "node-0"}, {"undrain", "node-0"}, {"submit", "--dir", dir, "--", "/bin/true"},
+		{"kill-worker", "digits"}, {"token", "revoke", "abc"}, {"token", "revoked"}, {"address"},
+	} {
+		if !slices.Contains(args, "--dir") {
+			args = append(args, "--dir", dir)
+		}
+		_, err := runCLI(t, args...)
+		if !errors.Is(err, errNoCluster) || !strings.Contains(err.Error(), want) {
+			t.Errorf("atoll %s --dir DIR: %v\nwant %q", strings.Join(args, " "), err, want)
+		}
+	}
+	out, err := runCLI(t, "down", "--dir", dir)
+	if err != nil || !strings.Contains(out, "nothing to stop") {
+		t.Errorf("atoll down on a stopped cluster: %v\n%s", err, out)
+	}
+	// An address whose heads do not listen is answered at once too.
+	_, err = runCLI(t, "status", "--address", cf.Address+";token-file="+tf)
+	if !errors.Is(err, errNoCluster) {
+		t.Errorf("atoll status --address of a stopped cluster: %v", err)
 	}
 }
