@@ -1058,6 +1058,9 @@ func newKillWorkerCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("kill-worker: %w", err)
 			}
+			if gang, err = jobGang(ctx, c.Client, job, gang); err != nil {
+				return fmt.Errorf("kill-worker: %w", err)
+			}
 			g, _, err := c.Gang(ctx, job, gang)
 			if err != nil {
 				return fmt.Errorf("kill-worker: %w", err)
@@ -1088,7 +1091,7 @@ func newKillWorkerCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&dir, "dir", "", dirUsage)
 	f.StringVar(&address, "address", "", addressUsage)
-	f.StringVar(&gang, "gang", "", "the gang")
+	f.StringVar(&gang, "gang", "", "the gang (default: the job's only gang)")
 	f.IntVar(&rank, "rank", 0, "the worker's rank")
 	return cmd
 }
