@@ -400,6 +400,13 @@ func checkLinksAreMutualTLS(t *testing.T, address string) {
 		if code, _ := get(d.hc, m.Agent.API+"/v1/workers"); code != http.StatusOK {
 			t.Errorf("agent of %s refused a certified client: %d", m.Name, code)
 		}
+		// A client that checks the host it dialed (curl --cacert DIR/tls/ca.crt) verifies
+		// the agent: its certificate names its address.
+		byHost := d.hc.Transport.(*http.Transport).Clone()
+		byHost.TLSClientConfig.ServerName = ""
+		if code, err := get(&http.Client{Transport: byHost}, m.Agent.API+"/v1/workers"); code != http.StatusOK {
+			t.Errorf("agent of %s, checked by the host dialed: %d %v", m.Name, code, err)
+		}
 		cc := transfer.DefaultClientConfig()
 		cc.Token = []byte(d.token)
 		cl, err := transfer.NewClient(cc)
