@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/atoll-run/atoll/pools"
 )
 
 func runCLI(t *testing.T, args ...string) (string, error) {
@@ -237,5 +240,28 @@ func TestStoppedClusterAnswersAtOnce(t *testing.T) {
 	_, err = runCLI(t, "status", "--address", cf.Address+";token-file="+tf)
 	if !errors.Is(err, errNoCluster) {
 		t.Errorf("atoll status --address of a stopped cluster: %v", err)
+	}
+}
+
+// TestExampleFiles checks the files README.md names: the queue file atoll queues --set
+// takes, and the pool file of atoll up --pools, which is the autoscale scenario's own.
+func TestExampleFiles(t *testing.T) {
+	conf, err := readSchedulerConfig(nil, "../../examples/queues.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if conf.DefaultQueue != "research" || len(conf.Queues) != 2 || len(conf.PriorityClasses) != 2 {
+		t.Errorf("examples/queues.json: %+v", conf)
+	}
+	file, err := pools.LoadFile("../../examples/pools.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	builtin, err := pools.Parse([]byte(builtinPools), "builtin", ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(file.Pools, builtin.Pools) {
+		t.Errorf("examples/pools.json is not the autoscale scenario's pools:\n%+v\n%+v", file.Pools, builtin.Pools)
 	}
 }
