@@ -573,7 +573,8 @@ func (g *Gang) Kill(ctx context.Context, rank int) error {
 // records each part's size and checksum. A checkpoint so committed survives the restart
 // of any agent, the loss of a machine, and a restart of the whole cluster; a cluster of a
 // single machine without a shared directory cannot commit one (ErrNotDurable). Older
-// checkpoints beyond KeepCheckpoints are freed.
+// checkpoints beyond KeepCheckpoints are freed (a failure to free one is logged: the
+// checkpoint is committed).
 func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 	c := g.c
 	start := time.Now()
@@ -629,7 +630,12 @@ func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 		Save: save}); err != nil {
 		c.log.Debug("could not report a checkpoint to the leader", zap.String("gang", g.key), zap.Error(err))
 	}
-	return g.prune(ctx)
+	// The checkpoint is committed: a failure to free older ones (a store that does not
+	// answer) does not undo it.
+	if err := g.prune(ctx); err != nil {
+		c.log.Warn("older checkpoints not all freed", zap.String("gang", g.key), zap.Int64("step", step), zap.Error(err))
+	}
+	return nil
 }
 
 // replicate makes every part of a checkpoint durable twice: the copy its worker put is

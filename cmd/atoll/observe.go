@@ -104,8 +104,8 @@ new events as they are committed; --audit prints the audit events only.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	f.StringVar(&job, "job", "", "only this job's events")
 	f.BoolVarP(&follow, "follow", "f", false, "keep printing new events")
 	f.BoolVar(&asJSON, "json", false, "one JSON object per line")
@@ -168,8 +168,8 @@ scrape configuration for the heads' and agents' /metrics.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	f.BoolVar(&tokenOnly, "token", false, "print only the dashboard's token (read-only: the dashboard and /metrics)")
 	f.BoolVar(&prom, "prometheus", false, "print a Prometheus scrape configuration for the heads and agents")
 	return cmd

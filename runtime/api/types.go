@@ -69,27 +69,27 @@ const (
 // on the client's side.
 var (
 	// ErrInvalid: a malformed request (bad name, negative size...).
-	ErrInvalid = errors.New("atoll: invalid request")
+	ErrInvalid = errors.New("api: invalid request")
 	// ErrNeverFits: a gang that no state of the cluster could ever place.
-	ErrNeverFits = errors.New("atoll: gang can never fit on this cluster")
+	ErrNeverFits = errors.New("api: gang can never fit on this cluster")
 	// ErrNoCapacity: a gang that does not fit now.
-	ErrNoCapacity = errors.New("atoll: not enough free capacity now")
+	ErrNoCapacity = errors.New("api: not enough free capacity now")
 	// ErrTooLarge: a request body over the limit of the process that reads it (HTTP 413,
 	// the limit named in the message); nothing past the limit was read.
-	ErrTooLarge = errors.New("atoll: request body too large")
+	ErrTooLarge = errors.New("api: request body too large")
 	// ErrSaturated: the cluster's queue is full (past its bound of pending gangs); the
 	// submission may be retried later (RetryAfter). Nothing queued was dropped.
-	ErrSaturated = errors.New("atoll: cluster saturated")
+	ErrSaturated = errors.New("api: cluster saturated")
 	// ErrNotFound: no such job, gang, machine or worker.
-	ErrNotFound = errors.New("atoll: not found")
+	ErrNotFound = errors.New("api: not found")
 	// ErrExists: a job or gang of that name already exists.
-	ErrExists = errors.New("atoll: already exists")
+	ErrExists = errors.New("api: already exists")
 	// ErrStale: a worker of a generation that has ended.
-	ErrStale = errors.New("atoll: stale generation")
+	ErrStale = errors.New("api: stale generation")
 	// ErrUnavailable: no head answered as leader in time (retryable).
-	ErrUnavailable = errors.New("atoll: no leader head available")
+	ErrUnavailable = errors.New("api: no leader head available")
 	// ErrUnauthenticated: the cluster refused our credentials.
-	ErrUnauthenticated = errors.New("atoll: not authenticated")
+	ErrUnauthenticated = errors.New("api: not authenticated")
 	// ErrForbidden: our credentials do not allow this (HTTP 403): the answer names the
 	// role and the action (runtime/authz's table).
 	ErrForbidden = authz.ErrForbidden
