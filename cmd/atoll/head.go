@@ -260,7 +260,7 @@ func newHeadCmd() *cobra.Command {
 			fmt.Fprintf(cmd.OutOrStdout(), "client-api %s\n", h.Address())
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			if err := startPools(ctx, h.Controller(), poolsOpt, dataDir, h.Address(), h.CallAgent, logger); err != nil {
+			if err := startPools(ctx, h.Controller(), poolsOpt, dataDir, h.Address(), token, h.CallAgent, logger); err != nil {
 				return fmt.Errorf("head: %w", err)
 			}
 			<-ctx.Done()
