@@ -24,6 +24,7 @@
 package api
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -885,9 +886,26 @@ type Status struct {
 	// Pools is the autoscaler's view, when the leader runs one (head --pools).
 	Pools *PoolsStatus `json:"pools,omitempty"`
 	// Queues are the operator's queues with what they hold and wait for.
-	Queues []QueueStatus `json:"queues,omitempty"`
+	Queues []QueueStatus `json:"queues"`
 	// Objects counts the object directory's records (`atoll status` reads them).
 	Objects *ObjectsStatus `json:"objects,omitempty"`
+}
+
+// MarshalJSON writes the status with every list present: an empty list is [], never
+// null (a reader iterates the lists of a fresh cluster without checking for null).
+func (s Status) MarshalJSON() ([]byte, error) {
+	type plain Status
+	p := plain(s)
+	p.Heads, p.Machines, p.Gangs, p.Queues = orEmpty(p.Heads), orEmpty(p.Machines), orEmpty(p.Gangs), orEmpty(p.Queues)
+	return json.Marshal(p)
+}
+
+// orEmpty returns s, or an empty slice for a nil one (which JSON writes as null).
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
 // ObjectsStatus counts the object directory's records: the live objects (those with a
