@@ -552,6 +552,41 @@ func (g *Gang) Ranks() []int {
 	return g.Active()
 }
 
+// Size is the gang's size as the status shows it: its program's members once placed,
+// else the workers it asks for.
+func (g *Gang) Size() int {
+	if g.State == GangPending || g.Placement == nil {
+		return g.Spec.Workers
+	}
+	return len(g.Ranks())
+}
+
+// ReadyWorkers counts the members of the gang's program whose worker of this generation
+// is up (ready reports a member index): 0 unless the gang is starting or running, since an
+// ended or restarting gang's workers are gone even when their records stay in the log.
+func (g *Gang) ReadyWorkers(ready func(member int) bool) int {
+	if g.State != GangStarting && g.State != GangRunning {
+		return 0
+	}
+	n := 0
+	for _, m := range g.Ranks() {
+		if ready(m) {
+			n++
+		}
+	}
+	return n
+}
+
+// HeldGPUs counts the cards a placed gang's active members hold (a share or a MIG slice
+// counts as one card).
+func (g *Gang) HeldGPUs() int {
+	n := 0
+	for _, i := range g.Active() {
+		n += len(g.Placement.Members[i].GPUs)
+	}
+	return n
+}
+
 // World is the members an elastic gang's program works with (member indices, in rank
 // order) at Epoch, which counts the resizes its driver took in this generation.
 type World struct {
@@ -1111,6 +1146,44 @@ func (c *SchedulerConfig) Priority(s GangSpec) (int, error) {
 		}
 	}
 	return 0, nil
+}
+
+// QueueOf is the queue of a gang of spec s: the one it names, else the default queue.
+func (c *SchedulerConfig) QueueOf(s GangSpec) string {
+	if s.Queue != "" {
+		return s.Queue
+	}
+	if c.DefaultQueue == "" {
+		return "default" // a configuration not validated
+	}
+	return c.DefaultQueue
+}
+
+// QueueLines is every configured queue's line, in the configuration's order: its pending
+// gangs, its starting, running and restarting ones and the cards they hold. The share is
+// the scheduler's to fill. A gang of a queue the configuration lacks is not counted.
+func (c *SchedulerConfig) QueueLines(gangs []Gang) []QueueStatus {
+	out := make([]QueueStatus, 0, len(c.Queues))
+	idx := map[string]int{}
+	for _, q := range c.Queues {
+		idx[q.Name] = len(out)
+		out = append(out, QueueStatus{Name: q.Name, Weight: q.Weight, QuotaGPUs: q.QuotaGPUs})
+	}
+	for i := range gangs {
+		g := &gangs[i]
+		at, ok := idx[c.QueueOf(g.Spec)]
+		if !ok {
+			continue
+		}
+		switch g.State {
+		case GangPending:
+			out[at].Pending++
+		case GangStarting, GangRunning, GangRestarting:
+			out[at].Running++
+			out[at].GPUs += g.HeldGPUs()
+		}
+	}
+	return out
 }
 
 // QueueStatus is a queue's line in the cluster status.

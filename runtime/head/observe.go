@@ -175,6 +175,7 @@ func (c *Controller) ReportProgress(p api.Progress) error {
 type leaderView struct {
 	loads   map[string]api.LoadReport
 	reasons map[string]string
+	shares  map[string]float64 // queue -> use over fair share
 }
 
 func (c *Controller) leaderView() (leaderView, bool) {
@@ -184,7 +185,12 @@ func (c *Controller) leaderView() (leaderView, bool) {
 	if t == nil {
 		return leaderView{}, false
 	}
-	v := leaderView{loads: make(map[string]api.LoadReport, len(t.loads)), reasons: map[string]string{}}
+	v := leaderView{loads: make(map[string]api.LoadReport, len(t.loads)), reasons: map[string]string{}, shares: map[string]float64{}}
+	if t.sched != nil {
+		for _, q := range t.conf.Queues {
+			v.shares[q.Name] = t.sched.QueueShare(q.Name)
+		}
+	}
 	for k, l := range t.loads {
 		v.loads[k] = l
 	}
