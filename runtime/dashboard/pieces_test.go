@@ -37,7 +37,7 @@ func TestHoldingsOf(t *testing.T) {
 				{"a", 2}: {{Gang: "j/s", Rank: 2, MIG: "1g.10gb"}}},
 			perGang: map[string]int{"j/s": 3}},
 		{name: "a member an elastic gang shrank away holds nothing",
-			gangs: []api.Gang{gang("e", api.GangRunning, place(api.Member{Machine: "a", GPUs: []int{0}}, api.Member{Machine: "a", GPUs: []int{1}, Removed: true}))},
+			gangs:   []api.Gang{gang("e", api.GangRunning, place(api.Member{Machine: "a", GPUs: []int{0}}, api.Member{Machine: "a", GPUs: []int{1}, Removed: true}))},
 			holders: map[cardKey][]Holder{{"a", 0}: {{Gang: "j/e"}}}, perGang: map[string]int{"j/e": 1}},
 		{name: "two gangs share a card, in the gangs' order",
 			gangs: []api.Gang{gang("x", api.GangRunning, place(api.Member{Machine: "a", GPUs: []int{0}, Milli: 300})),
