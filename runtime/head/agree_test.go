@@ -156,6 +156,17 @@ func TestStatusAndDashboardAgree(t *testing.T) {
 		t.Errorf("queues %+v: want research (its share a ratio), then prod", st.Queues)
 	}
 
+	// A progress report carries its run: the gang's UID and generation, as the leader has
+	// them (a gang spawned again under its name is another run on the plots).
+	if err := c.ReportProgress(ctx, api.Progress{Job: "j", Gang: "dp", Step: 3, Metrics: map[string]float64{"loss": 1.5}}); err != nil {
+		t.Fatal(err)
+	}
+	var prog []api.Progress
+	readJSON(t, lead, "/ui/api/progress?gang=j/dp", dash, &prog)
+	if len(prog) != 1 || prog[0].UID != g.UID || g.UID == "" || prog[0].Generation != g.Generation || prog[0].Time.IsZero() {
+		t.Errorf("progress %+v: want one report of run %q generation %d, timed", prog, g.UID, g.Generation)
+	}
+
 	// The gang stops; then the leader goes, and the new one loads the gang from the log.
 	if err := c.StopGang(ctx, "j", "dp"); err != nil {
 		t.Fatal(err)

@@ -161,11 +161,16 @@ func (c *Controller) ReportProgress(p api.Progress) error {
 	}
 	e := t.gangs[p.Job+"/"+p.Gang]
 	now := c.cfg.Clock()
+	var uid string
+	var gen int
+	if e != nil {
+		uid, gen = e.rec.UID, e.rec.Generation
+	}
 	c.mu.Unlock()
 	if e == nil {
 		return fmt.Errorf("%w: progress of gang %s/%s: no such gang", api.ErrNotFound, p.Job, p.Gang)
 	}
-	p.Time = now
+	p.Time, p.UID, p.Generation = now, uid, gen
 	c.obs.progress.Add(p)
 	return nil
 }
