@@ -4,6 +4,7 @@
 
 const POLL_MS = 1000;
 const WINDOW_MS = 15 * 60 * 1000; // plots keep the last 15 minutes
+const MIN_SPAN_MS = 30 * 1000;     // ... and show at least 30 seconds
 const MAX_EVENTS = 1000;
 const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
   "#9c755f", "#2f4b7c", "#a05195", "#d45087", "#665191", "#00a0b0", "#6a4c93", "#8ac926"];
@@ -105,7 +106,7 @@ async function get(path) {
 }
 
 function fmtBytes(n) {
-  if (!n) return "0 B";
+  if (!n || !isFinite(n)) return "0 B";
   const u = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
   while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; }
@@ -262,7 +263,7 @@ function renderGangs(st) {
       el("td", { text: prog }),
       el("td", { class: "muted", text: g.reason || "" }));
   }));
-  if (!gangs.length) body.append(emptyRow(10, "no gang yet: `atoll demo --dir DIR` or a program of yours submits one"));
+  if (!gangs.length) body.append(emptyRow(10, "no gang yet: atoll demo, or a program of yours, submits one"));
   const queues = list(st.queues);
   $("queues").tBodies[0].replaceChildren(...queues.map(q => el("tr", { "data-queue": q.name },
     el("td", { text: q.name }), el("td", { text: q.weight ? fmtNum(q.weight) : "–" }),
@@ -378,7 +379,7 @@ function makeCharts() {
     { y: { type: "logarithmic", beginAtZero: false }, fmt: fmtMs, empty: "no cycle, placement or commit yet" });
   ui.charts.store = lineChart("p-store", [["shared memory", "#4e79a7"], ["spilled to disk", "#9c755f"]],
     { fmt: v => fmtBytes(v * 1048576), empty: "no store figures (the leader's agents report them)" });
-  ui.charts.xfer = lineChart("p-xfer", [["transfer plane", "#76b7b2"]], { fmt: v => fmtNum(v) + " MB/s" });
+  ui.charts.xfer = lineChart("p-xfer", [["transfer plane", "#76b7b2"]], { fmt: v => fmtBytes(v) + "/s", y: { suggestedMax: 1048576 } });
   ui.charts.prog = lineChart("p-prog", [], { y: { beginAtZero: false }, empty: "no job reports progress (sdk Gang.Report)" });
 }
 
@@ -435,8 +436,8 @@ function redraw(chart, from, to) {
 // span is the time range the plots show: from the oldest point kept to the newest sample.
 function span() {
   const to = ui.lastT || (ui.state ? Date.parse(ui.state.time) : Date.now());
-  const from = Math.max(to - WINDOW_MS, ui.firstT || to - 60000);
-  return [Math.min(from, to - 60000), to];
+  const from = Math.max(to - WINDOW_MS, ui.firstT || to - MIN_SPAN_MS);
+  return [Math.min(from, to - MIN_SPAN_MS), to];
 }
 
 function addSamples(samples) {
@@ -468,7 +469,7 @@ function addSamples(samples) {
     const st = c.store.data.datasets;
     push(st[0], s.t, s.leading ? num(s.store_hot) / 1048576 : null);
     push(st[1], s.t, s.leading ? num(s.store_cold) / 1048576 : null);
-    push(c.xfer.data.datasets[0], s.t, typeof s.transfer_bps === "number" ? s.transfer_bps / 1e6 : null);
+    push(c.xfer.data.datasets[0], s.t, typeof s.transfer_bps === "number" ? s.transfer_bps : null);
   }
   if (samples.length) ui.lastT = Math.max(ui.lastT, samples[samples.length - 1].t);
   const [from, to] = span();
