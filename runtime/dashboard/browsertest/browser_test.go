@@ -117,21 +117,30 @@ func watch(t *testing.T, ctx context.Context) *pageErrors {
 // error text on the page ("no answer", "page error", a JavaScript message, NaN).
 func pageOK(t *testing.T, ctx context.Context, pe *pageErrors) {
 	t.Helper()
-	pe.mu.Lock()
-	errs := append([]string(nil), pe.errs...)
-	pe.mu.Unlock()
-	for _, e := range errs {
-		t.Errorf("the page: %s", e)
+	for _, p := range pageProblems(t, ctx, pe) {
+		t.Error(p)
 	}
+}
+
+// pageProblems lists what pageOK fails on.
+func pageProblems(t *testing.T, ctx context.Context, pe *pageErrors) []string {
+	t.Helper()
+	pe.mu.Lock()
+	var out []string
+	for _, e := range pe.errs {
+		out = append(out, "the page: "+e)
+	}
+	pe.mu.Unlock()
 	if mark := eval[string](t, ctx, `document.body.dataset.error || ""`); mark != "" {
-		t.Errorf("the page marks an error of its own: %s", mark)
+		out = append(out, "the page marks an error of its own: "+mark)
 	}
 	body := eval[string](t, ctx, `document.body.innerText`)
 	for _, bad := range []string{"no answer", "page error", "Cannot read", "is not a function", "undefined", "NaN", "null"} {
 		if i := strings.Index(body, bad); i >= 0 {
-			t.Errorf("the page says %q: …%s…", bad, body[max(0, i-80):min(len(body), i+80)])
+			out = append(out, fmt.Sprintf("the page says %q: …%s…", bad, body[max(0, i-80):min(len(body), i+80)]))
 		}
 	}
+	return out
 }
 
 // plotted is a JavaScript expression: the points drawn on a plot (its canvas's
@@ -402,6 +411,15 @@ func TestFreshClusterInBrowser(t *testing.T) {
 	}
 	screenshot(t, ctx, "dashboard-fresh.png")
 	pageOK(t, ctx, pe)
+
+	// The check itself: an exception thrown on the page is caught, and the page marks it.
+	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`setTimeout(() => { throw new Error("injected by the test") }, 0)`),
+		chromedp.Poll[chromedp.Void](`(document.body.dataset.error || "").includes("injected by the test")`, chromedp.WithPollingInterval(50*time.Millisecond))); err != nil {
+		t.Fatalf("the page did not mark an exception: %v", err)
+	}
+	if got := strings.Join(pageProblems(t, ctx, pe), "\n"); !strings.Contains(got, "exception") || !strings.Contains(got, "marks an error") || !strings.Contains(got, "page error") {
+		t.Errorf("an exception on the page: the check found %q, want the exception, the page's mark and its text", got)
+	}
 }
 
 // TestLeaderChangeInBrowser: three heads and two agents (each head's API and dashboard on
