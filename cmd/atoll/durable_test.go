@@ -211,9 +211,19 @@ func restartAgent(ctx context.Context, t *testing.T, bin, dir, name string, d *d
 // that atoll down stops it), and waits until it is registered past incarnation.
 func startAgent(ctx context.Context, t *testing.T, bin, dir, name string, d *dialed, incarnation uint64) int {
 	t.Helper()
+	return startAgentAs(ctx, t, bin, dir, name, "", d, incarnation)
+}
+
+// startAgentAs is startAgent with the credential in tokenFile ("": the cluster token, as
+// atoll up gives its agents).
+func startAgentAs(ctx context.Context, t *testing.T, bin, dir, name, tokenFile string, d *dialed, incarnation uint64) int {
+	t.Helper()
 	cf, err := readClusterFile(dir)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if tokenFile == "" {
+		tokenFile = cf.TokenFile
 	}
 	logf, err := os.OpenFile(filepath.Join(dir, "logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -227,7 +237,7 @@ func startAgent(ctx context.Context, t *testing.T, bin, dir, name string, d *dia
 	}
 	cmd := exec.Command(bin, append(args, cf.AgentArgs...)...) // as atoll up starts its agents
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "ATOLL_TOKEN_FILE="+cf.TokenFile, api.CACertEnv+"="+cf.CACert)
+	cmd.Env = append(os.Environ(), "ATOLL_TOKEN_FILE="+tokenFile, api.CACertEnv+"="+cf.CACert)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/atoll-run/atoll/internal/pki"
+	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/sdk"
@@ -203,6 +204,10 @@ func attacks(ctx context.Context, c *rawCaller, own string, p probe) []attempt {
 		c.do(ctx, "", "POST", "/v1/tokens", api.TokenRequest{Principal: authz.Worker(p.Victim, p.VictimGang, 0).String()}, "a credential of the victim's worker", authz.ActTokenMint),
 		c.do(ctx, "", "POST", "/v1/tokens/revoke", api.Revocation{ID: "0123456789abcdef"}, "a revocation", authz.ActTokenRevoke),
 		c.do(ctx, "", "POST", "/v1/certs", api.CertRequest{Name: "intruder", CSR: "x", Principal: "admin"}, "an admin certificate", authz.ActCertSign),
+		c.do(ctx, "", "GET", "/v1/get?key="+victimGang, nil, "the victim's gang record read", authz.ActReadJob),
+		c.do(ctx, "", "GET", "/v1/list?prefix="+api.TableJobs+p.Victim, nil, "the victim's job record listed", authz.ActReadJob),
+		c.do(ctx, "", "GET", "/v1/list?prefix="+api.TableEvents, nil, "the event and audit log read", authz.ActReadControl),
+		c.do(ctx, "", "GET", "/v1/range?prefix="+api.TableAuth, nil, "the revocations read", authz.ActReadControl),
 	}
 	agentAPI, _, err := c.victimObject(ctx, p.Object)
 	if err != nil {
@@ -279,7 +284,9 @@ func probeFromWorker(ctx *sdk.Context, p probe) (probeReport, error) {
 	rep.Pull = c.pullVictim(actx, []byte(spec.LinkKey), p.Object)
 	cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
 	defer ccancel()
-	if ref, err := sdk.Lookup(cctx, ctx, p.Victim+"/"+p.VictimGang); err != nil {
+	if ref, err := sdk.Lookup(cctx, ctx, p.Victim+"/"+p.VictimGang); errors.Is(err, sdk.ErrForbidden) {
+		rep.Call = "refused: " + err.Error() // another job's records are not its to read
+	} else if err != nil {
 		rep.Call = "lookup: " + err.Error()
 	} else if n, err := sdk.Call[int](cctx, ctx, ref, bump{}); err != nil {
 		rep.Call = "refused: " + err.Error()
@@ -503,8 +510,13 @@ func TestHostileWorkerAndDriverAreConfined(t *testing.T) {
 	if _, err := sdk.Get(ctx, mc, sdk.Ref[[]byte]{ID: vobj.ID}); err == nil {
 		t.Error("the driver got the victim's object through the SDK")
 	}
-	if ref, err := sdk.Lookup(ctx, mc, "victim/vg"); err != nil {
-		t.Errorf("lookup (a read): %v", err)
+	// Another job's actor is not even found by name (its records are its job's to read);
+	// a ref the victim's driver looked up is refused too.
+	if _, err := sdk.Lookup(ctx, mc, "victim/vg"); !errors.Is(err, sdk.ErrForbidden) {
+		t.Errorf("the driver looked up the victim's actor: %v, want ErrForbidden", err)
+	}
+	if ref, err := sdk.Lookup(ctx, vc, "victim/vg"); err != nil {
+		t.Errorf("the victim's own lookup: %v", err)
 	} else {
 		cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
 		if n, err := sdk.Call[int](cctx, mc, ref, bump{}); err == nil {
@@ -564,5 +576,98 @@ func TestHostileWorkerAndDriverAreConfined(t *testing.T) {
 	}
 	if a := dc.do(ctx, heads.Heads[0], "GET", "/v1/whoami", nil, "whoami", ""); a.Code != http.StatusUnauthorized || !strings.Contains(a.Body, "revoked") {
 		t.Errorf("a revoked credential: %d %s %s", a.Code, a.Body, a.Err)
+	}
+}
+
+// TestScopedAgentCredential runs an agent on a credential of its own machine (atoll token
+// create --role agent) instead of the cluster token: it registers, gossips with the key
+// the heads gave it, runs a gang's worker whose calls and objects go through its API and
+// transfer plane (the callers' tokens reviewed by the heads), and its credential is
+// refused what is not that machine's agent's. A credential of another machine starts no
+// agent.
+func TestScopedAgentCredential(t *testing.T) {
+	t.Parallel()
+	bin, dir := upCluster(t, 1)
+	ctx, cancel := testtime.Context(t, 4*time.Minute)
+	defer cancel()
+	addr, _, err := clusterAddress(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adm, err := dialCluster(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cred := filepath.Join(t.TempDir(), "extra")
+	if out, err := exec.Command(bin, "token", "create", "--dir", dir, "--role", "agent", "--machine", "extra", "--ttl", "1h", "--out", cred).CombinedOutput(); err != nil {
+		t.Fatalf("atoll token create --role agent: %v\n%s", err, out)
+	}
+	// A credential of another machine: refused before the agent starts anything.
+	cf, err := readClusterFile(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong := exec.CommandContext(ctx, bin, "agent", "--join", cf.Address, "--name", "impostor", "--machine", cf.Machine, "--dir", filepath.Join(t.TempDir(), "impostor"),
+		"--token-file", filepath.Join(cred, credTokenFile), "--ca-cert", filepath.Join(cred, credCAFile))
+	if out, err := wrong.CombinedOutput(); err == nil || !strings.Contains(string(out), "agent/extra") {
+		t.Errorf("an agent named impostor on agent/extra's credential: %v\n%s; want it refused, naming the credential's principal", err, out)
+	}
+
+	startAgentAs(ctx, t, bin, dir, "extra", filepath.Join(cred, credTokenFile), adm, 0)
+	// Its gossip key is the heads' (a wrong one fails the join, and the agent with it).
+	logb, _ := os.ReadFile(filepath.Join(dir, "logs", "extra.log"))
+	if !strings.Contains(string(logb), "joined the cluster's gossip") {
+		t.Errorf("the scoped agent did not join the gossip:\n%s", logb)
+	}
+	// Its credential is that machine's agent's: admin's writes and another machine's
+	// reports are refused.
+	tok, err := os.ReadFile(filepath.Join(cred, credTokenFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.LoadX509KeyPair(filepath.Join(cred, credCertFile), filepath.Join(cred, credKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(filepath.Join(cred, credCAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	heads, _ := sdk.ParseClusterAddress(addr)
+	ac, err := newRawCaller(ctx, heads.Heads, strings.TrimSpace(string(tok)), cert, caPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRefused(t, "agent/extra", "agent", []attempt{
+		ac.do(ctx, "", "POST", "/v1/propose", meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: api.TableConfig + "x", Value: []byte("{}")}}}, "a raw log entry", authz.ActPropose),
+		ac.do(ctx, "", "POST", "/v1/machines/load", api.LoadReport{Machine: "node-0"}, "another machine's load", authz.ActMachineReport),
+		ac.do(ctx, "", "POST", "/v1/machines/drain", api.DrainRequest{Machine: "node-0"}, "a machine drained", authz.ActMachineDrain),
+		ac.do(ctx, "", "POST", "/v1/tokens", api.TokenRequest{Principal: "driver/any"}, "a driver's credential", authz.ActTokenMint),
+	})
+
+	// Work placed on it: the other machine is drained, so the gang lands on extra.
+	if out, err := exec.Command(bin, "drain", "node-0", "--dir", dir).CombinedOutput(); err != nil {
+		t.Fatalf("atoll drain node-0: %v\n%s", err, out)
+	}
+	c, job := connectJob(ctx, t, dir, "on-extra")
+	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "g", Kind: "blob", Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.AwaitRunning(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if ms := g.Placement().Machines; len(ms) != 1 || ms[0] != "extra" {
+		t.Fatalf("the gang is on %v, want extra (node-0 is drained)", ms)
+	}
+	if n, err := sdk.Call[int](ctx, c, g.Worker(0), bump{}); err != nil || n != 1 {
+		t.Fatalf("a call to the worker on extra: %d, %v", n, err)
+	}
+	id, err := sdk.Call[string](ctx, c, g.Worker(0), putOwned{Tag: 7})
+	if err != nil {
+		t.Fatalf("the worker puts an object into extra's store (its token reviewed by the heads): %v", err)
+	}
+	if b, err := sdk.Get(ctx, c, sdk.Ref[[]byte]{ID: id}); err != nil || !strings.HasPrefix(string(b), "owned by a worker incarnation") {
+		t.Fatalf("the driver reads the worker's object from extra: %q %v", b, err)
 	}
 }

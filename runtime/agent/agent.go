@@ -145,8 +145,10 @@ type Agent struct {
 	lastReconcile *objects.Report
 	// authn authenticates the API's requests, state answers what its decisions read
 	// (authz.go).
-	authn *authz.Authenticator
-	state *agentState
+	authn   *authz.Authenticator
+	state   *agentState
+	keys    keys    // credential.go
+	reviews reviews // the heads' token reviews, with a scoped credential
 	// reports bounds the refusals being reported to the heads at once.
 	reports chan struct{}
 }
@@ -232,8 +234,12 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: %w", cfg.Name, err)
 	}
+	ks, err := agentKeys(ctx, cfg, client)
+	if err != nil {
+		return nil, fmt.Errorf("agent %s: %w", cfg.Name, err)
+	}
 	nc := transfer.DefaultNodeConfig()
-	nc.Name, nc.Dir, nc.Token, nc.Logger, nc.ListenAddr = cfg.Name, filepath.Join(cfg.Dir, "store"), authz.LinkKey(cfg.Token), log.Named("objects"), cfg.TransferListen
+	nc.Name, nc.Dir, nc.Token, nc.Logger, nc.ListenAddr = cfg.Name, filepath.Join(cfg.Dir, "store"), ks.link, log.Named("objects"), cfg.TransferListen
 	var self atomic.Pointer[Agent] // the agent, once made: it decides what peers may pull
 	if id != nil {
 		nc.Server.TLS, nc.Client.TLS = id.Server(), id.Client()
@@ -269,7 +275,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	local := objects.NewLocal(node)
 	local.SharedDir = cfg.CheckpointDir
-	a := &Agent{cfg: cfg, log: log, client: client, node: node, local: local, dir: dir, hc: hc, sample: newLoadSampler(), obs: obs,
+	a := &Agent{cfg: cfg, keys: ks, log: log, client: client, node: node, local: local, dir: dir, hc: hc, sample: newLoadSampler(), obs: obs,
 		gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{}, ended: map[string]bool{},
 		changed: make(chan struct{}), slots: make(chan struct{}, cfg.MaxLaunches), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
 	a.state = newAgentState(a)
@@ -362,7 +368,7 @@ func (a *Agent) joinGossip(ctx context.Context) error {
 			adv = net.JoinHostPort(a.cfg.Advertise, port)
 		}
 	}
-	g, err := member.Start(member.Config{Name: a.cfg.Name, Role: member.RoleAgent, Bind: a.cfg.Gossip, Advertise: adv, Secret: a.cfg.Token,
+	g, err := member.Start(member.Config{Name: a.cfg.Name, Role: member.RoleAgent, Bind: a.cfg.Gossip, Advertise: adv, Key: a.keys.gossip,
 		Tags: map[string]string{"api": a.addr}, ProbeInterval: a.cfg.GossipProbe, Logger: a.cfg.Logger})
 	if err != nil {
 		return fmt.Errorf("agent %s: %w", a.cfg.Name, err)
@@ -491,7 +497,7 @@ func applyGangs(gangs map[string]api.Gang, reset bool, l api.Listing, evs []meta
 
 // desiredLocked computes the workers this machine should run, by job/gang/rank.
 func (a *Agent) desiredLocked() map[string]api.WorkerSpec {
-	base := api.WorkerSpec{Machine: a.cfg.Name, Simulated: a.cfg.Simulated, Heads: a.client.Heads(), LinkKey: string(authz.LinkKey(a.cfg.Token)),
+	base := api.WorkerSpec{Machine: a.cfg.Name, Simulated: a.cfg.Simulated, Heads: a.client.Heads(), LinkKey: string(a.keys.link),
 		CACert: string(a.cfg.CACert), Agent: a.addr, Transfer: a.node.Addr}
 	return desired(withoutEnded(a.gangs, a.ended), a.exited, base)
 }

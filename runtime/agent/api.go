@@ -18,7 +18,6 @@ import (
 
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
-	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/store/object"
 	"github.com/atoll-run/atoll/store/transfer"
@@ -43,7 +42,7 @@ func (a *Agent) apiHandler() http.Handler {
 	if a.state == nil {
 		a.state = newAgentState(a)
 	}
-	a.authn = &authz.Authenticator{Secret: a.cfg.Token, Revoked: a.state.Revoked}
+	a.authn = a.authenticator()
 	m := http.NewServeMux()
 	m.HandleFunc("POST /v1/objects/put", a.put)
 	m.HandleFunc("POST /v1/objects/map", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {

@@ -52,7 +52,7 @@ func newTestAgent(t *testing.T, capacity int64) *Agent {
 		defer cancel()
 		_ = node.Shutdown(ctx)
 	})
-	a := &Agent{cfg: Config{Name: "m1", Token: []byte(testToken), Dir: t.TempDir(), Spec: tc.Machines[0].Spec}, log: log, node: node,
+	a := &Agent{cfg: Config{Name: "m1", Token: []byte(testToken), Dir: t.TempDir(), Spec: tc.Machines[0].Spec}, keys: derivedKeys([]byte(testToken)), log: log, node: node,
 		local: objects.NewLocal(node), obs: obs, gangs: map[string]api.Gang{}, workers: map[string]*worker{}, exited: map[string]bool{},
 		changed: make(chan struct{}), binaries: map[string]*sync.Once{}, binErr: map[string]error{}}
 	a.registerMetrics()

@@ -106,7 +106,7 @@ func counterValue(c prometheus.Counter) int64 {
 // serveMetrics answers GET /metrics to the bearers of the dashboard token (read-only) or
 // of the cluster token.
 func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet || !dashboard.Bearer(r, api.DashboardToken(a.cfg.Token), string(a.cfg.Token)) {
+	if r.Method != http.MethodGet || !dashboard.Bearer(r, a.keys.dashboard, a.keys.admin) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="atoll"`)
 		writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: /metrics needs the dashboard token (or the cluster token) as a bearer token", Kind: "unauthenticated"})
 		return

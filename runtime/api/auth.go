@@ -1,7 +1,9 @@
 package api
 
 import (
+	"context"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 )
@@ -17,6 +19,27 @@ type WhoAmI struct {
 	LinkKey   string `json:"link_key"`
 	// TokenID is the id of the scoped token the caller used ("" for the cluster token).
 	TokenID string `json:"token_id,omitempty"`
+	// GossipKey (hex) and DashboardToken are what an agent with a scoped credential needs
+	// of the cluster secret: the membership gossip's key and the read-only token its
+	// /metrics takes. Given to admin, heads and agents only.
+	GossipKey      string `json:"gossip_key,omitempty"`
+	DashboardToken string `json:"dashboard_token,omitempty"`
+}
+
+// TokenReview asks the heads who a bearer token names (POST /v1/tokens/review): an agent
+// with a scoped credential holds no cluster secret to check tokens with.
+type TokenReview struct {
+	Token string `json:"token"`
+}
+
+// TokenReviewAnswer is the heads' answer: Error says why the token is not valid (expired,
+// revoked, ended with its job, not of this cluster), else Principal is who it names.
+type TokenReviewAnswer struct {
+	Principal string    `json:"principal,omitempty"`
+	TokenID   string    `json:"token_id,omitempty"`
+	Expires   time.Time `json:"expires,omitzero"`
+	JobBound  bool      `json:"job_bound,omitempty"`
+	Error     string    `json:"error,omitempty"`
 }
 
 // TokenRequest asks a head for a credential for a process an agent launches
@@ -62,4 +85,20 @@ func (r *Revocation) CheckBounds() error {
 		return fmt.Errorf("%w: revocation: principal or reason too long", ErrInvalid)
 	}
 	return nil
+}
+
+// WhoAmI asks the heads who this client's credential names, with the keys its role is
+// given (GET /v1/whoami).
+func (c *Client) WhoAmI(ctx context.Context) (WhoAmI, error) {
+	var who WhoAmI
+	err := c.Do(ctx, http.MethodGet, "/v1/whoami", nil, &who)
+	return who, err
+}
+
+// ReviewToken asks the heads who a bearer token names (POST /v1/tokens/review). A token
+// the heads refuse is an answer with Error set, not an error.
+func (c *Client) ReviewToken(ctx context.Context, token string) (TokenReviewAnswer, error) {
+	var a TokenReviewAnswer
+	err := c.Do(ctx, http.MethodPost, "/v1/tokens/review", TokenReview{Token: token}, &a)
+	return a, err
 }

@@ -16,6 +16,10 @@ type Authenticator struct {
 	// Secret is the cluster token: its bearer is admin (unless a certificate grants less),
 	// and it checks scoped tokens.
 	Secret []byte
+	// Review, when Secret is empty, says who a bearer token names (an agent with a scoped
+	// credential asks the heads: POST /v1/tokens/review). Its identity's expiry,
+	// revocation and job are checked again here.
+	Review func(bearer string) (Identity, error)
 	// Revoked reports whether a token id was revoked (nil: none is).
 	Revoked func(id string) bool
 	// JobEnded reports whether a job is stopped or gone, for job-bound credentials (nil:
@@ -51,6 +55,15 @@ func (a *Authenticator) Authenticate(bearer string, st *tls.ConnectionState) (Id
 	switch {
 	case bearer == "":
 		return Identity{}, fmt.Errorf("%w: a token is required (the cluster token, or a scoped one)", ErrUnauthenticated)
+	case len(a.Secret) == 0 && a.Review != nil:
+		r, err := a.Review(bearer)
+		if err != nil {
+			return Identity{}, err
+		}
+		if err := a.live(r.TokenID, r.Expires, r.JobBound, r.Principal); err != nil {
+			return Identity{}, err
+		}
+		id = Identity{Principal: r.Principal, TokenID: r.TokenID, Expires: r.Expires, JobBound: r.JobBound}
 	case len(a.Secret) > 0 && subtle.ConstantTimeCompare([]byte(bearer), a.Secret) == 1:
 		id.Principal = Admin()
 	case IsScopedToken(bearer):

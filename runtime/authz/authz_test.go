@@ -329,3 +329,48 @@ func TestDocsShowTheTable(t *testing.T) {
 		t.Errorf("docs/hardening.md does not show the role × action table as runtime/authz has it; put this there:\n%s", Markdown())
 	}
 }
+
+// TestReadable: a log read is decided by its key's table: a job's records by its jobs, the
+// control tables by the privileged roles only, the cluster's shared tables by everyone.
+func TestReadable(t *testing.T) {
+	st := fakeState{jobs: map[string]Principal{"a": Driver("a"), "b": Admin(), "sub": Driver("a")}}
+	da, wa0, m1 := Driver("a"), Worker("a", "g", 0), Agent("m1")
+	cases := []struct {
+		p    Principal
+		key  string
+		want bool
+	}{
+		{da, "jobs/a", true},
+		{da, "jobs/sub", true}, // it submitted it
+		{da, "jobs/b", false},
+		{da, "gangs/a/g", true},
+		{da, "gangs/ab/g", false}, // a name that begins like its job's is another job
+		{da, "gangs/b/g", false},
+		{da, "actors/b/g/0", false},
+		{da, "checkpoints/b/g/00000001", false},
+		{wa0, "checkpoints/a/g/00000001", true},
+		{wa0, "gangs/sub/g", false}, // a worker's job is its own only
+		{da, "nodes/m1", true},
+		{wa0, "objects/o1", true},
+		{da, "config/scheduler", true},
+		{da, "events/00000001", false},
+		{wa0, "owners/driver/h/1", false},
+		{da, "control/term", false},
+		{da, "auth/revoked/x", false},
+		{da, "", false},
+		{da, "mystery/x", false},
+		{m1, "auth/revoked/x", true},
+		{m1, "gangs/b/g", true},
+		{Head(), "events/00000001", true},
+		{Admin(), "", true},
+	}
+	for _, c := range cases {
+		if got := Readable(c.p, c.key, st); got != c.want {
+			a, tg := ReadOf(c.key)
+			t.Errorf("%s reads %q (%s on %s): %v, want %v", c.p, c.key, a, tg, got, c.want)
+		}
+	}
+	if !ReadsAll(Admin()) || !ReadsAll(m1) || ReadsAll(da) || ReadsAll(wa0) {
+		t.Error("ReadsAll: admin, heads and agents read every key; drivers and workers do not")
+	}
+}

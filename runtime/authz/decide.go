@@ -264,3 +264,35 @@ func LinkAdmits(self, peer Principal, s State) error {
 	}
 	return err
 }
+
+// ReadOf is the action and the target of a log read of key, or of a range of keys under
+// it (a prefix). A prefix that spans several jobs ("gangs/", "") has no job in its
+// target: Decide refuses it for a driver or a worker, and a range over it is answered
+// key by key (Readable).
+func ReadOf(key string) (Action, Target) {
+	table, rest, _ := strings.Cut(key, "/")
+	job, _, _ := strings.Cut(rest, "/")
+	switch table + "/" {
+	case "jobs/", "gangs/", "actors/", "checkpoints/":
+		return ActReadJob, Target{Job: job, What: "read " + key}
+	case "events/", "owners/", "control/", "auth/":
+		return ActReadControl, Target{What: "read " + key}
+	case "nodes/", "placements/", "objects/", "binaries/", "config/":
+		return ActRead, Target{What: "read " + key}
+	}
+	// A key of no table (or the empty prefix): only what may read every table.
+	return ActReadControl, Target{What: "read " + key}
+}
+
+// Readable reports whether p may read key (a range's answer keeps the keys it may).
+func Readable(p Principal, key string, s State) bool {
+	a, t := ReadOf(key)
+	return Decide(p, a, t, s) == nil
+}
+
+// ReadsAll reports whether p may read every key (its ranges need no filter).
+func ReadsAll(p Principal) bool {
+	r, _ := ruleOf(ActReadControl)
+	j, _ := ruleOf(ActReadJob)
+	return r.Scopes[p.Role] == ScopeAny && j.Scopes[p.Role] == ScopeAny
+}

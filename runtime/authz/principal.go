@@ -6,12 +6,15 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/atoll-run/atoll/store/meta"
 )
 
 // Sentinel errors.
 var (
-	// ErrForbidden: the principal may not do this (HTTP 403). A *Denied wraps it.
-	ErrForbidden = errors.New("forbidden")
+	// ErrForbidden: the principal may not do this (HTTP 403). A *Denied wraps it. It is
+	// the log client's own (a read or a transaction refused by a head is this error too).
+	ErrForbidden = meta.ErrForbidden
 	// ErrUnauthenticated: no valid credential (HTTP 401).
 	ErrUnauthenticated = errors.New("unauthenticated")
 	// ErrPrincipal: a principal's text does not parse.

@@ -12,11 +12,14 @@ type Action string
 // the row's Where.
 const (
 	ActRead           Action = "log.read"
+	ActReadJob        Action = "log.read.job"
+	ActReadControl    Action = "log.read.control"
 	ActPropose        Action = "log.propose"
 	ActMembers        Action = "members.change"
 	ActCertSign       Action = "cert.sign"
 	ActTokenMint      Action = "token.mint"
 	ActTokenRevoke    Action = "token.revoke"
+	ActTokenReview    Action = "token.review"
 	ActMachineReport  Action = "machine.report"
 	ActJobSubmit      Action = "job.submit"
 	ActJobWrite       Action = "job.write"
@@ -119,12 +122,15 @@ const (
 // table is the table: every route of a head and of an agent, and every link, is one of
 // these actions (the heads' and agents' tests check that each of their routes is).
 var table = []Rule{
-	row(ActRead, "head `GET /v1/get`, `/v1/range`, `/v1/list`, `/v1/watch`, `/v1/status`, `/v1/cluster`, `/v1/scheduler`, `/v1/whoami`", any_, any_, any_, any_, any_),
+	row(ActRead, "head `GET /v1/status`, `/v1/cluster`, `/v1/scheduler`, `/v1/whoami`; `GET /v1/get`, `/v1/range`, `/v1/list`, `/v1/watch` of `nodes/ placements/ objects/ binaries/ config/`", any_, any_, any_, any_, any_),
+	row(ActReadJob, "head `GET /v1/get`, `/v1/range`, `/v1/list`, `/v1/watch` of a job's records (`jobs/<job>`, `gangs/<job>/`, `actors/<job>/`, `checkpoints/<job>/`; a range over several jobs answers the caller's only)", any_, any_, any_, ScopeJob, ScopeJob),
+	row(ActReadControl, "head `GET /v1/get`, `/v1/range`, `/v1/list`, `/v1/watch` of `events/ owners/ control/ auth/` (the event and audit log, owner records, the leader's term, cordons and costs, revocations)", any_, any_, any_, none, none),
 	row(ActPropose, "head `POST /v1/propose` (raw log entries, any table)", any_, none, none, none, none),
 	row(ActMembers, "head `POST /v1/members/add`, `/v1/members/remove` (Paxos membership)", any_, none, none, none, none),
 	row(ActCertSign, "head `POST /v1/certs` (a certificate for the token's principal)", any_, none, ScopeSelf, ScopeSelf, ScopeSelf),
 	row(ActTokenMint, "head `POST /v1/tokens` (a credential for a worker or a submitted driver placed on the machine)", any_, none, ScopeMachine, none, none),
 	row(ActTokenRevoke, "head `POST /v1/tokens/revoke`", any_, none, none, none, none),
+	row(ActTokenReview, "head `POST /v1/tokens/review` (who a bearer token names: an agent with a scoped credential checks its callers' tokens there)", any_, any_, any_, none, none),
 	row(ActMachineReport, "head `POST /v1/machines/register`, `/v1/machines/load`", any_, none, ScopeMachine, none, none),
 	row(ActJobSubmit, "head `POST /v1/jobs` (a submitted job is its submitter's)", any_, none, none, ScopeNewJob, none),
 	row(ActJobWrite, "head `POST /v1/jobs/stop`", any_, none, none, ScopeJob, none),

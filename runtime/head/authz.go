@@ -3,6 +3,7 @@ package head
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/authz"
+	"github.com/atoll-run/atoll/runtime/member"
 	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/meta/metaserver"
 	"github.com/atoll-run/atoll/store/paxos"
@@ -51,6 +53,9 @@ type routeRule struct {
 	// check decides instead of action and target (POST /v1/txn: key by key); adminOnly
 	// says the request needed admin (it is audited).
 	check func(a *API, id authz.Identity, body []byte) (adminOnly bool, what string, err error)
+	// key names the query parameter of a log read's key or prefix: its table decides
+	// (authz.ReadOf), and a range's answer keeps only the keys the caller may read.
+	key string
 }
 
 // bodyTarget decodes a JSON body into T and reads the target from it.
@@ -70,15 +75,16 @@ func queryTarget(r *http.Request, _ authz.Identity, _ []byte) (authz.Target, err
 }
 
 func read() routeRule                { return routeRule{action: authz.ActRead} }
+func readKey(param string) routeRule { return routeRule{key: param} }
 func admin(a authz.Action) routeRule { return routeRule{action: a} }
 
 // routeRules maps each route pattern of the API (as its mux registers it) to its rule.
 var routeRules = map[string]routeRule{
-	"/v1/get":                    read(),
-	"/v1/range":                  read(),
+	"/v1/get":                    readKey("key"),
+	"/v1/range":                  readKey("prefix"),
 	"/v1/status":                 read(),
-	"GET /v1/list":               read(),
-	"GET /v1/watch":              read(),
+	"GET /v1/list":               readKey("prefix"),
+	"GET /v1/watch":              readKey("prefix"),
 	"GET /v1/cluster":            read(),
 	"GET /v1/scheduler":          read(),
 	"GET /v1/whoami":             read(),
@@ -88,6 +94,7 @@ var routeRules = map[string]routeRule{
 	"POST /v1/certs":             {action: authz.ActCertSign, target: certTarget},
 	"POST /v1/tokens":            {action: authz.ActTokenMint, target: tokenTarget},
 	"POST /v1/tokens/revoke":     admin(authz.ActTokenRevoke),
+	"POST /v1/tokens/review":     {action: authz.ActTokenReview},
 	"POST /v1/audit":             {action: authz.ActAuditReport},
 	"POST /v1/machines/register": {action: authz.ActMachineReport, target: bodyTarget(func(m api.Machine) authz.Target { return authz.Target{Machine: m.Name} })},
 	"POST /v1/machines/load":     {action: authz.ActMachineReport, target: bodyTarget(func(l api.LoadReport) authz.Target { return authz.Target{Machine: l.Machine} })},
@@ -312,6 +319,16 @@ func (a *API) serveAuthorized(w http.ResponseWriter, r *http.Request) {
 	case rule.check != nil:
 		action = authz.ActKVControl
 		adminOnly, what, err = rule.check(a, id, body)
+	case rule.key != "":
+		key := r.URL.Query().Get(rule.key)
+		var t authz.Target
+		action, t = authz.ReadOf(key)
+		adminOnly = false // a read changes nothing: no audit of its success
+		if rule.key == "prefix" && action == authz.ActReadJob && t.Job == "" {
+			break // a range over every job's records: answered key by key (readable)
+		}
+		err = authz.Decide(id.Principal, action, t, a.state)
+		what = t.String()
 	default:
 		var t authz.Target
 		if rule.target != nil {
@@ -510,8 +527,21 @@ func (a *API) authRoutes(m *http.ServeMux) {
 	m.HandleFunc("POST /v1/certs", a.signCert)
 	m.HandleFunc("GET /v1/whoami", func(w http.ResponseWriter, r *http.Request) {
 		id, _ := identityOf(r)
-		a.answer(w, r, api.WhoAmI{Principal: id.Principal.String(), LinkKey: string(authz.LinkKey([]byte(a.token))), TokenID: id.TokenID}, nil)
+		who := api.WhoAmI{Principal: id.Principal.String(), LinkKey: string(authz.LinkKey([]byte(a.token))), TokenID: id.TokenID}
+		switch id.Principal.Role {
+		case authz.RoleAdmin, authz.RoleHead, authz.RoleAgent: // the processes that gossip and serve /metrics
+			who.GossipKey = hex.EncodeToString(member.GossipKey([]byte(a.token)))
+			who.DashboardToken = api.DashboardToken([]byte(a.token))
+		}
+		a.answer(w, r, who, nil)
 	})
+	m.HandleFunc("POST /v1/tokens/review", postReq(a, func(r *http.Request, req api.TokenReview) (any, error) {
+		id, err := a.authn.Authenticate(req.Token, nil)
+		if err != nil {
+			return api.TokenReviewAnswer{Error: err.Error()}, nil
+		}
+		return api.TokenReviewAnswer{Principal: id.Principal.String(), TokenID: id.TokenID, Expires: id.Expires, JobBound: id.JobBound}, nil
+	}))
 	m.HandleFunc("POST /v1/tokens", postReq(a, func(r *http.Request, req api.TokenRequest) (any, error) { return a.mintToken(req) }))
 	m.HandleFunc("POST /v1/audit", postReq(a, func(r *http.Request, ev api.Event) (any, error) {
 		id, _ := identityOf(r)
@@ -595,4 +625,17 @@ func (a *API) revoke(ctx context.Context, id authz.Identity, rev api.Revocation)
 	ev := api.Event{Time: rev.Time, Kind: api.EventCredentialRevoked, By: rev.By, Action: string(authz.ActTokenRevoke),
 		Reason: strings.TrimSpace(fmt.Sprintf("credential %s of %s %s", rev.ID, rev.Principal, rev.Reason))}
 	return a.ctl.Revoke(ctx, rev, ev)
+}
+
+// readable is the filter of a log read's answer: nil when the caller reads every key,
+// else whether it may read each key (a range over several jobs keeps the caller's).
+func (a *API) readable(r *http.Request) func(key string) bool {
+	id, ok := identityOf(r)
+	if !ok {
+		return func(string) bool { return false }
+	}
+	if authz.ReadsAll(id.Principal) {
+		return nil
+	}
+	return func(key string) bool { return authz.Readable(id.Principal, key, a.state) }
 }

@@ -74,6 +74,7 @@ func NewAPI(ctl *Controller, rep *paxos.Replica, sm *metaserver.StateMachine, to
 		meta:  &metaserver.Handler{Replica: rep, SM: sm, Token: token, Logger: log},
 		authn: newAuthenticator(token, sm), state: stateView{sm: sm}}
 	a.meta.Authenticated = func(r *http.Request) bool { _, ok := identityOf(r); return ok }
+	a.meta.Readable = a.readable
 	m := http.NewServeMux()
 	for _, p := range []string{"/v1/get", "/v1/range", "/v1/status", "/v1/members/"} {
 		m.Handle(p, a.meta)
@@ -272,7 +273,7 @@ func (a *API) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rev := a.sm.Revision() // read before the range: a watch from it may repeat, never miss
-	a.answer(w, r, api.Listing{Revision: rev, KVs: a.sm.Range(prefix)}, nil)
+	a.answer(w, r, api.Listing{Revision: rev, KVs: metaserver.Keep(a.sm.Range(prefix), a.readable(r))}, nil)
 }
 
 // watch answers the events after rev under prefix, waiting up to wait_ms for the first.
@@ -302,6 +303,15 @@ func (a *API) watch(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.Context().Err() != nil {
 		return
+	}
+	if keep := a.readable(r); keep != nil {
+		kept := events[:0:0]
+		for _, ev := range events {
+			if keep(ev.KV.Key) {
+				kept = append(kept, ev)
+			}
+		}
+		events = kept
 	}
 	if events == nil {
 		events = []meta.Event{}

@@ -36,8 +36,11 @@ type Config struct {
 	// Bind is host:port to gossip on (port 0: a free one); Advertise, when set, is the
 	// address others use.
 	Bind, Advertise string
-	// Secret is the cluster secret; the gossip key is derived from it.
+	// Secret is the cluster secret; the gossip key is derived from it (GossipKey). Key,
+	// when set, is the gossip key itself (an agent with a scoped credential is given it,
+	// not the secret).
 	Secret []byte
+	Key    []byte
 	// Tags are announced with the member (its API address...).
 	Tags map[string]string
 	// ProbeInterval sets how often a member probes another (failure detection speed).
@@ -73,8 +76,14 @@ func Start(cfg Config) (*Member, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	if len(cfg.Secret) < 16 {
+	key := cfg.Key
+	switch {
+	case key != nil && len(key) != 32:
+		return nil, fmt.Errorf("member: the gossip key has %d bytes, want 32", len(key))
+	case key == nil && len(cfg.Secret) < 16:
 		return nil, fmt.Errorf("member: the cluster secret has %d bytes, want at least 16", len(cfg.Secret))
+	case key == nil:
+		key = GossipKey(cfg.Secret)
 	}
 	if cfg.ProbeInterval == 0 {
 		cfg.ProbeInterval = 500 * time.Millisecond
@@ -95,7 +104,6 @@ func Start(cfg Config) (*Member, error) {
 			return nil, err
 		}
 	}
-	key := sha256.Sum256(append([]byte("atoll serf gossip key\x00"), cfg.Secret...))
 	mc := memberlist.DefaultLocalConfig()
 	mc.BindAddr, mc.BindPort = host, port
 	mc.AdvertiseAddr, mc.AdvertisePort = host, port
@@ -122,7 +130,7 @@ func Start(cfg Config) (*Member, error) {
 			return nil, fmt.Errorf("member: advertise port %q: %w", ap, err)
 		}
 	}
-	mc.SecretKey = key[:]
+	mc.SecretKey = key
 	mc.ProbeInterval = cfg.ProbeInterval
 	mc.ProbeTimeout = cfg.ProbeInterval / 2
 	mc.GossipInterval = 200 * time.Millisecond // memberlist's LAN default: a wake-up less per 200 ms when idle
@@ -271,4 +279,10 @@ func (m *Member) Leave() error {
 // Shutdown stops gossiping without a word (others will find it failed).
 func (m *Member) Shutdown() error {
 	return m.s.Shutdown()
+}
+
+// GossipKey is the gossip's encryption key (AES-256) derived from the cluster secret.
+func GossipKey(secret []byte) []byte {
+	key := sha256.Sum256(append([]byte("atoll serf gossip key\x00"), secret...))
+	return key[:]
 }

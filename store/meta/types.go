@@ -24,8 +24,8 @@ var (
 	// token is wrong, not the head. It is not retried.
 	ErrUnauthenticated = errors.New("meta: token refused")
 	// ErrForbidden means a head refused the request for the client's role (HTTP 403): the
-	// client may not write those keys. It is not retried.
-	ErrForbidden = errors.New("meta: forbidden")
+	// client may not read or write those keys. It is not retried.
+	ErrForbidden = errors.New("forbidden")
 )
 
 // Table is a key prefix for one kind of record. Every key written through the client API

@@ -60,7 +60,10 @@ type Handler struct {
 	// Authenticated, when set, decides instead of Token whether a request is
 	// authenticated: the head's API authenticates every request before it gets here.
 	Authenticated func(*http.Request) bool
-	Logger        *zap.Logger
+	// Readable, when set, names the keys a request may read (nil: every key): a get of
+	// another is refused, a range keeps only these.
+	Readable func(*http.Request) func(key string) bool
+	Logger   *zap.Logger
 	// RequestTimeout is the deadline of a request without timeout_ms, other than a
 	// membership change (default DefaultRequestTimeout).
 	RequestTimeout time.Duration
@@ -188,15 +191,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
+		var keep func(string) bool
+		if h.Readable != nil {
+			keep = h.Readable(r)
+		}
 		if r.URL.Path == "/v1/get" {
-			kv, ok := h.SM.Get(r.URL.Query().Get("key"))
+			key := r.URL.Query().Get("key")
+			if keep != nil && !keep(key) {
+				h.fail(w, fmt.Errorf("%w: may not read %q", meta.ErrForbidden, key))
+				return
+			}
+			kv, ok := h.SM.Get(key)
 			if !ok {
 				w.WriteHeader(http.StatusNotFound)
 			}
 			json.NewEncoder(w).Encode(kv)
 			return
 		}
-		json.NewEncoder(w).Encode(h.SM.Range(r.URL.Query().Get("prefix")))
+		json.NewEncoder(w).Encode(Keep(h.SM.Range(r.URL.Query().Get("prefix")), keep))
 	case "/v1/status":
 		st := h.Replica.Status()
 		out := map[string]any{"id": st.ID, "role": st.Role.String(), "leader": st.Leader,
@@ -246,4 +258,18 @@ func NewHTTPServer(h http.Handler, tlsConfig *tls.Config) *http.Server {
 		srv.TLSConfig.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	return srv
+}
+
+// Keep returns the pairs whose keys keep accepts (all of them when keep is nil).
+func Keep(kvs []meta.KeyValue, keep func(key string) bool) []meta.KeyValue {
+	if keep == nil {
+		return kvs
+	}
+	out := kvs[:0:0]
+	for _, kv := range kvs {
+		if keep(kv.Key) {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
