@@ -456,6 +456,18 @@ func (g *Gang) Placement() Placement {
 	return fromAPIPlacement(*g.rec.Placement)
 }
 
+// Report sends the gang's training progress (the step reached and metrics such as
+// "loss") to the leader, which shows the newest on the dashboard and plots them, run by
+// run. Reports are kept in the leader's memory only; a report that fails changes nothing
+// of the gang (a caller in a training loop may drop it and go on).
+func (g *Gang) Report(ctx context.Context, step int64, metrics map[string]float64) error {
+	p := api.Progress{Job: g.job, Gang: g.name, Step: step, Metrics: metrics}
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	return g.c.client.ReportProgress(ctx, p)
+}
+
 // Restarts counts gang restarts so far.
 func (g *Gang) Restarts() int {
 	g.mu.Lock()

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -72,11 +71,6 @@ all-for-one from its newest checkpoint. The GPUs are simulated: no GPU is needed
 						return fmt.Errorf("demo: %w", err)
 					}
 					o.ClusterOptions = append(o.ClusterOptions, sdk.WithAddress(addr))
-					dctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-					if c, err := dialCluster(dctx, addr); err == nil { // the loss goes to the dashboard
-						watch.client = c.Client
-					}
-					cancel()
 					if advertise != "" {
 						o.ClusterOptions = append(o.ClusterOptions, sdk.WithAdvertise(advertise))
 					}

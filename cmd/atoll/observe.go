@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"sort"
 	"strings"
@@ -233,13 +234,23 @@ func queueName(q string) string {
 	return q
 }
 
+// shareText prints a queue's share (its use over its fair share: 1.00 is its share, above
+// borrows): "-" for a figure that is no ratio (a head before QueueShare reported 1e9 for
+// a queue whose fair share it had not computed).
+func shareText(v float64) string {
+	if math.IsNaN(v) || v < 0 || v >= 1e6 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
 // printQueues adds the queues' table to `atoll status`: gangs pending and holding GPUs,
 // with each queue's weight and share when the head reports its queues.
 func printQueues(w io.Writer, st api.Status) {
 	if len(st.Queues) > 0 {
 		fmt.Fprintln(w, "\nQUEUE\tWEIGHT\tPENDING\tRUNNING\tGPUS HELD\tSHARE")
 		for _, q := range st.Queues {
-			fmt.Fprintf(w, "%s\t%g\t%d\t%d\t%d\t%.2f\n", q.Name, q.Weight, q.Pending, q.Running, q.GPUs, q.Share)
+			fmt.Fprintf(w, "%s\t%g\t%d\t%d\t%d\t%s\n", q.Name, q.Weight, q.Pending, q.Running, q.GPUs, shareText(q.Share))
 		}
 		return
 	}

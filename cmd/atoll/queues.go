@@ -155,7 +155,7 @@ func printSchedulerConfig(w io.Writer, conf api.SchedulerConfig, qs []api.QueueS
 		if q.QuotaGPUs > 0 {
 			quota = fmt.Sprint(q.QuotaGPUs)
 		}
-		fmt.Fprintf(tw, "%s\t%g\t%s\t%d\t%d\t%d\t%.2f\n", q.Name, q.Weight, quota, s.Pending, s.Running, s.GPUs, s.Share)
+		fmt.Fprintf(tw, "%s\t%g\t%s\t%d\t%d\t%d\t%s\n", q.Name, q.Weight, quota, s.Pending, s.Running, s.GPUs, shareText(s.Share))
 	}
 	if len(conf.PriorityClasses) > 0 {
 		fmt.Fprintln(tw, "\nPRIORITY CLASS\tVALUE\tDEFAULT")

@@ -24,6 +24,7 @@
 package api
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -551,6 +552,41 @@ func (g *Gang) Ranks() []int {
 	return g.Active()
 }
 
+// Size is the gang's size as the status shows it: its program's members once placed,
+// else the workers it asks for.
+func (g *Gang) Size() int {
+	if g.State == GangPending || g.Placement == nil {
+		return g.Spec.Workers
+	}
+	return len(g.Ranks())
+}
+
+// ReadyWorkers counts the members of the gang's program whose worker of this generation
+// is up (ready reports a member index): 0 unless the gang is starting or running, since an
+// ended or restarting gang's workers are gone even when their records stay in the log.
+func (g *Gang) ReadyWorkers(ready func(member int) bool) int {
+	if g.State != GangStarting && g.State != GangRunning {
+		return 0
+	}
+	n := 0
+	for _, m := range g.Ranks() {
+		if ready(m) {
+			n++
+		}
+	}
+	return n
+}
+
+// HeldGPUs counts the cards a placed gang's active members hold (a share or a MIG slice
+// counts as one card).
+func (g *Gang) HeldGPUs() int {
+	n := 0
+	for _, i := range g.Active() {
+		n += len(g.Placement.Members[i].GPUs)
+	}
+	return n
+}
+
 // World is the members an elastic gang's program works with (member indices, in rank
 // order) at Epoch, which counts the resizes its driver took in this generation.
 type World struct {
@@ -885,9 +921,26 @@ type Status struct {
 	// Pools is the autoscaler's view, when the leader runs one (head --pools).
 	Pools *PoolsStatus `json:"pools,omitempty"`
 	// Queues are the operator's queues with what they hold and wait for.
-	Queues []QueueStatus `json:"queues,omitempty"`
+	Queues []QueueStatus `json:"queues"`
 	// Objects counts the object directory's records (`atoll status` reads them).
 	Objects *ObjectsStatus `json:"objects,omitempty"`
+}
+
+// MarshalJSON writes the status with every list present: an empty list is [], never
+// null (a reader iterates the lists of a fresh cluster without checking for null).
+func (s Status) MarshalJSON() ([]byte, error) {
+	type plain Status
+	p := plain(s)
+	p.Heads, p.Machines, p.Gangs, p.Queues = orEmpty(p.Heads), orEmpty(p.Machines), orEmpty(p.Gangs), orEmpty(p.Queues)
+	return json.Marshal(p)
+}
+
+// orEmpty returns s, or an empty slice for a nil one (which JSON writes as null).
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
 // ObjectsStatus counts the object directory's records: the live objects (those with a
@@ -1093,6 +1146,44 @@ func (c *SchedulerConfig) Priority(s GangSpec) (int, error) {
 		}
 	}
 	return 0, nil
+}
+
+// QueueOf is the queue of a gang of spec s: the one it names, else the default queue.
+func (c *SchedulerConfig) QueueOf(s GangSpec) string {
+	if s.Queue != "" {
+		return s.Queue
+	}
+	if c.DefaultQueue == "" {
+		return "default" // a configuration not validated
+	}
+	return c.DefaultQueue
+}
+
+// QueueLines is every configured queue's line, in the configuration's order: its pending
+// gangs, its starting, running and restarting ones and the cards they hold. The share is
+// the scheduler's to fill. A gang of a queue the configuration lacks is not counted.
+func (c *SchedulerConfig) QueueLines(gangs []Gang) []QueueStatus {
+	out := make([]QueueStatus, 0, len(c.Queues))
+	idx := map[string]int{}
+	for _, q := range c.Queues {
+		idx[q.Name] = len(out)
+		out = append(out, QueueStatus{Name: q.Name, Weight: q.Weight, QuotaGPUs: q.QuotaGPUs})
+	}
+	for i := range gangs {
+		g := &gangs[i]
+		at, ok := idx[c.QueueOf(g.Spec)]
+		if !ok {
+			continue
+		}
+		switch g.State {
+		case GangPending:
+			out[at].Pending++
+		case GangStarting, GangRunning, GangRestarting:
+			out[at].Running++
+			out[at].GPUs += g.HeldGPUs()
+		}
+	}
+	return out
 }
 
 // QueueStatus is a queue's line in the cluster status.
