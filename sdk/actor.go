@@ -188,9 +188,11 @@ type Waitable interface {
 	Done() <-chan struct{}
 }
 
-// Wait waits until n of the futures are ready (or ctx ends) and returns the indexes of the
-// ready ones and of the rest, in order, as Ray's ray.wait does. n larger than the number of
-// futures means all of them. Awaiting a ready future then returns at once.
+// Wait waits until n of the futures are ready (or ctx ends) and returns the indexes of n
+// ready ones and of the rest, in order, as Ray's ray.wait does with num_returns: exactly n
+// ready, even when more are (those already ready when it is called come first, in order;
+// the others in the order they became ready), the rest pending. n larger than the number
+// of futures means all of them. Awaiting a ready future then returns at once.
 func Wait[W Waitable](ctx context.Context, futures []W, n int) (ready, pending []int, err error) {
 	n = min(n, len(futures))
 	cases := make([]reflect.SelectCase, 0, len(futures)+1)
@@ -200,8 +202,10 @@ func Wait[W Waitable](ctx context.Context, futures []W, n int) (ready, pending [
 	for i, f := range futures {
 		select {
 		case <-f.Done():
-			done[i] = true
-			count++
+			if count < n { // exactly n: the first ready ones, as ray.wait's num_returns
+				done[i] = true
+				count++
+			}
 		default:
 			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(f.Done())})
 			idx = append(idx, i)
