@@ -248,7 +248,7 @@ func decodeReply[T any](s *System, to Ref, m any) (T, error) {
 	switch r := m.(type) {
 	case *actorspb.Reply:
 		if r.Error != nil {
-			return zero, fmt.Errorf("call %s: %w", to, errorFromWire(r.Error))
+			return zero, fmt.Errorf("call %s: %w", to, s.errorFromWire(r.Error))
 		}
 		if reflect.TypeFor[T]().Kind() == reflect.Interface {
 			v, err := s.codec.Decode(r.Body)

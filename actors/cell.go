@@ -134,7 +134,7 @@ func (c *cell) handleRequest(pc actor.Context, m *actorspb.Request) {
 	}
 	msg, err := c.sys.codec.Decode(m.Body)
 	if err != nil {
-		reply(&actorspb.Reply{Error: errorToWire(fmt.Errorf("actor %s: request: %w", pc.Self().Id, err))})
+		reply(&actorspb.Reply{Error: c.sys.errorToWire(fmt.Errorf("actor %s: request: %w", pc.Self().Id, err))})
 		return
 	}
 	var ctx context.Context
@@ -153,7 +153,7 @@ func (c *cell) handleRequest(pc actor.Context, m *actorspb.Request) {
 	defer cancel(nil)
 	defer func() {
 		if r := recover(); r != nil {
-			reply(&actorspb.Reply{Error: errorToWire(fmt.Errorf("%w: %v", ErrActorFailed, r))})
+			reply(&actorspb.Reply{Error: c.sys.errorToWire(fmt.Errorf("%w: %v", ErrActorFailed, r))})
 			panic(r) // let supervision handle it
 		}
 	}()
@@ -161,12 +161,12 @@ func (c *cell) handleRequest(pc actor.Context, m *actorspb.Request) {
 	v, err := c.h.Receive(&c.ctx, msg)
 	c.ctx.ctx = nil
 	if err != nil {
-		reply(&actorspb.Reply{Error: errorToWire(err)})
+		reply(&actorspb.Reply{Error: c.sys.errorToWire(err)})
 		return
 	}
 	body, err := c.sys.codec.Encode(v)
 	if err != nil {
-		reply(&actorspb.Reply{Error: errorToWire(fmt.Errorf("actor %s: reply: %w", pc.Self().Id, err))})
+		reply(&actorspb.Reply{Error: c.sys.errorToWire(fmt.Errorf("actor %s: reply: %w", pc.Self().Id, err))})
 		return
 	}
 	reply(&actorspb.Reply{Body: body})

@@ -64,6 +64,10 @@ type Config struct {
 	DefaultCallTimeout time.Duration
 	// Codec encodes messages and replies. Default: codec.New().
 	Codec *codec.Codec
+	// Errors are the program's own errors that keep their identity across processes (their
+	// types registered with Codec). Default: none (a handler's error crosses as its text,
+	// unless it wraps one of the runtime's sentinels).
+	Errors *Errors
 	// Remote, when set, makes the system reachable from other processes (protoactor-go
 	// remote over gRPC).
 	Remote *RemoteConfig
@@ -105,6 +109,7 @@ type System struct {
 	log     *zap.Logger
 	timeout time.Duration
 	codec   *codec.Codec
+	errors  *Errors
 	calls   *inflight
 	remotes remoteCalls
 
@@ -140,6 +145,7 @@ func NewSystem(cfg Config) (*System, error) {
 		log:     log,
 		timeout: timeout,
 		codec:   cfg.Codec,
+		errors:  cfg.Errors,
 		calls:   newInflight(),
 		kinds:   map[string]Producer{},
 		jobs:    map[string]*Job{},

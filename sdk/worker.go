@@ -554,7 +554,7 @@ func serveWorker(ctx context.Context, s settings) error {
 	if len(link) == 0 {
 		link = []byte(spec.Token)
 	}
-	sys, err := actors.NewSystem(actors.Config{Logger: log, DefaultCallTimeout: s.callTimeout, Codec: s.codec,
+	sys, err := actors.NewSystem(actors.Config{Logger: log, DefaultCallTimeout: s.callTimeout, Codec: s.codec, Errors: s.errors,
 		Remote: remoteConfig(net.JoinHostPort(host, "0"), link, id, authz.Worker(spec.Job, spec.Gang, spec.Rank).String(), client)})
 	if err != nil {
 		return fmt.Errorf("sdk: worker %s: actor system: %w", spec.Key(), err)

@@ -236,9 +236,15 @@ func (x *Payload) GetData() []byte {
 
 // Error is an error as it crosses a process boundary.
 type Error struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Code          ErrorCode              `protobuf:"varint,1,opt,name=code,proto3,enum=atoll.actors.ErrorCode" json:"code,omitempty"`
-	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Code    ErrorCode              `protobuf:"varint,1,opt,name=code,proto3,enum=atoll.actors.ErrorCode" json:"code,omitempty"`
+	Message string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// sentinels name the program's registered sentinel errors the error wraps (errors.Is
+	// finds them again on the caller's side).
+	Sentinels []string `protobuf:"bytes,3,rep,name=sentinels,proto3" json:"sentinels,omitempty"`
+	// values are the registered error types' values the error wraps, through the codec
+	// (errors.As finds them again on the caller's side).
+	Values        []*Payload `protobuf:"bytes,4,rep,name=values,proto3" json:"values,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -285,6 +291,20 @@ func (x *Error) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *Error) GetSentinels() []string {
+	if x != nil {
+		return x.Sentinels
+	}
+	return nil
+}
+
+func (x *Error) GetValues() []*Payload {
+	if x != nil {
+		return x.Values
+	}
+	return nil
 }
 
 // Request is a call: the caller waits for a Reply with the same call_id at the request's
@@ -528,10 +548,12 @@ const file_proto_actors_proto_rawDesc = "" +
 	"\aPayload\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12)\n" +
 	"\x05codec\x18\x02 \x01(\x0e2\x13.atoll.actors.CodecR\x05codec\x12\x12\n" +
-	"\x04data\x18\x03 \x01(\fR\x04data\"N\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"\x9b\x01\n" +
 	"\x05Error\x12+\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x17.atoll.actors.ErrorCodeR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\x93\x01\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1c\n" +
+	"\tsentinels\x18\x03 \x03(\tR\tsentinels\x12-\n" +
+	"\x06values\x18\x04 \x03(\v2\x15.atoll.actors.PayloadR\x06values\"\x93\x01\n" +
 	"\aRequest\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\x04R\x06callId\x12)\n" +
 	"\x04body\x18\x02 \x01(\v2\x15.atoll.actors.PayloadR\x04body\x12,\n" +
@@ -597,15 +619,16 @@ var file_proto_actors_proto_goTypes = []any{
 var file_proto_actors_proto_depIdxs = []int32{
 	0, // 0: atoll.actors.Payload.codec:type_name -> atoll.actors.Codec
 	1, // 1: atoll.actors.Error.code:type_name -> atoll.actors.ErrorCode
-	2, // 2: atoll.actors.Request.body:type_name -> atoll.actors.Payload
-	2, // 3: atoll.actors.Reply.body:type_name -> atoll.actors.Payload
-	3, // 4: atoll.actors.Reply.error:type_name -> atoll.actors.Error
-	2, // 5: atoll.actors.Tell.body:type_name -> atoll.actors.Payload
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	2, // 2: atoll.actors.Error.values:type_name -> atoll.actors.Payload
+	2, // 3: atoll.actors.Request.body:type_name -> atoll.actors.Payload
+	2, // 4: atoll.actors.Reply.body:type_name -> atoll.actors.Payload
+	3, // 5: atoll.actors.Reply.error:type_name -> atoll.actors.Error
+	2, // 6: atoll.actors.Tell.body:type_name -> atoll.actors.Payload
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_proto_actors_proto_init() }
