@@ -270,7 +270,7 @@ func decodeReply[T any](s *System, to Ref, m any) (T, error) {
 		}
 		return v, nil
 	case *actor.DeadLetterResponse:
-		return zero, fmt.Errorf("call %s: %w", to, ErrActorDead)
+		return zero, fmt.Errorf("call %s: %w", to, ErrNotDelivered)
 	}
 	return zero, fmt.Errorf("actors: call %s: unexpected reply %T", to, m)
 }

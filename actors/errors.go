@@ -24,6 +24,7 @@ var wireErrors = []struct {
 	err  error
 }{
 	{actorspb.ErrorCode_STALE, ErrStale},
+	{actorspb.ErrorCode_NOT_DELIVERED, ErrNotDelivered}, // before ErrActorDead, which it wraps
 	{actorspb.ErrorCode_ACTOR_DEAD, ErrActorDead},
 	{actorspb.ErrorCode_ACTOR_FAILED, ErrActorFailed},
 	{actorspb.ErrorCode_CANCELED, context.Canceled},

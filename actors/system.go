@@ -41,6 +41,10 @@ var (
 	// ErrActorDead: the target actor is stopped (or never existed at that address), or its
 	// process is gone.
 	ErrActorDead = errors.New("actors: target actor is dead")
+	// ErrNotDelivered: the call never reached its actor's handler (the actor had stopped
+	// first, or stopped with the call in its mailbox), so sending it again runs it at most
+	// once. It wraps ErrActorDead.
+	ErrNotDelivered = fmt.Errorf("actors: not delivered: %w", ErrActorDead)
 	// ErrActorFailed: the actor failed (panicked) while handling the call.
 	ErrActorFailed = errors.New("actors: actor failed while handling the call")
 	// ErrUnknownActor: a name or ref that does not resolve to any actor.
@@ -342,7 +346,7 @@ func (s *System) Spawn(kind, name string) (Ref, error) {
 	if err != nil {
 		return Ref{}, err
 	}
-	props := actor.PropsFromProducer(func() actor.Actor { return newCell(s, p, nil, -1, name) })
+	props := cellProps(s, p, nil, -1, name)
 	if name == "" {
 		return Ref{pid: s.sys.Root.Spawn(props), kind: kind}, nil
 	}

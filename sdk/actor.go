@@ -238,35 +238,59 @@ func Wait[W Waitable](ctx context.Context, futures []W, n int) (ready, pending [
 func CallAsync[Resp any](ctx context.Context, h Caller, to ActorRef, req any) *Future[Resp] {
 	c := h.conn()
 	if to.gen != follow {
-		return callIncarnation[Resp](ctx, c, to, req)
+		return callIncarnation[Resp](ctx, c, to, req, false)
 	}
 	// A placed actor: its current incarnation, once it runs.
 	g := to.g
 	if g == nil {
 		g = c.follower(to.job, to.gang, to.uid)
 	}
-	if cur := g.Worker(to.rank); !cur.ref.IsZero() {
-		return callIncarnation[Resp](ctx, c, cur, req)
-	}
 	f := newFuture[Resp]()
-	go func() {
-		var zero Resp
-		if _, err := g.AwaitRunning(ctx, 0); err != nil {
-			f.complete(zero, fmt.Errorf("sdk: call %s: %w", to, err))
-			return
-		}
-		f.complete(callIncarnation[Resp](ctx, c, g.Worker(to.rank), req).Await(context.WithoutCancel(ctx)))
-	}()
+	go func() { f.complete(callPlaced[Resp](ctx, c, g, to, req)) }()
 	return f
+}
+
+// callPlaced calls a placed actor's current incarnation once it runs. A call that never
+// reached an incarnation (it had just failed, or its gang was restarting) goes to the next
+// one, within ctx's deadline (the connection's call timeout when it has none); a call to a
+// stopped or failed actor fails with ErrActorDead.
+func callPlaced[Resp any](ctx context.Context, c *conn, g *Gang, to ActorRef, req any) (Resp, error) {
+	var zero Resp
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.s.callTimeout)
+		defer cancel()
+	}
+	minGen := 0
+	for {
+		gen, err := g.AwaitRunning(ctx, minGen)
+		if err != nil {
+			if errors.Is(err, ErrStopped) || errors.Is(err, ErrGangFailed) {
+				err = fmt.Errorf("%w: %w", ErrActorDead, err)
+			}
+			return zero, fmt.Errorf("sdk: call %s: %w", to, err)
+		}
+		cur := g.Worker(to.rank)
+		if cur.ref.IsZero() || cur.gen < gen {
+			minGen = gen + 1 // its worker's record is of an older incarnation: the next
+			continue
+		}
+		v, err := callIncarnation[Resp](ctx, c, cur, req, true).Await(context.WithoutCancel(ctx))
+		if err == nil || !errors.Is(err, actors.ErrNotDelivered) || ctx.Err() != nil {
+			return v, err
+		}
+		minGen = cur.gen + 1
+	}
 }
 
 // callIncarnation calls one incarnation of an actor: a call to a gang worker ends with its
 // generation (ErrStale).
-func callIncarnation[Resp any](ctx context.Context, c *conn, to ActorRef, req any) *Future[Resp] {
+// placed says it is a placed actor's incarnation (see callPlaced).
+func callIncarnation[Resp any](ctx context.Context, c *conn, to ActorRef, req any, placed bool) *Future[Resp] {
 	if to.ref.IsZero() && to.job != "" {
 		f := newFuture[Resp]()
 		var zero Resp
-		f.complete(zero, fmt.Errorf("%w: %s is not ready (its gang is starting or restarting)", ErrActorDead, to))
+		f.complete(zero, fmt.Errorf("%w: %s is not ready (its gang is starting or restarting)", actors.ErrNotDelivered, to))
 		return f
 	}
 	if to.g == nil || to.job == "" {
@@ -276,11 +300,30 @@ func callIncarnation[Resp any](ctx context.Context, c *conn, to ActorRef, req an
 	// went away is most often one its agent stopped because the gang restarts: the caller
 	// learns it from the log within moments, and says ErrStale rather than ErrActorDead.
 	gctx := to.g.generationContext(to.gen)
-	cctx, ccancel := context.WithCancelCause(ctx)
-	if gctx.Err() != nil {
-		ccancel(to.g.endCause(to.gen))
+	if gctx.Err() != nil { // never sent: the incarnation had ended
+		f := newFuture[Resp]()
+		var zero Resp
+		f.complete(zero, fmt.Errorf("sdk: call %s: %w (%w)", to, to.g.endCause(to.gen), actors.ErrNotDelivered))
+		return f
 	}
-	stop := context.AfterFunc(gctx, func() { ccancel(to.g.endCause(to.gen)) })
+	cctx, ccancel := context.WithCancelCause(ctx)
+	var stop func() bool
+	if placed {
+		// A placed actor's call waits a moment for its own answer when the incarnation ends
+		// (its actor stopped: a dead letter says the call never reached it, and the caller
+		// sends it to the next incarnation).
+		stop = context.AfterFunc(gctx, func() {
+			t := time.NewTimer(placedGrace)
+			defer t.Stop()
+			select {
+			case <-cctx.Done():
+			case <-t.C:
+				ccancel(to.g.endCause(to.gen))
+			}
+		})
+	} else {
+		stop = context.AfterFunc(gctx, func() { ccancel(to.g.endCause(to.gen)) })
+	}
 	inner := actors.CallAsync[Resp](cctx, c.sys, to.ref, req)
 	f := newFuture[Resp]()
 	go func() {
@@ -291,7 +334,7 @@ func callIncarnation[Resp any](ctx context.Context, c *conn, to ActorRef, req an
 			defer t.Stop()
 			select {
 			case <-gctx.Done():
-				err = fmt.Errorf("%w (%v)", to.g.endCause(to.gen), err)
+				err = fmt.Errorf("%w (%w)", to.g.endCause(to.gen), err)
 			case <-t.C:
 			case <-ctx.Done():
 			}
@@ -300,6 +343,10 @@ func callIncarnation[Resp any](ctx context.Context, c *conn, to ActorRef, req an
 	}()
 	return f
 }
+
+// placedGrace bounds how long a call to a placed actor's incarnation that has ended waits
+// for its own answer (a dead letter, most often) before it fails with ErrStale.
+const placedGrace = 2 * time.Second
 
 // Call sends req to the actor and waits for its reply of type Resp within ctx. It fails
 // fast with ErrActorDead when the actor is gone, and with ErrStale when it was a worker of

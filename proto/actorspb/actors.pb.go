@@ -108,6 +108,8 @@ const (
 	ErrorCode_CODEC_UNKNOWN_TYPE ErrorCode = 11
 	// CODEC_CORRUPT: a payload does not decode as its type (codec.ErrCorrupt).
 	ErrorCode_CODEC_CORRUPT ErrorCode = 12
+	// NOT_DELIVERED: the call never reached the handler (actors.ErrNotDelivered).
+	ErrorCode_NOT_DELIVERED ErrorCode = 13
 )
 
 // Enum value maps for ErrorCode.
@@ -126,6 +128,7 @@ var (
 		10: "SHUTDOWN",
 		11: "CODEC_UNKNOWN_TYPE",
 		12: "CODEC_CORRUPT",
+		13: "NOT_DELIVERED",
 	}
 	ErrorCode_value = map[string]int32{
 		"USER":               0,
@@ -141,6 +144,7 @@ var (
 		"SHUTDOWN":           10,
 		"CODEC_UNKNOWN_TYPE": 11,
 		"CODEC_CORRUPT":      12,
+		"NOT_DELIVERED":      13,
 	}
 )
 
@@ -574,7 +578,7 @@ const file_proto_actors_proto_rawDesc = "" +
 	"\tRAW_BYTES\x10\x02\x12\v\n" +
 	"\aRAW_F32\x10\x03\x12\t\n" +
 	"\x05EMPTY\x10\x04\x12\a\n" +
-	"\x03NIL\x10\x05*\xdb\x01\n" +
+	"\x03NIL\x10\x05*\xee\x01\n" +
 	"\tErrorCode\x12\b\n" +
 	"\x04USER\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -590,7 +594,8 @@ const file_proto_actors_proto_rawDesc = "" +
 	"\bSHUTDOWN\x10\n" +
 	"\x12\x16\n" +
 	"\x12CODEC_UNKNOWN_TYPE\x10\v\x12\x11\n" +
-	"\rCODEC_CORRUPT\x10\fB+Z)github.com/atoll-run/atoll/proto/actorspbb\x06proto3"
+	"\rCODEC_CORRUPT\x10\f\x12\x11\n" +
+	"\rNOT_DELIVERED\x10\rB+Z)github.com/atoll-run/atoll/proto/actorspbb\x06proto3"
 
 var (
 	file_proto_actors_proto_rawDescOnce sync.Once
