@@ -485,8 +485,8 @@ func TestKillStopsTheRunningHandler(t *testing.T) {
 	if end := <-cancelled; end.ID != 1 || !strings.Contains(end.Err, "killed by the test") {
 		t.Fatalf("the running handler saw %+v; want its context ended by the kill", end)
 	}
-	if _, err := running.Await(ctx); !errors.Is(err, ErrActorFailed) || !strings.Contains(err.Error(), "killed by the test") {
-		t.Fatalf("the running call: %v; want ErrActorFailed with the kill's reason", err)
+	if _, err := running.Await(ctx); !errors.Is(err, ErrActorFailed) || !errors.Is(err, ErrAnswererFailed) || !strings.Contains(err.Error(), "killed by the test") {
+		t.Fatalf("the running call: %v; want ErrActorFailed (ErrAnswererFailed) with the kill's reason", err)
 	}
 	if _, err := queued.Await(ctx); !errors.Is(err, ErrNotDelivered) || !errors.Is(err, ErrActorDead) {
 		t.Fatalf("the queued call: %v; want ErrNotDelivered", err)

@@ -111,6 +111,7 @@ func (p *pending) refuseAll(s *System, self *actor.PID) {
 	p.mu.Unlock()
 	for req, sender := range m {
 		err := s.errorToWire(fmt.Errorf("actor %s stopped before it took the call: %w", self.Id, ErrNotDelivered))
+		s.noteAnswered(sender.Address)
 		s.sys.Root.Send(sender, &actorspb.Reply{CallId: req.CallId, Error: err})
 	}
 }
@@ -223,6 +224,7 @@ func (c *cell) handleRequest(pc actor.Context, m *actorspb.Request) {
 	sender := pc.Sender()
 	reply := func(r *actorspb.Reply) {
 		if sender != nil {
+			c.sys.noteAnswered(sender.Address)
 			r.CallId = m.CallId
 			pc.Send(sender, r)
 		}
@@ -254,7 +256,7 @@ func (c *cell) handleRequest(pc actor.Context, m *actorspb.Request) {
 	defer cancel(nil)
 	defer func() {
 		if r := recover(); r != nil {
-			reply(&actorspb.Reply{Error: c.sys.errorToWire(fmt.Errorf("%w: %v", ErrActorFailed, r))})
+			reply(&actorspb.Reply{Error: c.sys.errorToWire(fmt.Errorf("%w: %v", ErrActorFailed, r)), Failed: true})
 			panic(r) // let supervision handle it
 		}
 	}()

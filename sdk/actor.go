@@ -263,7 +263,7 @@ func callPlaced[Resp any](ctx context.Context, c *conn, g *Gang, to ActorRef, re
 	}
 	minGen := 0
 	for {
-		gen, err := g.AwaitRunning(ctx, minGen)
+		gen, err := g.AwaitRunning(ctx, max(minGen, g.firstLive()))
 		if err != nil {
 			if errors.Is(err, ErrStopped) || errors.Is(err, ErrGangFailed) {
 				err = fmt.Errorf("%w: %w", ErrActorDead, err)
@@ -276,6 +276,11 @@ func callPlaced[Resp any](ctx context.Context, c *conn, g *Gang, to ActorRef, re
 			continue
 		}
 		v, err := callIncarnation[Resp](ctx, c, cur, req, true).Await(context.WithoutCancel(ctx))
+		if errors.Is(err, actors.ErrAnswererFailed) {
+			// Its incarnation failed (a panic ends it): the next call waits for the next one,
+			// though the log may not say so yet.
+			g.noteFailed(cur.gen)
+		}
 		if err == nil || !errors.Is(err, actors.ErrNotDelivered) || ctx.Err() != nil {
 			return v, err
 		}

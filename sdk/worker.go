@@ -469,6 +469,10 @@ func (w *cell) Receive(ac *actors.Context, msg any) (any, error) {
 	return w.user.Receive(&ctx, msg)
 }
 
+// flushTimeout bounds how long a failed worker process waits for its last answers to
+// reach their callers before it exits.
+const flushTimeout = 2 * time.Second
+
 // ExitPermanent is a worker process's exit status when a restart cannot help (an unknown
 // kind, undecodable arguments, an unreadable spec): its agent reports the gang failed.
 const ExitPermanent = api.ExitPermanent
@@ -584,6 +588,10 @@ func serveWorker(ctx context.Context, s settings) error {
 		h.stop()
 		return nil
 	case <-h.done:
+		// Its callers get its last answers (a panic's ErrActorFailed) before it exits.
+		fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		_ = sys.Flush(fctx)
+		cancel()
 		if err := h.Err(); err != nil {
 			return fmt.Errorf("sdk: worker %s: %w", spec.Key(), err)
 		}

@@ -385,10 +385,13 @@ func (x *Request) GetCaller() string {
 
 // Reply answers a Request.
 type Reply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	CallId        uint64                 `protobuf:"varint,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
-	Body          *Payload               `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
-	Error         *Error                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	CallId uint64                 `protobuf:"varint,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	Body   *Payload               `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
+	Error  *Error                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// failed says the actor that answered failed handling the call (it panicked, or was
+	// killed): its incarnation has ended. It is the answerer's own, never forwarded.
+	Failed        bool `protobuf:"varint,4,opt,name=failed,proto3" json:"failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -442,6 +445,13 @@ func (x *Reply) GetError() *Error {
 		return x.Error
 	}
 	return nil
+}
+
+func (x *Reply) GetFailed() bool {
+	if x != nil {
+		return x.Failed
+	}
+	return false
 }
 
 // Cancel tells the system hosting a call's handler that its caller gave up: the handler's
@@ -562,11 +572,12 @@ const file_proto_actors_proto_rawDesc = "" +
 	"\acall_id\x18\x01 \x01(\x04R\x06callId\x12)\n" +
 	"\x04body\x18\x02 \x01(\v2\x15.atoll.actors.PayloadR\x04body\x12,\n" +
 	"\x12deadline_unix_nano\x18\x03 \x01(\x03R\x10deadlineUnixNano\x12\x16\n" +
-	"\x06caller\x18\x04 \x01(\tR\x06caller\"v\n" +
+	"\x06caller\x18\x04 \x01(\tR\x06caller\"\x8e\x01\n" +
 	"\x05Reply\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\x04R\x06callId\x12)\n" +
 	"\x04body\x18\x02 \x01(\v2\x15.atoll.actors.PayloadR\x04body\x12)\n" +
-	"\x05error\x18\x03 \x01(\v2\x13.atoll.actors.ErrorR\x05error\"9\n" +
+	"\x05error\x18\x03 \x01(\v2\x13.atoll.actors.ErrorR\x05error\x12\x16\n" +
+	"\x06failed\x18\x04 \x01(\bR\x06failed\"9\n" +
 	"\x06Cancel\x12\x16\n" +
 	"\x06caller\x18\x01 \x01(\tR\x06caller\x12\x17\n" +
 	"\acall_id\x18\x02 \x01(\x04R\x06callId\"1\n" +
