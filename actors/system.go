@@ -18,6 +18,7 @@ import (
 	"github.com/asynkron/protoactor-go/remote"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
+	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -68,6 +69,9 @@ type Producer func() Handler
 type Config struct {
 	// Logger receives the System's logs and protoactor-go's own (through slog). Default: no-op.
 	Logger *zap.Logger
+	// ProtoactorLevel is the least level of protoactor-go's own logs that Logger gets
+	// (its remote logs every connection it opens and closes at info). Default: info.
+	ProtoactorLevel zapcore.Level
 	// DefaultCallTimeout bounds calls whose context has no deadline, so that nothing waits
 	// forever. Default 30 s.
 	DefaultCallTimeout time.Duration
@@ -150,7 +154,11 @@ func NewSystem(cfg Config) (*System, error) {
 	if cfg.Codec == nil {
 		cfg.Codec = codec.New()
 	}
-	handler := zapslog.NewHandler(log.Named("protoactor").Core())
+	paLog := log.Named("protoactor")
+	if cfg.ProtoactorLevel > zapcore.InfoLevel {
+		paLog = paLog.WithOptions(zap.IncreaseLevel(cfg.ProtoactorLevel))
+	}
+	handler := zapslog.NewHandler(paLog.Core())
 	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(handler)
 	}))
@@ -218,7 +226,7 @@ func (s *System) startRemote(rc RemoteConfig) error {
 			}
 			if len(rc.Token) > 0 && subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
 				s.log.Warn("unauthenticated remote link refused")
-				return status.Error(codes.Unauthenticated, "atoll: the cluster token is required")
+				return status.Error(codes.Unauthenticated, "actors: the cluster token is required")
 			}
 			if rc.Admit != nil {
 				var cert *x509.Certificate
@@ -229,7 +237,7 @@ func (s *System) startRemote(rc RemoteConfig) error {
 				}
 				if err := rc.Admit(cert); err != nil {
 					s.log.Warn("remote link refused", zap.Error(err))
-					return status.Error(codes.PermissionDenied, "atoll: "+err.Error())
+					return status.Error(codes.PermissionDenied, "actors: "+err.Error())
 				}
 			}
 			return nil

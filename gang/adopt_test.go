@@ -76,3 +76,45 @@ func TestAdoptRebuildsOccupancy(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestQueueShareAfterAdopt: a new leader adopts a running gang without running a cycle; the
+// cycle's ratio is against a fair share never computed (it reads as borrowing without
+// bound, 1e9), the status's share is against the fair share now.
+func TestQueueShareAfterAdopt(t *testing.T) {
+	now := time.Unix(1000, 0)
+	snap := testSnapshot(2, 8, 2)
+	cfg := DefaultConfig()
+	cfg.Queues = []QueueConfig{{Name: "a", Weight: 1}, {Name: "b", Weight: 3}}
+	cfg.DefaultQueue = "a"
+	s1, err := New(cfg, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Request{ID: "g", Queue: "a", Min: 4, Member: Member{GPUs: 1}, SameIsland: true}
+	if _, err := s1.Submit(r, now); err != nil {
+		t.Fatal(err)
+	}
+	d := s1.Cycle(now)
+	if len(d.Placements) != 1 {
+		t.Fatalf("placements %+v", d)
+	}
+	want := s1.QueueShare("a")
+	if want <= 0 || want >= 1e9 {
+		t.Fatalf("the placing leader's share of queue a: %v", want)
+	}
+	s2, err := New(cfg, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Adopt(r, d.Placements[0].Members, now); err != nil {
+		t.Fatal(err)
+	}
+	if got := s2.QueueShare("a"); got != want {
+		t.Errorf("queue a's share after adoption %v, want %v as on the leader that placed it", got, want)
+	}
+	for _, q := range []string{"b", "nosuch"} {
+		if got := s2.QueueShare(q); got != 0 {
+			t.Errorf("queue %s holds nothing, share %v", q, got)
+		}
+	}
+}

@@ -125,7 +125,7 @@ func (s *Scheduler) grow(d *Decisions, now time.Time) {
 
 // commitGrow binds the new members of g.
 func (s *Scheduler) commitGrow(g *gangState, cand *candidate, now time.Time) Resize {
-	r := Resize{Gang: g.req.ID, From: g.members, To: g.members + len(cand.allocs), Reason: "grow: capacity is free and no gang waits for it"}
+	r := Resize{Gang: g.req.ID, From: g.members, To: g.members + len(cand.allocs), Reason: "capacity is free and no gang waits for it"}
 	to := r.To
 	r.Cost.Communicator = s.costs.Estimate(g.gpuModel, ranks(to, int64(float64(g.milli)*float64(to)/float64(max(1, g.members)))), CostCommunicator)
 	s.accountAttained(g, now)

@@ -72,12 +72,12 @@ func (t *queueTree) computeFair() {
 	walk = func(q *queue) {
 		sum := 0.0
 		for _, c := range q.children {
-			if c.pending > 0 || c.usedMilli > 0 || c.usedCPU > 0 {
+			if c.active() {
 				sum += c.weight
 			}
 		}
 		for _, c := range q.children {
-			if sum > 0 && (c.pending > 0 || c.usedMilli > 0 || c.usedCPU > 0) {
+			if sum > 0 && c.active() {
 				c.fair = q.fair * c.weight / sum
 			} else {
 				c.fair = 0
@@ -86,6 +86,27 @@ func (t *queueTree) computeFair() {
 		}
 	}
 	walk(t.root)
+}
+
+// active says the queue takes part in the split: it has gangs waiting or holds resources.
+func (q *queue) active() bool { return q.pending > 0 || q.usedMilli > 0 || q.usedCPU > 0 }
+
+// fairNow is q's fair share as computeFair would set it now, without setting it (q.fair is
+// the cycle's: it stays as the last cycle computed it while no cycle runs).
+func (t *queueTree) fairNow(q *queue) float64 {
+	if q == t.root {
+		return 1
+	}
+	if !q.active() {
+		return 0
+	}
+	sum := 0.0
+	for _, c := range q.parent.children {
+		if c.active() {
+			sum += c.weight
+		}
+	}
+	return t.fairNow(q.parent) * q.weight / sum
 }
 
 // dominantShare is the queue's DRF dominant share of the cluster (GPU, CPU, memory).

@@ -586,6 +586,24 @@ func (s *Scheduler) QueueRatio(queue string) float64 {
 	return q.ratio(s.c)
 }
 
+// QueueShare returns a queue's dominant share over its fair share as they stand now (0
+// for a queue that holds nothing or is not configured): what a status shows. QueueRatio
+// is the scheduling cycle's figure, against the fair shares the last cycle computed, which
+// go stale while no cycle runs (a gang adopted by a new leader, moved by a
+// reconfiguration).
+func (s *Scheduler) QueueShare(queue string) float64 {
+	q, ok := s.queues.byName[queue]
+	if !ok {
+		return 0
+	}
+	ds := q.dominantShare(s.c)
+	fair := s.queues.fairNow(q)
+	if ds == 0 || fair <= 0 {
+		return 0
+	}
+	return ds / fair
+}
+
 // RunningGangs implements Handle. The gangs come in arrival order (Seq), whatever order
 // they were admitted or adopted in.
 func (s *Scheduler) RunningGangs(now time.Time) []RunningGang {

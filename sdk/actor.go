@@ -436,7 +436,8 @@ type Context struct {
 	c       *conn
 	w       *hosted // nil for an actor of Cluster.Spawn
 	restore int64
-	owner   string // who owns the objects it puts, when not the actor itself (a task's job)
+	owner   string      // who owns the objects it puts, when not the actor itself (a task's job)
+	log     *zap.Logger // nil: the actor's own
 }
 
 func (c *Context) conn() *conn { return c.c }
@@ -489,8 +490,16 @@ func (c *Context) Job() *Job {
 	return &Job{c: c.c, name: c.w.spec.Job}
 }
 
-// Logger is the actor's logger.
-func (c *Context) Logger() *zap.Logger { return c.ac.Logger() }
+// Logger is the actor's logger; a gang worker's names its job, gang, rank and generation
+// in every line. In a worker process an agent started, it writes JSON lines to the
+// process's stderr (unless WithLogger gave WorkerMain another logger): the worker's log
+// on its agent, which atoll logs JOB --rank N prints.
+func (c *Context) Logger() *zap.Logger {
+	if c.log != nil {
+		return c.log
+	}
+	return c.ac.Logger()
+}
 
 // Generation is the gang incarnation this worker belongs to: 0 for a new gang, +1 per
 // restart (and a gang spawned again under an ended one's name goes on from its number).

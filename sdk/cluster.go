@@ -114,6 +114,9 @@ type conn struct {
 	// ownStore: objects is a store of this process's own (a connected driver's), which
 	// goes with it.
 	ownStore bool
+	// workerProc: this is a worker process an agent started, whose logger names its
+	// worker (job, gang, rank, generation) in every line.
+	workerProc bool
 	// agents is the client of the agents' APIs (with this process's certificate when the
 	// cluster runs mutual TLS).
 	agents *http.Client

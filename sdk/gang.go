@@ -97,7 +97,9 @@ type GangSpec struct {
 	CheckpointEvery, Duration time.Duration
 	// TimeLimit is an upper bound on the run time (Slurm's --time; 0: none): the
 	// scheduler's run-time predictor caps its guesses by it and learns per limit, and
-	// backfill relies on it. The scheduler does not stop a gang that runs past it.
+	// backfill relies on it. The gang is held to it: reaching it fails the gang; with
+	// CheckpointOnNotice a NoticeTimeLimit comes one notice grace before, and a Yield
+	// stops the gang there.
 	TimeLimit time.Duration
 	// AllReduceBytes is the size of the gang's gradients, for the scheduler's modeled
 	// AllReduce time of each candidate placement. Zero: the scheduler's default.
@@ -473,6 +475,18 @@ func (g *Gang) Placement() Placement {
 	return fromAPIPlacement(*g.rec.Placement)
 }
 
+// Report sends the gang's training progress (the step reached and metrics such as
+// "loss") to the leader, which shows the newest on the dashboard and plots them, run by
+// run. Reports are kept in the leader's memory only; a report that fails changes nothing
+// of the gang (a caller in a training loop may drop it and go on).
+func (g *Gang) Report(ctx context.Context, step int64, metrics map[string]float64) error {
+	p := api.Progress{Job: g.job, Gang: g.name, Step: step, Metrics: metrics}
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	return g.c.client.ReportProgress(ctx, p)
+}
+
 // Restarts counts gang restarts so far.
 func (g *Gang) Restarts() int {
 	g.mu.Lock()
@@ -591,7 +605,8 @@ func (g *Gang) Kill(ctx context.Context, rank int) error {
 // records each part's size and checksum. A checkpoint so committed survives the restart
 // of any agent, the loss of a machine, and a restart of the whole cluster; a cluster of a
 // single machine without a shared directory cannot commit one (ErrNotDurable). Older
-// checkpoints beyond KeepCheckpoints are freed.
+// checkpoints beyond KeepCheckpoints are freed (a failure to free one is logged: the
+// checkpoint is committed).
 func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 	c := g.c
 	start := time.Now()
@@ -647,7 +662,12 @@ func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 		Save: save}); err != nil {
 		c.log.Debug("could not report a checkpoint to the leader", zap.String("gang", g.key), zap.Error(err))
 	}
-	return g.prune(ctx)
+	// The checkpoint is committed: a failure to free older ones (a store that does not
+	// answer) does not undo it.
+	if err := g.prune(ctx); err != nil {
+		c.log.Warn("older checkpoints not all freed", zap.String("gang", g.key), zap.Int64("step", step), zap.Error(err))
+	}
+	return nil
 }
 
 // replicate makes every part of a checkpoint durable twice: the copy its worker put is

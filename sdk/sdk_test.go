@@ -30,6 +30,7 @@ func testOptions() []sdk.Option {
 		sdk.KindOf("greeter", func(a greeting) sdk.Actor { return greeter{a} }, tick{}),
 		sdk.KindOf("forwarder", func(a forwardArgs) sdk.Actor { return forwarder{a} }, tick{}),
 		sdk.Kind("stepper", func() sdk.Actor { return &stepper{} }, stepReq{}, stateReq{}),
+		sdk.Kind("logging", func() sdk.Actor { return logging{} }, logStep{}),
 		sdk.Tasks(square, where, crashOnce, failing, putBytes, spawnFromTask),
 	}, semanticsOptions()...)
 }

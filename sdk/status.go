@@ -28,10 +28,19 @@ type Status struct {
 	// Pools is the autoscaler's view, when the leader runs one (head --pools).
 	Pools *PoolsStatus `json:"pools,omitempty"`
 	// Queues are the operator's queues with what they hold and wait for.
-	Queues []QueueStatus `json:"queues,omitempty"`
+	Queues []QueueStatus `json:"queues"`
 	// Objects counts the object directory's records (filled by `atoll status`, which reads
 	// them; nil from Cluster.Status).
 	Objects *ObjectsStatus `json:"objects,omitempty"`
+}
+
+// MarshalJSON writes the status with every list present: an empty list is [], never
+// null (`atoll status --json` of a fresh cluster says "gangs": []).
+func (s Status) MarshalJSON() ([]byte, error) {
+	type plain Status
+	p := plain(s)
+	p.Heads, p.Machines, p.Gangs, p.Queues = orEmpty(p.Heads), orEmpty(p.Machines), orEmpty(p.Gangs), orEmpty(p.Queues)
+	return json.Marshal(p)
 }
 
 // ObjectsStatus counts the object directory's records: the live objects (those with a
@@ -146,6 +155,14 @@ type PoolsStatus struct {
 	Events []PoolEvent  `json:"events,omitempty"`
 }
 
+// MarshalJSON writes the pools as a list, [] when there are none (never null).
+func (s PoolsStatus) MarshalJSON() ([]byte, error) {
+	type plain PoolsStatus
+	p := plain(s)
+	p.Pools = orEmpty(p.Pools)
+	return json.Marshal(p)
+}
+
 // PoolStatus is an autoscaling pool's line in the cluster status.
 type PoolStatus struct {
 	Name string `json:"name"`
@@ -207,6 +224,14 @@ type QueueStatus struct {
 	GPUs    int `json:"gpus"`
 	// Share is the queue's use over its fair share (the scheduler's DRF ratio).
 	Share float64 `json:"share"`
+}
+
+// orEmpty returns s, or an empty slice for a nil one (which JSON writes as null).
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
 // Machine is a machine of the cluster as its agent registered it.

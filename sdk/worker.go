@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/atoll-run/atoll/actors"
 	"github.com/atoll-run/atoll/internal/cudactx"
@@ -73,8 +74,10 @@ func (c *conn) host(ctx context.Context, spec api.WorkerSpec, store objectHost) 
 	if err != nil {
 		return nil, err
 	}
-	h := &hosted{c: c, spec: spec, store: store, done: make(chan struct{}),
-		log: c.log.With(zap.String("job", spec.Job), zap.String("gang", spec.Gang), zap.Int("rank", spec.Rank), zap.Int("generation", spec.Generation))}
+	h := &hosted{c: c, spec: spec, store: store, done: make(chan struct{}), log: c.log}
+	if !c.workerProc { // a worker process's logger names its worker already
+		h.log = c.log.With(workerFields(spec)...)
+	}
 	h.initWorld()
 	prod := func() actors.Handler {
 		a, err := kd.make(spec.Args)
@@ -152,6 +155,11 @@ func (h *hosted) reportCost(kind string, ranks int, d time.Duration) {
 	if err != nil {
 		h.log.Debug("could not report a measured cost", zap.String("kind", kind), zap.Error(err))
 	}
+}
+
+// workerFields name a gang worker in its logs.
+func workerFields(spec api.WorkerSpec) []zap.Field {
+	return []zap.Field{zap.String("job", spec.Job), zap.String("gang", spec.Gang), zap.Int("rank", spec.Rank), zap.Int("generation", spec.Generation)}
 }
 
 func workerKey(job, gang string, rank int) string { return fmt.Sprintf("%s/%s/%d", job, gang, rank) }
@@ -390,7 +398,10 @@ func (w *cell) Started(ac *actors.Context) error {
 	if w.makeErr != nil {
 		return w.makeErr
 	}
-	w.ctx = Context{Context: context.Background(), ac: ac, c: w.c, w: w.h, restore: -1}
+	w.ctx = Context{Context: context.Background(), ac: ac, c: w.c, w: w.h, restore: -1, log: ac.Logger()}
+	if w.h != nil && !w.c.workerProc { // a worker process's logger names its worker already
+		w.ctx.log = w.ctx.log.With(workerFields(w.h.spec)...)
+	}
 	if cp, ok := w.user.(Checkpointer); ok && w.h != nil {
 		if err := w.restore(cp); err != nil {
 			return err
@@ -531,12 +542,16 @@ func serveWorker(ctx context.Context, s settings) error {
 		return fmt.Errorf("%w: %v", ErrWorkerPermanent, err)
 	}
 	log := s.log
+	var paLevel zapcore.Level
 	if !s.logSet { // a worker's stderr is its log file on its agent
 		if l, err := zap.NewProduction(); err == nil {
 			log = l
 		}
+		// protoactor-go logs each connection it opens and closes at info: in a worker's
+		// log they would bury the program's own lines.
+		paLevel = zapcore.WarnLevel
 	}
-	log = log.With(zap.String("job", spec.Job), zap.String("gang", spec.Gang), zap.Int("rank", spec.Rank), zap.Int("generation", spec.Generation))
+	log = log.With(workerFields(spec)...)
 	defer log.Sync()
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -558,7 +573,7 @@ func serveWorker(ctx context.Context, s settings) error {
 	if len(link) == 0 {
 		link = []byte(spec.Token)
 	}
-	sys, err := actors.NewSystem(actors.Config{Logger: log, DefaultCallTimeout: s.callTimeout, Codec: s.codec, Errors: s.errors,
+	sys, err := actors.NewSystem(actors.Config{Logger: log, ProtoactorLevel: paLevel, DefaultCallTimeout: s.callTimeout, Codec: s.codec, Errors: s.errors,
 		Remote: remoteConfig(net.JoinHostPort(host, "0"), link, id, authz.Worker(spec.Job, spec.Gang, spec.Rank).String(), client)})
 	if err != nil {
 		return fmt.Errorf("sdk: worker %s: actor system: %w", spec.Key(), err)
@@ -572,7 +587,7 @@ func serveWorker(ctx context.Context, s settings) error {
 	secureLinks(id, nil, plane, nil)
 	store := &agentStore{url: spec.Agent, token: spec.Token, holder: spec.Holder, transfer: spec.Transfer, hc: httpClient(id)}
 	go store.renew(ctx, 2*time.Second)
-	c := &conn{s: s, log: log.Named("sdk"), client: client, sys: sys, plane: plane, token: spec.Token, owner: spec.Holder, objects: store, agents: store.hc,
+	c := &conn{s: s, log: log.Named("sdk"), workerProc: true, client: client, sys: sys, plane: plane, token: spec.Token, owner: spec.Holder, objects: store, agents: store.hc,
 		principal: authz.Worker(spec.Job, spec.Gang, spec.Rank).String()}
 	c.init()
 	h, err := c.host(sctx, spec, store)

@@ -114,11 +114,11 @@ worker processes of the gangs placed on it.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&join, "join", "", "the heads' API URLs, comma-separated (as `atoll address` prints them)")
+	f.StringVar(&join, "join", "", "the heads' API `URLS`, comma-separated (as atoll address prints them)")
 	f.StringVar(&name, "name", "", "this machine's name in the cluster (default the host name)")
 	f.StringVar(&machine, "machine", "", "declare this machine instead of discovering it: a built-in machine (dgx-h100, ...) or a spec file with one machine; its GPUs are simulated")
 	f.IntVar(&rack, "rack", 0, "the machine's rack")
-	f.StringVar(&dir, "dir", "", "the agent's directory: object store spill files, executables, worker specs and logs")
+	f.StringVar(&dir, "dir", "", "the agent's directory `DIR`: object store spill files, executables, worker specs and logs")
 	f.StringVar(&tokenFile, "token-file", "", "file holding the cluster token, mode 0600 (default $ATOLL_TOKEN_FILE, or $ATOLL_TOKEN)")
 	f.StringVar(&caCert, "ca-cert", "", "the cluster CA's certificate (ca.crt), needed when the heads are https: the agent gets its own certificate from them (default $ATOLL_CA_CERT)")
 	f.StringVar(&listen, "listen", "127.0.0.1:0", "address of the agent API")

@@ -81,7 +81,7 @@ func newBenchActorsCmd() *cobra.Command {
 	f.BoolVar(&remote, "remote", false, "call actors in a second process (protoactor remote) instead of this one")
 	f.DurationVar(&cfg.Duration, "duration", time.Second, "length of each measured run")
 	f.IntVar(&cfg.Rounds, "rounds", 3, "interleaved rounds per path (the median is kept)")
-	f.IntSliceVar(&cfg.Pairs, "pairs", []int{1, 8}, "sender/actor counts to measure, each 1..1024; the first gives `ratio`")
+	f.IntSliceVar(&cfg.Pairs, "pairs", []int{1, 8}, "sender/actor counts to measure, each 1..1024; the first gives \"ratio\"")
 	return cmd
 }
 

@@ -207,7 +207,7 @@ func newBenchGangStartCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a running cluster's directory (default: a temporary cluster)")
+	f.StringVar(&dir, "dir", "", "a running cluster's directory `DIR` (default: a temporary cluster)")
 	f.IntVar(&workers, "workers", 16, "workers in the gang (one GPU each)")
 	f.IntVar(&agents, "agents", 2, "agents of a temporary cluster (DGX H100, 8 simulated GPUs each)")
 	f.IntVar(&runs, "runs", 10, "gangs started and measured")
@@ -284,7 +284,7 @@ func newBenchAllReduceCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a running cluster's directory (default: a temporary cluster)")
+	f.StringVar(&dir, "dir", "", "a running cluster's directory `DIR` (default: a temporary cluster)")
 	f.IntVar(&ranks, "ranks", 8, "worker processes")
 	f.IntVar(&agents, "agents", 2, "agents of a temporary cluster (DGX H100, 8 simulated GPUs each)")
 	f.IntVar(&iters, "iters", 5, "measured AllReduces (after one warm-up)")

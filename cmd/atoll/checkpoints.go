@@ -69,8 +69,8 @@ checkpoint recorded.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	f.StringVar(&job, "job", "", "only this job's checkpoints")
 	f.StringVar(&gang, "gang", "", "only this gang's checkpoints (with --job)")
 	f.BoolVar(&asJSON, "json", false, "print a JSON array: {job, gang, step, parts, readable_parts, bytes} per checkpoint")

@@ -3,8 +3,19 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/atoll-run/atoll/pools"
 )
 
 func runCLI(t *testing.T, args ...string) (string, error) {
@@ -149,12 +160,108 @@ func TestBadArgumentsAreRefused(t *testing.T) {
 		{[]string{"up"}, "--dir is required"},
 		{[]string{"up", "--dir", t.TempDir(), "--heads", "2"}, "--heads 2"},
 		{[]string{"up", "--dir", t.TempDir(), "--machine", "../../x"}, "--machine"},
-		{[]string{"status", "--dir", t.TempDir()}, "not a running cluster's directory"},
+		{[]string{"status", "--dir", t.TempDir()}, "no cluster runs in"},
 		{[]string{"logs", "../job"}, "job name"},
 	} {
 		_, err := runCLI(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("atoll %v: %v, want an error mentioning %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// TestFlagPlaceholders checks what --help shows after each flag: pflag takes a backquoted
+// word of a flag's usage as its placeholder, so a usage quoting a command ("of `atoll
+// up`") showed --dir atoll up. A backquoted placeholder is an upper-case word, and a
+// directory flag reads --dir DIR.
+func TestFlagPlaceholders(t *testing.T) {
+	placeholder := regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			name, _ := pflag.UnquoteUsage(f)
+			if strings.Contains(f.Usage, "`") && !placeholder.MatchString(name) {
+				t.Errorf("%s --%s shows the placeholder %q (usage %q): backquote an upper-case word, or none", c.CommandPath(), f.Name, name, f.Usage)
+			}
+			if f.Name == "dir" && name != "DIR" {
+				t.Errorf("%s --dir shows the placeholder %q: want DIR", c.CommandPath(), name)
+			}
+		})
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRootCmd())
+	out, err := runCLI(t, "status", "--help")
+	if err != nil || !strings.Contains(out, "--dir DIR ") || strings.Contains(out, "atoll up`") {
+		t.Errorf("atoll status --help: %v\n%s", err, out)
+	}
+}
+
+// TestStoppedClusterAnswersAtOnce runs every command that reaches a cluster against the
+// directory of one that does not run: each says so and what to do (before, status and
+// logs retried for 15 s and printed a certificate error, demo waited for ever), and down
+// says it had nothing to stop.
+func TestStoppedClusterAnswersAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	tf, _, err := initDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := newClusterFile(dir, 3, "dgx-h100", true, "") // its addresses are free: nothing listens
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf.TokenFile = tf
+	cf.Agents = []procInfo{{Name: "node-0", PID: 0, Dir: filepath.Join(dir, "agents", "node-0")}}
+	if err := writeClusterFile(dir, cf); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("no cluster runs in %s: start one with atoll up --dir %s", dir, dir)
+	for _, args := range [][]string{
+		{"status"}, {"status", "--json"}, {"logs", "digits", "--rank", "3"}, {"logs", "digits", "--follow"},
+		{"demo"}, {"demo", "--scenario", "autoscale"}, {"checkpoints", "--json"}, {"events"}, {"dashboard"},
+		{"queues"}, {"drain", "node-0"}, {"undrain", "node-0"}, {"submit", "--dir", dir, "--", "/bin/true"},
+		{"kill-worker", "digits"}, {"token", "revoke", "abc"}, {"token", "revoked"}, {"address"},
+	} {
+		if !slices.Contains(args, "--dir") {
+			args = append(args, "--dir", dir)
+		}
+		_, err := runCLI(t, args...)
+		if !errors.Is(err, errNoCluster) || !strings.Contains(err.Error(), want) {
+			t.Errorf("atoll %s --dir DIR: %v\nwant %q", strings.Join(args, " "), err, want)
+		}
+	}
+	out, err := runCLI(t, "down", "--dir", dir)
+	if err != nil || !strings.Contains(out, "nothing to stop") {
+		t.Errorf("atoll down on a stopped cluster: %v\n%s", err, out)
+	}
+	// An address whose heads do not listen is answered at once too.
+	_, err = runCLI(t, "status", "--address", cf.Address+";token-file="+tf)
+	if !errors.Is(err, errNoCluster) {
+		t.Errorf("atoll status --address of a stopped cluster: %v", err)
+	}
+}
+
+// TestExampleFiles checks the files README.md names: the queue file atoll queues --set
+// takes, and the pool file of atoll up --pools, which is the autoscale scenario's own.
+func TestExampleFiles(t *testing.T) {
+	conf, err := readSchedulerConfig(nil, "../../examples/queues.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if conf.DefaultQueue != "research" || len(conf.Queues) != 2 || len(conf.PriorityClasses) != 2 {
+		t.Errorf("examples/queues.json: %+v", conf)
+	}
+	file, err := pools.LoadFile("../../examples/pools.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	builtin, err := pools.Parse([]byte(builtinPools), "builtin", ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(file.Pools, builtin.Pools) {
+		t.Errorf("examples/pools.json is not the autoscale scenario's pools:\n%+v\n%+v", file.Pools, builtin.Pools)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
@@ -27,6 +28,7 @@ import (
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/pools"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/objects"
 	"github.com/atoll-run/atoll/sdk"
 )
@@ -111,15 +113,28 @@ type procInfo struct {
 	Cmdline []string `json:"cmdline,omitempty"`
 }
 
+// The usages of --dir and --address of the commands that reach a running cluster (pflag
+// shows the backquoted word as the flag's placeholder: --dir DIR).
+const (
+	dirUsage     = "the cluster in `DIR`, as atoll up --dir DIR started it"
+	addressUsage = "the cluster at `ADDRESS`, as atoll address prints it (default $ATOLL_ADDRESS)"
+)
+
 const (
 	clusterFileName = "cluster.json"
 	tokenFileName   = "token"
 )
 
+// errNoCluster: no cluster runs in the directory a command was given (or at its address).
+var errNoCluster = errors.New("no cluster runs")
+
 func readClusterFile(dir string) (*clusterFile, error) {
 	b, err := os.ReadFile(filepath.Join(dir, clusterFileName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w in %s (it has no %s): atoll up --dir %s starts one", errNoCluster, dir, clusterFileName, dir)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("%s is not a running cluster's directory (atoll up --dir %s starts one): %w", dir, dir, err)
+		return nil, fmt.Errorf("%s is not a cluster's directory (atoll up --dir %s starts one): %w", dir, dir, err)
 	}
 	var cf clusterFile
 	if err := json.Unmarshal(b, &cf); err != nil {
@@ -173,17 +188,76 @@ func clusterAddress(dir, address string) (string, *clusterFile, error) {
 		if err != nil {
 			return "", nil, err
 		}
+		if !cf.headsRun() {
+			return "", nil, fmt.Errorf("%w in %s: start one with atoll up --dir %s", errNoCluster, dir, dir)
+		}
 		addr := cf.Address + ";token-file=" + cf.TokenFile
 		if cf.CACert != "" {
 			addr += ";ca=" + cf.CACert
 		}
 		return addr, cf, nil
 	case address != "":
-		return address, nil, nil
+		return address, nil, headsListen(address)
 	case os.Getenv("ATOLL_ADDRESS") != "":
-		return os.Getenv("ATOLL_ADDRESS"), nil, nil
+		return os.Getenv("ATOLL_ADDRESS"), nil, headsListen(os.Getenv("ATOLL_ADDRESS"))
 	}
 	return "", nil, errors.New("which cluster? give --dir DIR (of atoll up) or --address (or set ATOLL_ADDRESS)")
+}
+
+// headsRun reports whether a head of the cluster runs: a process of its records runs on
+// this machine, or (the heads may run where this machine sees no process of theirs: in
+// containers, on other machines) one of their addresses takes a connection. A stopped
+// cluster is known at once: a connection to a closed port on this machine is refused.
+func (cf *clusterFile) headsRun() bool {
+	for _, h := range cf.Heads {
+		if h.running() {
+			return true
+		}
+	}
+	var urls []string
+	for _, h := range cf.Heads {
+		urls = append(urls, h.API)
+	}
+	return anyListens(urls)
+}
+
+// headsListen checks that a head of an address takes a connection, so that a command
+// against a stopped cluster says so at once instead of retrying until its deadline.
+func headsListen(address string) error {
+	a, err := sdk.ParseClusterAddress(address)
+	if err != nil {
+		return err
+	}
+	if !anyListens(a.Heads) {
+		return fmt.Errorf("%w at %s: no head takes a connection (is the cluster up? atoll up --dir DIR starts one)", errNoCluster, strings.Join(a.Heads, ","))
+	}
+	return nil
+}
+
+// anyListens reports whether any of the URLs' hosts takes a TCP connection within a
+// second (all are tried at once).
+func anyListens(urls []string) bool {
+	ok := make(chan bool, len(urls))
+	for _, raw := range urls {
+		go func() {
+			u, err := url.Parse(raw)
+			if err != nil || u.Host == "" {
+				ok <- false
+				return
+			}
+			c, err := net.DialTimeout("tcp", u.Host, time.Second)
+			if err == nil {
+				c.Close()
+			}
+			ok <- err == nil
+		}()
+	}
+	for range urls {
+		if <-ok {
+			return true
+		}
+	}
+	return false
 }
 
 // dialed is a connection of a command to a cluster: a client of its heads, its token, and
@@ -305,7 +379,7 @@ Existing files are kept.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&dir, "dir", "", "the cluster directory to create")
+	cmd.Flags().StringVar(&dir, "dir", "", "the cluster's directory `DIR` to create")
 	return cmd
 }
 
@@ -403,7 +477,7 @@ another process reuses is never taken for one of them.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "the cluster's directory (created with its secret if new)")
+	f.StringVar(&dir, "dir", "", "the cluster's directory `DIR` (created with its secret if new)")
 	f.IntVar(&agents, "agents", 4, "agent processes (one per declared machine)")
 	f.IntVar(&heads, "heads", 3, "head processes (1, 3 or 5)")
 	f.StringVar(&machine, "machine", "dgx-h100", "the machine each agent declares: a built-in machine or a spec file of one machine (simulated GPUs)")
@@ -510,8 +584,8 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		stopProcs(&clusterFile{Agents: started}, 5*time.Second)
 		return nil, st, err
 	}
-	start := func(p *procInfo, args []string) error {
-		pid, err := spawn(p.Log, env, args...)
+	start := func(p *procInfo, args []string, extra ...string) error {
+		pid, err := spawn(p.Log, append(slices.Clone(env), extra...), args...)
 		if err != nil {
 			return fmt.Errorf("start %s: %w", p.Name, err)
 		}
@@ -553,12 +627,17 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		if a.running() {
 			continue
 		}
-		args := append([]string{"agent", "--join", cf.Address, "--name", a.Name, "--machine", cf.Machine, "--dir", a.Dir}, cf.AgentArgs...)
+		args := []string{"agent", "--join", cf.Address, "--name", a.Name, "--machine", cf.Machine, "--dir", a.Dir}
 		if cf.GossipProbe != "" {
 			args = append(args, "--gossip-probe", cf.GossipProbe)
 		}
 		args = append(args, cf.AgentArgs...)
-		if err := start(a, args); err != nil {
+		cred, err := agentCredential(cf.TokenFile, a.Dir, a.Name)
+		if err != nil {
+			return fail(fmt.Errorf("agent %s: its credential: %w", a.Name, err))
+		}
+		// Its own credential, not the cluster token (an env entry later in the list wins).
+		if err := start(a, args, "ATOLL_TOKEN_FILE="+cred); err != nil {
 			return fail(err)
 		}
 	}
@@ -754,28 +833,40 @@ func newDownCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("down: %w", err)
 			}
-			cf.Agents = append(cf.Agents, poolAgents(abs)...)
+			// A pool's agent may be named by the pid files of several heads (each leader
+			// launches and records): each process is counted once.
+			for _, p := range poolAgents(abs) {
+				if !slices.ContainsFunc(cf.Agents, func(a procInfo) bool { return a.PID == p.PID }) {
+					cf.Agents = append(cf.Agents, p)
+				}
+			}
 			var ours []procInfo
-			for _, p := range append(cf.Heads, cf.Agents...) {
+			for _, p := range append(slices.Clone(cf.Heads), cf.Agents...) {
 				if p.running() {
 					ours = append(ours, p)
 				} else if p.PID > 0 && alive(p.PID) {
 					fmt.Fprintf(cmd.ErrOrStderr(), "down: %s is not running: its pid %d is another process now, left alone\n", p.Name, p.PID)
 				}
 			}
+			if len(ours) == 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "nothing to stop: no process of the cluster in %s runs; the directory keeps the data and logs\n", dir)
+				return nil
+			}
 			for _, n := range stopProcs(cf, grace) {
 				fmt.Fprintln(cmd.ErrOrStderr(), "down:", n)
 			}
+			var names []string
 			for _, p := range ours {
 				if p.running() {
 					return fmt.Errorf("down: %s (pid %d) is still running", p.Name, p.PID)
 				}
+				names = append(names, p.Name)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "stopped %d processes; the directory %s keeps the data and logs\n", len(ours), dir)
+			fmt.Fprintf(cmd.OutOrStdout(), "stopped %d processes (%s); the directory %s keeps the data and logs\n", len(ours), strings.Join(names, ", "), dir)
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&dir, "dir", "", "the cluster's directory")
+	cmd.Flags().StringVar(&dir, "dir", "", "the cluster's directory `DIR`")
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long each process has to stop before it is killed")
 	return cmd
 }
@@ -798,7 +889,7 @@ func newAddressCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&dir, "dir", "", "the cluster's directory")
+	cmd.Flags().StringVar(&dir, "dir", "", "the cluster's directory `DIR`")
 	return cmd
 }
 
@@ -847,8 +938,8 @@ func newStatusCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	f.BoolVar(&asJSON, "json", false, "print JSON: leader, heads, machines, gangs")
 	return cmd
 }
@@ -973,6 +1064,9 @@ func newKillWorkerCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("kill-worker: %w", err)
 			}
+			if gang, err = jobGang(ctx, c.Client, job, gang); err != nil {
+				return fmt.Errorf("kill-worker: %w", err)
+			}
 			g, _, err := c.Gang(ctx, job, gang)
 			if err != nil {
 				return fmt.Errorf("kill-worker: %w", err)
@@ -1001,9 +1095,40 @@ func newKillWorkerCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
-	f.StringVar(&gang, "gang", "", "the gang")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
+	f.StringVar(&gang, "gang", "", "the gang (default: the job's only gang)")
 	f.IntVar(&rank, "rank", 0, "the worker's rank")
 	return cmd
+}
+
+// agentCredentialFile is the name, in an agent's directory, of the credential `up` gives it.
+const agentCredentialFile = "credential"
+
+// agentCredential returns the file of the credential of an agent `up` starts (made once,
+// mode 0600, in its directory): a scoped token of agent/<name>, so that the agent holds
+// no cluster secret and can do only what that machine's agent does (docs/hardening.md).
+func agentCredential(clusterTokenFile, agentDir, name string) (string, error) {
+	path := filepath.Join(agentDir, agentCredentialFile)
+	if b, err := sdk.ReadTokenFile(path); err == nil {
+		if _, p, err := authz.ParseToken([]byte(mustToken(clusterTokenFile)), string(b)); err == nil && p == authz.Agent(name) {
+			return path, nil
+		}
+	}
+	secret, err := sdk.ReadTokenFile(clusterTokenFile)
+	if err != nil {
+		return "", err
+	}
+	tok, _, err := authz.NewToken(secret, authz.Claims{Principal: authz.Agent(name).String()})
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(agentDir, 0o700); err != nil {
+		return "", err
+	}
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(tok+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return path, os.Rename(tmp, path)
 }

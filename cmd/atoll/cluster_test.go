@@ -112,107 +112,6 @@ func printLogs(t *testing.T, dir string) {
 	}
 }
 
-func TestClusterUpStatusDemoDown(t *testing.T) {
-	t.Parallel()
-	bin, dir := upCluster(t, 4)
-	out, err := exec.Command(bin, "status", "--dir", dir, "--json").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var st struct {
-		Leader uint64 `json:"leader"`
-		Heads  []struct {
-			ID      uint64 `json:"id"`
-			Address string `json:"address"`
-			PID     int    `json:"pid"`
-			Leader  bool   `json:"leader"`
-		} `json:"heads"`
-		Machines []struct {
-			Name     string `json:"name"`
-			GPUs     int    `json:"gpus"`
-			FreeGPUs int    `json:"free_gpus"`
-			Alive    bool   `json:"alive"`
-			PID      int    `json:"pid"`
-		} `json:"machines"`
-		Gangs []json.RawMessage `json:"gangs"`
-	}
-	if err := json.Unmarshal(out, &st); err != nil {
-		t.Fatalf("status --json: %v\n%s", err, out)
-	}
-	leaders := 0
-	for _, h := range st.Heads {
-		if h.Leader {
-			leaders++
-			if h.ID != st.Leader {
-				t.Errorf("head %d marked leader, status leader %d", h.ID, st.Leader)
-			}
-		}
-		if h.PID == 0 || !alive(h.PID) {
-			t.Errorf("head %d pid %d is not a live process", h.ID, h.PID)
-		}
-	}
-	if len(st.Heads) != 3 || leaders != 1 || len(st.Machines) != 4 {
-		t.Fatalf("status: %d heads, %d leaders, %d machines\n%s", len(st.Heads), leaders, len(st.Machines), out)
-	}
-	for _, m := range st.Machines {
-		if m.GPUs != 8 || m.FreeGPUs != 8 || !m.Alive || !alive(m.PID) {
-			t.Errorf("machine %+v", m)
-		}
-	}
-	addr, err := exec.Command(bin, "address", "--dir", dir).Output()
-	if err != nil || !strings.Contains(string(addr), "token-file=") || !strings.Contains(string(addr), ";ca=") || !strings.HasPrefix(string(addr), "https://") {
-		t.Fatalf("address: %q %v", addr, err)
-	}
-	checkLinksAreMutualTLS(t, strings.TrimSpace(string(addr)))
-	// The demo on the cluster: 16 workers, one process each, across two machines.
-	demo := exec.Command(bin, "demo", "--dir", dir, "--workers", "16", "--steps", "80", "--kill-at", "37", "--json")
-	demo.Stderr = os.Stderr
-	out, err = demo.Output()
-	if err != nil {
-		t.Fatalf("demo --dir: %v\n%s", err, out)
-	}
-	var res struct {
-		WorkerPIDs   []int    `json:"worker_pids"`
-		MachinesUsed []string `json:"machines_used"`
-		Restarts     int      `json:"restarts"`
-		Restored     int      `json:"restored_from_step"`
-		Accuracy     float64  `json:"accuracy"`
-		Embedded     bool     `json:"embedded"`
-	}
-	if err := json.Unmarshal(out, &res); err != nil {
-		t.Fatalf("demo --json: %v\n%s", err, out)
-	}
-	pids := map[int]bool{}
-	for _, p := range res.WorkerPIDs {
-		pids[p] = true
-	}
-	if len(res.WorkerPIDs) != 16 || len(pids) != 16 || pids[demo.Process.Pid] {
-		t.Errorf("worker pids %v: want 16 distinct worker processes", res.WorkerPIDs)
-	}
-	if len(res.MachinesUsed) != 2 || res.Embedded {
-		t.Errorf("machines used %v (embedded %v): want 2 machines of the cluster", res.MachinesUsed, res.Embedded)
-	}
-	if res.Restarts != 1 || res.Restored != 25 || res.Accuracy < 0.85 {
-		t.Errorf("demo: %d restarts, restored from %d, accuracy %.3f", res.Restarts, res.Restored, res.Accuracy)
-	}
-	// A driver submitted to the cluster runs there (as `ray job submit`): the digits example
-	// program, built on its own, trains and exits; its output is its agent's log.
-	digits := filepath.Join(t.TempDir(), "digits")
-	if out, err := exec.Command("go", "build", "-o", digits, "../../examples/digits").CombinedOutput(); err != nil {
-		t.Fatalf("build the digits example: %v\n%s", err, out)
-	}
-	sctx, cancel := testtime.Context(t, 2*time.Minute)
-	defer cancel()
-	out, err = exec.CommandContext(sctx, bin, "submit", "--dir", dir, "--name", "digits-driver", "--wait", "--", digits).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "completed") {
-		t.Fatalf("atoll submit --wait: %v\n%s", err, out)
-	}
-	logs, err := exec.Command(bin, "logs", "digits-driver", "--dir", dir).CombinedOutput()
-	if err != nil || !strings.Contains(string(logs), "test accuracy") {
-		t.Fatalf("atoll logs of the submitted driver: %v\n%s", err, logs)
-	}
-}
-
 // TestClusterSurvivesFailures drives a gang on a cluster of processes through a worker
 // SIGKILL, an agent SIGKILL and a SIGKILL of the leader head, and checks that it restarts
 // from its checkpoint (on other machines when its machine is lost) and that nothing
@@ -399,6 +298,13 @@ func checkLinksAreMutualTLS(t *testing.T, address string) {
 		}
 		if code, _ := get(d.hc, m.Agent.API+"/v1/workers"); code != http.StatusOK {
 			t.Errorf("agent of %s refused a certified client: %d", m.Name, code)
+		}
+		// A client that checks the host it dialed (curl --cacert DIR/tls/ca.crt) verifies
+		// the agent: its certificate names its address.
+		byHost := d.hc.Transport.(*http.Transport).Clone()
+		byHost.TLSClientConfig.ServerName = ""
+		if code, err := get(&http.Client{Transport: byHost}, m.Agent.API+"/v1/workers"); code != http.StatusOK {
+			t.Errorf("agent of %s, checked by the host dialed: %d %v", m.Name, code, err)
 		}
 		cc := transfer.DefaultClientConfig()
 		cc.Token = []byte(d.token)

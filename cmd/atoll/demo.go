@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -72,11 +71,6 @@ all-for-one from its newest checkpoint. The GPUs are simulated: no GPU is needed
 						return fmt.Errorf("demo: %w", err)
 					}
 					o.ClusterOptions = append(o.ClusterOptions, sdk.WithAddress(addr))
-					dctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-					if c, err := dialCluster(dctx, addr); err == nil { // the loss goes to the dashboard
-						watch.client = c.Client
-					}
-					cancel()
 					if advertise != "" {
 						o.ClusterOptions = append(o.ClusterOptions, sdk.WithAdvertise(advertise))
 					}
@@ -122,8 +116,8 @@ summary
 	f.IntVar(&o.Workers, "workers", o.Workers, "workers in the gang (one GPU each)")
 	f.IntVar(&o.KillAtStep, "kill-at", o.KillAtStep, "crash one worker before this step (-1: never)")
 	f.IntVar(&o.KillRank, "kill-rank", o.KillRank, "the rank crashed (default 3, or the last rank of a smaller gang)")
-	f.StringVar(&dir, "dir", "", "run on the cluster `atoll up` started in this directory (default: the embedded default)")
-	f.StringVar(&address, "address", "", "run on the cluster at this address (as `atoll address` prints it)")
+	f.StringVar(&dir, "dir", "", "run on the cluster in `DIR`, as atoll up --dir DIR started it (default: the embedded default)")
+	f.StringVar(&address, "address", "", "run on the cluster at `ADDRESS`, as atoll address prints it")
 	f.StringVar(&advertise, "advertise", "", "host the cluster's machines reach this driver at (default 127.0.0.1; a container's name)")
 	f.StringVar(&clusterSpec, "cluster", "", "simulated machines: a topology spec name, shorthand (e.g. 2xhgx-h200) or file (default "+sdk.DefaultSpec+")")
 	f.Uint64Var(&o.Seed, "seed", o.Seed, "seed for the data split, weights and minibatches")

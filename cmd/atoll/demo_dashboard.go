@@ -16,15 +16,14 @@ import (
 
 // demoWatch is what `atoll demo` adds to the training for the dashboard: it prints the
 // dashboard's address once the gang is placed (--dashboard), reports each step's loss to
-// the leader (on a cluster whose token it has: --dir, --address), and keeps the cluster up
-// after training until Ctrl-C or --linger (--dashboard on the embedded default, whose
-// cluster ends with the demo).
+// the leader (Gang.Report, on the embedded default as on a cluster of processes), and
+// keeps the cluster up after training until Ctrl-C or --linger (--dashboard on the
+// embedded default, whose cluster ends with the demo).
 type demoWatch struct {
 	out       io.Writer
 	dashboard bool
 	linger    time.Duration
-	client    *api.Client // nil: no progress reports
-	job, gang string
+	gang      *sdk.Gang
 	reports   chan api.Progress
 	done      chan struct{}
 }
@@ -33,8 +32,8 @@ func (w *demoWatch) hooks() digits.Hooks {
 	return digits.Hooks{Started: w.started, Step: w.step, Finished: w.finished}
 }
 
-func (w *demoWatch) started(ctx context.Context, c *sdk.Cluster, job, gang string) {
-	w.job, w.gang = job, gang
+func (w *demoWatch) started(ctx context.Context, c *sdk.Cluster, _ string, gang *sdk.Gang) {
+	w.gang = gang
 	if w.dashboard {
 		st, err := c.Status(ctx)
 		switch {
@@ -46,10 +45,8 @@ func (w *demoWatch) started(ctx context.Context, c *sdk.Cluster, job, gang strin
 			fmt.Fprintf(w.out, "dashboard: %s\n", st.Dashboard)
 		}
 	}
-	if w.client != nil {
-		w.reports, w.done = make(chan api.Progress, 256), make(chan struct{})
-		go w.report(context.WithoutCancel(ctx))
-	}
+	w.reports, w.done = make(chan api.Progress, 256), make(chan struct{})
+	go w.report(context.WithoutCancel(ctx))
 }
 
 // report sends the progress reports in order; one that fails is dropped (the dashboard
@@ -58,7 +55,7 @@ func (w *demoWatch) report(ctx context.Context) {
 	defer close(w.done)
 	for p := range w.reports {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_ = w.client.ReportProgress(rctx, p)
+		_ = w.gang.Report(rctx, p.Step, p.Metrics)
 		cancel()
 	}
 }
@@ -68,7 +65,7 @@ func (w *demoWatch) step(step int64, loss float64) {
 		return
 	}
 	select {
-	case w.reports <- api.Progress{Job: w.job, Gang: w.gang, Step: step, Metrics: map[string]float64{"loss": loss}}:
+	case w.reports <- api.Progress{Step: step, Metrics: map[string]float64{"loss": loss}}:
 	default: // the head is slow: drop this point rather than slow the training
 	}
 }

@@ -222,8 +222,11 @@ func startAgentAs(ctx context.Context, t *testing.T, bin, dir, name, tokenFile s
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tokenFile == "" {
+	if tokenFile == "" { // the credential atoll up gave it, or (a new machine) the cluster token
 		tokenFile = cf.TokenFile
+		if c := filepath.Join(dir, "agents", name, agentCredentialFile); fileExists(c) {
+			tokenFile = c
+		}
 	}
 	logf, err := os.OpenFile(filepath.Join(dir, "logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -711,4 +714,9 @@ func TestCheckpointNeedsTwoCopies(t *testing.T) {
 	if _, err := sdk.Call[[]string](ctx, c, g.Worker(0), putDetached{N: 1}); err == nil || !strings.Contains(err.Error(), sdk.ErrNotDurable.Error()) {
 		t.Fatalf("a detached put on a single machine: %v, want ErrNotDurable", err)
 	}
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

@@ -126,6 +126,7 @@ func checkTiming(tick, election time.Duration) error {
 func newHeadCmd() *cobra.Command {
 	var (
 		id           uint64
+		idOrdinal    bool
 		listen       string
 		peersFlag    string
 		clientListen string
@@ -156,6 +157,18 @@ func newHeadCmd() *cobra.Command {
 			}
 			if dataDir == "" {
 				return errors.New("head: --data-dir is required")
+			}
+			if idOrdinal {
+				if id != 0 {
+					return fmt.Errorf("head: --id %d and --id-from-ordinal contradict each other", id)
+				}
+				host, err := os.Hostname()
+				if err != nil {
+					return fmt.Errorf("head: --id-from-ordinal: %w", err)
+				}
+				if id, err = ordinalID(host); err != nil {
+					return fmt.Errorf("head: --id-from-ordinal: %w", err)
+				}
 			}
 			if id == 0 || id > 65535 {
 				return fmt.Errorf("head: --id %d: want a replica id in 1..65535", id)
@@ -247,7 +260,7 @@ func newHeadCmd() *cobra.Command {
 			fmt.Fprintf(cmd.OutOrStdout(), "client-api %s\n", h.Address())
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			if err := startPools(ctx, h.Controller(), poolsOpt, dataDir, h.Address(), h.CallAgent, logger); err != nil {
+			if err := startPools(ctx, h.Controller(), poolsOpt, dataDir, h.Address(), token, h.CallAgent, logger); err != nil {
 				return fmt.Errorf("head: %w", err)
 			}
 			<-ctx.Done()
@@ -256,6 +269,7 @@ func newHeadCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.Uint64Var(&id, "id", 0, "this replica's id (1..65535), one of --peers")
+	f.BoolVar(&idOrdinal, "id-from-ordinal", false, "take --id from this host's name: 1 + the number after its last '-' (a Kubernetes StatefulSet's pod atoll-head-0 is head 1)")
 	f.StringVar(&listen, "listen", "", "address for replica-to-replica traffic (default: this id's --peers address)")
 	f.StringVar(&peersFlag, "peers", "", "every replica as id=host:port,... (this one included)")
 	f.StringVar(&clientListen, "client-listen", "127.0.0.1:0", "address of the HTTP API (clients, agents, workers)")
@@ -274,4 +288,18 @@ func newHeadCmd() *cobra.Command {
 	poolsOpt.flags(cmd)
 	f.DurationVar(&heartbeat, "heartbeat-timeout", 10*time.Second, "declare a machine dead after this long without its agent's load reports (a backstop to gossip)")
 	return cmd
+}
+
+// ordinalID is the head id of a StatefulSet pod's host name: its ordinal (the number
+// after the last '-') plus one.
+func ordinalID(host string) (uint64, error) {
+	i := strings.LastIndexByte(host, '-')
+	if i < 0 || i == len(host)-1 {
+		return 0, fmt.Errorf("host name %q does not end in -N (a StatefulSet pod's ordinal)", host)
+	}
+	n, err := strconv.ParseUint(host[i+1:], 10, 16)
+	if err != nil || n >= 65535 {
+		return 0, fmt.Errorf("host name %q: ordinal %q is not a number in 0..65534", host, host[i+1:])
+	}
+	return n + 1, nil
 }

@@ -104,3 +104,18 @@ func TestTimingFlagsValidated(t *testing.T) {
 		t.Errorf("the defaults are refused: %v", err)
 	}
 }
+
+// TestOrdinalID: a StatefulSet pod's ordinal is its head id minus one; a host name
+// without one is an error that names it.
+func TestOrdinalID(t *testing.T) {
+	for host, want := range map[string]uint64{"atoll-head-0": 1, "atoll-head-2": 3, "h-65534": 65535} {
+		if got, err := ordinalID(host); err != nil || got != want {
+			t.Errorf("ordinalID(%q) = %d, %v; want %d", host, got, err, want)
+		}
+	}
+	for _, host := range []string{"atoll", "atoll-head-", "atoll-head-x", "h-65535", "h-+1"} {
+		if _, err := ordinalID(host); err == nil || !strings.Contains(err.Error(), host) {
+			t.Errorf("ordinalID(%q): %v; want an error naming it", host, err)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -56,15 +57,8 @@ default run inside the driver's process and have no log of their own.`,
 			if err != nil {
 				return fmt.Errorf("logs: %w", err)
 			}
-			if gang == "" {
-				l, err := c.List(dctx, api.TableGangs+job+"/")
-				if err != nil {
-					return fmt.Errorf("logs: %w", err)
-				}
-				if len(l.KVs) != 1 {
-					return fmt.Errorf("logs: job %q has %d gangs: name one with --gang", job, len(l.KVs))
-				}
-				gang = strings.TrimPrefix(l.KVs[0].Key, api.TableGangs+job+"/")
+			if gang, err = jobGang(dctx, c.Client, job, gang); err != nil {
+				return fmt.Errorf("logs: %w", err)
 			}
 			lr := &logReader{c: c.Client, token: c.token, hc: c.hc, job: job, gang: gang, rank: rank, out: cmd.OutOrStdout(), note: cmd.ErrOrStderr()}
 			if !follow {
@@ -78,13 +72,55 @@ default run inside the driver's process and have no log of their own.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	f.StringVar(&gang, "gang", "", "the gang (default: the job's only gang)")
 	f.IntVar(&rank, "rank", 0, "the worker's rank")
 	f.IntVar(&gen, "gen", -1, "the gang generation (default: the newest on the rank's machine)")
 	f.BoolVarP(&follow, "follow", "f", false, "keep printing as the worker writes, through the gang's restarts")
 	return cmd
+}
+
+// jobGang checks that a job has the gang named (and names the job's only gang for ""),
+// saying what there is when it does not: no such job, or the gangs it has.
+func jobGang(ctx context.Context, c *api.Client, job, gang string) (string, error) {
+	prefix := api.TableGangs + job + "/"
+	l, err := c.List(ctx, prefix)
+	if err != nil {
+		return "", err
+	}
+	var gangs []string
+	for _, kv := range l.KVs {
+		gangs = append(gangs, strings.TrimPrefix(kv.Key, prefix))
+	}
+	if len(gangs) == 0 {
+		var j api.Job
+		found, err := c.Get(ctx, api.TableJobs+job, &j)
+		switch {
+		case err != nil:
+			return "", err
+		case !found:
+			return "", fmt.Errorf("no job %q on this cluster (atoll status lists the jobs' gangs)", job)
+		}
+		return "", fmt.Errorf("job %q has no gang: no worker of it ran", job)
+	}
+	switch {
+	case gang == "" && len(gangs) == 1:
+		return gangs[0], nil
+	case gang == "":
+		return "", fmt.Errorf("job %q has %d gangs (%s): name one with --gang", job, len(gangs), someNames(gangs))
+	case !slices.Contains(gangs, gang):
+		return "", fmt.Errorf("job %q has no gang %q (its gangs: %s)", job, gang, someNames(gangs))
+	}
+	return gang, nil
+}
+
+// someNames lists names, the first ten of a longer list.
+func someNames(names []string) string {
+	if len(names) > 10 {
+		return strings.Join(names[:10], ", ") + fmt.Sprintf(" and %d more", len(names)-10)
+	}
+	return strings.Join(names, ", ")
 }
 
 // logReader streams one rank's log from its agent.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"sort"
 	"strings"
@@ -104,8 +105,8 @@ new events as they are committed; --audit prints the audit events only.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	f.StringVar(&job, "job", "", "only this job's events")
 	f.BoolVarP(&follow, "follow", "f", false, "keep printing new events")
 	f.BoolVar(&asJSON, "json", false, "one JSON object per line")
@@ -168,8 +169,8 @@ scrape configuration for the heads' and agents' /metrics.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	f.BoolVar(&tokenOnly, "token", false, "print only the dashboard's token (read-only: the dashboard and /metrics)")
 	f.BoolVar(&prom, "prometheus", false, "print a Prometheus scrape configuration for the heads and agents")
 	return cmd
@@ -233,13 +234,23 @@ func queueName(q string) string {
 	return q
 }
 
+// shareText prints a queue's share (its use over its fair share: 1.00 is its share, above
+// borrows): "-" for a figure that is no ratio (a head before QueueShare reported 1e9 for
+// a queue whose fair share it had not computed).
+func shareText(v float64) string {
+	if math.IsNaN(v) || v < 0 || v >= 1e6 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
 // printQueues adds the queues' table to `atoll status`: gangs pending and holding GPUs,
 // with each queue's weight and share when the head reports its queues.
 func printQueues(w io.Writer, st api.Status) {
 	if len(st.Queues) > 0 {
 		fmt.Fprintln(w, "\nQUEUE\tWEIGHT\tPENDING\tRUNNING\tGPUS HELD\tSHARE")
 		for _, q := range st.Queues {
-			fmt.Fprintf(w, "%s\t%g\t%d\t%d\t%d\t%.2f\n", q.Name, q.Weight, q.Pending, q.Running, q.GPUs, q.Share)
+			fmt.Fprintf(w, "%s\t%g\t%d\t%d\t%d\t%s\n", q.Name, q.Weight, q.Pending, q.Running, q.GPUs, shareText(q.Share))
 		}
 		return
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/atoll-run/atoll/pools"
 	"github.com/atoll-run/atoll/pools/provider"
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/autoscale"
 )
 
@@ -60,7 +61,7 @@ func decodeSettings(raw json.RawMessage, v any) error {
 }
 
 // buildProviders makes one provider per pool (pools sharing a provider type share it).
-func buildProviders(set *pools.Set, o poolsOptions, cluster string) (map[string]autoscale.Provider, error) {
+func buildProviders(set *pools.Set, o poolsOptions, cluster string, cred func(machine string) (string, error)) (map[string]autoscale.Provider, error) {
 	out := map[string]autoscale.Provider{}
 	var local *provider.Local
 	for _, p := range set.Pools {
@@ -72,7 +73,7 @@ func buildProviders(set *pools.Set, o poolsOptions, cluster string) (map[string]
 				return nil, fmt.Errorf("%s: settings: %w", where, err)
 			}
 			if local == nil {
-				l, err := provider.NewLocal(provider.LocalConfig{Join: o.join, Dir: o.dir})
+				l, err := provider.NewLocal(provider.LocalConfig{Join: o.join, Dir: o.dir, Credential: cred})
 				if err != nil {
 					return nil, fmt.Errorf("%s: %w", where, err)
 				}
@@ -89,7 +90,7 @@ func buildProviders(set *pools.Set, o poolsOptions, cluster string) (map[string]
 				join = o.join
 			}
 			d, err := provider.NewDocker(provider.DockerConfig{Socket: s.Socket, Image: s.Image, Cluster: cluster, Join: join, Network: s.Network, Binds: s.Binds,
-				Env: tokenEnv()})
+				Env: tokenEnv(), Credential: cred})
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", where, err)
 			}
@@ -134,7 +135,7 @@ type poolController interface {
 
 // startPools loads the pool file and runs the autoscaler beside the controller until ctx
 // ends. dataDir and address default the pools directory and join address.
-func startPools(ctx context.Context, ctl poolController, o poolsOptions, dataDir, address string, callAgent agentCaller, logger *zap.Logger) error {
+func startPools(ctx context.Context, ctl poolController, o poolsOptions, dataDir, address string, token []byte, callAgent agentCaller, logger *zap.Logger) error {
 	if o.file == "" {
 		return nil
 	}
@@ -149,7 +150,12 @@ func startPools(ctx context.Context, ctl poolController, o poolsOptions, dataDir
 		o.join = address
 	}
 	abs, _ := filepath.Abs(o.dir)
-	provs, err := buildProviders(set, o, "atoll-"+shortHash(abs))
+	// Each machine's agent gets a credential of its own, not the cluster token.
+	cred := func(machine string) (string, error) {
+		tok, _, err := authz.NewToken(token, authz.Claims{Principal: authz.Agent(machine).String()})
+		return tok, err
+	}
+	provs, err := buildProviders(set, o, "atoll-"+shortHash(abs), cred)
 	if err != nil {
 		return err
 	}

@@ -92,8 +92,8 @@ queued keep their place.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	f.StringVar(&set, "set", "", "replace the configuration with this JSON file (- for standard input)")
 	f.BoolVar(&asJSON, "json", false, `print {"config": ..., "queues": [...]} as JSON`)
 	return cmd
@@ -155,7 +155,7 @@ func printSchedulerConfig(w io.Writer, conf api.SchedulerConfig, qs []api.QueueS
 		if q.QuotaGPUs > 0 {
 			quota = fmt.Sprint(q.QuotaGPUs)
 		}
-		fmt.Fprintf(tw, "%s\t%g\t%s\t%d\t%d\t%d\t%.2f\n", q.Name, q.Weight, quota, s.Pending, s.Running, s.GPUs, s.Share)
+		fmt.Fprintf(tw, "%s\t%g\t%s\t%d\t%d\t%d\t%s\n", q.Name, q.Weight, quota, s.Pending, s.Running, s.GPUs, shareText(s.Share))
 	}
 	if len(conf.PriorityClasses) > 0 {
 		fmt.Fprintln(tw, "\nPRIORITY CLASS\tVALUE\tDEFAULT")
@@ -214,8 +214,8 @@ atoll status shows it (cordoned, cordon_reason).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	f.StringVar(&reason, "reason", "", "why (shown in the gangs' notices and the events)")
 	f.DurationVar(&within, "within", 0, "the gangs' deadline to checkpoint and stop (0: the notice grace)")
 	return cmd
@@ -249,8 +249,8 @@ they went; drain notices already given stand.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	return cmd
 }
 

@@ -97,8 +97,8 @@ otherwise.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	f.StringVar(&name, "name", "", "the job's name (default submit-<time>)")
 	f.StringArrayVar(&env, "env", nil, "NAME=value for the driver's environment (repeatable; never secrets: they are stored in the log)")
 	f.BoolVar(&wait, "wait", false, "wait until the driver finishes")

@@ -134,7 +134,7 @@ ATOLL_TOKEN_FILE=DIR/token and ATOLL_CA_CERT=DIR/ca.crt. atoll token revoke ends
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "the cluster directory (of atoll init or atoll up): its token and CA sign the credential")
+	f.StringVar(&dir, "dir", "", "the cluster directory `DIR` (of atoll init or atoll up): its token and CA sign the credential")
 	f.StringVar(&role, "role", "driver", "the credential's role: driver, agent or worker")
 	f.StringVar(&job, "job", "", "the job of a driver or a worker")
 	f.StringVar(&gang, "gang", "", "the gang of a worker")
@@ -224,8 +224,8 @@ the revocation is an event (atoll events). Give the id that token create printed
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	f.StringVar(&credentials, "credentials", "", "the directory of the credential to revoke (as token create wrote it)")
 	f.StringVar(&reason, "reason", "", "why (kept with the revocation)")
 	return cmd
@@ -270,8 +270,8 @@ func newTokenRevokedCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&dir, "dir", "", "a cluster directory of `atoll up`")
-	f.StringVar(&address, "address", "", "a cluster's address (default $ATOLL_ADDRESS)")
+	f.StringVar(&dir, "dir", "", dirUsage)
+	f.StringVar(&address, "address", "", addressUsage)
 	f.BoolVar(&asJSON, "json", false, "one JSON object per line")
 	return cmd
 }

@@ -56,7 +56,7 @@ type Options struct {
 // Finished, which may keep the cluster up as long as it likes).
 type Hooks struct {
 	// Started: the gang is placed (job "digits", gang "dp").
-	Started func(ctx context.Context, c *sdk.Cluster, job, gang string)
+	Started func(ctx context.Context, c *sdk.Cluster, job string, gang *sdk.Gang)
 	// Step: a training step completed with this mean minibatch loss.
 	Step func(step int64, loss float64)
 	// Finished: training is over; the cluster is still up until it returns.
@@ -182,7 +182,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	res.Steps, res.TrainExamples, res.TestExamples, res.ModelParameters = o.Steps, train.Len(), test.Len(), NumParams(o.Hidden)
 	printPlacement(progress, res)
 	if o.Hooks.Started != nil {
-		o.Hooks.Started(ctx, c, job.Name(), gang.Name())
+		o.Hooks.Started(ctx, c, job.Name(), gang)
 	}
 
 	first, err := sdk.Call[evalReply](ctx, c, gang.Worker(0), evalReq{})

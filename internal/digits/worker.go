@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/atoll-run/atoll/sdk"
 )
 
@@ -37,6 +39,10 @@ type workerArgs struct {
 	LR, Momentum  float32
 	Seed          uint64
 }
+
+// logEvery is how often (in steps) a worker logs its minibatch loss: a worker's log
+// (atoll logs digits --rank N) shows its training.
+const logEvery = 10
 
 func newWorker(a workerArgs) sdk.Actor { return &worker{opts: a} }
 
@@ -86,6 +92,8 @@ func (w *worker) Start(c *sdk.Context) error {
 		w.velocity = make([]float32, len(w.model.Params))
 	}
 	w.grad = make([]float32, len(w.model.Params))
+	c.Logger().Info("training", zap.Int64("step", w.step), zap.Int("world", c.Size()),
+		zap.Int("shard", len(w.shard)), zap.Int("parameters", len(w.model.Params)))
 	return nil
 }
 
@@ -149,5 +157,9 @@ func (w *worker) doStep(c *sdk.Context) (stepResult, error) {
 		w.model.Params[i] -= w.velocity[i]
 	}
 	w.step++
+	if w.step%logEvery == 0 {
+		c.Logger().Info("trained", zap.Int64("step", w.step), zap.Float64("loss", loss/float64(max(len(batch), 1))),
+			zap.Int("correct", correct), zap.Int("batch", len(batch)))
+	}
 	return stepResult{Loss: loss, Count: len(batch), Correct: correct}, nil
 }

@@ -217,8 +217,9 @@ func (ca *CA) SignCSR(csrPEM []byte, name string) ([]byte, error) {
 }
 
 // SignCSRGrant is SignCSR for a certificate that carries a grant (the request's own
-// extensions are ignored too).
-func (ca *CA) SignCSRGrant(csrPEM []byte, name string, g Grant) ([]byte, error) {
+// extensions are ignored too). Hosts (IP addresses or DNS names) are added to ServerName,
+// as Issue adds them.
+func (ca *CA) SignCSRGrant(csrPEM []byte, name string, g Grant, hosts ...string) ([]byte, error) {
 	b, _ := pem.Decode(csrPEM)
 	if b == nil || b.Type != "CERTIFICATE REQUEST" {
 		return nil, errors.New("pki: not a PEM certificate request")
@@ -230,7 +231,7 @@ func (ca *CA) SignCSRGrant(csrPEM []byte, name string, g Grant) ([]byte, error) 
 	if err := csr.CheckSignature(); err != nil {
 		return nil, fmt.Errorf("pki: certificate request: %w", err)
 	}
-	return ca.sign(name, csr.PublicKey, g)
+	return ca.sign(name, csr.PublicKey, g, hosts...)
 }
 
 // NewCSR makes a key and a certificate request for it.

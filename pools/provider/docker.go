@@ -34,6 +34,10 @@ type DockerConfig struct {
 	Env []string
 	// Binds are bind mounts ("host:container:ro"), e.g. a token file.
 	Binds []string
+	// Credential, when set, makes each machine's agent credential (a scoped token of
+	// agent/<name>), given as the container's ATOLL_TOKEN instead of any in Env: the
+	// Engine keeps it in the container's config, and it is that machine's agent's only.
+	Credential func(machine string) (string, error)
 	// StopTimeout is the grace docker stop gives an agent. Default 10 s.
 	StopTimeout time.Duration
 	// APIVersion is the Engine API version in request paths. Default v1.41 (Docker 20.10+).
@@ -157,10 +161,23 @@ func (d *Docker) Launch(ctx context.Context, req LaunchRequest) error {
 		if d.cfg.Network != "host" {
 			cmd = append(cmd, "--listen", "0.0.0.0:7070", "--transfer-listen", "0.0.0.0:7071", "--gossip", "0.0.0.0:7946", "--advertise", cname)
 		}
+		env := d.cfg.Env
+		if d.cfg.Credential != nil {
+			tok, err := d.cfg.Credential(name)
+			if err != nil {
+				return fmt.Errorf("provider: agent %s: its credential: %w", name, err)
+			}
+			env = []string{"ATOLL_TOKEN=" + tok}
+			for _, e := range d.cfg.Env {
+				if !strings.HasPrefix(e, "ATOLL_TOKEN=") && !strings.HasPrefix(e, "ATOLL_TOKEN_FILE=") {
+					env = append(env, e)
+				}
+			}
+		}
 		create := map[string]any{
 			"Image":  d.cfg.Image,
 			"Cmd":    cmd,
-			"Env":    d.cfg.Env,
+			"Env":    env,
 			"Labels": map[string]string{labelCluster: d.cfg.Cluster, labelPool: req.Pool, labelMachine: name},
 			"HostConfig": map[string]any{
 				"NetworkMode": d.cfg.Network,

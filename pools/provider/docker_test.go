@@ -55,7 +55,8 @@ func TestDockerEngine(t *testing.T) {
 		t.Fatalf("docker build: %v\n%s", err, out)
 	}
 	d, err := NewDocker(DockerConfig{Socket: sock, Image: image, Cluster: cluster, Join: "http://heads.invalid:7000",
-		Env: []string{"ATOLL_TOKEN=0123456789abcdef0123456789abcdef"}, StopTimeout: 2 * time.Second})
+		Env: []string{"ATOLL_TOKEN=0123456789abcdef0123456789abcdef", "KEEP=1"}, StopTimeout: 2 * time.Second,
+		Credential: func(m string) (string, error) { return "credential-of-" + m, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,6 +77,7 @@ func TestDockerEngine(t *testing.T) {
 	var info struct {
 		Config struct {
 			Cmd    []string          `json:"Cmd"`
+			Env    []string          `json:"Env"`
 			Labels map[string]string `json:"Labels"`
 		} `json:"Config"`
 		State struct {
@@ -88,6 +90,10 @@ func TestDockerEngine(t *testing.T) {
 	cmd := strings.Join(info.Config.Cmd, " ")
 	if !strings.HasPrefix(cmd, "agent --join http://heads.invalid:7000 --name h100-0 --machine dgx-h100 --rack 1") {
 		t.Fatalf("container command %q", cmd)
+	}
+	// The machine's own credential replaces the cluster token; the rest of Env stays.
+	if env := strings.Join(info.Config.Env, " "); !strings.Contains(env, "ATOLL_TOKEN=credential-of-h100-0") || strings.Contains(env, "0123456789abcdef") || !strings.Contains(env, "KEEP=1") {
+		t.Fatalf("container env %q: want its credential, not the cluster token", env)
 	}
 	if info.Config.Labels[labelPool] != "h100" || info.Config.Labels[labelCluster] != cluster {
 		t.Fatalf("labels %v", info.Config.Labels)

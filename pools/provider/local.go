@@ -23,6 +23,10 @@ type LocalConfig struct {
 	Dir string
 	// Env is added to the agents' environment (ATOLL_TOKEN_FILE=...; never a secret itself).
 	Env []string
+	// Credential, when set, makes each machine's agent credential (a scoped token of
+	// agent/<name>): it is written to Dir/agents/NAME/credential (mode 0600) and given as
+	// the agent's ATOLL_TOKEN_FILE, so that the agent holds no cluster secret.
+	Credential func(machine string) (string, error)
 	// Grace is how long a terminated agent has after SIGTERM before SIGKILL. Default 10 s.
 	Grace time.Duration
 	// Now is the clock for notices (default time.Now).
@@ -100,6 +104,13 @@ func (l *Local) Launch(ctx context.Context, req LaunchRequest) error {
 			"--rack", strconv.Itoa(req.Rack), "--dir", filepath.Join(l.cfg.Dir, "agents", name))
 		cmd.Stdout, cmd.Stderr = logf, logf
 		cmd.Env = append(os.Environ(), l.cfg.Env...)
+		if l.cfg.Credential != nil {
+			f, err := l.credential(name)
+			if err != nil {
+				return fmt.Errorf("provider: agent %s: its credential: %w", name, err)
+			}
+			cmd.Env = append(cmd.Env, "ATOLL_TOKEN_FILE="+f) // the last entry wins
+		}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 		err = cmd.Start()
 		logf.Close()
@@ -185,3 +196,20 @@ func (l *Local) Interrupt(name string, after time.Duration) error {
 
 // Notices returns the injected notices not yet returned.
 func (l *Local) Notices() []Notice { return l.take() }
+
+// credential writes a machine's agent credential into its directory.
+func (l *Local) credential(name string) (string, error) {
+	tok, err := l.cfg.Credential(name)
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(l.cfg.Dir, "agents", name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "credential")
+	if err := os.WriteFile(path+".new", []byte(tok+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return path, os.Rename(path+".new", path)
+}

@@ -35,6 +35,7 @@ func TestMain(m *testing.M) {
 				name = os.Args[i+1]
 			}
 		}
+		_ = os.WriteFile(filepath.Join(dir, name+".tokenfile"), []byte(os.Getenv("ATOLL_TOKEN_FILE")), 0o600)
 		_ = os.WriteFile(filepath.Join(dir, name+".args"), []byte(strings.Join(os.Args[1:], " ")), 0o600)
 		if os.Getenv("ATOLL_FAKE_AGENT_STUBBORN") != "" {
 			signal.Ignore(syscall.SIGTERM)
@@ -65,7 +66,8 @@ func TestLocal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := NewLocal(LocalConfig{Exe: exe, Join: "http://127.0.0.1:1", Dir: dir, Env: []string{"ATOLL_FAKE_AGENT=" + dir}, Grace: 5 * time.Second})
+	l, err := NewLocal(LocalConfig{Exe: exe, Join: "http://127.0.0.1:1", Dir: dir, Env: []string{"ATOLL_FAKE_AGENT=" + dir, "ATOLL_TOKEN_FILE=/cluster/token"}, Grace: 5 * time.Second,
+		Credential: func(m string) (string, error) { return "credential-of-" + m, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,6 +76,16 @@ func TestLocal(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := waitFile(t, filepath.Join(dir, "p-0.args"))
+	// Its own credential, not the cluster token's file.
+	cred := filepath.Join(dir, "agents", "p-0", "credential")
+	if tf, _ := os.ReadFile(filepath.Join(dir, "p-0.tokenfile")); string(tf) != cred {
+		t.Errorf("the agent's ATOLL_TOKEN_FILE %q, want %s", tf, cred)
+	}
+	if st, err := os.Stat(cred); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("the credential file: %v %v, want mode 0600", st, err)
+	} else if b, _ := os.ReadFile(cred); strings.TrimSpace(string(b)) != "credential-of-p-0" {
+		t.Errorf("the credential file holds %q", b)
+	}
 	want := "agent --join http://127.0.0.1:1 --name p-0 --machine dgx-h100 --rack 2 --dir " + filepath.Join(dir, "agents", "p-0")
 	if args != want {
 		t.Fatalf("agent arguments %q, want %q", args, want)

@@ -221,7 +221,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		if len(cfg.CACert) == 0 {
 			return nil, fmt.Errorf("%w: agent %s: the heads are https but the agent has no cluster CA certificate (--ca-cert)", api.ErrInvalid, cfg.Name)
 		}
-		id, err = api.RequestIdentityAs(ctx, cfg.Heads, string(cfg.Token), cfg.CACert, "agent/"+cfg.Name, authz.Agent(cfg.Name).String())
+		id, err = api.RequestIdentityAs(ctx, cfg.Heads, string(cfg.Token), cfg.CACert, "agent/"+cfg.Name, authz.Agent(cfg.Name).String(), serverHosts(cfg)...)
 		if err != nil {
 			return nil, fmt.Errorf("agent %s: its certificate: %w", cfg.Name, err)
 		}
@@ -966,4 +966,28 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 		err = a.srv.Close()
 	}
 	return errors.Join(err, a.node.Shutdown(ctx))
+}
+
+// serverHosts are the hosts the agent's certificate names, for clients that check the
+// host they dialed (curl --cacert DIR/tls/ca.crt https://127.0.0.1:PORT/...): the loopback
+// names, its API's and object store's listen hosts (unless unspecified) and the host it
+// advertises.
+func serverHosts(cfg Config) []string {
+	hosts := []string{"localhost", "127.0.0.1", "::1"}
+	add := func(h string) {
+		if h == "" || slices.Contains(hosts, h) {
+			return
+		}
+		if ip := net.ParseIP(h); ip != nil && ip.IsUnspecified() {
+			return
+		}
+		hosts = append(hosts, h)
+	}
+	for _, l := range []string{cfg.Listen, cfg.TransferListen} {
+		if h, _, err := net.SplitHostPort(l); err == nil {
+			add(h)
+		}
+	}
+	add(cfg.Advertise)
+	return hosts
 }

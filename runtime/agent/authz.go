@@ -268,6 +268,11 @@ func (s *agentState) objectOwner(ctx context.Context, id object.ID) (string, err
 func (a *Agent) authorize(w http.ResponseWriter, r *http.Request, mux *http.ServeMux) (*http.Request, bool) {
 	bearer, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	id, err := a.authn.Authenticate(bearer, r.TLS)
+	if errors.Is(err, api.ErrUnavailable) { // no head reviewed the token (credential.go)
+		a.log.Warn("a request's token could not be reviewed", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path), zap.Error(err))
+		a.fail(w, err)
+		return nil, false
+	}
 	if err != nil {
 		a.log.Warn("unauthenticated agent request refused", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path), zap.Error(err))
 		writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: " + strings.TrimPrefix(err.Error(), "unauthenticated: "), Kind: "unauthenticated"})

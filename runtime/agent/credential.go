@@ -91,8 +91,8 @@ func (a *Agent) review(bearer string) (authz.Identity, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	ans, err := a.client.ReviewToken(ctx, bearer)
-	if err != nil { // not cached: the next request asks again
-		return authz.Identity{}, fmt.Errorf("%w: the heads could not review the token: %v", authz.ErrUnauthenticated, err)
+	if err != nil { // not cached: the next request asks again (a 503: the caller retries)
+		return authz.Identity{}, fmt.Errorf("%w: the heads could not review the caller's token: %v", api.ErrUnavailable, err)
 	}
 	r = reviewed{until: now.Add(reviewTTL)}
 	if ans.Error != "" {

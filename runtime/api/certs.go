@@ -24,7 +24,15 @@ type CertRequest struct {
 	Name      string `json:"name"`
 	CSR       string `json:"csr"`
 	Principal string `json:"principal,omitempty"`
+	// Hosts are the IP addresses and DNS names a server is reached at (an agent's listen
+	// and advertised hosts), named in its certificate beside pki.ServerName so that a
+	// client checking the host it dialed (curl --cacert) verifies it. Only an agent's
+	// certificate names hosts, at most MaxCertHosts.
+	Hosts []string `json:"hosts,omitempty"`
 }
+
+// MaxCertHosts bounds CertRequest.Hosts.
+const MaxCertHosts = 16
 
 // CertReply is the signed certificate and the cluster CA's, both PEM, and the principal
 // the certificate grants.
@@ -59,8 +67,8 @@ func RequestIdentity(ctx context.Context, heads []string, token string, caPEM []
 }
 
 // RequestIdentityAs is RequestIdentity for a certificate that grants principal (see
-// CertRequest.Principal).
-func RequestIdentityAs(ctx context.Context, heads []string, token string, caPEM []byte, name, principal string) (*pki.Identity, error) {
+// CertRequest.Principal) and names hosts (see CertRequest.Hosts).
+func RequestIdentityAs(ctx context.Context, heads []string, token string, caPEM []byte, name, principal string, hosts ...string) (*pki.Identity, error) {
 	if err := pki.ValidName(name); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
@@ -72,7 +80,7 @@ func RequestIdentityAs(ctx context.Context, heads []string, token string, caPEM 
 	if err != nil {
 		return nil, err
 	}
-	body, _ := json.Marshal(CertRequest{Name: name, CSR: string(csr), Principal: principal})
+	body, _ := json.Marshal(CertRequest{Name: name, CSR: string(csr), Principal: principal, Hosts: hosts})
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = trust
 	hc := &http.Client{Transport: tr, Timeout: 5 * time.Second}
@@ -112,7 +120,7 @@ func RequestIdentityAs(ctx context.Context, heads []string, token string, caPEM 
 			}
 			var rep CertReply
 			if err := json.Unmarshal(data, &rep); err != nil {
-				return nil, fmt.Errorf("atoll: decode the certificate from %s: %w", h, err)
+				return nil, fmt.Errorf("api: decode the certificate from %s: %w", h, err)
 			}
 			// Trust the CA we were given, not the one the head sent back.
 			return pki.NewIdentity(caPEM, []byte(rep.Cert), key)

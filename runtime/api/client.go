@@ -93,7 +93,7 @@ func errorFromBody(b ErrorBody, status int) error {
 	if b.Error == "" {
 		b.Error = http.StatusText(status)
 	}
-	return fmt.Errorf("atoll: head answered %d: %s", status, b.Error)
+	return fmt.Errorf("api: head answered %d: %s", status, b.Error)
 }
 
 // ClientConfig configures a Client.
@@ -241,12 +241,12 @@ func (c *Client) once(ctx context.Context, base, method, path string, in, out an
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
 	if err != nil {
-		return resp.StatusCode, fmt.Errorf("atoll: read %s from %s: %w", path, base, err)
+		return resp.StatusCode, fmt.Errorf("api: read %s from %s: %w", path, base, err)
 	}
 	if resp.StatusCode/100 == 2 {
 		if out != nil && len(data) > 0 {
 			if err := json.Unmarshal(data, out); err != nil {
-				return resp.StatusCode, fmt.Errorf("atoll: decode %s from %s: %w", path, base, err)
+				return resp.StatusCode, fmt.Errorf("api: decode %s from %s: %w", path, base, err)
 			}
 		}
 		return resp.StatusCode, nil
@@ -447,7 +447,7 @@ func (c *Client) Get(ctx context.Context, key string, out any) (bool, error) {
 		return ok, err
 	}
 	if err := json.Unmarshal(kv.Value, out); err != nil {
-		return true, fmt.Errorf("atoll: decode %s: %w", key, err)
+		return true, fmt.Errorf("api: decode %s: %w", key, err)
 	}
 	return true, nil
 }
@@ -570,7 +570,7 @@ func (c *Client) Gang(ctx context.Context, job, gang string) (Gang, int64, error
 	}
 	var g Gang
 	if err := json.Unmarshal(kv.Value, &g); err != nil {
-		return Gang{}, 0, fmt.Errorf("atoll: decode gang %s/%s: %w", job, gang, err)
+		return Gang{}, 0, fmt.Errorf("api: decode gang %s/%s: %w", job, gang, err)
 	}
 	return g, kv.ModRevision, nil
 }
@@ -586,7 +586,7 @@ func (c *Client) Workers(ctx context.Context, job, gang string) (map[int]Worker,
 	for _, kv := range kvs {
 		var w Worker
 		if err := json.Unmarshal(kv.Value, &w); err != nil {
-			return nil, fmt.Errorf("atoll: decode worker %s: %w", kv.Key, err)
+			return nil, fmt.Errorf("api: decode worker %s: %w", kv.Key, err)
 		}
 		out[w.Rank] = w
 	}
@@ -652,7 +652,7 @@ func DecodeEvents(kvs []KV, after int64) ([]Event, error) {
 		}
 		var e Event
 		if err := json.Unmarshal(kv.Value, &e); err != nil {
-			return out, fmt.Errorf("atoll: decode event %s: %w", kv.Key, err)
+			return out, fmt.Errorf("api: decode event %s: %w", kv.Key, err)
 		}
 		if e.Seq > after {
 			out = append(out, e)

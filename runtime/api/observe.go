@@ -153,6 +153,11 @@ type Progress struct {
 	Step    int64              `json:"step"`
 	Metrics map[string]float64 `json:"metrics,omitempty"`
 	Time    time.Time          `json:"time,omitempty"`
+	// UID and Generation are the run of the gang the report is of, stamped by the leader
+	// from the gang's record when the report arrives: a gang spawned again under the same
+	// name is another run (another UID), a restart another generation of the same run.
+	UID        string `json:"uid,omitempty"`
+	Generation int    `json:"generation,omitempty"`
 }
 
 // Validate checks a progress report's names and bounds.

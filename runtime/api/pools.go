@@ -1,6 +1,9 @@
 package api
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // PoolStatus is an autoscaling pool's line in the cluster status (issue 12).
 type PoolStatus struct {
@@ -41,6 +44,14 @@ type PoolEvent struct {
 type PoolsStatus struct {
 	Pools  []PoolStatus `json:"pools"`
 	Events []PoolEvent  `json:"events,omitempty"`
+}
+
+// MarshalJSON writes the pools as a list, [] when there are none (never null).
+func (s PoolsStatus) MarshalJSON() ([]byte, error) {
+	type plain PoolsStatus
+	p := plain(s)
+	p.Pools = orEmpty(p.Pools)
+	return json.Marshal(p)
 }
 
 // InterruptRequest injects a spot interruption notice for a pool machine, due After from

@@ -24,6 +24,7 @@
 package api
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -69,27 +70,27 @@ const (
 // on the client's side.
 var (
 	// ErrInvalid: a malformed request (bad name, negative size...).
-	ErrInvalid = errors.New("atoll: invalid request")
+	ErrInvalid = errors.New("api: invalid request")
 	// ErrNeverFits: a gang that no state of the cluster could ever place.
-	ErrNeverFits = errors.New("atoll: gang can never fit on this cluster")
+	ErrNeverFits = errors.New("api: gang can never fit on this cluster")
 	// ErrNoCapacity: a gang that does not fit now.
-	ErrNoCapacity = errors.New("atoll: not enough free capacity now")
+	ErrNoCapacity = errors.New("api: not enough free capacity now")
 	// ErrTooLarge: a request body over the limit of the process that reads it (HTTP 413,
 	// the limit named in the message); nothing past the limit was read.
-	ErrTooLarge = errors.New("atoll: request body too large")
+	ErrTooLarge = errors.New("api: request body too large")
 	// ErrSaturated: the cluster's queue is full (past its bound of pending gangs); the
 	// submission may be retried later (RetryAfter). Nothing queued was dropped.
-	ErrSaturated = errors.New("atoll: cluster saturated")
+	ErrSaturated = errors.New("api: cluster saturated")
 	// ErrNotFound: no such job, gang, machine or worker.
-	ErrNotFound = errors.New("atoll: not found")
+	ErrNotFound = errors.New("api: not found")
 	// ErrExists: a job or gang of that name already exists.
-	ErrExists = errors.New("atoll: already exists")
+	ErrExists = errors.New("api: already exists")
 	// ErrStale: a worker of a generation that has ended.
-	ErrStale = errors.New("atoll: stale generation")
+	ErrStale = errors.New("api: stale generation")
 	// ErrUnavailable: no head answered as leader in time (retryable).
-	ErrUnavailable = errors.New("atoll: no leader head available")
+	ErrUnavailable = errors.New("api: no leader head available")
 	// ErrUnauthenticated: the cluster refused our credentials.
-	ErrUnauthenticated = errors.New("atoll: not authenticated")
+	ErrUnauthenticated = errors.New("api: not authenticated")
 	// ErrForbidden: our credentials do not allow this (HTTP 403): the answer names the
 	// role and the action (runtime/authz's table).
 	ErrForbidden = authz.ErrForbidden
@@ -238,7 +239,10 @@ type GangSpec struct {
 	Duration Duration `json:"duration,omitempty"`
 	// TimeLimit is an upper bound on the run time its user declares (Slurm's --time; 0:
 	// none): the scheduler's run-time predictor caps its guesses by it and learns per
-	// limit, and backfill relies on it. Nothing stops a gang that runs past it.
+	// limit, and backfill relies on it. The leader holds the gang to it: its run time
+	// (kept progress plus the current run) reaching the limit fails it ("time limit
+	// reached", as Slurm's TIMEOUT), after a NoticeTimeLimit one notice grace before for
+	// a gang with JustInTime, which may checkpoint and yield to stop there instead.
 	TimeLimit Duration `json:"time_limit,omitempty"`
 	// AllReduceBytes is the size of the gang's typical AllReduce (its gradients).
 	AllReduceBytes int64 `json:"allreduce_bytes,omitempty"`
@@ -551,6 +555,41 @@ func (g *Gang) Ranks() []int {
 	return g.Active()
 }
 
+// Size is the gang's size as the status shows it: its program's members once placed,
+// else the workers it asks for.
+func (g *Gang) Size() int {
+	if g.State == GangPending || g.Placement == nil {
+		return g.Spec.Workers
+	}
+	return len(g.Ranks())
+}
+
+// ReadyWorkers counts the members of the gang's program whose worker of this generation
+// is up (ready reports a member index): 0 unless the gang is starting or running, since an
+// ended or restarting gang's workers are gone even when their records stay in the log.
+func (g *Gang) ReadyWorkers(ready func(member int) bool) int {
+	if g.State != GangStarting && g.State != GangRunning {
+		return 0
+	}
+	n := 0
+	for _, m := range g.Ranks() {
+		if ready(m) {
+			n++
+		}
+	}
+	return n
+}
+
+// HeldGPUs counts the cards a placed gang's active members hold (a share or a MIG slice
+// counts as one card).
+func (g *Gang) HeldGPUs() int {
+	n := 0
+	for _, i := range g.Active() {
+		n += len(g.Placement.Members[i].GPUs)
+	}
+	return n
+}
+
 // World is the members an elastic gang's program works with (member indices, in rank
 // order) at Epoch, which counts the resizes its driver took in this generation.
 type World struct {
@@ -573,6 +612,9 @@ const (
 	NoticeShrink NoticeKind = "shrink"
 	// NoticeGrow: the members in Add are placed and starting; take them at the next step.
 	NoticeGrow NoticeKind = "grow"
+	// NoticeTimeLimit: the gang's TimeLimit ends at the deadline (Slurm's --time, with its
+	// --signal warning): checkpoint and yield to stop there; past it the gang fails.
+	NoticeTimeLimit NoticeKind = "time_limit"
 )
 
 // Notice asks a running gang to change: its driver takes it at a step boundary (a
@@ -885,9 +927,26 @@ type Status struct {
 	// Pools is the autoscaler's view, when the leader runs one (head --pools).
 	Pools *PoolsStatus `json:"pools,omitempty"`
 	// Queues are the operator's queues with what they hold and wait for.
-	Queues []QueueStatus `json:"queues,omitempty"`
+	Queues []QueueStatus `json:"queues"`
 	// Objects counts the object directory's records (`atoll status` reads them).
 	Objects *ObjectsStatus `json:"objects,omitempty"`
+}
+
+// MarshalJSON writes the status with every list present: an empty list is [], never
+// null (a reader iterates the lists of a fresh cluster without checking for null).
+func (s Status) MarshalJSON() ([]byte, error) {
+	type plain Status
+	p := plain(s)
+	p.Heads, p.Machines, p.Gangs, p.Queues = orEmpty(p.Heads), orEmpty(p.Machines), orEmpty(p.Gangs), orEmpty(p.Queues)
+	return json.Marshal(p)
+}
+
+// orEmpty returns s, or an empty slice for a nil one (which JSON writes as null).
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
 // ObjectsStatus counts the object directory's records: the live objects (those with a
@@ -1093,6 +1152,44 @@ func (c *SchedulerConfig) Priority(s GangSpec) (int, error) {
 		}
 	}
 	return 0, nil
+}
+
+// QueueOf is the queue of a gang of spec s: the one it names, else the default queue.
+func (c *SchedulerConfig) QueueOf(s GangSpec) string {
+	if s.Queue != "" {
+		return s.Queue
+	}
+	if c.DefaultQueue == "" {
+		return "default" // a configuration not validated
+	}
+	return c.DefaultQueue
+}
+
+// QueueLines is every configured queue's line, in the configuration's order: its pending
+// gangs, its starting, running and restarting ones and the cards they hold. The share is
+// the scheduler's to fill. A gang of a queue the configuration lacks is not counted.
+func (c *SchedulerConfig) QueueLines(gangs []Gang) []QueueStatus {
+	out := make([]QueueStatus, 0, len(c.Queues))
+	idx := map[string]int{}
+	for _, q := range c.Queues {
+		idx[q.Name] = len(out)
+		out = append(out, QueueStatus{Name: q.Name, Weight: q.Weight, QuotaGPUs: q.QuotaGPUs})
+	}
+	for i := range gangs {
+		g := &gangs[i]
+		at, ok := idx[c.QueueOf(g.Spec)]
+		if !ok {
+			continue
+		}
+		switch g.State {
+		case GangPending:
+			out[at].Pending++
+		case GangStarting, GangRunning, GangRestarting:
+			out[at].Running++
+			out[at].GPUs += g.HeldGPUs()
+		}
+	}
+	return out
 }
 
 // QueueStatus is a queue's line in the cluster status.

@@ -36,6 +36,9 @@ func TestHoldingsOf(t *testing.T) {
 			holders: map[cardKey][]Holder{{"a", 0}: {{Gang: "j/s", Rank: 0, Milli: 500}}, {"a", 1}: {{Gang: "j/s", Rank: 1}},
 				{"a", 2}: {{Gang: "j/s", Rank: 2, MIG: "1g.10gb"}}},
 			perGang: map[string]int{"j/s": 3}},
+		{name: "a member an elastic gang shrank away holds nothing",
+			gangs:   []api.Gang{gang("e", api.GangRunning, place(api.Member{Machine: "a", GPUs: []int{0}}, api.Member{Machine: "a", GPUs: []int{1}, Removed: true}))},
+			holders: map[cardKey][]Holder{{"a", 0}: {{Gang: "j/e"}}}, perGang: map[string]int{"j/e": 1}},
 		{name: "two gangs share a card, in the gangs' order",
 			gangs: []api.Gang{gang("x", api.GangRunning, place(api.Member{Machine: "a", GPUs: []int{0}, Milli: 300})),
 				gang("y", api.GangRunning, place(api.Member{Machine: "a", GPUs: []int{0}, Milli: 700}))},
@@ -207,7 +210,9 @@ func TestQueueAdd(t *testing.T) {
 }
 
 func TestGangView(t *testing.T) {
-	f := gangFacts{gpus: map[string]int{"j/a": 4}, ready: map[string]map[int]bool{"j/a": {0: true, 1: true}},
+	three := &api.Placement{Members: []api.Member{{Machine: "m"}, {Machine: "m"}, {Machine: "m"}}}
+	shrunk := &api.Placement{Members: []api.Member{{Machine: "m"}, {Machine: "m", Removed: true}, {Machine: "m"}}}
+	f := gangFacts{gpus: map[string]int{"j/a": 4}, ready: map[string]map[int]bool{"j/a": {0: true, 1: true}, "j/s": {0: true, 1: true, 2: true, 5: true}},
 		ckpts: map[string]*ckpt{"j/a": {n: 2, last: 7}}, reasons: map[string]string{"j/a": "newer", "j/b": ""},
 		progress: map[string]api.Progress{"j/a": {Step: 3}}}
 	cases := []struct {
@@ -222,8 +227,13 @@ func TestGangView(t *testing.T) {
 		checkpts int
 	}{
 		{name: "running: ready workers, checkpoints, progress; the leader's reason is only for pending gangs",
-			g: api.Gang{Spec: api.GangSpec{Job: "j", Name: "a", Queue: "q"}, State: api.GangRunning, Reason: "log"}, queue: "q", ready: 2, reason: "log",
+			g: api.Gang{Spec: api.GangSpec{Job: "j", Name: "a", Queue: "q"}, State: api.GangRunning, Reason: "log", Placement: three}, queue: "q", ready: 2, reason: "log",
 			last: 7, gpus: 4, progress: true, checkpts: 2},
+		{name: "stopped: its workers' records of its generation are not ready workers",
+			g: api.Gang{Spec: api.GangSpec{Job: "j", Name: "a"}, State: api.GangStopped, Placement: three}, queue: DefaultQueue, ready: 0,
+			last: 7, gpus: 4, progress: true, checkpts: 2},
+		{name: "shrunk: only the program's members count, never more than its size",
+			g: api.Gang{Spec: api.GangSpec{Job: "j", Name: "s"}, State: api.GangRunning, Placement: shrunk}, queue: DefaultQueue, ready: 2, last: -1},
 		{name: "pending: the leader's newer reason, no ready count",
 			g: api.Gang{Spec: api.GangSpec{Job: "j", Name: "a"}, State: api.GangPending, Reason: "log"}, queue: DefaultQueue, reason: "newer",
 			last: 7, gpus: 4, progress: true, checkpts: 2},
@@ -234,7 +244,7 @@ func TestGangView(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			gv := f.view(c.g)
 			if gv.Queue != c.queue || gv.Ready != c.ready || gv.Reason != c.reason || gv.LastCheckpoint != c.last || gv.GPUs != c.gpus ||
-				(gv.Progress != nil) != c.progress || gv.Checkpoints != c.checkpts {
+				(gv.Progress != nil) != c.progress || gv.Checkpoints != c.checkpts || gv.Ready > gv.Workers {
 				t.Errorf("gang %+v", gv)
 			}
 		})

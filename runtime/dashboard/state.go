@@ -19,10 +19,14 @@ type Inputs struct {
 	Gangs       []api.Gang
 	Workers     []api.Worker
 	Checkpoints []api.Checkpoint
+	// Scheduler is the operator's scheduler configuration as the log has it (its queues,
+	// default queue and priority classes; nil: the default configuration).
+	Scheduler *api.SchedulerConfig
 	// Leader-only; nil on a follower.
 	Loads    map[string]api.LoadReport
 	Reasons  map[string]string // gang key -> why it waits, as the last scheduling cycle said
 	Progress map[string]api.Progress
+	Shares   map[string]float64 // queue -> its use over its fair share, as the scheduler has it
 	// Leader is the leader's replica id; ServedBy this head's; Leading whether this head
 	// leads (its controller has loaded the log).
 	Leader, ServedBy uint64
@@ -31,7 +35,8 @@ type Inputs struct {
 	Revision         int64
 }
 
-// State is the dashboard's view of the cluster (GET /ui/api/state).
+// State is the dashboard's view of the cluster (GET /ui/api/state). Every list is present,
+// [] when empty (never null), in the state and in each rack, machine and island.
 type State struct {
 	Time     time.Time      `json:"time"`
 	Leader   uint64         `json:"leader"`
@@ -152,13 +157,21 @@ type Gang struct {
 	Progress       *api.Progress `json:"progress,omitempty"`
 }
 
-// Queue is a queue's counts (a gang without a queue is in "default").
+// Queue is a queue's line: the operator's configured queues, in the configuration's order
+// (as `atoll status` and `atoll queues` list them), then any other queue a live gang names.
+// A gang that names no queue is in the configuration's default queue.
 type Queue struct {
 	Name     string `json:"name"`
 	Pending  int    `json:"pending"`
 	Running  int    `json:"running"` // starting, running or restarting
 	GPUs     int    `json:"gpus"`    // cards its gangs hold
 	Priority int    `json:"max_priority"`
+	// Weight and QuotaGPUs are its configuration (0 for a queue not configured).
+	Weight    float64 `json:"weight"`
+	QuotaGPUs int     `json:"quota_gpus,omitempty"`
+	// Share is its use over its fair share, as the leader's scheduler has it (absent on a
+	// follower).
+	Share *float64 `json:"share,omitempty"`
 }
 
 // Job is a job's line.
@@ -170,7 +183,8 @@ type Job struct {
 	Gangs     int          `json:"gangs"`
 }
 
-// DefaultQueue names the queue of gangs that name none.
+// DefaultQueue names the queue of gangs that name none when the configuration names no
+// other.
 const DefaultQueue = "default"
 
 // holds reports whether a gang in this state holds its placement's GPUs.
@@ -182,14 +196,32 @@ func holds(s api.GangState) bool {
 // give the same state.
 func Build(in Inputs) State {
 	st := State{Time: in.Now, Leader: in.Leader, ServedBy: in.ServedBy, Leading: in.Leading, Revision: in.Revision, Heads: in.Heads}
+	conf := schedulerConfig(in.Scheduler)
 	machines := sortMachines(in.Machines)
 	cards := holdingsOf(in.Gangs)
 	st.Racks = buildRacks(machines, layoutOf(machines), cards.holders, in.Loads, &st.Totals)
 	facts := gangFacts{gpus: cards.perGang, ready: readyRanks(in.Gangs, in.Workers), ckpts: checkpointsOf(in.Checkpoints),
-		reasons: in.Reasons, progress: in.Progress}
-	st.Gangs, st.Queues = buildGangs(in.Gangs, facts, &st.Totals)
+		reasons: in.Reasons, progress: in.Progress, conf: conf}
+	st.Gangs = buildGangs(in.Gangs, facts, &st.Totals)
+	st.Queues = buildQueues(conf, in.Gangs, st.Gangs, in.Shares)
 	st.Jobs = buildJobs(in.Jobs, st.Gangs)
 	return st
+}
+
+// schedulerConfig is the configuration the gangs are counted under: the log's, or the
+// default one (its default queue "default") when the log has none or it does not validate,
+// as the leader's controller does.
+func schedulerConfig(c *api.SchedulerConfig) *api.SchedulerConfig {
+	if c != nil {
+		conf := *c
+		conf.Queues = append([]api.QueueSpec(nil), c.Queues...)
+		if conf.Validate() == nil {
+			return &conf
+		}
+	}
+	conf := api.SchedulerConfig{}
+	_ = conf.Validate()
+	return &conf
 }
 
 // sortMachines returns a copy of the machines by rack, then name.
@@ -269,6 +301,9 @@ func holdingsOf(gangs []api.Gang) holdings {
 		}
 		key := g.Spec.Key()
 		for rank, m := range g.Placement.Members {
+			if m.Removed { // a member an elastic gang shrank away holds nothing
+				continue
+			}
 			for _, idx := range m.GPUs {
 				hd := Holder{Gang: key, Rank: rank, MIG: m.MIG}
 				if m.Milli > 0 && m.Milli < 1000 {
@@ -285,7 +320,7 @@ func holdingsOf(gangs []api.Gang) holdings {
 // buildRacks draws the (sorted) machines rack by rack, adding their cards, loads and
 // stores into t.
 func buildRacks(machines []api.Machine, lay layout, holders map[cardKey][]Holder, loads map[string]api.LoadReport, t *Totals) []Rack {
-	var racks []Rack
+	racks := []Rack{}
 	rackIdx := map[int]int{}
 	var sums loadSums
 	for i := range machines {
@@ -306,7 +341,7 @@ func buildRacks(machines []api.Machine, lay layout, holders map[cardKey][]Holder
 		if !ok {
 			ri = len(racks)
 			rackIdx[m.Rack] = ri
-			racks = append(racks, Rack{Rack: m.Rack})
+			racks = append(racks, Rack{Rack: m.Rack, Machines: []Machine{}})
 		}
 		racks[ri].Machines = append(racks[ri].Machines, mv)
 	}
@@ -318,7 +353,8 @@ func buildRacks(machines []api.Machine, lay layout, holders map[cardKey][]Holder
 // machineView draws a machine with its cards grouped by island, in the order the islands
 // first appear (Free is left to Totals.addCards: only alive machines have free cards).
 func machineView(m *api.Machine, lay layout, holders map[cardKey][]Holder) Machine {
-	mv := Machine{Name: m.Name, Rack: m.Rack, Alive: m.Alive, Reason: m.Reason, Simulated: m.Simulated, GPUs: m.NumGPUs(), Agent: m.Agent.API}
+	mv := Machine{Name: m.Name, Rack: m.Rack, Alive: m.Alive, Reason: m.Reason, Simulated: m.Simulated, GPUs: m.NumGPUs(), Agent: m.Agent.API,
+		Islands: []Island{}}
 	if m.Spec != nil {
 		mv.Type = m.Spec.Name
 		if len(m.Spec.GPUs) > 0 {
@@ -333,7 +369,7 @@ func machineView(m *api.Machine, lay layout, holders map[cardKey][]Holder) Machi
 		if !ok {
 			pos = len(mv.Islands)
 			islandPos[island] = pos
-			mv.Islands = append(mv.Islands, Island{ID: island})
+			mv.Islands = append(mv.Islands, Island{ID: island, GPUs: []GPU{}})
 		}
 		mv.Islands[pos].GPUs = append(mv.Islands[pos].GPUs, gpu)
 	}
@@ -448,21 +484,24 @@ type gangFacts struct {
 	ckpts    map[string]*ckpt
 	reasons  map[string]string // leader-only, nil on a follower
 	progress map[string]api.Progress
+	conf     *api.SchedulerConfig // resolves queues and priority classes
 }
 
 // view is a gang's line.
 func (f gangFacts) view(g api.Gang) Gang {
 	key := g.Spec.Key()
-	q := g.Spec.Queue
-	if q == "" {
-		q = DefaultQueue
+	conf := f.conf
+	if conf == nil {
+		conf = schedulerConfig(nil)
 	}
-	gv := Gang{Key: key, Job: g.Spec.Job, Name: g.Spec.Name, State: g.State, Reason: g.Reason, Queue: q, Priority: g.Spec.Priority,
-		Workers: g.Spec.Workers, GPUs: f.gpus[key], Generation: g.Generation, Restarts: g.Restarts, Created: g.Created,
+	prio, err := conf.Priority(g.Spec)
+	if err != nil { // a class the configuration lost: what the gang itself says
+		prio = g.Spec.Priority
+	}
+	gv := Gang{Key: key, Job: g.Spec.Job, Name: g.Spec.Name, State: g.State, Reason: g.Reason, Queue: conf.QueueOf(g.Spec), Priority: prio,
+		Workers: g.Size(), GPUs: f.gpus[key], Generation: g.Generation, Restarts: g.Restarts, Created: g.Created,
 		Updated: g.Updated, RestartAt: g.RestartAt, Placement: g.Placement, Resources: g.Spec.Resources, LastCheckpoint: -1}
-	if holds(g.State) {
-		gv.Ready = len(f.ready[key])
-	}
+	gv.Ready = g.ReadyWorkers(func(m int) bool { return f.ready[key][m] })
 	if g.State == api.GangPending {
 		if r, ok := f.reasons[key]; ok && r != "" {
 			gv.Reason = r
@@ -477,29 +516,54 @@ func (f gangFacts) view(g api.Gang) Gang {
 	return gv
 }
 
-// buildGangs returns the gangs' lines (live first) and their queues (by name), counting
-// the gangs by state into t.
-func buildGangs(gangs []api.Gang, f gangFacts, t *Totals) ([]Gang, []Queue) {
-	var out []Gang
-	queues := map[string]*Queue{}
+// buildGangs returns the gangs' lines (live first), counting the gangs by state into t.
+func buildGangs(gangs []api.Gang, f gangFacts, t *Totals) []Gang {
+	out := make([]Gang, 0, len(gangs))
 	for _, g := range gangs {
-		gv := f.view(g)
-		out = append(out, gv)
+		out = append(out, f.view(g))
 		t.countGang(g.State)
-		q := queues[gv.Queue]
-		if q == nil {
-			q = &Queue{Name: gv.Queue}
-			queues[gv.Queue] = q
-		}
-		q.add(gv)
 	}
 	sort.Slice(out, func(i, j int) bool { return lessGang(out[i], out[j]) })
-	var qs []Queue
-	for _, q := range queues {
-		qs = append(qs, *q)
+	return out
+}
+
+// buildQueues returns the queues' lines: those configured, counted as `atoll status`
+// counts them (api.SchedulerConfig.QueueLines), then those that only a live gang names (a
+// configuration the log has not validated), by name; with the highest priority of each
+// queue's gangs and, on the leader, its share.
+func buildQueues(conf *api.SchedulerConfig, recs []api.Gang, gangs []Gang, shares map[string]float64) []Queue {
+	out := []Queue{}
+	at := map[string]int{}
+	for _, l := range conf.QueueLines(recs) {
+		at[l.Name] = len(out)
+		out = append(out, Queue{Name: l.Name, Pending: l.Pending, Running: l.Running, GPUs: l.GPUs, Weight: l.Weight, QuotaGPUs: l.QuotaGPUs})
 	}
-	sort.Slice(qs, func(i, j int) bool { return qs[i].Name < qs[j].Name })
-	return out, qs
+	var extra []Queue
+	byExtra := map[string]int{}
+	for _, g := range gangs {
+		if i, ok := at[g.Queue]; ok {
+			out[i].Priority = max(out[i].Priority, g.Priority)
+			continue
+		}
+		if !g.State.Live() {
+			continue
+		}
+		i, ok := byExtra[g.Queue]
+		if !ok {
+			i = len(extra)
+			byExtra[g.Queue] = i
+			extra = append(extra, Queue{Name: g.Queue})
+		}
+		extra[i].add(g)
+	}
+	sort.Slice(extra, func(i, j int) bool { return extra[i].Name < extra[j].Name })
+	out = append(out, extra...)
+	for i := range out {
+		if v, ok := shares[out[i].Name]; ok {
+			out[i].Share = &v
+		}
+	}
+	return out
 }
 
 // countGang counts a gang in its state.
@@ -538,7 +602,7 @@ func buildJobs(jobs []api.Job, gangs []Gang) []Job {
 	for _, g := range gangs {
 		perJob[g.Job]++
 	}
-	var out []Job
+	out := make([]Job, 0, len(jobs))
 	for _, j := range jobs {
 		out = append(out, Job{Name: j.Name, State: j.State, Driver: j.Driver, Submitted: j.Submitted, Gangs: perJob[j.Name]})
 	}

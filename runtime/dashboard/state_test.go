@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/atoll-run/atoll/internal/jsoncheck"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/topology"
 )
@@ -165,5 +166,77 @@ func TestHandlerNeedsTheToken(t *testing.T) {
 	}
 	if code, _ := get("/ui/static/nosuch.js", ""); code != http.StatusNotFound {
 		t.Errorf("a missing file: %d", code)
+	}
+}
+
+// TestBuildFreshCluster: machines and no job. Every list of the state is [] (the page
+// iterates them), the machines are drawn, and the configured queue is listed.
+func TestBuildFreshCluster(t *testing.T) {
+	noGPUs := api.Machine{Name: "cpu-0", Rack: 1, Alive: true} // a machine without a spec: no GPUs, no islands
+	for name, in := range map[string]Inputs{
+		"nothing":     {},
+		"machines":    {Machines: machines(t, "2xdgx-h100"), Leading: true, Loads: map[string]api.LoadReport{}},
+		"no GPUs":     {Machines: []api.Machine{noGPUs}},
+		"on follower": {Machines: machines(t, "2xdgx-h100"), Jobs: []api.Job{{Name: "j"}}},
+	} {
+		st := Build(in)
+		nulls, err := jsoncheck.Marshal(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(nulls) > 0 {
+			t.Errorf("%s: the state's JSON has null at %v", name, nulls)
+		}
+		if n := len(in.Machines); n > 0 {
+			drawn := 0
+			for _, r := range st.Racks {
+				drawn += len(r.Machines)
+			}
+			if drawn != n {
+				t.Errorf("%s: %d machines drawn of %d", name, drawn, n)
+			}
+		}
+		if len(st.Queues) != 1 || st.Queues[0].Name != DefaultQueue || st.Queues[0].Weight != 1 {
+			t.Errorf("%s: queues %+v, want the default configuration's one queue", name, st.Queues)
+		}
+	}
+}
+
+// TestBuildQueuesAsConfigured: the gangs' queues and priorities and the queues' lines are
+// those of the operator's configuration, as `atoll status` shows them.
+func TestBuildQueuesAsConfigured(t *testing.T) {
+	ms := machines(t, "2xdgx-h100")
+	conf := &api.SchedulerConfig{Queues: []api.QueueSpec{{Name: "research", Weight: 2}, {Name: "prod", Weight: 1, QuotaGPUs: 8}},
+		DefaultQueue: "research", PriorityClasses: []api.PriorityClass{{Name: "low", Value: 1, Default: true}, {Name: "high", Value: 5}}}
+	run := api.Gang{Spec: api.GangSpec{Job: "j", Name: "a", Workers: 1}, State: api.GangRunning,
+		Placement: &api.Placement{Members: []api.Member{{Machine: ms[0].Name, GPUs: []int{0, 1}}}}}
+	wait := api.Gang{Spec: api.GangSpec{Job: "j", Name: "b", Workers: 2, Queue: "prod", PriorityClass: "high"}, State: api.GangPending}
+	st := Build(Inputs{Machines: ms, Gangs: []api.Gang{run, wait}, Scheduler: conf, Shares: map[string]float64{"research": 0.25}})
+	byKey := map[string]Gang{}
+	for _, g := range st.Gangs {
+		byKey[g.Key] = g
+	}
+	if g := byKey["j/a"]; g.Queue != "research" || g.Priority != 1 || g.GPUs != 2 {
+		t.Errorf("j/a names no queue nor class: %+v, want queue research (the default), priority 1 (class low), 2 GPUs", g)
+	}
+	if g := byKey["j/b"]; g.Queue != "prod" || g.Priority != 5 {
+		t.Errorf("j/b: %+v, want queue prod, priority 5 (class high)", g)
+	}
+	if len(st.Queues) != 2 {
+		t.Fatalf("queues %+v, want research and prod in the configuration's order", st.Queues)
+	}
+	r, p := st.Queues[0], st.Queues[1]
+	if r.Name != "research" || r.Weight != 2 || r.Running != 1 || r.GPUs != 2 || r.Share == nil || *r.Share != 0.25 {
+		t.Errorf("queue research %+v", r)
+	}
+	if p.Name != "prod" || p.QuotaGPUs != 8 || p.Pending != 1 || p.Priority != 5 || p.Share != nil {
+		t.Errorf("queue prod %+v", p)
+	}
+	if conf.Queues[0].Name != "research" || len(conf.Queues) != 2 {
+		t.Errorf("Build changed the caller's configuration: %+v", conf.Queues)
+	}
+	s := SampleOf(st)
+	if len(s.Queues) != 2 || s.Queues["prod"] != 1 || s.Queues["research"] != 0 {
+		t.Errorf("the sample's pending per queue: %v", s.Queues)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -591,13 +592,57 @@ func (a *API) signCert(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	cert, err := a.ca.SignCSRGrant([]byte(req.CSR), req.Name, pki.Grant{URI: authz.Grant(p, id.TokenID, id.JobBound), NotAfter: id.Expires})
+	if err := checkCertHosts(p, req.Hosts); err != nil {
+		a.answer(w, r, nil, fmt.Errorf("%w: /v1/certs: %v", api.ErrInvalid, err))
+		return
+	}
+	cert, err := a.ca.SignCSRGrant([]byte(req.CSR), req.Name, pki.Grant{URI: authz.Grant(p, id.TokenID, id.JobBound), NotAfter: id.Expires}, req.Hosts...)
 	if err != nil {
 		a.answer(w, r, nil, fmt.Errorf("%w: /v1/certs: %v", api.ErrInvalid, err))
 		return
 	}
 	a.log.Info("certificate signed", zap.String("name", req.Name), zap.String("principal", p.String()), zap.String("remote", r.RemoteAddr))
 	writeJSON(w, http.StatusOK, api.CertReply{Cert: string(cert), CA: string(a.ca.CertPEM), Principal: p.String()})
+}
+
+// checkCertHosts checks the hosts a certificate request names: only an agent's (a server
+// other machines and operators reach at its addresses), at most api.MaxCertHosts, each an
+// IP address or a DNS name.
+func checkCertHosts(p authz.Principal, hosts []string) error {
+	if len(hosts) == 0 {
+		return nil
+	}
+	if p.Role != authz.RoleAgent {
+		return fmt.Errorf("hosts %q: only an agent's certificate names hosts, not a %s's", hosts, p.Role)
+	}
+	if len(hosts) > api.MaxCertHosts {
+		return fmt.Errorf("%d hosts: at most %d", len(hosts), api.MaxCertHosts)
+	}
+	for _, h := range hosts {
+		if net.ParseIP(h) == nil && !validDNSName(h) {
+			return fmt.Errorf("host %q is neither an IP address nor a DNS name", h)
+		}
+	}
+	return nil
+}
+
+// validDNSName reports whether s is a DNS name: dot-separated labels of letters, digits
+// and inner hyphens, each 1..63 bytes, 253 in all.
+func validDNSName(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(s, ".") {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+		for _, c := range l {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // mintToken makes a credential for a process an agent launches: a worker of a gang

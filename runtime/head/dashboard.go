@@ -180,8 +180,14 @@ func (o *observer) state() dashboard.State {
 	decode(sm, api.TableGangs, &in.Gangs)
 	decode(sm, api.TableWorkers, &in.Workers)
 	decode(sm, api.TableCheckpoints, &in.Checkpoints)
+	if kv, ok := sm.Get(api.SchedulerConfigKey); ok {
+		var conf api.SchedulerConfig
+		if json.Unmarshal(kv.Value, &conf) == nil {
+			in.Scheduler = &conf
+		}
+	}
 	if v, ok := o.h.ctl.leaderView(); ok {
-		in.Leading, in.Loads, in.Reasons = true, v.loads, v.reasons
+		in.Leading, in.Loads, in.Reasons, in.Shares = true, v.loads, v.reasons, v.shares
 		in.Progress = o.h.ctl.obs.progress.Latest()
 	}
 	in.Heads = o.heads(rs.Leader)

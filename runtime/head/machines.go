@@ -259,6 +259,7 @@ func (c *Controller) sweep() {
 	}
 	paused, dead := t.detect.sweep(now, alive)
 	c.mu.Unlock()
+	c.enforceTimeLimits() // timelimit.go
 	if paused > 0 {
 		c.obs.pauses.Inc()
 		c.log.Warn("this leader was paused or starved; every machine gets a fresh grace period",
@@ -351,25 +352,19 @@ func (c *Controller) Status() (api.Status, error) {
 	}
 	sort.Slice(st.Machines, func(i, j int) bool { return st.Machines[i].Name < st.Machines[j].Name })
 	for _, g := range t.gangs {
-		gs := api.GangStatus{Job: g.rec.Spec.Job, Name: g.rec.Spec.Name, State: g.rec.State, Workers: len(g.rec.Ranks()),
-			Ready: len(g.ready), Generation: g.rec.Generation, Restarts: g.rec.Restarts, Reason: g.rec.Reason,
-			Preemptions: g.rec.Preemptions, Resizes: g.rec.Resizes, Notice: g.rec.Notice}
-		if g.rec.State == api.GangPending || g.rec.Placement == nil {
-			gs.Workers = g.rec.Spec.Workers
-		}
+		gs := api.GangStatus{Job: g.rec.Spec.Job, Name: g.rec.Spec.Name, State: g.rec.State, Workers: g.rec.Size(),
+			Ready: g.rec.ReadyWorkers(func(m int) bool { _, ok := g.ready[m]; return ok }), Generation: g.rec.Generation,
+			Restarts: g.rec.Restarts, Reason: g.rec.Reason, Preemptions: g.rec.Preemptions, Resizes: g.rec.Resizes, Notice: g.rec.Notice}
 		if g.rec.Spec.Elastic() {
 			gs.MinWorkers, gs.MaxWorkers = g.rec.Spec.MinWorkers, g.rec.Spec.Workers
 		}
 		if g.rec.Placement != nil {
 			gs.Machines = g.rec.Placement.Machines
 			if g.rec.State.Live() {
-				gs.GPUs = gangGPUs(g.rec)
+				gs.GPUs = g.rec.HeldGPUs()
 			}
 		}
-		gs.Queue = g.rec.Spec.Queue
-		if gs.Queue == "" {
-			gs.Queue = t.conf.DefaultQueue
-		}
+		gs.Queue = t.conf.QueueOf(g.rec.Spec)
 		gs.Priority, _ = t.conf.Priority(g.rec.Spec)
 		st.Gangs = append(st.Gangs, gs)
 	}

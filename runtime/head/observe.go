@@ -161,11 +161,16 @@ func (c *Controller) ReportProgress(p api.Progress) error {
 	}
 	e := t.gangs[p.Job+"/"+p.Gang]
 	now := c.cfg.Clock()
+	var uid string
+	var gen int
+	if e != nil {
+		uid, gen = e.rec.UID, e.rec.Generation
+	}
 	c.mu.Unlock()
 	if e == nil {
 		return fmt.Errorf("%w: progress of gang %s/%s: no such gang", api.ErrNotFound, p.Job, p.Gang)
 	}
-	p.Time = now
+	p.Time, p.UID, p.Generation = now, uid, gen
 	c.obs.progress.Add(p)
 	return nil
 }
@@ -175,6 +180,7 @@ func (c *Controller) ReportProgress(p api.Progress) error {
 type leaderView struct {
 	loads   map[string]api.LoadReport
 	reasons map[string]string
+	shares  map[string]float64 // queue -> use over fair share
 }
 
 func (c *Controller) leaderView() (leaderView, bool) {
@@ -184,7 +190,12 @@ func (c *Controller) leaderView() (leaderView, bool) {
 	if t == nil {
 		return leaderView{}, false
 	}
-	v := leaderView{loads: make(map[string]api.LoadReport, len(t.loads)), reasons: map[string]string{}}
+	v := leaderView{loads: make(map[string]api.LoadReport, len(t.loads)), reasons: map[string]string{}, shares: map[string]float64{}}
+	if t.sched != nil {
+		for _, q := range t.conf.Queues {
+			v.shares[q.Name] = t.sched.QueueShare(q.Name)
+		}
+	}
 	for k, l := range t.loads {
 		v.loads[k] = l
 	}

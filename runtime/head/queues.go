@@ -121,43 +121,23 @@ func (c *Controller) reconfigureLocked(t *term, now time.Time) []commitFn {
 	return work
 }
 
-// queueStatus is every queue's line for the cluster status.
+// queueStatus is every queue's line for the cluster status (counted as the dashboard
+// counts them, api.SchedulerConfig.QueueLines), with the scheduler's share of each.
 func (t *term) queueStatus() []api.QueueStatus {
-	out := make([]api.QueueStatus, 0, len(t.conf.Queues))
-	idx := map[string]int{}
-	for _, q := range t.conf.Queues {
-		idx[q.Name] = len(out)
-		qs := api.QueueStatus{Name: q.Name, Weight: q.Weight, QuotaGPUs: q.QuotaGPUs}
-		if t.sched != nil {
-			qs.Share = t.sched.QueueRatio(q.Name)
-		}
-		out = append(out, qs)
+	keys := make([]string, 0, len(t.gangs))
+	for k := range t.gangs {
+		keys = append(keys, k)
 	}
-	for _, e := range t.gangs {
-		q := e.rec.Spec.Queue
-		if q == "" {
-			q = t.conf.DefaultQueue
-		}
-		i, ok := idx[q]
-		if !ok {
-			continue
-		}
-		switch e.rec.State {
-		case api.GangPending:
-			out[i].Pending++
-		case api.GangStarting, api.GangRunning, api.GangRestarting:
-			out[i].Running++
-			out[i].GPUs += gangGPUs(e.rec)
+	sort.Strings(keys)
+	gangs := make([]api.Gang, 0, len(keys))
+	for _, k := range keys {
+		gangs = append(gangs, t.gangs[k].rec)
+	}
+	out := t.conf.QueueLines(gangs)
+	if t.sched != nil {
+		for i := range out {
+			out[i].Share = t.sched.QueueShare(out[i].Name)
 		}
 	}
 	return out
-}
-
-// gangGPUs counts the cards a placed gang holds (a share or a MIG slice counts as one).
-func gangGPUs(g api.Gang) int {
-	n := 0
-	for _, i := range g.Active() {
-		n += len(g.Placement.Members[i].GPUs)
-	}
-	return n
 }

@@ -3,6 +3,7 @@ package head
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"net"
 	"net/http"
@@ -77,6 +78,30 @@ func TestHeadAPIIsMutualTLS(t *testing.T) {
 	// A bad request and a bad name are refused as invalid.
 	if _, err := api.RequestIdentity(ctx, heads, string(testToken), ca.CertPEM, "../x y"); !errors.Is(err, api.ErrInvalid) {
 		t.Fatalf("bad name: %v, want ErrInvalid", err)
+	}
+
+	// An agent's certificate names the hosts it is reached at (a client that checks the
+	// host it dialed verifies it); no other principal's does, and a host must be one.
+	aid, err := api.RequestIdentityAs(ctx, heads, string(testToken), ca.CertPEM, "agent/node-0", "agent/node-0", "localhost", "127.0.0.1", "10.1.2.3", "node-0.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(aid.Cert.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"127.0.0.1", "10.1.2.3", "node-0.example", "localhost", pki.ServerName} {
+		if err := leaf.VerifyHostname(h); err != nil {
+			t.Errorf("the agent's certificate does not name %s: %v", h, err)
+		}
+	}
+	for _, tc := range []struct{ principal, host, why string }{
+		{"worker/j/g/0", "127.0.0.1", "only an agent"}, {"agent/node-0", "a b", "neither"}, {"agent/node-0", "-x.example", "neither"},
+	} {
+		_, err := api.RequestIdentityAs(ctx, heads, string(testToken), ca.CertPEM, "x", tc.principal, tc.host)
+		if !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), tc.why) {
+			t.Errorf("a certificate of %s naming %q: %v, want ErrInvalid saying %q", tc.principal, tc.host, err, tc.why)
+		}
 	}
 
 	// The token alone, over server-checked TLS, reaches nothing but /v1/certs.

@@ -60,7 +60,7 @@ func (c *Config) flags(cmd *cobra.Command) {
 	f.IntVar(&c.Clients, "clients", c.Clients, "concurrent writers (1..4096)")
 	f.IntVar(&c.SeqWrites, "seq-writes", c.SeqWrites, "sequential writes timed for latency (10..1000000)")
 	f.IntVar(&c.ValueSize, "value-size", c.ValueSize, "value size in bytes (1..1048576)")
-	f.StringVar(&c.Dir, "dir", c.Dir, "directory for WALs, baseline data and the fsync probe (must be on the disk to measure)")
+	f.StringVar(&c.Dir, "dir", c.Dir, "a directory `DIR` for WALs, baseline data and the fsync probe (must be on the disk to measure)")
 	f.BoolVar(&c.TLS, "tls", c.TLS, "also measure the group with mutual TLS on every link (throwaway CA), against the same group in clear")
 }
 

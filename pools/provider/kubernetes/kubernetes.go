@@ -5,7 +5,9 @@
 package kubernetes
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -35,6 +37,14 @@ type Config struct {
 	// TokenSecret is the Secret holding the cluster token under the key "token"; it is
 	// mounted read-only and passed as --token-file. Required.
 	TokenSecret string
+	// CASecret is the Secret holding the cluster CA under the key "ca.crt" (atoll init's
+	// tls/ca.crt): only that key is mounted, and passed as --ca-cert, so that the agent
+	// gets its certificate from https heads. Empty: the heads serve without TLS.
+	CASecret string
+	// Discover makes the agents discover their machine (NVML: the image is the -tags nvml
+	// build with the node's libnvidia-ml.so.1) instead of declaring the pool's machine
+	// type with simulated GPUs.
+	Discover bool
 	// GPUResource is the extended resource a pod asks per GPU of its machine type
 	// ("nvidia.com/gpu"); empty asks none (simulated GPUs: --machine declares them).
 	GPUResource string
@@ -118,7 +128,7 @@ func (p *Provider) Pod(req provider.LaunchRequest, machine string) (*corev1.Pod,
 	c := corev1.Container{
 		Name:  "agent",
 		Image: p.cfg.Image,
-		Args: []string{"agent", "--join", p.cfg.Join, "--name", machine, "--machine", req.Machine, "--rack", strconv.Itoa(req.Rack),
+		Args: []string{"agent", "--join", p.cfg.Join, "--name", machine, "--rack", strconv.Itoa(req.Rack),
 			"--dir", "/var/lib/atoll", "--token-file", "/etc/atoll/token/token",
 			"--listen", "0.0.0.0:7070", "--transfer-listen", "0.0.0.0:7071", "--gossip", "0.0.0.0:7946", "--advertise", "$(POD_IP)"},
 		Env: []corev1.EnvVar{{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}}},
@@ -128,6 +138,17 @@ func (p *Provider) Pod(req provider.LaunchRequest, machine string) (*corev1.Pod,
 			{Name: "shm", MountPath: "/dev/shm"},
 		},
 		Ports: []corev1.ContainerPort{{Name: "api", ContainerPort: 7070}, {Name: "transfer", ContainerPort: 7071}, {Name: "gossip", ContainerPort: 7946}},
+	}
+	if !p.cfg.Discover {
+		c.Args = append(c.Args, "--machine", req.Machine) // simulated GPUs, declared as such
+	}
+	var caVolume []corev1.Volume
+	if p.cfg.CASecret != "" {
+		c.Args = append(c.Args, "--ca-cert", "/etc/atoll/ca/ca.crt")
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "ca", MountPath: "/etc/atoll/ca", ReadOnly: true})
+		caMode := int32(0o444)
+		caVolume = []corev1.Volume{{Name: "ca", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: p.cfg.CASecret,
+			Items: []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}, DefaultMode: &caMode}}}} // the certificate, never the CA's key
 	}
 	if p.cfg.GPUResource != "" && p.cfg.GPUs > 0 {
 		q := resource.MustParse(strconv.Itoa(p.cfg.GPUs))
@@ -143,11 +164,11 @@ func (p *Provider) Pod(req provider.LaunchRequest, machine string) (*corev1.Pod,
 			TerminationGracePeriodSeconds: &grace,
 			NodeSelector:                  sel,
 			Containers:                    []corev1.Container{c},
-			Volumes: []corev1.Volume{
+			Volumes: append([]corev1.Volume{
 				{Name: "token", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: p.cfg.TokenSecret, DefaultMode: &mode}}},
 				{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 				{Name: "shm", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}},
-			},
+			}, caVolume...),
 		},
 	}, nil
 }
@@ -231,4 +252,41 @@ func (p *Provider) Notices() []provider.Notice {
 	out := p.pending
 	p.pending = nil
 	return out
+}
+
+// Settings are the kubernetes provider's settings in a pool file.
+type Settings struct {
+	Namespace        string            `json:"namespace,omitempty"`
+	Image            string            `json:"image"`
+	Join             string            `json:"join,omitempty"`
+	TokenSecret      string            `json:"token_secret"`
+	CASecret         string            `json:"ca_secret,omitempty"`
+	Discover         bool              `json:"discover,omitempty"`
+	GPUResource      string            `json:"gpu_resource,omitempty"`
+	GPUs             int               `json:"gpus,omitempty"`
+	NodeSelector     map[string]string `json:"node_selector,omitempty"`
+	SpotNodeSelector map[string]string `json:"spot_node_selector,omitempty"`
+	ServiceAccount   string            `json:"service_account,omitempty"`
+}
+
+// ParseSettings reads a pool's settings strictly: an unknown key is refused by name.
+func ParseSettings(raw []byte) (Settings, error) {
+	var s Settings
+	if len(raw) == 0 {
+		return s, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return Settings{}, fmt.Errorf("%w: kubernetes settings: %v", provider.ErrInvalid, err)
+	}
+	return s, nil
+}
+
+// Config is the provider's configuration of these settings for a cluster whose heads
+// the pods reach at join.
+func (s Settings) Config(cluster, join string) Config {
+	return Config{Namespace: s.Namespace, Image: s.Image, Cluster: cluster, Join: join, TokenSecret: s.TokenSecret, CASecret: s.CASecret,
+		Discover: s.Discover, GPUResource: s.GPUResource, GPUs: s.GPUs, NodeSelector: s.NodeSelector, SpotNodeSelector: s.SpotNodeSelector,
+		ServiceAccount: s.ServiceAccount}
 }

@@ -101,3 +101,39 @@ func TestQuotaIsNoCapacity(t *testing.T) {
 		t.Fatalf("API down: %v", err)
 	}
 }
+
+// TestPodWithCAAndDiscovery: with a CA Secret the pod mounts its certificate alone (never
+// the CA's key) and passes --ca-cert; a discovering pool's agents declare no machine.
+func TestPodWithCAAndDiscovery(t *testing.T) {
+	p, err := New(Config{Image: "atoll:nvml", Cluster: "c1", Join: "https://atoll-heads:7000", TokenSecret: "atoll-token", CASecret: "atoll-ca",
+		Discover: true, GPUResource: "nvidia.com/gpu", GPUs: 8}, fake.NewSimpleClientset())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := p.Pod(provider.LaunchRequest{Pool: "h100", Machine: "dgx-h100"}, "h100-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Join(pod.Spec.Containers[0].Args, " ")
+	if !strings.Contains(args, "--ca-cert /etc/atoll/ca/ca.crt") || strings.Contains(args, "--machine") {
+		t.Errorf("args %q: want --ca-cert and no --machine (the agent discovers its GPUs)", args)
+	}
+	var ca *corev1.Volume
+	for i := range pod.Spec.Volumes {
+		if pod.Spec.Volumes[i].Name == "ca" {
+			ca = &pod.Spec.Volumes[i]
+		}
+	}
+	if ca == nil || ca.Secret == nil || ca.Secret.SecretName != "atoll-ca" || len(ca.Secret.Items) != 1 || ca.Secret.Items[0].Key != "ca.crt" {
+		t.Fatalf("the CA volume %+v: want the Secret's ca.crt key alone", ca)
+	}
+	// Without them: the pool's machine declared (simulated GPUs), no CA.
+	p2, _ := newTest(t)
+	pod, err = p2.Pod(provider.LaunchRequest{Pool: "h100", Machine: "dgx-h100"}, "h100-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if args := strings.Join(pod.Spec.Containers[0].Args, " "); !strings.Contains(args, "--machine dgx-h100") || strings.Contains(args, "--ca-cert") {
+		t.Errorf("args %q: want --machine dgx-h100 and no --ca-cert", args)
+	}
+}

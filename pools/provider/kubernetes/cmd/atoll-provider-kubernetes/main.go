@@ -12,11 +12,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	k8s "k8s.io/client-go/kubernetes"
@@ -26,29 +24,12 @@ import (
 	"github.com/atoll-run/atoll/pools/provider/kubernetes"
 )
 
-// settings are the kubernetes provider's settings in a pool file.
-type settings struct {
-	Namespace        string            `json:"namespace,omitempty"`
-	Image            string            `json:"image"`
-	Join             string            `json:"join,omitempty"`
-	TokenSecret      string            `json:"token_secret"`
-	GPUResource      string            `json:"gpu_resource,omitempty"`
-	GPUs             int               `json:"gpus,omitempty"`
-	NodeSelector     map[string]string `json:"node_selector,omitempty"`
-	SpotNodeSelector map[string]string `json:"spot_node_selector,omitempty"`
-	ServiceAccount   string            `json:"service_account,omitempty"`
-}
-
 // newProvider makes the provider for one request (strict settings: an unknown key is
 // refused by name).
 func newProvider(req provider.ExecRequest) (provider.Provider, error) {
-	var s settings
-	if len(req.Settings) > 0 {
-		dec := json.NewDecoder(strings.NewReader(string(req.Settings)))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&s); err != nil {
-			return nil, fmt.Errorf("%w: kubernetes settings: %v", provider.ErrInvalid, err)
-		}
+	s, err := kubernetes.ParseSettings(req.Settings)
+	if err != nil {
+		return nil, err
 	}
 	rc, err := rest.InClusterConfig()
 	if err != nil {
@@ -62,8 +43,7 @@ func newProvider(req provider.ExecRequest) (provider.Provider, error) {
 	if s.Join != "" {
 		join = s.Join
 	}
-	return kubernetes.New(kubernetes.Config{Namespace: s.Namespace, Image: s.Image, Cluster: req.Cluster, Join: join, TokenSecret: s.TokenSecret,
-		GPUResource: s.GPUResource, GPUs: s.GPUs, NodeSelector: s.NodeSelector, SpotNodeSelector: s.SpotNodeSelector, ServiceAccount: s.ServiceAccount}, cs)
+	return kubernetes.New(s.Config(req.Cluster, join), cs)
 }
 
 func main() {
