@@ -454,3 +454,49 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+// TestKillStopsTheRunningHandler kills a member while it handles a call with another call
+// queued behind it: the running handler's context ends, its call fails as the actor's
+// failure, and the queued call is answered ErrNotDelivered at once (its handler never ran),
+// not left to its deadline.
+func TestKillStopsTheRunningHandler(t *testing.T) {
+	cancelled, entered := make(chan handlerEnd, 2), make(chan int, 2)
+	s := newTestSystemE(t, Config{DefaultCallTimeout: time.Hour}, entered, cancelled)
+	j, err := s.Job("kill")
+	if err != nil {
+		t.Fatal(err)
+	}
+	failures := make(chan Failure, 1)
+	ctx := context.Background()
+	g, err := j.SpawnGroup(ctx, GroupSpec{Name: "g", Members: []MemberSpec{{Name: "w0", Kind: "echo"}},
+		OnFailure: func(f Failure) { failures <- f }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.AwaitStarted(ctx); err != nil {
+		t.Fatal(err)
+	}
+	running := CallAsync[string](ctx, s, g.Member(0), blockUntil{ID: 1})
+	<-entered
+	queued := CallAsync[string](ctx, s, g.Member(0), blockUntil{ID: 2})
+	if err := g.InjectMemberFailure("w0", "killed by the test"); err != nil {
+		t.Fatal(err)
+	}
+	if end := <-cancelled; end.ID != 1 || !strings.Contains(end.Err, "killed by the test") {
+		t.Fatalf("the running handler saw %+v; want its context ended by the kill", end)
+	}
+	if _, err := running.Await(ctx); !errors.Is(err, ErrActorFailed) || !errors.Is(err, ErrAnswererFailed) || !strings.Contains(err.Error(), "killed by the test") {
+		t.Fatalf("the running call: %v; want ErrActorFailed (ErrAnswererFailed) with the kill's reason", err)
+	}
+	if _, err := queued.Await(ctx); !errors.Is(err, ErrNotDelivered) || !errors.Is(err, ErrActorDead) {
+		t.Fatalf("the queued call: %v; want ErrNotDelivered", err)
+	}
+	if f := <-failures; f.Name != "w0" {
+		t.Fatalf("failure %+v", f)
+	}
+	select {
+	case id := <-entered:
+		t.Fatalf("the queued call %d ran on the killed actor", id)
+	default:
+	}
+}

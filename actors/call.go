@@ -248,7 +248,11 @@ func decodeReply[T any](s *System, to Ref, m any) (T, error) {
 	switch r := m.(type) {
 	case *actorspb.Reply:
 		if r.Error != nil {
-			return zero, fmt.Errorf("call %s: %w", to, errorFromWire(r.Error))
+			err := s.errorFromWire(r.Error)
+			if r.Failed {
+				err = answererFailed{err}
+			}
+			return zero, fmt.Errorf("call %s: %w", to, err)
 		}
 		if reflect.TypeFor[T]().Kind() == reflect.Interface {
 			v, err := s.codec.Decode(r.Body)
@@ -270,10 +274,17 @@ func decodeReply[T any](s *System, to Ref, m any) (T, error) {
 		}
 		return v, nil
 	case *actor.DeadLetterResponse:
-		return zero, fmt.Errorf("call %s: %w", to, ErrActorDead)
+		return zero, fmt.Errorf("call %s: %w", to, ErrNotDelivered)
 	}
 	return zero, fmt.Errorf("actors: call %s: unexpected reply %T", to, m)
 }
+
+// answererFailed marks the error of a call whose actor failed handling it
+// (ErrAnswererFailed); its text is the error's.
+type answererFailed struct{ error }
+
+func (e answererFailed) Unwrap() error        { return e.error }
+func (e answererFailed) Is(target error) bool { return target == ErrAnswererFailed }
 
 // Call sends msg to the actor at to and waits for its reply of type T within ctx. It fails
 // fast with ErrActorDead when the target is stopped, and with ctx's error on deadline or

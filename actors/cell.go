@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -70,8 +71,66 @@ func (c *Context) Context() context.Context {
 	return c.ctx
 }
 
+// pending are the calls in an actor's mailbox that its handler has not taken yet. It is the
+// mailbox's middleware: when the actor stops (after a failure, or asked to), it answers
+// them with ErrNotDelivered, which protoactor would drop unanswered (the callers would wait
+// for their deadlines, not knowing the handler never ran).
+type pending struct {
+	mu sync.Mutex
+	m  map[*actorspb.Request]*actor.PID // the request and its reply address
+}
+
+func (p *pending) MailboxStarted() {}
+func (p *pending) MailboxEmpty()   {}
+func (p *pending) MessagePosted(message any) {
+	_, msg, sender := actor.UnwrapEnvelope(message)
+	if req, ok := msg.(*actorspb.Request); ok && sender != nil {
+		p.mu.Lock()
+		p.m[req] = sender
+		p.mu.Unlock()
+	}
+}
+func (p *pending) MessageReceived(message any) {
+	_, msg, _ := actor.UnwrapEnvelope(message)
+	if req, ok := msg.(*actorspb.Request); ok {
+		p.take(req)
+	}
+}
+
+func (p *pending) take(req *actorspb.Request) {
+	p.mu.Lock()
+	delete(p.m, req)
+	p.mu.Unlock()
+}
+
+// refuseAll answers every call still waiting: the actor stopped before it took them.
+func (p *pending) refuseAll(s *System, self *actor.PID) {
+	p.mu.Lock()
+	m := p.m
+	p.m = map[*actorspb.Request]*actor.PID{}
+	p.mu.Unlock()
+	for req, sender := range m {
+		err := s.errorToWire(fmt.Errorf("actor %s stopped before it took the call: %w", self.Id, ErrNotDelivered))
+		s.noteAnswered(sender.Address)
+		s.sys.Root.Send(sender, &actorspb.Reply{CallId: req.CallId, Error: err})
+	}
+}
+
+// cellProps are the props of an actor of handler p: a cell, and a mailbox that keeps its
+// pending calls.
+func cellProps(s *System, p Producer, g *Group, index int, name string) *actor.Props {
+	pend := &pending{m: map[*actorspb.Request]*actor.PID{}}
+	return actor.PropsFromProducer(func() actor.Actor {
+		c := newCell(s, p, g, index, name)
+		c.pending = pend
+		return c
+	}, actor.WithMailbox(actor.Unbounded(pend)))
+}
+
 // cell adapts a Handler to protoactor's Actor.
 type cell struct {
+	pending *pending
+	kills   killSwitch
 	sys     *System
 	h       Handler
 	group   *Group
@@ -82,7 +141,42 @@ type cell struct {
 }
 
 func newCell(s *System, p Producer, g *Group, index int, name string) *cell {
-	return &cell{sys: s, h: p(), group: g, index: index, name: name}
+	c := &cell{sys: s, h: p(), group: g, index: index, name: name}
+	if g != nil {
+		g.setCell(name, c)
+	}
+	return c
+}
+
+// killSwitch fails an actor from outside, as its process dying would: the call it runs
+// has its context cancelled, and the actor fails as soon as its handler returns (a crash
+// message alone would wait in the mailbox behind the running call).
+type killSwitch struct {
+	mu     sync.Mutex
+	cancel context.CancelCauseFunc // the running call's, or nil
+	reason string                  // why it was killed; "" while it was not
+}
+
+// kill ends the running call's context and marks the actor killed.
+func (k *killSwitch) kill(reason string) {
+	k.mu.Lock()
+	if k.reason == "" {
+		k.reason = reason
+	}
+	cancel := k.cancel
+	k.mu.Unlock()
+	if cancel != nil {
+		cancel(fmt.Errorf("actors: the actor was killed: %s", reason))
+	}
+}
+
+// running sets the running call's cancel (nil when none runs) and says whether the actor
+// was killed.
+func (k *killSwitch) running(cancel context.CancelCauseFunc) (killed string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.cancel = cancel
+	return k.reason
 }
 
 func (c *cell) Receive(pc actor.Context) {
@@ -99,6 +193,8 @@ func (c *cell) Receive(pc actor.Context) {
 		if c.group != nil {
 			c.group.memberStarted(c.name)
 		}
+	case *actor.Stopped:
+		c.pending.refuseAll(c.sys, pc.Self())
 	case *actor.Stopping, *actor.Restarting:
 		if st, ok := c.h.(Stopper); ok && c.started {
 			c.started = false
@@ -128,13 +224,20 @@ func (c *cell) handleRequest(pc actor.Context, m *actorspb.Request) {
 	sender := pc.Sender()
 	reply := func(r *actorspb.Reply) {
 		if sender != nil {
+			c.sys.noteAnswered(sender.Address)
 			r.CallId = m.CallId
 			pc.Send(sender, r)
 		}
 	}
+	if reason := c.kills.running(nil); reason != "" {
+		// Killed before it took the call: it fails now (the call stays pending, answered
+		// ErrNotDelivered when the actor stops).
+		panic(fmt.Errorf("killed: %s", reason))
+	}
+	c.pending.take(m)
 	msg, err := c.sys.codec.Decode(m.Body)
 	if err != nil {
-		reply(&actorspb.Reply{Error: errorToWire(fmt.Errorf("actor %s: request: %w", pc.Self().Id, err))})
+		reply(&actorspb.Reply{Error: c.sys.errorToWire(fmt.Errorf("actor %s: request: %w", pc.Self().Id, err))})
 		return
 	}
 	var ctx context.Context
@@ -153,20 +256,24 @@ func (c *cell) handleRequest(pc actor.Context, m *actorspb.Request) {
 	defer cancel(nil)
 	defer func() {
 		if r := recover(); r != nil {
-			reply(&actorspb.Reply{Error: errorToWire(fmt.Errorf("%w: %v", ErrActorFailed, r))})
+			reply(&actorspb.Reply{Error: c.sys.errorToWire(fmt.Errorf("%w: %v", ErrActorFailed, r)), Failed: true})
 			panic(r) // let supervision handle it
 		}
 	}()
 	c.ctx.ctx = ctx
+	c.kills.running(cancel)
 	v, err := c.h.Receive(&c.ctx, msg)
 	c.ctx.ctx = nil
+	if reason := c.kills.running(nil); reason != "" {
+		panic(fmt.Errorf("killed: %s", reason)) // answered ErrActorFailed, as a panic is
+	}
 	if err != nil {
-		reply(&actorspb.Reply{Error: errorToWire(err)})
+		reply(&actorspb.Reply{Error: c.sys.errorToWire(err)})
 		return
 	}
 	body, err := c.sys.codec.Encode(v)
 	if err != nil {
-		reply(&actorspb.Reply{Error: errorToWire(fmt.Errorf("actor %s: reply: %w", pc.Self().Id, err))})
+		reply(&actorspb.Reply{Error: c.sys.errorToWire(fmt.Errorf("actor %s: reply: %w", pc.Self().Id, err))})
 		return
 	}
 	reply(&actorspb.Reply{Body: body})

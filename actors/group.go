@@ -62,6 +62,7 @@ type Group struct {
 	specs    []MemberSpec
 	started  map[string]bool
 	failed   map[string]*Failure
+	cells    map[string]*cell // the members' actors, for InjectMemberFailure
 	failure  *Failure
 	sup      *actor.PID
 	stopped  bool
@@ -129,15 +130,20 @@ func (g *Group) AwaitStarted(ctx context.Context) error {
 	}
 }
 
-// InjectFailure makes the i-th member crash, as if it had panicked. For tests and
+// InjectFailure makes the i-th member crash, as InjectMemberFailure does. For tests and
 // demonstrations in one process; another process's worker is killed by its agent.
 func (g *Group) InjectFailure(i int, reason string) error {
 	r := g.Member(i)
 	if r.IsZero() {
 		return fmt.Errorf("%w: group %q has no member %d", ErrUnknownActor, g.spec.Name, i)
 	}
-	g.sys.sys.Root.Send(r.pid, &crash{reason: reason})
-	return nil
+	g.mu.Lock()
+	name := ""
+	if i < len(g.specs) {
+		name = g.specs[i].Name
+	}
+	g.mu.Unlock()
+	return g.InjectMemberFailure(name, reason)
 }
 
 // Stop stops the group's members and its supervisor, and waits for them.
@@ -202,7 +208,7 @@ type addMember struct {
 func (s *groupSupervisor) spawn(pc actor.Context, m MemberSpec, prod Producer) (Ref, error) {
 	g := s.g
 	index, name := m.Index, m.Name
-	props := actor.PropsFromProducer(func() actor.Actor { return newCell(g.sys, prod, g, index, name) })
+	props := cellProps(g.sys, prod, g, index, name)
 	pid, err := pc.SpawnNamed(props, m.Name)
 	if err != nil {
 		return Ref{}, fmt.Errorf("actors: group %q: spawn %s: %w", g.spec.Name, m.Name, err)
@@ -344,14 +350,36 @@ func (g *Group) StopMember(ctx context.Context, name string) error {
 	return waitFuture(ctx, g.sys.sys.Root.StopFuture(r.pid))
 }
 
-// InjectMemberFailure makes the named member crash, as if it had panicked.
+// InjectMemberFailure makes the named member crash, as its process dying would: a call it
+// is handling has its context cancelled, and the member fails as soon as that handler
+// returns (the call is answered ErrActorFailed); the calls waiting in its mailbox are
+// answered ErrNotDelivered.
 func (g *Group) InjectMemberFailure(name, reason string) error {
 	r := g.MemberRef(name)
 	if r.IsZero() {
 		return fmt.Errorf("%w: group %q has no member %s", ErrUnknownActor, g.spec.Name, name)
 	}
+	if c := g.cell(name); c != nil {
+		c.kills.kill(reason)
+	}
 	g.sys.sys.Root.Send(r.pid, &crash{reason: reason})
 	return nil
+}
+
+// setCell records the cell of the named member's current actor.
+func (g *Group) setCell(name string, c *cell) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cells == nil {
+		g.cells = map[string]*cell{}
+	}
+	g.cells[name] = c
+}
+
+func (g *Group) cell(name string) *cell {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.cells[name]
 }
 
 // Job is the root of one job's actor tree in this process.
@@ -434,7 +462,7 @@ func (j *Job) Spawn(ctx context.Context, kind, name string) (Ref, error) {
 	if err != nil {
 		return Ref{}, err
 	}
-	pid, err := j.spawn(ctx, actor.PropsFromProducer(func() actor.Actor { return newCell(j.sys, p, nil, -1, name) }), name)
+	pid, err := j.spawn(ctx, cellProps(j.sys, p, nil, -1, name), name)
 	if err != nil {
 		return Ref{}, err
 	}

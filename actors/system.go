@@ -42,8 +42,17 @@ var (
 	// ErrActorDead: the target actor is stopped (or never existed at that address), or its
 	// process is gone.
 	ErrActorDead = errors.New("actors: target actor is dead")
+	// ErrNotDelivered: the call never reached its actor's handler (the actor had stopped
+	// first, or stopped with the call in its mailbox), so sending it again runs it at most
+	// once. It wraps ErrActorDead.
+	ErrNotDelivered = fmt.Errorf("actors: not delivered: %w", ErrActorDead)
 	// ErrActorFailed: the actor failed (panicked) while handling the call.
 	ErrActorFailed = errors.New("actors: actor failed while handling the call")
+	// ErrAnswererFailed: the actor that answered the call failed handling it (it panicked,
+	// or was killed), so that actor has ended; it comes with ErrActorFailed. Unlike
+	// ErrActorFailed it never crosses as part of an error an actor forwards: it is about the
+	// actor called, not about the calls that actor made.
+	ErrAnswererFailed = errors.New("actors: the actor that answered failed")
 	// ErrUnknownActor: a name or ref that does not resolve to any actor.
 	ErrUnknownActor = errors.New("actors: unknown actor")
 	// ErrShutdown: the System is shut down.
@@ -68,6 +77,10 @@ type Config struct {
 	DefaultCallTimeout time.Duration
 	// Codec encodes messages and replies. Default: codec.New().
 	Codec *codec.Codec
+	// Errors are the program's own errors that keep their identity across processes (their
+	// types registered with Codec). Default: none (a handler's error crosses as its text,
+	// unless it wraps one of the runtime's sentinels).
+	Errors *Errors
 	// Remote, when set, makes the system reachable from other processes (protoactor-go
 	// remote over gRPC).
 	Remote *RemoteConfig
@@ -109,8 +122,14 @@ type System struct {
 	log     *zap.Logger
 	timeout time.Duration
 	codec   *codec.Codec
+	errors  *Errors
 	calls   *inflight
 	remotes remoteCalls
+
+	// answered are the other processes' addresses this system's actors have answered
+	// calls of, for Flush.
+	answeredMu sync.Mutex
+	answered   map[string]bool
 
 	mu    sync.RWMutex
 	kinds map[string]Producer
@@ -148,6 +167,7 @@ func NewSystem(cfg Config) (*System, error) {
 		log:     log,
 		timeout: timeout,
 		codec:   cfg.Codec,
+		errors:  cfg.Errors,
 		calls:   newInflight(),
 		kinds:   map[string]Producer{},
 		jobs:    map[string]*Job{},
@@ -344,7 +364,7 @@ func (s *System) Spawn(kind, name string) (Ref, error) {
 	if err != nil {
 		return Ref{}, err
 	}
-	props := actor.PropsFromProducer(func() actor.Actor { return newCell(s, p, nil, -1, name) })
+	props := cellProps(s, p, nil, -1, name)
 	if name == "" {
 		return Ref{pid: s.sys.Root.Spawn(props), kind: kind}, nil
 	}
@@ -392,6 +412,47 @@ func (s *System) Protoactor() *actor.ActorSystem { return s.sys }
 
 // Logger is the System's logger.
 func (s *System) Logger() *zap.Logger { return s.log }
+
+// flushID is an id no actor has: a request to it comes back as a dead letter.
+const flushID = "atoll$flush"
+
+// noteAnswered records that an actor answered a call of the process at addr.
+func (s *System) noteAnswered(addr string) {
+	if s.rem == nil || addr == s.sys.Address() {
+		return
+	}
+	s.answeredMu.Lock()
+	if s.answered == nil {
+		s.answered = map[string]bool{}
+	}
+	s.answered[addr] = true
+	s.answeredMu.Unlock()
+}
+
+// Flush waits, within ctx, until the answers this system's actors sent to other processes
+// have reached them: a process about to exit (its worker failed) flushes, so that its
+// callers get the failure's answer (ErrActorFailed, with the panic's message) rather than
+// learning that it went away. It sends each of those processes a request for an actor that
+// does not exist: the dead letter that comes back on the same ordered link follows every
+// answer sent before it.
+func (s *System) Flush(ctx context.Context) error {
+	s.answeredMu.Lock()
+	addrs := make([]string, 0, len(s.answered))
+	for a := range s.answered {
+		addrs = append(addrs, a)
+	}
+	s.answeredMu.Unlock()
+	var wg sync.WaitGroup
+	for _, a := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = Call[struct{}](ctx, s, NewRef(a, flushID), struct{}{})
+		}()
+	}
+	wg.Wait()
+	return ctx.Err()
+}
 
 // Shutdown stops every job and the actor system (and its remote). It is idempotent.
 func (s *System) Shutdown(ctx context.Context) error {

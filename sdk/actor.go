@@ -188,9 +188,11 @@ type Waitable interface {
 	Done() <-chan struct{}
 }
 
-// Wait waits until n of the futures are ready (or ctx ends) and returns the indexes of the
-// ready ones and of the rest, in order, as Ray's ray.wait does. n larger than the number of
-// futures means all of them. Awaiting a ready future then returns at once.
+// Wait waits until n of the futures are ready (or ctx ends) and returns the indexes of n
+// ready ones and of the rest, in order, as Ray's ray.wait does with num_returns: exactly n
+// ready, even when more are (those already ready when it is called come first, in order;
+// the others in the order they became ready), the rest pending. n larger than the number
+// of futures means all of them. Awaiting a ready future then returns at once.
 func Wait[W Waitable](ctx context.Context, futures []W, n int) (ready, pending []int, err error) {
 	n = min(n, len(futures))
 	cases := make([]reflect.SelectCase, 0, len(futures)+1)
@@ -200,8 +202,10 @@ func Wait[W Waitable](ctx context.Context, futures []W, n int) (ready, pending [
 	for i, f := range futures {
 		select {
 		case <-f.Done():
-			done[i] = true
-			count++
+			if count < n { // exactly n: the first ready ones, as ray.wait's num_returns
+				done[i] = true
+				count++
+			}
 		default:
 			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(f.Done())})
 			idx = append(idx, i)
@@ -234,35 +238,64 @@ func Wait[W Waitable](ctx context.Context, futures []W, n int) (ready, pending [
 func CallAsync[Resp any](ctx context.Context, h Caller, to ActorRef, req any) *Future[Resp] {
 	c := h.conn()
 	if to.gen != follow {
-		return callIncarnation[Resp](ctx, c, to, req)
+		return callIncarnation[Resp](ctx, c, to, req, false)
 	}
 	// A placed actor: its current incarnation, once it runs.
 	g := to.g
 	if g == nil {
 		g = c.follower(to.job, to.gang, to.uid)
 	}
-	if cur := g.Worker(to.rank); !cur.ref.IsZero() {
-		return callIncarnation[Resp](ctx, c, cur, req)
-	}
 	f := newFuture[Resp]()
-	go func() {
-		var zero Resp
-		if _, err := g.AwaitRunning(ctx, 0); err != nil {
-			f.complete(zero, fmt.Errorf("sdk: call %s: %w", to, err))
-			return
-		}
-		f.complete(callIncarnation[Resp](ctx, c, g.Worker(to.rank), req).Await(context.WithoutCancel(ctx)))
-	}()
+	go func() { f.complete(callPlaced[Resp](ctx, c, g, to, req)) }()
 	return f
+}
+
+// callPlaced calls a placed actor's current incarnation once it runs. A call that never
+// reached an incarnation (it had just failed, or its gang was restarting) goes to the next
+// one, within ctx's deadline (the connection's call timeout when it has none); a call to a
+// stopped or failed actor fails with ErrActorDead.
+func callPlaced[Resp any](ctx context.Context, c *conn, g *Gang, to ActorRef, req any) (Resp, error) {
+	var zero Resp
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.s.callTimeout)
+		defer cancel()
+	}
+	minGen := 0
+	for {
+		gen, err := g.AwaitRunning(ctx, max(minGen, g.firstLive()))
+		if err != nil {
+			if errors.Is(err, ErrStopped) || errors.Is(err, ErrGangFailed) {
+				err = fmt.Errorf("%w: %w", ErrActorDead, err)
+			}
+			return zero, fmt.Errorf("sdk: call %s: %w", to, err)
+		}
+		cur := g.Worker(to.rank)
+		if cur.ref.IsZero() || cur.gen < gen {
+			minGen = gen + 1 // its worker's record is of an older incarnation: the next
+			continue
+		}
+		v, err := callIncarnation[Resp](ctx, c, cur, req, true).Await(context.WithoutCancel(ctx))
+		if errors.Is(err, actors.ErrAnswererFailed) {
+			// Its incarnation failed (a panic ends it): the next call waits for the next one,
+			// though the log may not say so yet.
+			g.noteFailed(cur.gen)
+		}
+		if err == nil || !errors.Is(err, actors.ErrNotDelivered) || ctx.Err() != nil {
+			return v, err
+		}
+		minGen = cur.gen + 1
+	}
 }
 
 // callIncarnation calls one incarnation of an actor: a call to a gang worker ends with its
 // generation (ErrStale).
-func callIncarnation[Resp any](ctx context.Context, c *conn, to ActorRef, req any) *Future[Resp] {
+// placed says it is a placed actor's incarnation (see callPlaced).
+func callIncarnation[Resp any](ctx context.Context, c *conn, to ActorRef, req any, placed bool) *Future[Resp] {
 	if to.ref.IsZero() && to.job != "" {
 		f := newFuture[Resp]()
 		var zero Resp
-		f.complete(zero, fmt.Errorf("%w: %s is not ready (its gang is starting or restarting)", ErrActorDead, to))
+		f.complete(zero, fmt.Errorf("%w: %s is not ready (its gang is starting or restarting)", actors.ErrNotDelivered, to))
 		return f
 	}
 	if to.g == nil || to.job == "" {
@@ -272,11 +305,30 @@ func callIncarnation[Resp any](ctx context.Context, c *conn, to ActorRef, req an
 	// went away is most often one its agent stopped because the gang restarts: the caller
 	// learns it from the log within moments, and says ErrStale rather than ErrActorDead.
 	gctx := to.g.generationContext(to.gen)
-	cctx, ccancel := context.WithCancelCause(ctx)
-	if gctx.Err() != nil {
-		ccancel(to.g.endCause(to.gen))
+	if gctx.Err() != nil { // never sent: the incarnation had ended
+		f := newFuture[Resp]()
+		var zero Resp
+		f.complete(zero, fmt.Errorf("sdk: call %s: %w (%w)", to, to.g.endCause(to.gen), actors.ErrNotDelivered))
+		return f
 	}
-	stop := context.AfterFunc(gctx, func() { ccancel(to.g.endCause(to.gen)) })
+	cctx, ccancel := context.WithCancelCause(ctx)
+	var stop func() bool
+	if placed {
+		// A placed actor's call waits a moment for its own answer when the incarnation ends
+		// (its actor stopped: a dead letter says the call never reached it, and the caller
+		// sends it to the next incarnation).
+		stop = context.AfterFunc(gctx, func() {
+			t := time.NewTimer(placedGrace)
+			defer t.Stop()
+			select {
+			case <-cctx.Done():
+			case <-t.C:
+				ccancel(to.g.endCause(to.gen))
+			}
+		})
+	} else {
+		stop = context.AfterFunc(gctx, func() { ccancel(to.g.endCause(to.gen)) })
+	}
 	inner := actors.CallAsync[Resp](cctx, c.sys, to.ref, req)
 	f := newFuture[Resp]()
 	go func() {
@@ -287,7 +339,7 @@ func callIncarnation[Resp any](ctx context.Context, c *conn, to ActorRef, req an
 			defer t.Stop()
 			select {
 			case <-gctx.Done():
-				err = fmt.Errorf("%w (%v)", to.g.endCause(to.gen), err)
+				err = fmt.Errorf("%w (%w)", to.g.endCause(to.gen), err)
 			case <-t.C:
 			case <-ctx.Done():
 			}
@@ -296,6 +348,10 @@ func callIncarnation[Resp any](ctx context.Context, c *conn, to ActorRef, req an
 	}()
 	return f
 }
+
+// placedGrace bounds how long a call to a placed actor's incarnation that has ended waits
+// for its own answer (a dead letter, most often) before it fails with ErrStale.
+const placedGrace = 2 * time.Second
 
 // Call sends req to the actor and waits for its reply of type Resp within ctx. It fails
 // fast with ErrActorDead when the actor is gone, and with ErrStale when it was a worker of

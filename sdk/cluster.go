@@ -358,7 +358,7 @@ func connect(ctx context.Context, s settings, address string) (*Cluster, error) 
 	if host == "" {
 		host = "127.0.0.1"
 	}
-	sys, err := actors.NewSystem(actors.Config{Logger: s.log, DefaultCallTimeout: s.callTimeout, Codec: s.codec,
+	sys, err := actors.NewSystem(actors.Config{Logger: s.log, DefaultCallTimeout: s.callTimeout, Codec: s.codec, Errors: s.errors,
 		Remote: remoteConfig(net.JoinHostPort(host, "0"), link, id, who.Principal, client)})
 	if err != nil {
 		return nil, err

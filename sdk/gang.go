@@ -140,6 +140,23 @@ type Gang struct {
 	lastStep int64
 	stop     context.CancelFunc
 	done     chan struct{}
+	// endedBelow: the generations below it are known to have ended in this process before
+	// the log says so (a call answered that its actor failed: a panic ends its incarnation).
+	endedBelow int
+}
+
+// noteFailed records that generation gen's actor failed (a call's answer said so).
+func (g *Gang) noteFailed(gen int) {
+	g.mu.Lock()
+	g.endedBelow = max(g.endedBelow, gen+1)
+	g.mu.Unlock()
+}
+
+// firstLive is the first generation not known to have ended.
+func (g *Gang) firstLive() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.endedBelow
 }
 
 type genCtx struct {
@@ -554,9 +571,10 @@ func (g *Gang) AwaitRunning(ctx context.Context, minGen int) (int, error) {
 	}
 }
 
-// Kill crashes one worker, as its process dying would (in the embedded default its actor
-// crashes; on a cluster its agent kills its process): the gang restarts all-for-one from
-// its newest checkpoint. For tests and demonstrations.
+// Kill crashes one worker, as its process dying would (on a cluster its agent kills its
+// process; in the embedded default the context of the call it handles ends, and its actor
+// fails once that handler returns): the call it was handling fails (ErrActorFailed), and
+// the gang restarts all-for-one from its newest checkpoint. For tests and demonstrations.
 func (g *Gang) Kill(ctx context.Context, rank int) error {
 	c := g.c
 	c.mu.Lock()

@@ -104,7 +104,7 @@ func startLocal(ctx context.Context, s settings) (*Cluster, error) {
 	if err != nil {
 		return fail(err)
 	}
-	sys, err := actors.NewSystem(actors.Config{Logger: s.log, DefaultCallTimeout: s.callTimeout, Codec: s.codec})
+	sys, err := actors.NewSystem(actors.Config{Logger: s.log, DefaultCallTimeout: s.callTimeout, Codec: s.codec, Errors: s.errors})
 	if err != nil {
 		return fail(err)
 	}

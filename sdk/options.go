@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/atoll-run/atoll/actors"
 	"github.com/atoll-run/atoll/internal/codec"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/sdk/internal/embed"
@@ -21,6 +22,7 @@ type settings struct {
 	logSet      bool
 	kinds       map[string]*kindDef
 	codec       *codec.Codec
+	errors      *actors.Errors
 	spec        string
 	topo        *topology.Cluster
 	callTimeout time.Duration
@@ -42,7 +44,7 @@ func defaults() settings {
 	_ = c.Register(checkpointReq{})
 	_ = c.Register(worldReq{})
 	_ = c.Register(taskReq{})
-	s := settings{log: zap.NewNop(), kinds: map[string]*kindDef{}, codec: c, callTimeout: 30 * time.Second,
+	s := settings{log: zap.NewNop(), kinds: map[string]*kindDef{}, codec: c, errors: actors.NewErrors(), callTimeout: 30 * time.Second,
 		tasks: map[string]*taskEntry{}, taskIdle: 5 * time.Second}
 	s.kinds[taskKind] = &kindDef{name: taskKind, make: func(*api.Payload) (Actor, error) { return taskRunner{}, nil }}
 	return s
@@ -106,6 +108,40 @@ func Messages(values ...any) Option {
 		for _, v := range values {
 			if err := s.codec.Register(v); err != nil {
 				return fmt.Errorf("sdk: Messages(%T): %w", v, err)
+			}
+		}
+		return nil
+	}
+}
+
+// Errors registers the program's own sentinel errors (package-level variables, as
+// ErrQuota = errors.New("quota exceeded")), so that they keep their identity across
+// processes: when a task's function or an actor's Receive returns an error that wraps one,
+// errors.Is finds that same sentinel in the error its caller gets, wherever it ran. An
+// unregistered error crosses as its text only. A sentinel crosses by its text: two
+// registered sentinels must read differently. Give the same errors to the driver and the
+// workers (the same options, as for Kind and Tasks).
+func Errors(sentinels ...error) Option {
+	return func(s *settings) error {
+		for _, e := range sentinels {
+			if err := s.errors.AddSentinel(e); err != nil {
+				return fmt.Errorf("sdk: Errors: %w", err)
+			}
+		}
+		return nil
+	}
+}
+
+// ErrorTypes registers the program's own error types, by a value of each (a zero value
+// will do: &QuotaError{} for the type *QuotaError), so that their values keep their type
+// and fields across processes: errors.As finds a copy of the value a task's function or an
+// actor's Receive wrapped in the error its caller gets. The types must cross processes as
+// messages do (exported fields; see Put).
+func ErrorTypes(values ...error) Option {
+	return func(s *settings) error {
+		for _, v := range values {
+			if err := s.errors.AddType(s.codec, v); err != nil {
+				return fmt.Errorf("sdk: ErrorTypes(%T): %w", v, err)
 			}
 		}
 		return nil

@@ -124,6 +124,9 @@ func Lookup(ctx context.Context, h Caller, name string) (ActorRef, error) {
 }
 
 // StopActor stops a placed actor (a detached one with its job) and frees its resources.
+// A call made through its handles once StopActor has returned fails with ErrActorDead
+// (with ErrStopped), unanswered; a handle in another process learns of the stop from the
+// cluster's log, within moments.
 func StopActor(ctx context.Context, h Caller, ref ActorRef) error {
 	if ref.gen != follow {
 		return fmt.Errorf("%w: %s is not a placed actor (stop a gang with Gang.Stop)", ErrInvalid, ref)
@@ -142,6 +145,9 @@ func StopActor(ctx context.Context, h Caller, ref ActorRef) error {
 	}
 	c.mu.Unlock()
 	for _, g := range mine {
+		if err == nil {
+			g.stopped("stopped by StopActor") // calls from now on fail with ErrActorDead
+		}
 		g.stop()
 	}
 	return err

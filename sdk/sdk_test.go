@@ -21,7 +21,7 @@ import (
 // testOptions are the kinds and tasks of this test program: its worker processes (on a
 // cluster of processes) register them as the driver does.
 func testOptions() []sdk.Option {
-	return []sdk.Option{
+	return append([]sdk.Option{
 		sdk.Kind("summer", func() sdk.Actor { return summer{} }, sumReq{}),
 		sdk.Kind("echo", func() sdk.Actor { return echo{} }),
 		sdk.Kind("fetcher", func() sdk.Actor { return fetcher{} }, sdk.Ref[point]{}),
@@ -32,7 +32,7 @@ func testOptions() []sdk.Option {
 		sdk.Kind("stepper", func() sdk.Actor { return &stepper{} }, stepReq{}, stateReq{}),
 		sdk.Kind("logging", func() sdk.Actor { return logging{} }, logStep{}),
 		sdk.Tasks(square, where, crashOnce, failing, putBytes, spawnFromTask),
-	}
+	}, semanticsOptions()...)
 }
 
 func TestMain(m *testing.M) {

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/atoll-run/atoll/actors"
 	"github.com/atoll-run/atoll/internal/codec"
 	"github.com/atoll-run/atoll/proto/actorspb"
 	"github.com/atoll-run/atoll/runtime/api"
@@ -41,7 +42,9 @@ type TaskOptions struct {
 	// Resources is what each run holds on its worker (zero: DefaultTaskResources).
 	Resources Resources
 	// MaxRetries is how many times a run whose worker failed starts again on another
-	// worker; 0: DefaultTaskRetries, negative: never.
+	// worker; 0: DefaultTaskRetries, negative: never. A task is charged only with its own
+	// runs: a pooled worker that an earlier task's failure ended before this task reached
+	// it does not count.
 	MaxRetries int
 }
 
@@ -205,6 +208,7 @@ func (t *TaskFunc[A, R]) Remote(ctx context.Context, j *Job, args A) *Future[R] 
 			defer cancel()
 		}
 		var failures []string
+		lost := 0 // workers lost before the task reached them: not the task's failures
 		for {
 			s, err := pool.acquire(ctx, opts.Resources)
 			if err != nil {
@@ -212,10 +216,12 @@ func (t *TaskFunc[A, R]) Remote(ctx context.Context, j *Job, args A) *Future[R] 
 				return
 			}
 			var v R
+			sent := false
 			gen, err := s.g.AwaitRunning(ctx, s.minGen)
 			if err == nil {
 				to := s.g.Worker(0)
 				gen = to.gen
+				sent = true
 				v, err = Call[R](ctx, c, to, req)
 			}
 			failed := workerFailure(err) && ctx.Err() == nil
@@ -227,6 +233,13 @@ func (t *TaskFunc[A, R]) Remote(ctx context.Context, j *Job, args A) *Future[R] 
 				f.complete(v, err)
 				return
 			}
+			if !sent || errors.Is(err, actors.ErrNotDelivered) {
+				// The worker failed before the task reached it (an earlier task's failure
+				// ended it): another worker takes the task, whatever its MaxRetries.
+				if lost++; lost <= maxLostWorkers {
+					continue
+				}
+			}
 			failures = append(failures, err.Error())
 			if len(failures) > opts.MaxRetries {
 				f.complete(zero, fmt.Errorf("sdk: task %q: its worker failed %d times (MaxRetries %d); the last time: %w", t.name, len(failures), opts.MaxRetries, err))
@@ -237,6 +250,10 @@ func (t *TaskFunc[A, R]) Remote(ctx context.Context, j *Job, args A) *Future[R] 
 	}()
 	return f
 }
+
+// maxLostWorkers bounds how many task workers a task may find failed before it reaches
+// them (each an earlier task's failure, not its own) before that counts against it too.
+const maxLostWorkers = 8
 
 // callErr is the error a call's handler returned, without the call's own wrapping (which
 // names the task worker's actor).

@@ -480,6 +480,10 @@ func (w *cell) Receive(ac *actors.Context, msg any) (any, error) {
 	return w.user.Receive(&ctx, msg)
 }
 
+// flushTimeout bounds how long a failed worker process waits for its last answers to
+// reach their callers before it exits.
+const flushTimeout = 2 * time.Second
+
 // ExitPermanent is a worker process's exit status when a restart cannot help (an unknown
 // kind, undecodable arguments, an unreadable spec): its agent reports the gang failed.
 const ExitPermanent = api.ExitPermanent
@@ -569,7 +573,7 @@ func serveWorker(ctx context.Context, s settings) error {
 	if len(link) == 0 {
 		link = []byte(spec.Token)
 	}
-	sys, err := actors.NewSystem(actors.Config{Logger: log, ProtoactorLevel: paLevel, DefaultCallTimeout: s.callTimeout, Codec: s.codec,
+	sys, err := actors.NewSystem(actors.Config{Logger: log, ProtoactorLevel: paLevel, DefaultCallTimeout: s.callTimeout, Codec: s.codec, Errors: s.errors,
 		Remote: remoteConfig(net.JoinHostPort(host, "0"), link, id, authz.Worker(spec.Job, spec.Gang, spec.Rank).String(), client)})
 	if err != nil {
 		return fmt.Errorf("sdk: worker %s: actor system: %w", spec.Key(), err)
@@ -599,6 +603,10 @@ func serveWorker(ctx context.Context, s settings) error {
 		h.stop()
 		return nil
 	case <-h.done:
+		// Its callers get its last answers (a panic's ErrActorFailed) before it exits.
+		fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		_ = sys.Flush(fctx)
+		cancel()
 		if err := h.Err(); err != nil {
 			return fmt.Errorf("sdk: worker %s: %w", spec.Key(), err)
 		}

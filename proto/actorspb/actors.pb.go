@@ -108,6 +108,8 @@ const (
 	ErrorCode_CODEC_UNKNOWN_TYPE ErrorCode = 11
 	// CODEC_CORRUPT: a payload does not decode as its type (codec.ErrCorrupt).
 	ErrorCode_CODEC_CORRUPT ErrorCode = 12
+	// NOT_DELIVERED: the call never reached the handler (actors.ErrNotDelivered).
+	ErrorCode_NOT_DELIVERED ErrorCode = 13
 )
 
 // Enum value maps for ErrorCode.
@@ -126,6 +128,7 @@ var (
 		10: "SHUTDOWN",
 		11: "CODEC_UNKNOWN_TYPE",
 		12: "CODEC_CORRUPT",
+		13: "NOT_DELIVERED",
 	}
 	ErrorCode_value = map[string]int32{
 		"USER":               0,
@@ -141,6 +144,7 @@ var (
 		"SHUTDOWN":           10,
 		"CODEC_UNKNOWN_TYPE": 11,
 		"CODEC_CORRUPT":      12,
+		"NOT_DELIVERED":      13,
 	}
 )
 
@@ -236,9 +240,15 @@ func (x *Payload) GetData() []byte {
 
 // Error is an error as it crosses a process boundary.
 type Error struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Code          ErrorCode              `protobuf:"varint,1,opt,name=code,proto3,enum=atoll.actors.ErrorCode" json:"code,omitempty"`
-	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Code    ErrorCode              `protobuf:"varint,1,opt,name=code,proto3,enum=atoll.actors.ErrorCode" json:"code,omitempty"`
+	Message string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// sentinels name the program's registered sentinel errors the error wraps (errors.Is
+	// finds them again on the caller's side).
+	Sentinels []string `protobuf:"bytes,3,rep,name=sentinels,proto3" json:"sentinels,omitempty"`
+	// values are the registered error types' values the error wraps, through the codec
+	// (errors.As finds them again on the caller's side).
+	Values        []*Payload `protobuf:"bytes,4,rep,name=values,proto3" json:"values,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -285,6 +295,20 @@ func (x *Error) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *Error) GetSentinels() []string {
+	if x != nil {
+		return x.Sentinels
+	}
+	return nil
+}
+
+func (x *Error) GetValues() []*Payload {
+	if x != nil {
+		return x.Values
+	}
+	return nil
 }
 
 // Request is a call: the caller waits for a Reply with the same call_id at the request's
@@ -361,10 +385,13 @@ func (x *Request) GetCaller() string {
 
 // Reply answers a Request.
 type Reply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	CallId        uint64                 `protobuf:"varint,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
-	Body          *Payload               `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
-	Error         *Error                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	CallId uint64                 `protobuf:"varint,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	Body   *Payload               `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
+	Error  *Error                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// failed says the actor that answered failed handling the call (it panicked, or was
+	// killed): its incarnation has ended. It is the answerer's own, never forwarded.
+	Failed        bool `protobuf:"varint,4,opt,name=failed,proto3" json:"failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -418,6 +445,13 @@ func (x *Reply) GetError() *Error {
 		return x.Error
 	}
 	return nil
+}
+
+func (x *Reply) GetFailed() bool {
+	if x != nil {
+		return x.Failed
+	}
+	return false
 }
 
 // Cancel tells the system hosting a call's handler that its caller gave up: the handler's
@@ -528,19 +562,22 @@ const file_proto_actors_proto_rawDesc = "" +
 	"\aPayload\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12)\n" +
 	"\x05codec\x18\x02 \x01(\x0e2\x13.atoll.actors.CodecR\x05codec\x12\x12\n" +
-	"\x04data\x18\x03 \x01(\fR\x04data\"N\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"\x9b\x01\n" +
 	"\x05Error\x12+\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x17.atoll.actors.ErrorCodeR\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\x93\x01\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1c\n" +
+	"\tsentinels\x18\x03 \x03(\tR\tsentinels\x12-\n" +
+	"\x06values\x18\x04 \x03(\v2\x15.atoll.actors.PayloadR\x06values\"\x93\x01\n" +
 	"\aRequest\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\x04R\x06callId\x12)\n" +
 	"\x04body\x18\x02 \x01(\v2\x15.atoll.actors.PayloadR\x04body\x12,\n" +
 	"\x12deadline_unix_nano\x18\x03 \x01(\x03R\x10deadlineUnixNano\x12\x16\n" +
-	"\x06caller\x18\x04 \x01(\tR\x06caller\"v\n" +
+	"\x06caller\x18\x04 \x01(\tR\x06caller\"\x8e\x01\n" +
 	"\x05Reply\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\x04R\x06callId\x12)\n" +
 	"\x04body\x18\x02 \x01(\v2\x15.atoll.actors.PayloadR\x04body\x12)\n" +
-	"\x05error\x18\x03 \x01(\v2\x13.atoll.actors.ErrorR\x05error\"9\n" +
+	"\x05error\x18\x03 \x01(\v2\x13.atoll.actors.ErrorR\x05error\x12\x16\n" +
+	"\x06failed\x18\x04 \x01(\bR\x06failed\"9\n" +
 	"\x06Cancel\x12\x16\n" +
 	"\x06caller\x18\x01 \x01(\tR\x06caller\x12\x17\n" +
 	"\acall_id\x18\x02 \x01(\x04R\x06callId\"1\n" +
@@ -552,7 +589,7 @@ const file_proto_actors_proto_rawDesc = "" +
 	"\tRAW_BYTES\x10\x02\x12\v\n" +
 	"\aRAW_F32\x10\x03\x12\t\n" +
 	"\x05EMPTY\x10\x04\x12\a\n" +
-	"\x03NIL\x10\x05*\xdb\x01\n" +
+	"\x03NIL\x10\x05*\xee\x01\n" +
 	"\tErrorCode\x12\b\n" +
 	"\x04USER\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -568,7 +605,8 @@ const file_proto_actors_proto_rawDesc = "" +
 	"\bSHUTDOWN\x10\n" +
 	"\x12\x16\n" +
 	"\x12CODEC_UNKNOWN_TYPE\x10\v\x12\x11\n" +
-	"\rCODEC_CORRUPT\x10\fB+Z)github.com/atoll-run/atoll/proto/actorspbb\x06proto3"
+	"\rCODEC_CORRUPT\x10\f\x12\x11\n" +
+	"\rNOT_DELIVERED\x10\rB+Z)github.com/atoll-run/atoll/proto/actorspbb\x06proto3"
 
 var (
 	file_proto_actors_proto_rawDescOnce sync.Once
@@ -597,15 +635,16 @@ var file_proto_actors_proto_goTypes = []any{
 var file_proto_actors_proto_depIdxs = []int32{
 	0, // 0: atoll.actors.Payload.codec:type_name -> atoll.actors.Codec
 	1, // 1: atoll.actors.Error.code:type_name -> atoll.actors.ErrorCode
-	2, // 2: atoll.actors.Request.body:type_name -> atoll.actors.Payload
-	2, // 3: atoll.actors.Reply.body:type_name -> atoll.actors.Payload
-	3, // 4: atoll.actors.Reply.error:type_name -> atoll.actors.Error
-	2, // 5: atoll.actors.Tell.body:type_name -> atoll.actors.Payload
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	2, // 2: atoll.actors.Error.values:type_name -> atoll.actors.Payload
+	2, // 3: atoll.actors.Request.body:type_name -> atoll.actors.Payload
+	2, // 4: atoll.actors.Reply.body:type_name -> atoll.actors.Payload
+	3, // 5: atoll.actors.Reply.error:type_name -> atoll.actors.Error
+	2, // 6: atoll.actors.Tell.body:type_name -> atoll.actors.Payload
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_proto_actors_proto_init() }

@@ -1,7 +1,6 @@
 package head
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,7 +10,6 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -196,19 +194,9 @@ func (o *observer) state() dashboard.State {
 	return dashboard.Build(in)
 }
 
-// heads lists the group's heads: those configured, and those gossip announces.
+// heads lists the group's heads (Head.groupHeads), marking the leader.
 func (o *observer) heads(leader uint64) []api.HeadInfo {
-	out := o.h.heads()
-	if o.h.gossip != nil {
-		for name, tags := range o.h.gossip.Tags(member.RoleHead) {
-			id, err := strconv.ParseUint(strings.TrimPrefix(name, "head-"), 10, 64)
-			if err != nil || slices.ContainsFunc(out, func(h api.HeadInfo) bool { return h.ID == id }) {
-				continue
-			}
-			out = append(out, api.HeadInfo{ID: id, Address: tags["api"]})
-		}
-	}
-	slices.SortFunc(out, func(a, b api.HeadInfo) int { return cmp.Compare(a.ID, b.ID) })
+	out := o.h.groupHeads()
 	for i := range out {
 		out[i].Leader = out[i].ID == leader
 	}

@@ -1,6 +1,7 @@
 package head
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -10,6 +11,8 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -205,7 +208,7 @@ func Start(cfg Config) (*Head, error) {
 		cfg.Controller.Logger = log
 	}
 	h.ctl = NewController(cfg.Controller, h.rep, h.sm)
-	apiH := NewAPI(h.ctl, h.rep, h.sm, string(cfg.Token), h.heads, log)
+	apiH := NewAPI(h.ctl, h.rep, h.sm, string(cfg.Token), h.groupHeads, log)
 	if cfg.CA != nil {
 		apiH.RequireClientCerts(cfg.CA)
 	}
@@ -282,6 +285,30 @@ func (h *Head) heads() []api.HeadInfo {
 			}
 		}
 	}
+	return out
+}
+
+// groupHeads lists every head of the group, by id: those configured (SetHeads) and this
+// one, those gossip announces (with their API address), and the voting members of the
+// current Paxos configuration (by id alone while gossip has not announced them).
+func (h *Head) groupHeads() []api.HeadInfo {
+	out := h.heads()
+	has := func(id uint64) bool { return slices.ContainsFunc(out, func(x api.HeadInfo) bool { return x.ID == id }) }
+	if h.gossip != nil {
+		for name, tags := range h.gossip.Tags(member.RoleHead) {
+			id, err := strconv.ParseUint(strings.TrimPrefix(name, "head-"), 10, 64)
+			if err != nil || has(id) {
+				continue
+			}
+			out = append(out, api.HeadInfo{ID: id, Address: tags["api"]})
+		}
+	}
+	for _, id := range h.rep.Status().Members {
+		if !has(id) {
+			out = append(out, api.HeadInfo{ID: id})
+		}
+	}
+	slices.SortFunc(out, func(a, b api.HeadInfo) int { return cmp.Compare(a.ID, b.ID) })
 	return out
 }
 
