@@ -121,7 +121,12 @@ func TestClusterProcessGang(t *testing.T) {
 				local++
 			}
 		}
-		group := slices.Index(g.Placement.Machines, m.Machine)
+		var groups []string // the machines in the order of their first rank
+		for _, o := range g.Placement.Members {
+			if !slices.Contains(groups, o.Machine) {
+				groups = append(groups, o.Machine)
+			}
+		}
 		want := map[string]string{"RANK": strconv.Itoa(r), "WORLD_SIZE": "4", "LOCAL_RANK": strconv.Itoa(local), "LOCAL_WORLD_SIZE": "2",
 			"ATOLL_JOB": "pg", "ATOLL_GANG": "main", "ATOLL_RANK": strconv.Itoa(r), "ATOLL_GENERATION": "0", "ATOLL_MACHINE": m.Machine,
 			"CUDA_VISIBLE_DEVICES": strings.Join(idx, ","), "ATOLL_SIMULATED_GPUS": strings.Join(m.UUIDs, ",")}
@@ -130,8 +135,8 @@ func TestClusterProcessGang(t *testing.T) {
 				t.Errorf("rank %d: %s=%q, want %q (env %v)", r, k, env[k], v, env)
 			}
 		}
-		if gr, _ := strconv.Atoi(env["GROUP_RANK"]); group < 0 || env["GROUP_RANK"] == "" || gr > 1 {
-			t.Errorf("rank %d: GROUP_RANK=%q, want 0 or 1", r, env["GROUP_RANK"])
+		if want := strconv.Itoa(slices.Index(groups, m.Machine)); env["GROUP_RANK"] != want {
+			t.Errorf("rank %d: GROUP_RANK=%q, want %s (machines by first rank: %v)", r, env["GROUP_RANK"], want, groups)
 		}
 		if ma := env["MASTER_ADDR"] + ":" + env["MASTER_PORT"]; master == "" {
 			master = ma

@@ -293,7 +293,7 @@ func processEnv(spec api.WorkerSpec, noticePath string) ([]string, error) {
 		}
 		if m == spec.Machine {
 			if i == spec.Rank {
-				rank, localRank, group = r, localSize, len(machines)-1
+				rank, localRank, group = r, localSize, slices.Index(machines, m)
 			}
 			localSize++
 		}
