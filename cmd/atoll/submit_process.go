@@ -71,6 +71,9 @@ func submitProcessGang(cmd *cobra.Command, dir, address, name string, env []stri
 		Strategy: api.Strategy(p.strategy), Machines: machines, Priority: p.priority, PriorityClass: p.priorityClass, Queue: p.queue,
 		NotPreemptible: p.notPreemptible, JustInTime: p.checkpointOnNotice, MaxRestarts: p.maxRestarts,
 		Process: &api.ProcessSpec{Command: args, Env: env, NoticeSignal: p.signal, YieldExitCode: p.yieldCode}}
+	if p.yieldCode == 0 {
+		return fmt.Errorf("submit: --yield-exit-code 0: status 0 means a member completed; want 1..255 (default %d)", api.DefaultYieldExitCode)
+	}
 	if p.gpus < 0 {
 		return fmt.Errorf("submit: --gpus-per-worker %d is negative", p.gpus)
 	}
