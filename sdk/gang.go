@@ -97,7 +97,9 @@ type GangSpec struct {
 	CheckpointEvery, Duration time.Duration
 	// TimeLimit is an upper bound on the run time (Slurm's --time; 0: none): the
 	// scheduler's run-time predictor caps its guesses by it and learns per limit, and
-	// backfill relies on it. The scheduler does not stop a gang that runs past it.
+	// backfill relies on it. The gang is held to it: reaching it fails the gang; with
+	// CheckpointOnNotice a NoticeTimeLimit comes one notice grace before, and a Yield
+	// stops the gang there.
 	TimeLimit time.Duration
 	// AllReduceBytes is the size of the gang's gradients, for the scheduler's modeled
 	// AllReduce time of each candidate placement. Zero: the scheduler's default.

@@ -30,6 +30,10 @@ const (
 	// NoticeGrow: capacity freed and an elastic gang's new members are starting (From ->
 	// To). Yield at a step boundary: they join with a copy of rank 0's state.
 	NoticeGrow NoticeKind = "grow"
+	// NoticeTimeLimit: the gang's TimeLimit ends at the deadline (a CheckpointOnNotice gang
+	// is told one notice grace before). Checkpoint, then Yield: the gang stops there
+	// (stopped, not queued again); past the deadline it fails.
+	NoticeTimeLimit NoticeKind = "time_limit"
 )
 
 // EvictionCosts is the scheduler's estimate of what stopping a gang costs, in seconds (of
@@ -91,6 +95,7 @@ func (g *Gang) Notices() <-chan Notice { return g.notices }
 //   - a stop (NoticePreempt, NoticeDrain): the gang stops now and queues again; it
 //     resumes from the checkpoint taken since the notice (Checkpoint), if any, else from its
 //     newest. Wait for it with AwaitRunning(ctx, n.Generation+1).
+//   - a time limit (NoticeTimeLimit): the gang stops now, for good (State: stopped).
 //   - a shrink: the members dropped stop, the others keep their processes; when Yield
 //     returns, Size is the new size and each worker has its new rank (Resizer.Resized).
 //   - a grow: once the new members are up, each gets a copy of rank 0's state (Checkpointer)
@@ -98,7 +103,7 @@ func (g *Gang) Notices() <-chan Notice { return g.notices }
 func (g *Gang) Yield(ctx context.Context, n Notice) error {
 	c := g.c
 	switch n.Kind {
-	case NoticePreempt, NoticeDrain:
+	case NoticePreempt, NoticeDrain, NoticeTimeLimit:
 		g.mu.Lock()
 		checkpointed := !g.lastCkpt.IsZero() && !g.lastCkpt.Before(n.issued)
 		step := g.lastStep

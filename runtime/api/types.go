@@ -239,7 +239,10 @@ type GangSpec struct {
 	Duration Duration `json:"duration,omitempty"`
 	// TimeLimit is an upper bound on the run time its user declares (Slurm's --time; 0:
 	// none): the scheduler's run-time predictor caps its guesses by it and learns per
-	// limit, and backfill relies on it. Nothing stops a gang that runs past it.
+	// limit, and backfill relies on it. The leader holds the gang to it: its run time
+	// (kept progress plus the current run) reaching the limit fails it ("time limit
+	// reached", as Slurm's TIMEOUT), after a NoticeTimeLimit one notice grace before for
+	// a gang with JustInTime, which may checkpoint and yield to stop there instead.
 	TimeLimit Duration `json:"time_limit,omitempty"`
 	// AllReduceBytes is the size of the gang's typical AllReduce (its gradients).
 	AllReduceBytes int64 `json:"allreduce_bytes,omitempty"`
@@ -628,6 +631,9 @@ const (
 	NoticeShrink NoticeKind = "shrink"
 	// NoticeGrow: the members in Add are placed and starting; take them at the next step.
 	NoticeGrow NoticeKind = "grow"
+	// NoticeTimeLimit: the gang's TimeLimit ends at the deadline (Slurm's --time, with its
+	// --signal warning): checkpoint and yield to stop there; past it the gang fails.
+	NoticeTimeLimit NoticeKind = "time_limit"
 )
 
 // Notice asks a running gang to change: its driver takes it at a step boundary (a

@@ -259,6 +259,7 @@ func (c *Controller) sweep() {
 	}
 	paused, dead := t.detect.sweep(now, alive)
 	c.mu.Unlock()
+	c.enforceTimeLimits() // timelimit.go
 	if paused > 0 {
 		c.obs.pauses.Inc()
 		c.log.Warn("this leader was paused or starved; every machine gets a fresh grace period",

@@ -37,8 +37,8 @@ func noticeTimer(key string) string { return "notice/" + key }
 // armNoticeLocked arms the deadline of a gang's stop or shrink notice.
 func (c *Controller) armNoticeLocked(t *term, e *gangEntry) {
 	n := e.rec.Notice
-	if n == nil || n.Kind == api.NoticeGrow || n.Deadline.IsZero() {
-		return
+	if n == nil || n.Kind == api.NoticeGrow || n.Kind == api.NoticeTimeLimit || n.Deadline.IsZero() {
+		return // a time limit is the sweep's (timelimit.go)
 	}
 	key, uid, gen, issued := e.rec.Spec.Key(), e.rec.UID, e.rec.Generation, n.Issued
 	name := noticeTimer(key)
@@ -183,11 +183,23 @@ func (c *Controller) Yield(ctx context.Context, y api.Yield) error {
 	case e.rec.UID != y.UID || e.rec.Generation != y.Generation:
 		c.mu.Unlock()
 		return fmt.Errorf("%w: gang %s is in generation %d; the answer is of %d", api.ErrStale, key, e.rec.Generation, y.Generation)
-	case e.rec.Notice == nil || (e.rec.Notice.Kind != api.NoticePreempt && e.rec.Notice.Kind != api.NoticeDrain):
+	case e.rec.Notice == nil || (e.rec.Notice.Kind != api.NoticePreempt && e.rec.Notice.Kind != api.NoticeDrain && e.rec.Notice.Kind != api.NoticeTimeLimit):
 		c.mu.Unlock()
 		return fmt.Errorf("%w: gang %s has no stop notice to answer", api.ErrInvalid, key)
 	}
 	now := c.cfg.Clock()
+	if e.rec.Notice.Kind == api.NoticeTimeLimit { // its time is up: it stops, not queued again
+		why := fmt.Sprintf("stopped at its time limit of %v", time.Duration(e.rec.Spec.TimeLimit))
+		if y.Checkpointed {
+			why += fmt.Sprintf(", after its checkpoint of step %d", y.Step)
+		}
+		work := []commitFn{t.end(e, api.GangStopped, why, now)}
+		work = append(work, c.cycleLocked(t, now)...)
+		ch := c.enqueueLocked(t, work)
+		c.notifyLocked()
+		c.mu.Unlock()
+		return await(ctx, ch)
+	}
 	if y.Checkpointed {
 		ck := ckptInfo{at: now, step: y.Step, bytes: t.ckpt[key].bytes, save: t.ckpt[key].save}
 		if m, ok := c.manifestLocked(y.Job, y.Gang, y.Step); ok {

@@ -242,3 +242,57 @@ func TestElasticShrinkThenGrow(t *testing.T) {
 		t.Fatalf("after the grow: generation %d, ranks %v, restarts %d; want 16 ranks, no restart", g.Generation, g.Ranks(), g.Restarts)
 	}
 }
+
+// TestTimeLimit: a gang is held to its TimeLimit (Slurm's --time): one with JustInTime
+// gets a time-limit notice a grace before and, yielding, stops there; one that does not
+// answer, or has no JustInTime, fails at the limit, its GPUs freed for the next gang.
+func TestTimeLimit(t *testing.T) {
+	c := setup(t, 1, api.SchedulerConfig{NoticeGrace: api.Duration(time.Second)}, "tl")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	spec := func(name string, jit bool, limit time.Duration) api.GangSpec {
+		s := island("tl", name, "")
+		s.JustInTime, s.TimeLimit = jit, api.Duration(limit)
+		return s
+	}
+	ready := func(g api.Gang) {
+		for r, m := range g.Placement.Members {
+			w := api.Worker{Job: "tl", Gang: g.Spec.Name, Rank: r, Generation: g.Generation, GangUID: g.UID, Machine: m.Machine, Address: "a", ActorID: "w"}
+			if err := c.WorkerReady(ctx, w); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Warned, answers: stopped at its limit, not queued again.
+	if _, err := c.SpawnGang(ctx, spec("warned", true, 3*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	g := awaitGang(t, c, "tl", "warned", "placed", placed)
+	ready(g)
+	g = awaitGang(t, c, "tl", "warned", "warned of its time limit", func(g api.Gang) bool { return g.Notice != nil })
+	if n := g.Notice; n.Kind != api.NoticeTimeLimit || n.Deadline.Sub(n.Issued) > 1100*time.Millisecond || g.State != api.GangRunning {
+		t.Fatalf("notice %+v in state %s: want a time-limit notice at most a grace (1 s) before the limit", n, g.State)
+	}
+	if err := c.Yield(ctx, api.Yield{Job: "tl", Gang: "warned", UID: g.UID, Generation: g.Generation, Checkpointed: true, Step: 7}); err != nil {
+		t.Fatal(err)
+	}
+	g = awaitGang(t, c, "tl", "warned", "stopped", func(g api.Gang) bool { return !g.State.Live() })
+	if g.State != api.GangStopped || !strings.Contains(g.Reason, "time limit") || !strings.Contains(g.Reason, "step 7") {
+		t.Fatalf("after yielding: %s %q; want stopped at its time limit after its checkpoint", g.State, g.Reason)
+	}
+	// No JustInTime: no notice, failed at the limit; the next gang takes its GPUs.
+	if _, err := c.SpawnGang(ctx, spec("blunt", false, 2*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SpawnGang(ctx, spec("next", false, 0)); err != nil {
+		t.Fatal(err)
+	}
+	g = awaitGang(t, c, "tl", "blunt", "placed", placed)
+	placedAt := time.Now()
+	ready(g)
+	g = awaitGang(t, c, "tl", "blunt", "ended", func(g api.Gang) bool { return !g.State.Live() })
+	if g.State != api.GangFailed || !strings.Contains(g.Reason, "time limit of 2s reached") || time.Since(placedAt) < 2*time.Second {
+		t.Fatalf("%s %q after %v: want failed at its 2 s time limit", g.State, g.Reason, time.Since(placedAt))
+	}
+	awaitGang(t, c, "tl", "next", "placed on the freed GPUs", placed)
+}
