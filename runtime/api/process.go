@@ -114,7 +114,7 @@ func (p *ProcessSpec) normalize(name string) error {
 // ProcessNotice is the JSON file (at ATOLL_NOTICE_FILE) a process gang's members find a
 // notice in, written before the signal is sent, atomically (a rename).
 type ProcessNotice struct {
-	// Kind is preempt, drain, shrink or grow.
+	// Kind is preempt, drain, time_limit, shrink or grow.
 	Kind NoticeKind `json:"kind"`
 	// Issued is when the head gave it; Deadline when it acts alone (a stop loses the work
 	// since the checkpoint; zero for a grow, which has none).

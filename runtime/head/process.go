@@ -15,11 +15,13 @@ import (
 // (api.Worker.Exit, so a new leader reads it back); once every member of the gang's world
 // has exited cleanly, the gang completes (every one exited with status 0), or is taken
 // to have answered its notice: a stop queues it again (it resumes from its program's own
-// checkpoint), a resize restarts it at its new size.
+// checkpoint), its time limit stops it, a resize restarts it at its new size.
 
-// stopOrResize reports whether a notice asks a gang to stop or resize.
+// stopOrResize reports whether a notice asks a gang to stop (preempt, drain, its time
+// limit) or resize: a process gang's members answer it by yielding.
 func stopOrResize(n *api.Notice) bool {
-	return n != nil && (n.Kind == api.NoticePreempt || n.Kind == api.NoticeDrain || n.Kind == api.NoticeShrink || n.Kind == api.NoticeGrow)
+	return n != nil && (n.Kind == api.NoticePreempt || n.Kind == api.NoticeDrain || n.Kind == api.NoticeTimeLimit ||
+		n.Kind == api.NoticeShrink || n.Kind == api.NoticeGrow)
 }
 
 // processExitLocked records a process gang member's clean exit (completed, or yielded
@@ -56,6 +58,9 @@ func (c *Controller) processExitLocked(t *term, e *gangEntry, x api.WorkerExit, 
 	switch {
 	case completed == world || !stopOrResize(n):
 		work = append(work, t.end(e, api.GangStopped, fmt.Sprintf("completed: its %d members exited with status 0", world), now))
+	case n.Kind == api.NoticeTimeLimit: // its time is up: it stops, not queued again
+		work = append(work, t.end(e, api.GangStopped, fmt.Sprintf("stopped at its time limit of %v: its members yielded",
+			time.Duration(e.rec.Spec.TimeLimit)), now))
 	case n.Kind == api.NoticeShrink || n.Kind == api.NoticeGrow:
 		work = append(work, t.processResize(e, now))
 	default:
