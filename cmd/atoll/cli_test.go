@@ -162,6 +162,13 @@ func TestBadArgumentsAreRefused(t *testing.T) {
 		{[]string{"up", "--dir", t.TempDir(), "--machine", "../../x"}, "--machine"},
 		{[]string{"status", "--dir", t.TempDir()}, "no cluster runs in"},
 		{[]string{"logs", "../job"}, "job name"},
+		{[]string{"submit", "--gpus-per-worker", "2", "--", "/bin/true"}, "--gpus-per-worker is a process gang's flag"},
+		{[]string{"submit", "--workers", "0", "--", "python3"}, "--workers 0"},
+		{[]string{"submit", "--workers", "2", "--min-workers", "3", "--", "python3"}, "min workers 3"},
+		{[]string{"submit", "--workers", "2", "--notice-signal", "KILL", "--", "python3"}, `notice signal "KILL"`},
+		{[]string{"submit", "--workers", "2", "--yield-exit-code", "0", "--", "python3"}, "--yield-exit-code 0"},
+		{[]string{"submit", "--workers", "2", "--env", "RANK=1", "--", "python3"}, "RANK is the agent's"},
+		{[]string{"submit", "--workers", "2", "--dir", t.TempDir(), "--", "python3"}, "no cluster runs in"},
 	} {
 		_, err := runCLI(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -23,15 +23,26 @@ func newSubmitCmd() *cobra.Command {
 	var dir, address, name string
 	var env []string
 	var wait bool
+	var pg processGangFlags
 	cmd := &cobra.Command{
 		Use:   "submit [flags] -- PROGRAM [ARGS...]",
-		Short: "Run a driver program on the cluster (as `ray job submit` does): your terminal can go away",
+		Short: "Run a driver program on the cluster (as `ray job submit` does), or any command as a process gang (--workers)",
 		Long: `submit stores PROGRAM (an executable built for the cluster's machines, e.g. with go build) in
 the cluster's object store, and the leader places it as a one-member driver gang: an agent runs
 it with the cluster's address and token (ATOLL_ADDRESS, ATOLL_TOKEN_FILE), so its sdk.Start
 connects, and its own jobs run their workers as usual. Its output is its agent's log: atoll
 logs JOB --follow. The driver's gang completes when it exits with status 0, and fails
-otherwise.`,
+otherwise.
+
+With --workers N, submit runs PROGRAM ARGS instead as a process gang of N members (any
+executable: python3 train.py, a shell script), placed all-or-nothing like any gang, each
+member with --gpus-per-worker GPUs and torchrun's environment (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT...; docs/process-gangs.md). Nothing is copied: PROGRAM must be on
+every machine, and the members start in this directory where it exists there. The gang
+completes when every member exits with status 0; a notice (a preemption, atoll drain)
+reaches each member as --notice-signal plus the file $ATOLL_NOTICE_FILE, and members that
+checkpoint and exit with --yield-exit-code yield: the gang queues again and starts the
+command again when placed. Any other exit restarts the gang (--max-restarts).`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if name == "" {
@@ -44,6 +55,12 @@ otherwise.`,
 				if k, _, ok := strings.Cut(e, "="); !ok || k == "" || strings.HasPrefix(k, "ATOLL_") {
 					return fmt.Errorf("submit: --env %q: want NAME=value (and no ATOLL_ variable: the agent sets those)", e)
 				}
+			}
+			if cmd.Flags().Changed("workers") {
+				return submitProcessGang(cmd, dir, address, name, env, wait, pg, args)
+			}
+			if err := pg.unused(cmd); err != nil {
+				return err
 			}
 			program, err := openProgram(args[0])
 			if err != nil {
@@ -101,7 +118,8 @@ otherwise.`,
 	f.StringVar(&address, "address", "", addressUsage)
 	f.StringVar(&name, "name", "", "the job's name (default submit-<time>)")
 	f.StringArrayVar(&env, "env", nil, "NAME=value for the driver's environment (repeatable; never secrets: they are stored in the log)")
-	f.BoolVar(&wait, "wait", false, "wait until the driver finishes")
+	f.BoolVar(&wait, "wait", false, "wait until the driver (or the process gang) finishes")
+	pg.register(f)
 	return cmd
 }
 

@@ -160,6 +160,8 @@ type worker struct {
 	spec     api.WorkerSpec
 	h        Handle // nil while launching
 	stopping bool
+	// noticed is the issue time of the newest notice given to a process gang's member.
+	noticed time.Time
 }
 
 // Start starts an agent: its object store and API, then it registers the machine and
@@ -557,6 +559,11 @@ func desired(gangs map[string]api.Gang, exited map[string]bool, base api.WorkerS
 			s.Job, s.Gang, s.Rank, s.Generation, s.GangUID, s.Kind, s.Args = g.Spec.Job, g.Spec.Name, rank, g.Generation, g.UID, g.Spec.Kind, g.Spec.Args
 			s.Member, s.Placement, s.World, s.Epoch, s.Driver = m, *g.Placement, world, epoch, g.Spec.Driver
 			s.Holder = "worker/" + s.Key()
+			if s.Process = g.Spec.Process; s.Process != nil && !slices.Contains(world, rank) {
+				// A process gang's member added by a grow starts with the gang's next
+				// generation, at the new world size (torchrun's elastic contract).
+				continue
+			}
 			if exited[exitKey(s)] {
 				continue // it exited by itself: the leader decides what comes next
 			}
@@ -622,6 +629,9 @@ func (a *Agent) reconcile() {
 	forgetEnded(a.ended, a.gangs)
 	want := a.desiredLocked()
 	stop, start := reconcilePlan(a.workers, want)
+	for _, w := range a.workers {
+		a.noticeLocked(w)
+	}
 	for _, w := range stop {
 		w.stopping = true
 		go a.stopWorker(w)
@@ -658,11 +668,25 @@ func (a *Agent) launch(key string, w *worker) {
 	var h Handle
 	var started bool
 	var err error
-	select {
-	case a.slots <- struct{}{}:
-		h, started, err = a.start(w)
-		<-a.slots
-	case <-a.ctx.Done():
+	if w.spec.Process != nil {
+		// Every member of a process gang gets rank 0's rendezvous address before it starts.
+		var master string
+		if master, err = a.rendezvous(w); err == nil && master == "" {
+			err = errNotWanted
+		}
+		a.mu.Lock()
+		w.spec.Master = master
+		a.mu.Unlock()
+	}
+	if errors.Is(err, errNotWanted) {
+		err = nil // dropped below, as a worker not wanted any more
+	} else if err == nil {
+		select {
+		case a.slots <- struct{}{}:
+			h, started, err = a.start(w)
+			<-a.slots
+		case <-a.ctx.Done():
+		}
 	}
 	if !started && err == nil {
 		// Not wanted any more (stopped, or its gang or job ended before its turn): it was
@@ -695,16 +719,24 @@ func (a *Agent) launch(key string, w *worker) {
 	if stop {
 		go a.stopWorker(w)
 	}
-	if w.spec.Driver { // a submitted driver hosts no actor to announce: it is ready once it runs
+	if w.spec.Driver || w.spec.Process != nil {
+		// A submitted driver or a process gang's member hosts no actor to announce: it is
+		// ready once it runs. A process member's Address is its gang's rendezvous address
+		// (rank 0's announces it to the others).
 		go func() {
 			ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
 			defer cancel()
 			s := w.spec
 			if err := a.client.WorkerReady(ctx, api.Worker{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation,
-				GangUID: s.GangUID, Machine: a.cfg.Name, PID: h.PID(), Started: time.Now()}); err != nil {
-				a.log.Warn("could not report the driver running", zap.String("job", s.Job), zap.Error(err))
+				GangUID: s.GangUID, Machine: a.cfg.Name, Address: s.Master, PID: h.PID(), Started: time.Now()}); err != nil {
+				a.log.Warn("could not report the worker running", workerField(s), zap.Error(err))
 			}
 		}()
+	}
+	if w.spec.Process != nil {
+		a.mu.Lock()
+		a.noticeLocked(w) // a notice given while it was starting
+		a.mu.Unlock()
 	}
 	<-h.Done()
 	a.mu.Lock()
@@ -722,12 +754,14 @@ func (a *Agent) launch(key string, w *worker) {
 	a.endOwner(ectx, w.spec.Holder) // what the worker owned ends with it
 	ecancel()
 	if !stopping && a.ctx.Err() == nil {
-		done := w.spec.Driver && errors.Is(h.Err(), ErrExitedZero)
+		done := (w.spec.Driver || w.spec.Process != nil) && errors.Is(h.Err(), ErrExitedZero)
+		var es ExitStatusError
+		yielded := w.spec.Process != nil && errors.As(h.Err(), &es) && es.Status == w.spec.Process.YieldExitCode
 		a.obs.exits.WithLabelValues(strconv.FormatBool(isPermanent(h.Err()))).Inc()
-		if !done {
+		if !done && !yielded {
 			a.log.Warn("worker exited", workerField(w.spec), zap.Error(h.Err()))
 		}
-		a.reportExit(w.spec, h.Err().Error(), isPermanent(h.Err()), done)
+		a.reportExitOf(w.spec, h.Err().Error(), isPermanent(h.Err()), done, yielded)
 	}
 	a.reconcile()
 }
@@ -808,8 +842,13 @@ func (a *Agent) stopWorker(w *worker) {
 
 // reportExit tells the leader a worker exited by itself, retrying until it is heard.
 func (a *Agent) reportExit(s api.WorkerSpec, reason string, permanent, completed bool) {
+	a.reportExitOf(s, reason, permanent, completed, false)
+}
+
+// reportExitOf is reportExit with a process gang member's yield (its yield exit code).
+func (a *Agent) reportExitOf(s api.WorkerSpec, reason string, permanent, completed, yielded bool) {
 	x := api.WorkerExit{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation, Machine: a.cfg.Name, Reason: api.TruncateReason(reason),
-		Permanent: permanent, Completed: completed}
+		Permanent: permanent, Completed: completed, Yielded: yielded}
 	for a.ctx.Err() == nil {
 		ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
 		err := a.client.WorkerExited(ctx, x)

@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -52,6 +55,9 @@ type ExecLauncher struct {
 
 // Launch implements Launcher.
 func (l *ExecLauncher) Launch(ctx context.Context, spec api.WorkerSpec, job api.Job) (Handle, error) {
+	if spec.Process != nil {
+		return l.launchProcess(spec, job)
+	}
 	bin, err := l.Binary(ctx, job)
 	if err != nil {
 		return nil, err
@@ -222,7 +228,121 @@ func gpuEnv(spec api.WorkerSpec) []string {
 	return []string{"CUDA_VISIBLE_DEVICES="}
 }
 
+// launchProcess starts a process gang's member: its command, with no credential and no
+// spec file (it has no SDK), in its own process group, with torchrun's environment
+// (processEnv) and its notice file's path.
+func (l *ExecLauncher) launchProcess(spec api.WorkerSpec, job api.Job) (Handle, error) {
+	name := fmt.Sprintf("%s.%s.%d.g%d", spec.Job, spec.Gang, spec.Rank, spec.Generation)
+	if err := os.MkdirAll(l.RunDir, 0o700); err != nil {
+		return nil, err
+	}
+	noticePath := filepath.Join(l.RunDir, name+".notice.json")
+	_ = os.Remove(noticePath) // an earlier run's: a notice is of one generation
+	penv, err := processEnv(spec, noticePath)
+	if err != nil {
+		return nil, permanentErr{err}
+	}
+	logf, err := openWorkerLog(l.LogDir, spec)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(spec.Process.Command[0], spec.Process.Command[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Dir = workDir(job.Dir)
+	env := append(inheritedEnv(os.Environ()), job.Env...)
+	env = append(env, spec.Process.Env...)
+	cmd.Env = append(env, penv...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		_ = logf.Close()
+		err = fmt.Errorf("agent: start process gang member %s (%q): %w", spec.Key(), spec.Process.Command[0], err)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) || errors.Is(err, os.ErrPermission) {
+			return nil, permanentErr{err} // it is not there on this machine: a restart cannot help
+		}
+		return nil, err
+	}
+	h := &procHandle{cmd: cmd, done: make(chan struct{}), files: []string{noticePath}, log: logf, notice: noticePath}
+	go h.wait()
+	return h, nil
+}
+
+// processEnv is the environment the agent sets for a process gang's member: torchrun's
+// (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT), its GPUs, and Atoll's own (api.JobEnv...). RANK is the
+// member's position in the gang's world; LOCAL_RANK its position among the world's
+// members on its machine; GROUP_RANK its machine's position among the world's machines
+// (in the order of their first rank).
+func processEnv(spec api.WorkerSpec, noticePath string) ([]string, error) {
+	world := spec.World
+	if len(world) == 0 {
+		for i, m := range spec.Placement.Members {
+			if !m.Removed {
+				world = append(world, i)
+			}
+		}
+	}
+	rank, localRank, localSize, group := -1, 0, 0, -1
+	var machines []string
+	for r, i := range world {
+		if i < 0 || i >= len(spec.Placement.Members) {
+			return nil, fmt.Errorf("agent: process gang %s/%s: world member %d is not in its placement", spec.Job, spec.Gang, i)
+		}
+		m := spec.Placement.Members[i].Machine
+		if !slices.Contains(machines, m) {
+			machines = append(machines, m)
+		}
+		if m == spec.Machine {
+			if i == spec.Rank {
+				rank, localRank, group = r, localSize, slices.Index(machines, m)
+			}
+			localSize++
+		}
+	}
+	if rank < 0 {
+		return nil, fmt.Errorf("agent: process gang %s/%s: member %d is not in its world %v", spec.Job, spec.Gang, spec.Rank, world)
+	}
+	host, port, err := net.SplitHostPort(spec.Master)
+	if err != nil {
+		return nil, fmt.Errorf("agent: process gang %s/%s: rendezvous address %q: %w", spec.Job, spec.Gang, spec.Master, err)
+	}
+	idx := make([]string, len(spec.Member.GPUs))
+	for i, g := range spec.Member.GPUs {
+		idx[i] = strconv.Itoa(g)
+	}
+	env := []string{
+		"RANK=" + strconv.Itoa(rank), "LOCAL_RANK=" + strconv.Itoa(localRank), "WORLD_SIZE=" + strconv.Itoa(len(world)),
+		"LOCAL_WORLD_SIZE=" + strconv.Itoa(localSize), "GROUP_RANK=" + strconv.Itoa(group), "GROUP_WORLD_SIZE=" + strconv.Itoa(len(machines)),
+		"MASTER_ADDR=" + host, "MASTER_PORT=" + port,
+		api.JobEnv + "=" + spec.Job, api.GangEnv + "=" + spec.Gang, api.RankEnv + "=" + strconv.Itoa(rank),
+		api.MemberEnv + "=" + strconv.Itoa(spec.Rank), api.GenerationEnv + "=" + strconv.Itoa(spec.Generation),
+		api.MachineEnv + "=" + spec.Machine, api.NoticeFileEnv + "=" + noticePath,
+		api.YieldCodeEnv + "=" + strconv.Itoa(spec.Process.YieldExitCode), api.GPUIndexEnv + "=" + strings.Join(idx, ","),
+		// Indices and UUIDs alike are in the PCI order NVML uses, not CUDA's default order.
+		"CUDA_DEVICE_ORDER=PCI_BUS_ID",
+	}
+	switch {
+	case spec.Simulated: // no device to see: the indices say which cards it holds
+		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(idx, ","), api.SimulatedGPUsEnv+"="+strings.Join(spec.Member.UUIDs, ","))
+	case len(spec.Member.UUIDs) > 0: // UUIDs (MIG slices' too) name the cards whatever the order
+		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(spec.Member.UUIDs, ","))
+	default:
+		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(idx, ","))
+	}
+	return env, nil
+}
+
+// Signal sends sig to the worker's process group: how a process gang's member gets a
+// notice (after its notice file is written).
+func (h *procHandle) Signal(sig syscall.Signal) error {
+	return syscall.Kill(-h.cmd.Process.Pid, sig)
+}
+
+// NoticeFile is where a process gang's member finds its notices ("" for other workers).
+func (h *procHandle) NoticeFile() string { return h.notice }
+
 type procHandle struct {
+	notice string // a process gang member's notice file
+
 	cmd   *exec.Cmd
 	done  chan struct{}
 	files []string // its spec and credential files
@@ -265,8 +385,14 @@ func exitError(err error) error {
 	case ws.ExitStatus() == api.ExitPermanent:
 		return permanentErr{fmt.Errorf("exited with status %d (permanent: a restart cannot help; see its log)", ws.ExitStatus())}
 	}
-	return fmt.Errorf("exited with status %d", ws.ExitStatus())
+	return ExitStatusError{Status: ws.ExitStatus()}
 }
+
+// ExitStatusError is the exit of a worker process with a status other than 0 (and
+// api.ExitPermanent).
+type ExitStatusError struct{ Status int }
+
+func (e ExitStatusError) Error() string { return fmt.Sprintf("exited with status %d", e.Status) }
 
 func (h *procHandle) PID() int              { return h.cmd.Process.Pid }
 func (h *procHandle) Done() <-chan struct{} { return h.done }

@@ -250,6 +250,9 @@ type GangSpec struct {
 	// job's executable as a driver (with the cluster's address, not as a worker), and its
 	// exiting with status 0 completes the gang.
 	Driver bool `json:"driver,omitempty"`
+	// Process, when set, makes a process gang: its members run this command instead of
+	// the job's program as SDK workers (Kind is then ProcessKind; see ProcessSpec).
+	Process *ProcessSpec `json:"process,omitempty"`
 	// MaxRestarts bounds restarts within RestartWindow; past it the gang fails and frees its
 	// GPUs. Backoff is the delay before the first restart, doubling up to MaxBackoff.
 	MaxRestarts   int      `json:"max_restarts"`
@@ -265,6 +268,22 @@ func (s *GangSpec) Normalize() error {
 	}
 	if err := CheckName("gang", s.Name); err != nil {
 		return err
+	}
+	if s.Process != nil {
+		switch {
+		case s.Kind == "":
+			s.Kind = ProcessKind
+		case s.Kind != ProcessKind:
+			return fmt.Errorf("%w: process gang %q has actor kind %q: a process gang runs its command, not a kind", ErrInvalid, s.Name, s.Kind)
+		}
+		if s.Driver {
+			return fmt.Errorf("%w: gang %q is both a process gang and a driver", ErrInvalid, s.Name)
+		}
+		if err := s.Process.normalize(s.Name); err != nil {
+			return err
+		}
+	} else if s.Kind == ProcessKind {
+		return fmt.Errorf("%w: gang %q has kind %q but no process to run", ErrInvalid, s.Name, ProcessKind)
 	}
 	if s.Kind == "" {
 		return fmt.Errorf("%w: gang %q has no actor kind", ErrInvalid, s.Name)
@@ -717,6 +736,10 @@ type Worker struct {
 	Transfer string    `json:"transfer,omitempty"`
 	PID      int       `json:"pid"`
 	Started  time.Time `json:"started"`
+	// Exit, for a process gang's member that ended without failing, says how
+	// (ExitCompleted, ExitYielded): the gang completes or yields once every member of its
+	// world has, and a new leader reads it back from here.
+	Exit string `json:"exit,omitempty"`
 }
 
 // WorkerExit reports a worker that stopped without being asked to.
@@ -732,6 +755,9 @@ type WorkerExit struct {
 	Permanent bool `json:"permanent,omitempty"`
 	// Completed says a submitted driver finished (exit status 0): its gang is done.
 	Completed bool `json:"completed,omitempty"`
+	// Yielded says a process gang's member exited with its yield code (ProcessSpec): after
+	// a notice, the member yielded; without one, it failed.
+	Yielded bool `json:"yielded,omitempty"`
 }
 
 // JobState is where a job is.

@@ -68,6 +68,11 @@ type WorkerSpec struct {
 	// Driver says this is a submitted driver (`atoll submit`), not a worker: it runs the
 	// job's executable with the cluster's address.
 	Driver bool `json:"driver,omitempty"`
+	// Process is a process gang's command (GangSpec.Process): the agent runs it instead of
+	// the job's program, with torchrun's environment. Master is the rendezvous address
+	// (host:port) of the gang's rank 0 for this generation: MASTER_ADDR and MASTER_PORT.
+	Process *ProcessSpec `json:"process,omitempty"`
+	Master  string       `json:"master,omitempty"`
 }
 
 // Key names the worker: job/gang/rank.g<generation>.

@@ -324,6 +324,17 @@ func (c *Controller) WorkerExited(ctx context.Context, x api.WorkerExit) error {
 	}
 	now := c.cfg.Clock()
 	reason := fmt.Sprintf("worker %d on %s exited: %s", x.Rank, x.Machine, x.Reason)
+	if p := e.rec.Spec.Process; p != nil && x.Yielded && !stopOrResize(e.rec.Notice) {
+		x.Yielded = false // the yield code without a notice to answer: a failure
+		reason = fmt.Sprintf("worker %d on %s exited with its yield code %d with no notice to answer", x.Rank, x.Machine, p.YieldExitCode)
+	}
+	if e.rec.Spec.Process != nil && (x.Completed || x.Yielded) {
+		work := c.processExitLocked(t, e, x, now)
+		ch := c.enqueueLocked(t, work)
+		c.notifyLocked()
+		c.mu.Unlock()
+		return await(ctx, ch)
+	}
 	var work []commitFn
 	ok, backoff, kept := restartPolicy(e.rec.Spec, e.rec.Failures, now)
 	switch {

@@ -59,10 +59,19 @@ func (c *cluster) Stores() []embed.Store { return c.stores }
 type launcher struct {
 	host   func(ctx context.Context, spec api.WorkerSpec, store *objects.Local) (embed.Handle, error)
 	stores map[string]*objects.Local // machine name -> its store
+	// procs start process gangs' members (their own commands, as processes), by machine.
+	procs map[string]*agent.ExecLauncher
 }
 
 // Launch implements agent.Launcher.
-func (l *launcher) Launch(ctx context.Context, spec api.WorkerSpec, _ api.Job) (agent.Handle, error) {
+func (l *launcher) Launch(ctx context.Context, spec api.WorkerSpec, job api.Job) (agent.Handle, error) {
+	if spec.Process != nil {
+		p := l.procs[spec.Machine]
+		if p == nil {
+			return nil, fmt.Errorf("local: no machine %s in this process", spec.Machine)
+		}
+		return p.Launch(ctx, spec, job)
+	}
 	st := l.stores[spec.Machine]
 	if st == nil {
 		return nil, fmt.Errorf("local: no machine %s in this process", spec.Machine)
@@ -93,10 +102,12 @@ func start(ctx context.Context, cfg embed.Config) (embed.Cluster, error) {
 	for _, h := range c.heads {
 		h.SetHeads(infos)
 	}
-	l := &launcher{stores: map[string]*objects.Local{}, host: cfg.Host}
+	l := &launcher{stores: map[string]*objects.Local{}, procs: map[string]*agent.ExecLauncher{}, host: cfg.Host}
 	for _, m := range cfg.Topology.Machines {
+		dir := filepath.Join(cfg.Dir, "agents", m.Name)
+		l.procs[m.Name] = &agent.ExecLauncher{RunDir: filepath.Join(dir, "run"), LogDir: filepath.Join(dir, "logs")}
 		a, err := agent.Start(ctx, agent.Config{Name: m.Name, Rack: m.Rack, Spec: m.Spec, Simulated: m.Simulated, Heads: c.urls,
-			Token: []byte(cfg.Token), Dir: filepath.Join(cfg.Dir, "agents", m.Name), ObjectCapacity: cfg.ObjectCapacity, Launcher: l, Logger: cfg.Logger})
+			Token: []byte(cfg.Token), Dir: dir, ObjectCapacity: cfg.ObjectCapacity, Launcher: l, Logger: cfg.Logger})
 		if err != nil {
 			return fail(err)
 		}

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/atoll-run/atoll/internal/testtime"
+	"github.com/atoll-run/atoll/runtime/api"
+)
+
+// TestClusterProcessGang runs a Python program (testdata/procgang/sumranks.py, standard
+// library only) as a 4-member process gang on a cluster of processes (two machines, two
+// members of 4 GPUs each): every member checks its environment, the members sum their
+// ranks at MASTER_ADDR:MASTER_PORT and rank 0 writes the sum; a drain of one machine
+// gives every member a notice (SIGUSR1 and the notice file), each checkpoints its step to
+// a file and exits with the yield code, and the gang queues again; once the machine is
+// back it resumes as its next generation, whose members continue from their checkpoints
+// and exit 0, which completes it.
+func TestClusterProcessGang(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3")
+	}
+	bin, dir := upCluster(t, 2)
+	out := t.TempDir()
+	run := func(args ...string) string {
+		t.Helper()
+		b, err := exec.Command(bin, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("atoll %s: %v\n%s", strings.Join(args, " "), err, b)
+		}
+		return string(b)
+	}
+	ctx, cancel := testtime.Context(t, 4*time.Minute)
+	defer cancel()
+	addr, _, err := clusterAddress(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := dialCluster(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// waitFor polls the gang until ok says it is where the test wants it.
+	waitFor := func(what string, ok func(g api.Gang) bool) api.Gang {
+		t.Helper()
+		for {
+			g, _, err := c.Gang(ctx, "pg", "main")
+			if err == nil && ok(g) {
+				return g
+			}
+			if err == nil && g.State == api.GangFailed {
+				t.Fatalf("waiting for %s: the gang failed: %s", what, g.Reason)
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("waiting for %s: %v (gang: %+v, %v)", what, ctx.Err(), g, err)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	// readJSON waits for a file the program writes.
+	readJSON := func(name string, v any) {
+		t.Helper()
+		for {
+			b, err := os.ReadFile(filepath.Join(out, name))
+			if err == nil {
+				if err := json.Unmarshal(b, v); err != nil {
+					t.Fatalf("%s: %v\n%s", name, err, b)
+				}
+				return
+			}
+			if !errors.Is(err, fs.ErrNotExist) {
+				t.Fatal(err)
+			}
+			g, _, _ := c.Gang(ctx, "pg", "main")
+			if g.State == api.GangFailed {
+				t.Fatalf("waiting for %s: the gang failed: %s", name, g.Reason)
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("waiting for %s: %v (gang %s: %s)", name, ctx.Err(), g.State, g.Reason)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+
+	said := run("submit", "--dir", dir, "--name", "pg", "--workers", "4", "--gpus-per-worker", "4", "--strategy", "spread",
+		"--", "python3", "testdata/procgang/sumranks.py", "--out", out, "--gpus", "4")
+	if !strings.Contains(said, "process gang main of 4 members") {
+		t.Fatalf("atoll submit said:\n%s", said)
+	}
+	g := waitFor("the gang running", func(g api.Gang) bool { return g.State == api.GangRunning })
+	if g.Generation != 0 || len(g.Placement.Machines) != 2 {
+		t.Fatalf("generation %d on machines %v: want generation 0 on both machines", g.Generation, g.Placement.Machines)
+	}
+
+	// Every member's environment: torchrun's, its GPUs, Atoll's.
+	var master string
+	for r := range 4 {
+		var env map[string]string
+		readJSON(fmt.Sprintf("env-%d-g0.json", r), &env)
+		m := g.Placement.Members[r]
+		var idx []string
+		for _, i := range m.GPUs {
+			idx = append(idx, strconv.Itoa(i))
+		}
+		local := 0
+		for _, o := range g.Placement.Members[:r] {
+			if o.Machine == m.Machine {
+				local++
+			}
+		}
+		var groups []string // the machines in the order of their first rank
+		for _, o := range g.Placement.Members {
+			if !slices.Contains(groups, o.Machine) {
+				groups = append(groups, o.Machine)
+			}
+		}
+		want := map[string]string{"RANK": strconv.Itoa(r), "WORLD_SIZE": "4", "LOCAL_RANK": strconv.Itoa(local), "LOCAL_WORLD_SIZE": "2",
+			"ATOLL_JOB": "pg", "ATOLL_GANG": "main", "ATOLL_RANK": strconv.Itoa(r), "ATOLL_GENERATION": "0", "ATOLL_MACHINE": m.Machine,
+			"CUDA_VISIBLE_DEVICES": strings.Join(idx, ","), "ATOLL_SIMULATED_GPUS": strings.Join(m.UUIDs, ",")}
+		for k, v := range want {
+			if env[k] != v {
+				t.Errorf("rank %d: %s=%q, want %q (env %v)", r, k, env[k], v, env)
+			}
+		}
+		if want := strconv.Itoa(slices.Index(groups, m.Machine)); env["GROUP_RANK"] != want {
+			t.Errorf("rank %d: GROUP_RANK=%q, want %s (machines by first rank: %v)", r, env["GROUP_RANK"], want, groups)
+		}
+		if ma := env["MASTER_ADDR"] + ":" + env["MASTER_PORT"]; master == "" {
+			master = ma
+		} else if ma != master {
+			t.Errorf("rank %d: MASTER_ADDR:MASTER_PORT %s, rank 0's %s: want the same", r, ma, master)
+		}
+		if !strings.HasSuffix(env["ATOLL_NOTICE_FILE"], ".notice.json") {
+			t.Errorf("rank %d: ATOLL_NOTICE_FILE=%q", r, env["ATOLL_NOTICE_FILE"])
+		}
+	}
+	var sum struct{ Sum, World, Generation int }
+	readJSON("sum-g0.json", &sum)
+	if sum.Sum != 0+1+2+3 || sum.World != 4 {
+		t.Fatalf("rank 0 wrote %+v: want the sum 6 of 4 ranks", sum)
+	}
+	if logs := run("logs", "pg", "--dir", dir, "--rank", "2"); !strings.Contains(logs, "rank 2 of 4, generation 0") ||
+		!strings.Contains(logs, "the sum of the ranks is 6") {
+		t.Errorf("atoll logs pg --rank 2:\n%s", logs)
+	}
+
+	// A drain: every member checkpoints and yields; the gang queues again (the other
+	// machine alone cannot hold it).
+	drained := g.Placement.Machines[0]
+	run("drain", drained, "--dir", dir, "--reason", "the test's drain", "--within", "2m")
+	steps := map[int]int{}
+	for r := range 4 {
+		var y struct {
+			Step   int
+			Notice api.ProcessNotice
+		}
+		readJSON(fmt.Sprintf("yield-%d-g0.json", r), &y)
+		if y.Notice.Kind != api.NoticeDrain || y.Notice.Deadline.IsZero() || y.Notice.Generation != 0 || y.Notice.YieldExitCode != api.DefaultYieldExitCode {
+			t.Errorf("rank %d read the notice %+v: want a drain of generation 0 with its deadline and yield code", r, y.Notice)
+		}
+		if y.Step <= 0 {
+			t.Errorf("rank %d checkpointed step %d: want some steps", r, y.Step)
+		}
+		steps[r] = y.Step
+	}
+	g = waitFor("the gang yielded and queued again", func(g api.Gang) bool { return g.State == api.GangPending && g.Generation == 1 })
+	if g.Preemptions != 1 || g.Restarts != 0 || !strings.Contains(g.Reason, "yielded with exit code 75") {
+		t.Errorf("after the yield: preemptions %d, restarts %d, reason %q: want a yield, not a failure", g.Preemptions, g.Restarts, g.Reason)
+	}
+
+	// The machine is back: the next generation starts the command again, and continues
+	// from the checkpoints.
+	run("undrain", drained, "--dir", dir)
+	for r := range 4 {
+		var res struct {
+			FromStep int `json:"from_step"`
+		}
+		readJSON(fmt.Sprintf("resumed-%d-g1.json", r), &res)
+		if res.FromStep != steps[r] {
+			t.Errorf("rank %d of generation 1 resumed from step %d, its checkpoint was of step %d", r, res.FromStep, steps[r])
+		}
+	}
+	readJSON("sum-g1.json", &sum)
+	if sum.Sum != 6 || sum.Generation != 1 {
+		t.Errorf("generation 1's rank 0 wrote %+v: want the sum 6 in generation 1", sum)
+	}
+	var env1 map[string]string
+	readJSON("env-1-g1.json", &env1)
+	if env1["ATOLL_GENERATION"] != "1" {
+		t.Errorf("generation 1's rank 1 has ATOLL_GENERATION=%q", env1["ATOLL_GENERATION"])
+	}
+	g = waitFor("the gang completed", func(g api.Gang) bool { return g.State == api.GangStopped })
+	if !strings.HasPrefix(g.Reason, "completed") || g.Generation != 1 {
+		t.Errorf("the gang stopped in generation %d: %q: want it completed in generation 1", g.Generation, g.Reason)
+	}
+}
