@@ -879,6 +879,9 @@ type WorkerInfo struct {
 	// PID is the worker's process id; Started when it became ready.
 	PID     int       `json:"pid"`
 	Started time.Time `json:"started"`
+	// Exit, for a process gang's member that ended without failing: "completed" (status
+	// 0) or "yielded" (its yield code after a notice).
+	Exit string `json:"exit,omitempty"`
 }
 
 // Workers describes the workers of the gang's current incarnation that are ready, by rank.

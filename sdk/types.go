@@ -25,7 +25,7 @@ func fromAPIPlacement(p api.Placement) Placement {
 
 func fromAPIWorker(w api.Worker) WorkerInfo {
 	return WorkerInfo{Job: w.Job, Gang: w.Gang, Rank: w.Rank, Generation: w.Generation, GangUID: w.GangUID, Machine: w.Machine,
-		Address: w.Address, ActorID: w.ActorID, Collective: w.Collective, Transfer: w.Transfer, PID: w.PID, Started: w.Started}
+		Address: w.Address, ActorID: w.ActorID, Collective: w.Collective, Transfer: w.Transfer, PID: w.PID, Started: w.Started, Exit: w.Exit}
 }
 
 func fromAPIEvictionCosts(c *api.EvictionCosts) *EvictionCosts {
