@@ -2,6 +2,7 @@ package agent
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/dashboard"
 )
 
@@ -104,9 +106,9 @@ func counterValue(c prometheus.Counter) int64 {
 }
 
 // serveMetrics answers GET /metrics to the bearers of the dashboard token (read-only) or
-// of the cluster token.
+// of the cluster token (an agent with a scoped credential has the heads review it).
 func (a *Agent) serveMetrics(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet || !dashboard.Bearer(r, a.keys.dashboard, a.keys.admin) {
+	if r.Method != http.MethodGet || !dashboard.Bearer(r, a.keys.dashboard, a.keys.admin) && !a.adminBearer(r) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="atoll"`)
 		writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: /metrics needs the dashboard token (or the cluster token) as a bearer token", Kind: "unauthenticated"})
 		return
@@ -128,4 +130,15 @@ func (w workerRef) MarshalLogObject(e zapcore.ObjectEncoder) error {
 	e.AddInt("rank", w.s.Rank)
 	e.AddInt("generation", w.s.Generation)
 	return nil
+}
+
+// adminBearer reports whether a request without the cluster secret at hand carries the
+// cluster token: an agent on a scoped credential asks the heads (its authenticator).
+func (a *Agent) adminBearer(r *http.Request) bool {
+	bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || a.keys.admin != "" || a.authn == nil {
+		return false
+	}
+	id, err := a.authn.Authenticate(bearer, nil) // the principal the token names, not a certificate's
+	return err == nil && id.Principal.Role == authz.RoleAdmin
 }
