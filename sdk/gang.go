@@ -808,6 +808,17 @@ func (g *Gang) LatestCheckpoint(ctx context.Context) (int64, bool, error) {
 	return cp.Step, ok, err
 }
 
+// DropCheckpoints frees every checkpoint of the gang, its records and every copy of its
+// parts: for a gang whose work is done. Checkpoints outlive their gang and job (a gang of
+// the same name resumes from them), and their durable copies hold disk and, in the pools,
+// the machines that keep the last copy of a part.
+func (g *Gang) DropCheckpoints(ctx context.Context) error {
+	if err := g.c.dropCheckpoints(ctx, g.job, g.name, 0); err != nil {
+		return fmt.Errorf("sdk: drop the checkpoints of gang %s: %w", g.key, err)
+	}
+	return nil
+}
+
 // Stop stops the gang's workers and frees its GPUs.
 func (g *Gang) Stop(ctx context.Context) error {
 	err := g.c.client.StopGang(ctx, g.job, g.name)

@@ -351,6 +351,14 @@ func TestRestartRestoresFromTheCommittedCheckpoint(t *testing.T) {
 	if err := g.Checkpoint(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
+	defer func() { // done: its checkpoints go, records and parts
+		if err := g.DropCheckpoints(ctx); err != nil {
+			t.Errorf("DropCheckpoints: %v", err)
+		}
+		if _, ok, err := g.LatestCheckpoint(ctx); ok || err != nil {
+			t.Errorf("a checkpoint after DropCheckpoints: %v %v", ok, err)
+		}
+	}()
 	for r := 0; r < 2; r++ { // progress after the checkpoint, lost by the restart
 		if _, err := sdk.Call[int](ctx, c, g.Worker(r), tick{}); err != nil {
 			t.Fatal(err)

@@ -134,6 +134,12 @@ func RunAutoscale(ctx context.Context, o ScenarioOptions, h AutoscaleHooks) (Aut
 	res.StepsLost, res.Checkpointed, res.Workers = t.res.StepsLost, t.checkpointed, t.res.Workers
 	res.FinalLoss, res.TestLoss, res.Accuracy = t.res.FinalLoss, t.res.TestLoss, t.res.Accuracy
 	res.ResumedOn = t.res.Machines
+	// Its work done, the gang's checkpoints go: their durable copies would otherwise keep
+	// the machines that hold them (the pools remove no machine with the last copy of an
+	// object).
+	if err := g.DropCheckpoints(ctx); err != nil {
+		live.note(fmt.Sprintf("autoscale: its checkpoints were not all dropped: %v", err))
+	}
 	_ = job.Stop(ctx)
 	// The machines idle out and are removed.
 	deadline := time.Now().Add(h.IdleWait)

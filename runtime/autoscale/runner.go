@@ -35,6 +35,11 @@ type Controller interface {
 	// Drain gives every gang on a machine a drain notice (checkpoint, stop, queue again
 	// elsewhere) due by deadline, and cordons it.
 	Drain(ctx context.Context, machine string, deadline time.Time, reason string) error
+	// MachineDown declares a machine dead: the runner terminated it. Without it the
+	// machine's record stays alive until the failure detector notices, and every process
+	// that reaches the machine's agent meanwhile (to free an object it held, to read a
+	// copy) fails on a refused connection.
+	MachineDown(ctx context.Context, name, reason string) error
 }
 
 // Provider is what the runner needs of a pool's provider.
@@ -421,6 +426,9 @@ func (r *Runner) act(ctx context.Context, d pools.Decision, now time.Time) error
 		r.event(api.PoolEvent{Time: now, Kind: "remove", Pool: rm.Pool, Machine: rm.Machine, Reason: rm.Reason})
 		r.mu.Unlock()
 		_ = r.ctl.Cordon(ctx, rm.Machine, false)
+		if err := r.ctl.MachineDown(ctx, rm.Machine, "removed by pool "+rm.Pool+": "+rm.Reason); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	r.mu.Lock()
 	for _, v := range d.Infeasible {

@@ -19,6 +19,7 @@ type fakeCtl struct {
 	view    head.PoolView
 	cordons map[string]bool
 	drains  map[string]time.Time // machine -> the deadline its gangs were given
+	down    []string             // machines declared dead, in order
 }
 
 func (f *fakeCtl) Leading() bool { return true }
@@ -32,6 +33,12 @@ func (f *fakeCtl) Drain(_ context.Context, machine string, deadline time.Time, _
 	defer f.mu.Unlock()
 	f.drains[machine] = deadline
 	f.cordons[machine] = true
+	return nil
+}
+func (f *fakeCtl) MachineDown(_ context.Context, name, _ string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down = append(f.down, name)
 	return nil
 }
 func (f *fakeCtl) Cordon(_ context.Context, name string, on bool) error {
@@ -124,6 +131,11 @@ func TestRunnerLifecycle(t *testing.T) {
 	}
 	if l, _ := sim.List(ctx); len(l) != 0 {
 		t.Fatalf("still running after the drain: %+v", l)
+	}
+	// A machine terminated is declared dead at once, not when the failure detector
+	// notices: clients stop reaching for its agent.
+	if len(ctl.down) != 2 {
+		t.Fatalf("machines declared down %v: want both terminated ones", ctl.down)
 	}
 	st = r.Status()
 	kinds := map[string]int{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -83,15 +84,33 @@ func (c *Controller) PoolView() (PoolView, error) {
 			Owner     string   `json:"owner"`
 			Locations []string `json:"locations"`
 		}
-		if json.Unmarshal(kv.Value, &rec) != nil || len(rec.Locations) != 1 {
+		if json.Unmarshal(kv.Value, &rec) != nil || len(rec.Locations) == 0 {
 			continue
 		}
-		if name, ok := byTransfer[rec.Locations[0]]; ok {
-			pm := &v.Machines[idx[name]]
-			pm.LastCopies++
-			if len(pm.LastCopyObjects) < MaxLastCopyObjects && rec.ID != "" {
-				pm.LastCopyObjects = append(pm.LastCopyObjects, ObjectCopy{ID: rec.ID, Owner: rec.Owner})
+		// Its last copy is on a machine when that machine is the only alive one that holds
+		// a copy, or when every alive machine that holds one is cordoned (draining: they
+		// would go together, and the object with them); then it is counted on the first of
+		// them, whose removal waits until it is copied elsewhere. A copy off the machines
+		// (the shared checkpoint directory, a driver's store) leaves it uncounted.
+		var holders []string
+		elsewhere, cordoned := false, true
+		for _, l := range rec.Locations {
+			name, ok := byTransfer[l]
+			switch {
+			case !ok:
+				elsewhere = true
+			case t.machines[name].rec.Alive:
+				holders = append(holders, name)
+				cordoned = cordoned && t.cordons[name] != nil
 			}
+		}
+		if elsewhere || len(holders) == 0 || len(holders) > 1 && !cordoned {
+			continue
+		}
+		pm := &v.Machines[idx[slices.Min(holders)]]
+		pm.LastCopies++
+		if len(pm.LastCopyObjects) < MaxLastCopyObjects && rec.ID != "" {
+			pm.LastCopyObjects = append(pm.LastCopyObjects, ObjectCopy{ID: rec.ID, Owner: rec.Owner})
 		}
 	}
 	sort.Slice(v.Machines, func(i, j int) bool { return v.Machines[i].Name < v.Machines[j].Name })

@@ -2,6 +2,9 @@ package head
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -107,5 +110,61 @@ func TestProcessGangExits(t *testing.T) {
 	g = awaitGang(t, c, "pj", "timed", "stopped", func(g api.Gang) bool { return !g.State.Live() })
 	if g.State != api.GangStopped || !strings.Contains(g.Reason, "time limit") {
 		t.Fatalf("after yielding to its time limit: %s %q; want stopped there", g.State, g.Reason)
+	}
+}
+
+// TestPoolViewLastCopies: an object's last copy is counted on a machine that holds its
+// only alive copy, and on the first of the machines that hold copies when all of them are
+// draining (removed together, they would take it with them); a copy on a machine that
+// stays leaves it uncounted.
+func TestPoolViewLastCopies(t *testing.T) {
+	heads, c := group(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i, name := range []string{"m0", "m1", "m2"} {
+		m := machine(t, name)
+		m.Agent.Transfer = fmt.Sprintf("t%d", i)
+		if _, err := c.RegisterMachine(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id, locs := range map[string][]string{"only": {"t0"}, "pair": {"t0", "t1"}, "spread": {"t1", "t2"}} {
+		b, _ := json.Marshal(map[string]any{"id": id, "owner": "job/j", "locations": locs})
+		if _, err := c.Meta().Put(ctx, api.TableObjects+id, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lead := leader(t, heads)
+	view := func() map[string][]string {
+		t.Helper()
+		caughtUp(t, heads)
+		v, err := lead.Controller().PoolView()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string][]string{}
+		for _, m := range v.Machines {
+			for _, o := range m.LastCopyObjects {
+				out[m.Name] = append(out[m.Name], o.ID)
+			}
+			if len(m.LastCopyObjects) != m.LastCopies {
+				t.Errorf("%s: %d last copies, %d named", m.Name, m.LastCopies, len(m.LastCopyObjects))
+			}
+		}
+		return out
+	}
+	if got := fmt.Sprint(view()); got != "map[m0:[only]]" {
+		t.Fatalf("last copies %s: want only's on m0", got)
+	}
+	// m0 and m1 drain together: pair's two copies go with them, unless it moves first.
+	for _, m := range []string{"m0", "m1"} {
+		if err := c.Drain(ctx, api.DrainRequest{Machine: m, Reason: "test"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := view()
+	slices.Sort(got["m0"])
+	if fmt.Sprint(got) != "map[m0:[only pair]]" {
+		t.Fatalf("last copies with m0 and m1 draining: %v; want only and pair on m0 (spread has a copy on m2, which stays)", got)
 	}
 }
