@@ -149,11 +149,16 @@ func TestMutualTLS(t *testing.T) {
 			}
 		})
 	}
-	if got := testutil.ToFloat64(sm.Errors.WithLabelValues(reasonTLS)); got < 3 {
-		t.Fatalf("server counted %v failed TLS handshakes, want at least 3", got)
-	}
-	if got := testutil.ToFloat64(sm.Errors.WithLabelValues(reasonAuth)); got < 1 {
-		t.Fatal("the wrong token inside TLS was not counted")
+	// The server counts a refusal when its side of the handshake ends, which may be after
+	// the client, which failed first, has returned: wait for the counts.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		tlsErrs, authErrs := testutil.ToFloat64(sm.Errors.WithLabelValues(reasonTLS)), testutil.ToFloat64(sm.Errors.WithLabelValues(reasonAuth))
+		if tlsErrs >= 3 && authErrs >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server counted %v failed TLS handshakes (want at least 3) and %v wrong tokens inside TLS (want at least 1)", tlsErrs, authErrs)
+		}
 	}
 	// A TLS client and a plain server do not talk either.
 	plain := newNode(t, zaptest.NewLogger(t), func(c *ClientConfig) { c.TLS = ca.clientTLS(t, "agent-4"); c.DialTimeout = time.Second })
