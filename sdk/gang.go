@@ -809,11 +809,32 @@ func (g *Gang) LatestCheckpoint(ctx context.Context) (int64, bool, error) {
 }
 
 // DropCheckpoints frees every checkpoint of the gang, its records and every copy of its
-// parts: for a gang whose work is done. Checkpoints outlive their gang and job (a gang of
-// the same name resumes from them), and their durable copies hold disk and, in the pools,
-// the machines that keep the last copy of a part.
+// parts, and the parts of checkpoints that were never committed (a checkpoint cut short by
+// a stop: its workers had put their parts): for a gang whose work is done. Checkpoints
+// outlive their gang and job (a gang of the same name resumes from them), and their
+// durable copies hold disk and, in the pools, the machines that keep the last copy of a
+// part.
 func (g *Gang) DropCheckpoints(ctx context.Context) error {
-	if err := g.c.dropCheckpoints(ctx, g.job, g.name, 0); err != nil {
+	c := g.c
+	err := c.dropCheckpoints(ctx, g.job, g.name, 0)
+	// What is left under the gang's checkpoint owner belongs to no checkpoint.
+	holder := objects.CheckpointOwnerPrefix + g.job + "/" + g.name
+	l, lerr := c.client.List(ctx, api.TableObjects)
+	if lerr != nil {
+		err = errors.Join(err, lerr)
+	}
+	for _, kv := range l.KVs {
+		var rec objects.Record
+		if json.Unmarshal(kv.Value, &rec) != nil || rec.Owner != holder || rec.State != "" {
+			continue
+		}
+		if oid, perr := object.ParseID(rec.ID); perr == nil {
+			if ferr := c.freeEverywhere(ctx, c.objects, oid); ferr != nil && !errors.Is(ferr, ErrUnknownObject) {
+				err = errors.Join(err, ferr)
+			}
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("sdk: drop the checkpoints of gang %s: %w", g.key, err)
 	}
 	return nil
