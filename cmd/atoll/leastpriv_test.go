@@ -482,22 +482,7 @@ func TestHostileWorkerAndDriverAreConfined(t *testing.T) {
 	}
 
 	// The hostile driver, with the files of its credential, as curl would use them.
-	tok, err := os.ReadFile(filepath.Join(cred, credTokenFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.LoadX509KeyPair(filepath.Join(cred, credCertFile), filepath.Join(cred, credKeyFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(filepath.Join(cred, credCAFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dc, err := newRawCaller(ctx, heads.Heads, strings.TrimSpace(string(tok)), cert, caPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dc := credCaller(ctx, t, heads.Heads, cred)
 	driverAttempts := attacks(ctx, dc, "mallory", p)
 	driverRefusals := checkRefused(t, "driver/mallory", "driver", driverAttempts)
 	var who api.WhoAmI
@@ -621,23 +606,8 @@ func TestScopedAgentCredential(t *testing.T) {
 	}
 	// Its credential is that machine's agent's: admin's writes and another machine's
 	// reports are refused.
-	tok, err := os.ReadFile(filepath.Join(cred, credTokenFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.LoadX509KeyPair(filepath.Join(cred, credCertFile), filepath.Join(cred, credKeyFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(filepath.Join(cred, credCAFile))
-	if err != nil {
-		t.Fatal(err)
-	}
 	heads, _ := sdk.ParseClusterAddress(addr)
-	ac, err := newRawCaller(ctx, heads.Heads, strings.TrimSpace(string(tok)), cert, caPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ac := credCaller(ctx, t, heads.Heads, cred)
 	checkRefused(t, "agent/extra", "agent", []attempt{
 		ac.do(ctx, "", "POST", "/v1/propose", meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: api.TableConfig + "x", Value: []byte("{}")}}}, "a raw log entry", authz.ActPropose),
 		ac.do(ctx, "", "POST", "/v1/machines/load", api.LoadReport{Machine: "node-0"}, "another machine's load", authz.ActMachineReport),
@@ -670,4 +640,27 @@ func TestScopedAgentCredential(t *testing.T) {
 	if b, err := sdk.Get(ctx, c, sdk.Ref[[]byte]{ID: id}); err != nil || !strings.HasPrefix(string(b), "owned by a worker incarnation") {
 		t.Fatalf("the driver reads the worker's object from extra: %q %v", b, err)
 	}
+}
+
+// credCaller is a raw caller on the files of a credential directory (atoll token create's
+// token, certificate, key and CA), as curl would use them.
+func credCaller(ctx context.Context, t *testing.T, heads []string, cred string) *rawCaller {
+	t.Helper()
+	tok, err := os.ReadFile(filepath.Join(cred, credTokenFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.LoadX509KeyPair(filepath.Join(cred, credCertFile), filepath.Join(cred, credKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(filepath.Join(cred, credCAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := newRawCaller(ctx, heads, strings.TrimSpace(string(tok)), cert, caPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
