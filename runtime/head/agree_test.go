@@ -123,14 +123,7 @@ func keepAlive(t *testing.T, c *api.Client, machines ...api.Machine) {
 // the configured queues as the status does; a stopped gang has no ready workers, also
 // after a new leader loaded it from the log (it showed its workers' records as ready).
 func TestStatusAndDashboardAgree(t *testing.T) {
-	heads, c := group(t)
-	var infos []api.HeadInfo
-	for _, h := range heads {
-		infos = append(infos, api.HeadInfo{ID: h.ID(), Address: h.Address()})
-	}
-	for _, h := range heads {
-		h.SetHeads(infos)
-	}
+	heads, c := groupKnowingHeads(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var ms []api.Machine

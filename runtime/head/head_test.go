@@ -49,6 +49,21 @@ func group(t *testing.T) ([]*Head, *api.Client) {
 	return heads, c
 }
 
+// groupKnowingHeads is group with every head told the group's heads (as a cluster's
+// configuration or gossip tells them), for what lists them: the status, the dashboard.
+func groupKnowingHeads(t *testing.T) ([]*Head, *api.Client) {
+	t.Helper()
+	heads, c := group(t)
+	var infos []api.HeadInfo
+	for _, h := range heads {
+		infos = append(infos, api.HeadInfo{ID: h.ID(), Address: h.Address()})
+	}
+	for _, h := range heads {
+		h.SetHeads(infos)
+	}
+	return heads, c
+}
+
 func machine(t *testing.T, name string) api.Machine {
 	t.Helper()
 	tc, err := topology.Load("dgx-h100")

@@ -127,14 +127,7 @@ func kinds(evs []api.Event) []string {
 // machines of 8 GPUs, an 8-worker gang running) and checks /metrics, the event log and the
 // dashboard's reads against it, on the leader and on a follower, and after a failover.
 func TestMetricsEventsAndDashboard(t *testing.T) {
-	heads, c := group(t)
-	var infos []api.HeadInfo
-	for _, h := range heads {
-		infos = append(infos, api.HeadInfo{ID: h.ID(), Address: h.Address()})
-	}
-	for _, h := range heads {
-		h.SetHeads(infos)
-	}
+	heads, c := groupKnowingHeads(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for i := 0; i < 4; i++ {
