@@ -30,6 +30,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 )
 
@@ -262,24 +263,72 @@ func WriteIdentity(dir string, caPEM, certPEM, keyPEMBytes []byte) error {
 	return os.WriteFile(filepath.Join(dir, KeyFile), keyPEMBytes, 0o600)
 }
 
-// Identity is a process's certificate and the cluster CA it trusts.
+// Identity is a process's certificate and the cluster CAs it trusts. Both can change
+// while the process runs (a rotation of the cluster CA: SetTrust, SetCert): the TLS
+// configurations it hands out (Server, Client, BootstrapServer) read the current ones at
+// every handshake, so a listener or a pooled dialer made before a change follows it
+// without being rebuilt.
+//
+// Chains are checked by the configurations' VerifyConnection against the current trust
+// (Go's own verification reads pools fixed when a configuration is made): a handshake
+// whose peer's chain does not verify fails, so a completed connection's
+// PeerCertificates[0] is a verified certificate (PeerCert).
 type Identity struct {
-	CAPEM []byte
-	Pool  *x509.CertPool
-	Cert  tls.Certificate
+	cur atomic.Pointer[material]
 }
 
-// NewIdentity builds an identity from PEM bytes.
+// material is what an Identity holds at one time.
+type material struct {
+	caPEM []byte
+	pool  *x509.CertPool
+	cert  tls.Certificate
+	leaf  *x509.Certificate
+}
+
+// NewIdentity builds an identity from PEM bytes: caPEM holds one or more CA certificates
+// (a trust bundle).
 func NewIdentity(caPEM, certPEM, keyPEMBytes []byte) (*Identity, error) {
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, errors.New("pki: the CA certificate is not PEM")
-	}
 	cert, err := tls.X509KeyPair(certPEM, keyPEMBytes)
 	if err != nil {
 		return nil, fmt.Errorf("pki: certificate and key: %w", err)
 	}
-	return &Identity{CAPEM: caPEM, Pool: pool, Cert: cert}, nil
+	return IdentityOf(caPEM, cert)
+}
+
+// IdentityOf builds an identity from a trust bundle and a certificate with its key.
+func IdentityOf(caPEM []byte, cert tls.Certificate) (*Identity, error) {
+	pool, err := bundlePool(caPEM)
+	if err != nil {
+		return nil, err
+	}
+	m, err := withCert(&material{caPEM: caPEM, pool: pool}, cert)
+	if err != nil {
+		return nil, err
+	}
+	id := &Identity{}
+	id.cur.Store(m)
+	return id, nil
+}
+
+func bundlePool(caPEM []byte) (*x509.CertPool, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, errors.New("pki: the CA certificate is not PEM")
+	}
+	return pool, nil
+}
+
+func withCert(m *material, cert tls.Certificate) (*material, error) {
+	if len(cert.Certificate) == 0 {
+		return nil, errors.New("pki: an empty certificate")
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		return nil, fmt.Errorf("pki: certificate: %w", err)
+	}
+	n := *m
+	n.cert, n.leaf = cert, leaf
+	return &n, nil
 }
 
 // LoadIdentity reads a TLS directory (ca.crt, cert.crt, cert.key with mode 0600).
@@ -299,18 +348,116 @@ func LoadIdentity(dir string) (*Identity, error) {
 	return NewIdentity(caPEM, certPEM, kp)
 }
 
-// Server is the configuration of a listener: TLS 1.3, a client certificate from the
-// cluster CA required.
-func (id *Identity) Server() *tls.Config {
-	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{id.Cert},
-		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: id.Pool, RootCAs: id.Pool, ServerName: ServerName}
+// TrustPEM returns the CA certificates this identity trusts now (PEM, one or more).
+func (id *Identity) TrustPEM() []byte { return id.cur.Load().caPEM }
+
+// Certificate returns this process's certificate and key now.
+func (id *Identity) Certificate() tls.Certificate { return id.cur.Load().cert }
+
+// Leaf returns this process's certificate now, parsed.
+func (id *Identity) Leaf() *x509.Certificate { return id.cur.Load().leaf }
+
+// SetTrust replaces the CA certificates this identity trusts (a bundle of one or more);
+// handshakes from then on verify peers against them.
+func (id *Identity) SetTrust(caPEM []byte) error {
+	pool, err := bundlePool(caPEM)
+	if err != nil {
+		return err
+	}
+	for {
+		old := id.cur.Load()
+		n := *old
+		n.caPEM, n.pool = append([]byte(nil), caPEM...), pool
+		if id.cur.CompareAndSwap(old, &n) {
+			return nil
+		}
+	}
 }
+
+// SetCert replaces this process's certificate (a renewal); handshakes from then on
+// present it.
+func (id *Identity) SetCert(cert tls.Certificate) error {
+	for {
+		old := id.cur.Load()
+		n, err := withCert(old, cert)
+		if err != nil {
+			return err
+		}
+		if id.cur.CompareAndSwap(old, n) {
+			return nil
+		}
+	}
+}
+
+// SignedBy reports whether this process's certificate was signed by ca.
+func (id *Identity) SignedBy(ca *x509.Certificate) bool {
+	return ca != nil && id.Leaf().CheckSignatureFrom(ca) == nil
+}
+
+// Verify checks a peer's chain (leaf first) against the CAs trusted now: the leaf must
+// name ServerName, as every certificate of a cluster does.
+func (id *Identity) Verify(chain []*x509.Certificate) error {
+	if len(chain) == 0 {
+		return errors.New("pki: the peer presented no certificate")
+	}
+	m := id.cur.Load()
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := chain[0].Verify(x509.VerifyOptions{Roots: m.pool, Intermediates: inter, DNSName: ServerName,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return fmt.Errorf("pki: the peer's certificate %q: %w", chain[0].Subject.CommonName, err)
+	}
+	return nil
+}
+
+// config is the configuration every link of this identity uses, as a server or as a
+// client: TLS 1.3, the current certificate presented, the peer's chain verified against
+// the current trust (a server asks for a client certificate as auth says).
+func (id *Identity) config(auth tls.ClientAuthType) *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13, ServerName: ServerName, ClientAuth: auth,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			c := id.Certificate()
+			return &c, nil
+		},
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			c := id.Certificate()
+			return &c, nil
+		},
+		// Verification is ours (VerifyConnection), against the trust of the moment.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				// A server that does not require a client certificate (BootstrapServer);
+				// a client always gets the server's (TLS requires it).
+				return nil
+			}
+			return id.Verify(cs.PeerCertificates)
+		},
+	}
+}
+
+// Server is the configuration of a listener: TLS 1.3, a client certificate from the
+// cluster CA required. It also dials (as the Paxos transport does with one
+// configuration), verifying the server the same way.
+func (id *Identity) Server() *tls.Config { return id.config(tls.RequireAnyClientCert) }
 
 // Client is the configuration of a dialer: TLS 1.3, this process's certificate, the
 // server's checked against the cluster CA for ServerName.
-func (id *Identity) Client() *tls.Config {
-	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{id.Cert},
-		RootCAs: id.Pool, ClientCAs: id.Pool, ServerName: ServerName}
+func (id *Identity) Client() *tls.Config { return id.config(tls.RequireAnyClientCert) }
+
+// RequireClientCert makes a listener's configuration require a verified client
+// certificate: one of an Identity's (whose VerifyConnection verifies) must get one,
+// any other has Go verify it against ClientCAs. Packages that force mutual TLS on the
+// configuration they are given call it.
+func RequireClientCert(c *tls.Config) {
+	if c.VerifyConnection != nil && c.InsecureSkipVerify {
+		c.ClientAuth = tls.RequireAnyClientCert
+		return
+	}
+	c.ClientAuth = tls.RequireAndVerifyClientCert
 }
 
 // IssueIdentity makes an identity for a process named name, signed by this CA (a head's
@@ -332,11 +479,7 @@ func (ca *CA) IssueIdentityGrant(name string, g Grant, hosts ...string) (*Identi
 // certificate (the head API, where a process holding the token asks for its certificate):
 // a certificate given is verified against the cluster CA, and the handler refuses every
 // other request that came without one.
-func (id *Identity) BootstrapServer() *tls.Config {
-	c := id.Server()
-	c.ClientAuth = tls.VerifyClientCertIfGiven
-	return c
-}
+func (id *Identity) BootstrapServer() *tls.Config { return id.config(tls.RequestClientCert) }
 
 // Trust is the configuration of a dialer that has no certificate yet: it checks the
 // server's against the cluster CA (caPEM) and presents none.
@@ -371,19 +514,28 @@ func ReadCACert(path string) ([]byte, error) {
 // Verified reports whether a TLS connection state carries a client certificate verified
 // against the cluster CA, and the name it was issued to.
 func Verified(st *tls.ConnectionState) (string, bool) {
-	if st == nil || len(st.VerifiedChains) == 0 || len(st.VerifiedChains[0]) == 0 {
+	c := PeerCert(st)
+	if c == nil {
 		return "", false
 	}
-	return st.VerifiedChains[0][0].Subject.CommonName, true
+	return c.Subject.CommonName, true
 }
 
 // PeerCert returns the client certificate of a TLS connection state verified against the
-// cluster CA, or nil when there is none.
+// cluster CA, or nil when there is none: the first of a chain Go verified, or, on a
+// connection of an Identity's configuration (which verifies in VerifyConnection and
+// fails the handshake otherwise), the peer's certificate.
 func PeerCert(st *tls.ConnectionState) *x509.Certificate {
-	if st == nil || len(st.VerifiedChains) == 0 || len(st.VerifiedChains[0]) == 0 {
+	if st == nil {
 		return nil
 	}
-	return st.VerifiedChains[0][0]
+	if len(st.VerifiedChains) > 0 && len(st.VerifiedChains[0]) > 0 {
+		return st.VerifiedChains[0][0]
+	}
+	if len(st.PeerCertificates) > 0 {
+		return st.PeerCertificates[0]
+	}
+	return nil
 }
 
 // GrantOf returns the grant URI a certificate carries ("" for none): the first URI
