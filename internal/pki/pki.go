@@ -30,6 +30,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -121,7 +122,7 @@ func readKey(path string) ([]byte, error) {
 	return os.ReadFile(path)
 }
 
-// LoadCA reads a CA (ca.crt and ca.key) from dir.
+// LoadCA reads a CA (ca.crt and ca.key) from dir; the key must be the certificate's.
 func LoadCA(dir string) (*CA, error) {
 	certPEM, err := os.ReadFile(filepath.Join(dir, CACertFile))
 	if err != nil {
@@ -131,6 +132,10 @@ func LoadCA(dir string) (*CA, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseCA(dir, certPEM, kp)
+}
+
+func parseCA(dir string, certPEM, kp []byte) (*CA, error) {
 	cb, _ := pem.Decode(certPEM)
 	kb, _ := pem.Decode(kp)
 	if cb == nil || kb == nil {
@@ -144,7 +149,10 @@ func LoadCA(dir string) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pki: %s: %w", filepath.Join(dir, CAKeyFile), err)
 	}
-	return &CA{Cert: cert, CertPEM: certPEM, key: key}, nil
+	if pub, ok := cert.PublicKey.(*ecdsa.PublicKey); !ok || !pub.Equal(&key.PublicKey) {
+		return nil, fmt.Errorf("pki: %s: the CA key is not the CA certificate's (a rotation in progress?)", dir)
+	}
+	return &CA{Cert: cert, CertPEM: pem.EncodeToMemory(cb), key: key}, nil
 }
 
 // Grant is what a certificate grants its holder beyond its chain to the cluster CA.
@@ -564,6 +572,215 @@ func ValidName(name string) error {
 		default:
 			return fmt.Errorf("pki: certificate name %q: character %q is not one of letters, digits and . _ - / :", name, r)
 		}
+	}
+	return nil
+}
+
+// Files of a CA directory that a rotation of the cluster CA adds (see Rotate*): beside
+// ca.crt and ca.key (the CA that signs), trust.crt holds the other CA certificates every
+// process trusts, and next.crt and next.key the CA that will sign once activated.
+const (
+	TrustFile    = "trust.crt"
+	NextCertFile = "next.crt"
+	NextKeyFile  = "next.key"
+)
+
+// The phases of a rotation of the cluster CA, as a CA directory's files say.
+const (
+	// PhaseSteady: one CA signs and is trusted.
+	PhaseSteady = "steady"
+	// PhaseAdded: a new CA is trusted beside the one that signs (RotateAdd); processes
+	// learn to trust it before anyone presents a certificate it signed.
+	PhaseAdded = "added"
+	// PhaseActivated: the new CA signs and the old one is still trusted
+	// (RotateActivate); processes renew their certificates.
+	PhaseActivated = "activated"
+)
+
+// ErrRotation: a rotation step that does not follow from the CA directory's phase.
+var ErrRotation = errors.New("pki: CA rotation")
+
+// RotationPhase reads a CA directory's phase.
+func RotationPhase(dir string) (string, error) {
+	next, err := exists(filepath.Join(dir, NextCertFile))
+	if err != nil {
+		return "", err
+	}
+	trust, err := exists(filepath.Join(dir, TrustFile))
+	switch {
+	case err != nil:
+		return "", err
+	case next:
+		return PhaseAdded, nil
+	case trust:
+		return PhaseActivated, nil
+	}
+	return PhaseSteady, nil
+}
+
+func exists(path string) (bool, error) {
+	_, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("pki: %w", err)
+	}
+	return true, nil
+}
+
+// TrustBundle reads the CA certificates a CA directory's cluster trusts: ca.crt and, during
+// a rotation, trust.crt's (PEM, each once).
+func TrustBundle(dir string) ([]byte, error) {
+	ca, err := os.ReadFile(filepath.Join(dir, CACertFile))
+	if err != nil {
+		return nil, fmt.Errorf("pki: the cluster CA: %w", err)
+	}
+	extra, err := os.ReadFile(filepath.Join(dir, TrustFile))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	return JoinBundle(ca, extra)
+}
+
+// JoinBundle joins PEM bundles of CA certificates, each certificate once, in order;
+// anything that is not a certificate is an error.
+func JoinBundle(bundles ...[]byte) ([]byte, error) {
+	var out []byte
+	seen := map[string]bool{}
+	for _, b := range bundles {
+		for len(b) > 0 {
+			var blk *pem.Block
+			blk, b = pem.Decode(b)
+			if blk == nil {
+				break
+			}
+			if blk.Type != "CERTIFICATE" {
+				return nil, fmt.Errorf("pki: a trust bundle holds a %s, not only certificates", blk.Type)
+			}
+			if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
+				return nil, fmt.Errorf("pki: a trust bundle's certificate: %w", err)
+			}
+			if !seen[string(blk.Bytes)] {
+				seen[string(blk.Bytes)] = true
+				out = append(out, pem.EncodeToMemory(blk)...)
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("pki: an empty trust bundle")
+	}
+	return out, nil
+}
+
+// writeAtomic writes a file whole or not at all (a temporary file renamed), so that a
+// head reading the directory meanwhile sees the old content or the new.
+func writeAtomic(path string, b []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, mode); err != nil {
+		return fmt.Errorf("pki: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("pki: %w", err)
+	}
+	return nil
+}
+
+// RotateAdd begins a rotation of the cluster CA in dir: a new CA for the same cluster
+// (next.crt, next.key) that every process is to trust beside the current one (trust.crt),
+// while the current one still signs. It returns the new CA.
+func RotateAdd(dir string) (*CA, error) {
+	cur, err := LoadCA(dir)
+	if err != nil {
+		return nil, err
+	}
+	if ph, err := RotationPhase(dir); err != nil {
+		return nil, err
+	} else if ph != PhaseSteady {
+		return nil, fmt.Errorf("%w: %s is in phase %q: finish that rotation first", ErrRotation, dir, ph)
+	}
+	next, err := NewCA(strings.TrimPrefix(cur.Cert.Subject.CommonName, "atoll cluster CA "))
+	if err != nil {
+		return nil, err
+	}
+	kp, err := keyPEM(next.key)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeAtomic(filepath.Join(dir, NextKeyFile), kp, 0o600); err != nil {
+		return nil, err
+	}
+	if err := writeAtomic(filepath.Join(dir, TrustFile), next.CertPEM, 0o644); err != nil {
+		return nil, err
+	}
+	// next.crt last: its presence is the phase.
+	if err := writeAtomic(filepath.Join(dir, NextCertFile), next.CertPEM, 0o644); err != nil {
+		return nil, err
+	}
+	return next, nil
+}
+
+// RotateActivate makes the new CA of a rotation the one that signs (ca.crt, ca.key); the
+// old one stays trusted (trust.crt) until RotateFinish. It returns the new signing CA.
+func RotateActivate(dir string) (*CA, error) {
+	if ph, err := RotationPhase(dir); err != nil {
+		return nil, err
+	} else if ph != PhaseAdded {
+		return nil, fmt.Errorf("%w: %s is in phase %q, not %q: run the add step first", ErrRotation, dir, ph, PhaseAdded)
+	}
+	old, err := LoadCA(dir)
+	if err != nil {
+		return nil, err
+	}
+	nextPEM, err := os.ReadFile(filepath.Join(dir, NextCertFile))
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	nextKey, err := readKey(filepath.Join(dir, NextKeyFile))
+	if err != nil {
+		return nil, err
+	}
+	next, err := parseCA(dir, nextPEM, nextKey)
+	if err != nil {
+		return nil, err
+	}
+	// Both trusted throughout: trust.crt names both while ca.crt and ca.key change (a
+	// reader that sees a key of one CA with the certificate of the other retries).
+	both, err := JoinBundle(old.CertPEM, nextPEM)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeAtomic(filepath.Join(dir, TrustFile), both, 0o644); err != nil {
+		return nil, err
+	}
+	if err := writeAtomic(filepath.Join(dir, CAKeyFile), nextKey, 0o600); err != nil {
+		return nil, err
+	}
+	if err := writeAtomic(filepath.Join(dir, CACertFile), nextPEM, 0o644); err != nil {
+		return nil, err
+	}
+	if err := writeAtomic(filepath.Join(dir, TrustFile), old.CertPEM, 0o644); err != nil {
+		return nil, err
+	}
+	for _, f := range []string{NextKeyFile, NextCertFile} {
+		if err := os.Remove(filepath.Join(dir, f)); err != nil {
+			return nil, fmt.Errorf("pki: %w", err)
+		}
+	}
+	return next, nil
+}
+
+// RotateFinish ends a rotation: the old CA is trusted no more (trust.crt removed), and a
+// certificate it signed is refused from then on.
+func RotateFinish(dir string) error {
+	if ph, err := RotationPhase(dir); err != nil {
+		return err
+	} else if ph != PhaseActivated {
+		return fmt.Errorf("%w: %s is in phase %q, not %q: activate the new CA first", ErrRotation, dir, ph, PhaseActivated)
+	}
+	if err := os.Remove(filepath.Join(dir, TrustFile)); err != nil {
+		return fmt.Errorf("pki: %w", err)
 	}
 	return nil
 }
