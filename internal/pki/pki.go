@@ -16,6 +16,7 @@
 package pki
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -576,11 +577,11 @@ func ValidName(name string) error {
 	return nil
 }
 
-// Files of a CA directory that a rotation of the cluster CA adds (see Rotate*): beside
-// ca.crt and ca.key (the CA that signs), trust.crt holds the other CA certificates every
-// process trusts, and next.crt and next.key the CA that will sign once activated.
+// Files of a CA directory that a rotation of the cluster CA adds (see Rotate*): next.crt
+// and next.key hold the CA that will sign once activated. Throughout a rotation ca.crt
+// holds every CA the cluster trusts, the one that signs (ca.key's) first, so every
+// process that reads ca.crt trusts them all.
 const (
-	TrustFile    = "trust.crt"
 	NextCertFile = "next.crt"
 	NextKeyFile  = "next.key"
 )
@@ -602,45 +603,31 @@ var ErrRotation = errors.New("pki: CA rotation")
 
 // RotationPhase reads a CA directory's phase.
 func RotationPhase(dir string) (string, error) {
-	next, err := exists(filepath.Join(dir, NextCertFile))
+	_, err := os.Stat(filepath.Join(dir, NextCertFile))
+	switch {
+	case err == nil:
+		return PhaseAdded, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", fmt.Errorf("pki: %w", err)
+	}
+	b, err := TrustBundle(dir)
 	if err != nil {
 		return "", err
 	}
-	trust, err := exists(filepath.Join(dir, TrustFile))
-	switch {
-	case err != nil:
-		return "", err
-	case next:
-		return PhaseAdded, nil
-	case trust:
+	if n := bytes.Count(b, []byte("-----BEGIN CERTIFICATE-----")); n > 1 {
 		return PhaseActivated, nil
 	}
 	return PhaseSteady, nil
 }
 
-func exists(path string) (bool, error) {
-	_, err := os.Stat(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("pki: %w", err)
-	}
-	return true, nil
-}
-
-// TrustBundle reads the CA certificates a CA directory's cluster trusts: ca.crt and, during
-// a rotation, trust.crt's (PEM, each once).
+// TrustBundle reads the CA certificates a CA directory's cluster trusts: every one in
+// ca.crt (PEM, each once).
 func TrustBundle(dir string) ([]byte, error) {
-	ca, err := os.ReadFile(filepath.Join(dir, CACertFile))
+	b, err := os.ReadFile(filepath.Join(dir, CACertFile))
 	if err != nil {
 		return nil, fmt.Errorf("pki: the cluster CA: %w", err)
 	}
-	extra, err := os.ReadFile(filepath.Join(dir, TrustFile))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("pki: %w", err)
-	}
-	return JoinBundle(ca, extra)
+	return JoinBundle(b)
 }
 
 // JoinBundle joins PEM bundles of CA certificates, each certificate once, in order;
@@ -688,8 +675,9 @@ func writeAtomic(path string, b []byte, mode os.FileMode) error {
 }
 
 // RotateAdd begins a rotation of the cluster CA in dir: a new CA for the same cluster
-// (next.crt, next.key) that every process is to trust beside the current one (trust.crt),
-// while the current one still signs. It returns the new CA.
+// (next.crt, next.key) that every process is to trust beside the current one (ca.crt
+// holds both, the current one first), while the current one still signs. It returns the
+// new CA.
 func RotateAdd(dir string) (*CA, error) {
 	cur, err := LoadCA(dir)
 	if err != nil {
@@ -708,10 +696,14 @@ func RotateAdd(dir string) (*CA, error) {
 	if err != nil {
 		return nil, err
 	}
+	both, err := JoinBundle(cur.CertPEM, next.CertPEM)
+	if err != nil {
+		return nil, err
+	}
 	if err := writeAtomic(filepath.Join(dir, NextKeyFile), kp, 0o600); err != nil {
 		return nil, err
 	}
-	if err := writeAtomic(filepath.Join(dir, TrustFile), next.CertPEM, 0o644); err != nil {
+	if err := writeAtomic(filepath.Join(dir, CACertFile), both, 0o644); err != nil {
 		return nil, err
 	}
 	// next.crt last: its presence is the phase.
@@ -721,8 +713,8 @@ func RotateAdd(dir string) (*CA, error) {
 	return next, nil
 }
 
-// RotateActivate makes the new CA of a rotation the one that signs (ca.crt, ca.key); the
-// old one stays trusted (trust.crt) until RotateFinish. It returns the new signing CA.
+// RotateActivate makes the new CA of a rotation the one that signs (ca.key, and first in
+// ca.crt); the old one stays trusted until RotateFinish. It returns the new signing CA.
 func RotateActivate(dir string) (*CA, error) {
 	if ph, err := RotationPhase(dir); err != nil {
 		return nil, err
@@ -745,25 +737,19 @@ func RotateActivate(dir string) (*CA, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Both trusted throughout: trust.crt names both while ca.crt and ca.key change (a
-	// reader that sees a key of one CA with the certificate of the other retries).
-	both, err := JoinBundle(old.CertPEM, nextPEM)
+	both, err := JoinBundle(next.CertPEM, old.CertPEM)
 	if err != nil {
 		return nil, err
 	}
-	if err := writeAtomic(filepath.Join(dir, TrustFile), both, 0o644); err != nil {
-		return nil, err
-	}
+	// Two files change: a reader that sees the key of one CA with the other first in
+	// ca.crt (LoadCA refuses the pair) reads again later; both stay trusted throughout.
 	if err := writeAtomic(filepath.Join(dir, CAKeyFile), nextKey, 0o600); err != nil {
 		return nil, err
 	}
-	if err := writeAtomic(filepath.Join(dir, CACertFile), nextPEM, 0o644); err != nil {
+	if err := writeAtomic(filepath.Join(dir, CACertFile), both, 0o644); err != nil {
 		return nil, err
 	}
-	if err := writeAtomic(filepath.Join(dir, TrustFile), old.CertPEM, 0o644); err != nil {
-		return nil, err
-	}
-	for _, f := range []string{NextKeyFile, NextCertFile} {
+	for _, f := range []string{NextCertFile, NextKeyFile} {
 		if err := os.Remove(filepath.Join(dir, f)); err != nil {
 			return nil, fmt.Errorf("pki: %w", err)
 		}
@@ -771,16 +757,17 @@ func RotateActivate(dir string) (*CA, error) {
 	return next, nil
 }
 
-// RotateFinish ends a rotation: the old CA is trusted no more (trust.crt removed), and a
-// certificate it signed is refused from then on.
+// RotateFinish ends a rotation: only the CA that signs stays in ca.crt, and a certificate
+// the old one signed is refused from then on.
 func RotateFinish(dir string) error {
 	if ph, err := RotationPhase(dir); err != nil {
 		return err
 	} else if ph != PhaseActivated {
 		return fmt.Errorf("%w: %s is in phase %q, not %q: activate the new CA first", ErrRotation, dir, ph, PhaseActivated)
 	}
-	if err := os.Remove(filepath.Join(dir, TrustFile)); err != nil {
-		return fmt.Errorf("pki: %w", err)
+	ca, err := LoadCA(dir)
+	if err != nil {
+		return err
 	}
-	return nil
+	return writeAtomic(filepath.Join(dir, CACertFile), ca.CertPEM, 0o644)
 }
