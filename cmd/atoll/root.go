@@ -38,6 +38,7 @@ func newRootCmd() *cobra.Command {
 		bench,
 		newAddressCmd(),
 		newAgentCmd(),
+		newCACmd(),
 		newCheckpointsCmd(),
 		newDashboardCmd(),
 		newDemoCmd(),

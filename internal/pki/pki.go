@@ -61,7 +61,19 @@ var ErrKeyMode = errors.New("pki: private key readable by others")
 type CA struct {
 	Cert    *x509.Certificate
 	CertPEM []byte
-	key     *ecdsa.PrivateKey
+	// Bundle is every CA certificate the cluster trusts (PEM): during a rotation the
+	// other CA's too (LoadCA reads them from ca.crt); nil means CertPEM alone.
+	Bundle []byte
+	key    *ecdsa.PrivateKey
+}
+
+// TrustPEM is what a process issued a certificate by this CA is to trust: Bundle, or the
+// CA's own certificate.
+func (ca *CA) TrustPEM() []byte {
+	if len(ca.Bundle) > 0 {
+		return ca.Bundle
+	}
+	return ca.CertPEM
 }
 
 func serial() *big.Int {
@@ -133,7 +145,14 @@ func LoadCA(dir string) (*CA, error) {
 	if err != nil {
 		return nil, err
 	}
-	return parseCA(dir, certPEM, kp)
+	ca, err := parseCA(dir, certPEM, kp)
+	if err != nil {
+		return nil, err
+	}
+	if ca.Bundle, err = JoinBundle(certPEM); err != nil {
+		return nil, fmt.Errorf("pki: %s: %w", filepath.Join(dir, CACertFile), err)
+	}
+	return ca, nil
 }
 
 func parseCA(dir string, certPEM, kp []byte) (*CA, error) {
@@ -457,12 +476,16 @@ func (id *Identity) Server() *tls.Config { return id.config(tls.RequireAnyClient
 // server's checked against the cluster CA for ServerName.
 func (id *Identity) Client() *tls.Config { return id.config(tls.RequireAnyClientCert) }
 
+// SelfVerifying reports whether a configuration verifies peers itself, as an Identity's do
+// (VerifyConnection against the current CAs), rather than through RootCAs and ClientCAs.
+func SelfVerifying(c *tls.Config) bool { return c.VerifyConnection != nil && c.InsecureSkipVerify }
+
 // RequireClientCert makes a listener's configuration require a verified client
 // certificate: one of an Identity's (whose VerifyConnection verifies) must get one,
 // any other has Go verify it against ClientCAs. Packages that force mutual TLS on the
 // configuration they are given call it.
 func RequireClientCert(c *tls.Config) {
-	if c.VerifyConnection != nil && c.InsecureSkipVerify {
+	if SelfVerifying(c) {
 		c.ClientAuth = tls.RequireAnyClientCert
 		return
 	}
@@ -481,7 +504,7 @@ func (ca *CA) IssueIdentityGrant(name string, g Grant, hosts ...string) (*Identi
 	if err != nil {
 		return nil, err
 	}
-	return NewIdentity(ca.CertPEM, certPEM, kp)
+	return NewIdentity(ca.TrustPEM(), certPEM, kp)
 }
 
 // BootstrapServer is the configuration of a listener that also admits a client without a
@@ -770,4 +793,20 @@ func RotateFinish(dir string) error {
 		return err
 	}
 	return writeAtomic(filepath.Join(dir, CACertFile), ca.CertPEM, 0o644)
+}
+
+// ParseBundle returns the certificates of a PEM bundle (those that parse).
+func ParseBundle(b []byte) []*x509.Certificate {
+	var out []*x509.Certificate
+	for len(b) > 0 {
+		var blk *pem.Block
+		blk, b = pem.Decode(b)
+		if blk == nil {
+			break
+		}
+		if c, err := x509.ParseCertificate(blk.Bytes); err == nil && blk.Type == "CERTIFICATE" {
+			out = append(out, c)
+		}
+	}
+	return out
 }

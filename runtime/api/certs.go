@@ -205,8 +205,13 @@ func KeepIdentity(ctx context.Context, c *Client, id *pki.Identity, r Renewal, e
 			return
 		case <-t.C:
 		}
-		if err := FollowTrust(ctx, c, id, r); err != nil && ctx.Err() == nil {
+		before := id.Leaf()
+		err := FollowTrust(ctx, c, id, r)
+		switch {
+		case err != nil && ctx.Err() == nil:
 			log.Warn("cluster CA: following its rotation failed (tried again)", zap.String("name", r.Name), zap.Error(err))
+		case err == nil && id.Leaf() != before:
+			log.Info("cluster CA: certificate renewed", zap.String("name", r.Name), zap.String("issuer", id.Leaf().Issuer.CommonName))
 		}
 	}
 }

@@ -299,8 +299,8 @@ func (a *API) serveAuthorized(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: a client certificate of the cluster CA is required (POST /v1/certs with the token gets one)", Kind: "unauthenticated"})
 			return
 		}
-		if c != nil {
-			a.au.observe(c, id.Principal.String())
+		if c != nil && a.au.observe(c, id.Principal.String()) {
+			w.Header().Set("Connection", "close") // its next request shakes hands again
 		}
 	}
 	_, pattern := a.mux.Handler(r)

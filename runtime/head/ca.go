@@ -46,7 +46,7 @@ const maxChecked = 1 << 14
 
 func newAuthority(ca *pki.CA, dir string, log *zap.Logger) (*authority, error) {
 	au := &authority{dir: dir, log: log, checked: map[string]bool{}, stale: map[string]staleSeen{}}
-	v := &caView{ca: ca, bundle: ca.CertPEM, phase: pki.PhaseSteady}
+	v := &caView{ca: ca, bundle: ca.TrustPEM(), phase: pki.PhaseSteady}
 	if dir != "" {
 		var err error
 		if v, err = readCAView(dir); err != nil {
@@ -62,15 +62,11 @@ func readCAView(dir string) (*caView, error) {
 	if err != nil {
 		return nil, err
 	}
-	bundle, err := pki.TrustBundle(dir)
-	if err != nil {
-		return nil, err
-	}
 	phase, err := pki.RotationPhase(dir)
 	if err != nil {
 		return nil, err
 	}
-	return &caView{ca: ca, bundle: bundle, phase: phase}, nil
+	return &caView{ca: ca, bundle: ca.TrustPEM(), phase: phase}, nil
 }
 
 // signer is the CA that signs now.
@@ -109,11 +105,15 @@ func (au *authority) reload() (signer, bundle bool, err error) {
 }
 
 // observe notes a caller's certificate: one the signing CA did not sign (a process that
-// has not renewed since the CA was activated) is remembered for StaleWindow.
-func (au *authority) observe(c *x509.Certificate, principal string) {
-	key := string(c.Raw)
+// has not renewed since the CA was activated) is remembered for StaleWindow, or until the
+// same name is seen with a certificate the signing CA signed.
+//
+// It reports whether the certificate is stale: the caller's connection should then end
+// after this request, so that its next one shakes hands again with the certificate it
+// holds by then (a renewed process keeps its pooled connections otherwise).
+func (au *authority) observe(c *x509.Certificate, principal string) (stale bool) {
 	au.mu.Lock()
-	ok, known := au.checked[key]
+	ok, known := au.checked[string(c.Raw)] // no copy of the key for a lookup
 	au.mu.Unlock()
 	if !known {
 		ok = c.CheckSignatureFrom(au.signer().Cert) == nil
@@ -121,15 +121,17 @@ func (au *authority) observe(c *x509.Certificate, principal string) {
 		if len(au.checked) >= maxChecked {
 			clear(au.checked)
 		}
-		au.checked[key] = ok
+		au.checked[string(c.Raw)] = ok
 		au.mu.Unlock()
 	}
-	if ok {
-		return
-	}
 	au.mu.Lock()
-	au.stale[c.Subject.CommonName] = staleSeen{principal: principal, at: time.Now()}
+	if ok {
+		delete(au.stale, c.Subject.CommonName) // renewed
+	} else {
+		au.stale[c.Subject.CommonName] = staleSeen{principal: principal, at: time.Now()}
+	}
 	au.mu.Unlock()
+	return !ok
 }
 
 // info answers GET /v1/trust.

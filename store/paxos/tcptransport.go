@@ -92,7 +92,7 @@ func (c TCPConfig) Validate() error {
 		switch {
 		case len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil:
 			return fmt.Errorf("%w: tcp transport TLS has no certificate (mutual TLS needs one at both ends)", ErrInvalidConfig)
-		case c.TLS.VerifyConnection != nil && c.TLS.InsecureSkipVerify:
+		case pki.SelfVerifying(c.TLS):
 			// A pki.Identity's configuration: it verifies every peer itself.
 		case c.TLS.ClientCAs == nil:
 			return fmt.Errorf("%w: tcp transport TLS.ClientCAs is nil: the listener could not verify peers' certificates", ErrInvalidConfig)

@@ -118,7 +118,7 @@ func (c ServerConfig) Validate() error {
 		return fmt.Errorf("transfer: server config: timeouts must be positive (%v, %v, %v)", c.HandshakeTimeout, c.ReadyTimeout, c.WriteTimeout)
 	case c.TLS != nil && len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil:
 		return fmt.Errorf("transfer: server config: TLS has no certificate (Certificates, GetCertificate)")
-	case c.TLS != nil && c.TLS.ClientCAs == nil && c.TLS.GetConfigForClient == nil:
+	case c.TLS != nil && c.TLS.ClientCAs == nil && c.TLS.GetConfigForClient == nil && !pki.SelfVerifying(c.TLS):
 		return fmt.Errorf("transfer: server config: TLS.ClientCAs is nil: clients' certificates could not be verified")
 	}
 	return nil
