@@ -114,8 +114,8 @@ type Head struct {
 	au             *authority    // the cluster CA as this head follows it (nil without TLS)
 	stopCA         chan struct{} // closed by Close: followCA returns
 	stopCAOnce     sync.Once
-	agents         agentClient   // to agents' APIs (CallAgent)
-	obs            *observer     // the dashboard and /metrics (dashboard.go)
+	agents         agentClient // to agents' APIs (CallAgent)
+	obs            *observer   // the dashboard and /metrics (dashboard.go)
 	// headsMu guards cfg.Heads, which SetHeads may change while the status is read.
 	headsMu sync.Mutex
 }
