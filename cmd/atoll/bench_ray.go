@@ -43,7 +43,7 @@ var rayPublished = map[string]float64{
 	"1_1_actor_calls_async":          9062.792852859755,
 	"1_n_actor_calls_async":          8606.08018065877,
 	"n_n_actor_calls_async":          27688.27595653398,
-	"single_client_put_calls":        5196.004383289357, // "single_client_put_calls_Plasma_Store"
+	"single_client_put_calls":        5196.004383289357,  // "single_client_put_calls_Plasma_Store"
 	"single_client_get_calls":        10269.932297010477, // "single_client_get_calls_Plasma_Store"
 	"single_client_put_gigabytes":    20.09665460590859,
 	"single_client_wait_1k_refs":     5.012190250895254,
@@ -313,7 +313,9 @@ func rayCases() []rayCase {
 				if err != nil {
 					return nil, 0, err
 				}
-				return func(ctx context.Context) error { return ok(ctx, sdk.CallAsync[[]byte](ctx, b.c, as[0], raySmallValue{})) }, 1, nil
+				return func(ctx context.Context) error {
+					return ok(ctx, sdk.CallAsync[[]byte](ctx, b.c, as[0], raySmallValue{}))
+				}, 1, nil
 			}},
 		{"1_1_actor_calls_async", "calls/s", "1,000 calls to one actor sent, then all awaited",
 			func(ctx context.Context, b *rayBench) (func(context.Context) error, float64, error) {
@@ -571,7 +573,7 @@ ratio. On the embedded default (the default) the target of every row is Ray's fi
 				"load_average_before": load0, "load_average_after": loadAverage(),
 				"timing": map[string]any{"warmup_s": timing.Warmup.Seconds(), "round_s": timing.Round.Seconds(), "rounds": timing.Rounds,
 					"ray_timing": "warm-up 1 s, 4 rounds of 2 s"},
-				"ray": map[string]any{"version": rayRelease, "machine": rayMachine, "source": raySource},
+				"ray":  map[string]any{"version": rayRelease, "machine": rayMachine, "source": raySource},
 				"rows": rows, "met": met, "missed": missed, "failed": failed,
 			}
 			for _, r := range rows {
