@@ -43,7 +43,6 @@ func defaults() settings {
 	c := codec.New()
 	_ = c.Register(checkpointReq{})
 	_ = c.Register(worldReq{})
-	_ = c.Register(taskReq{})
 	s := settings{log: zap.NewNop(), kinds: map[string]*kindDef{}, codec: c, errors: actors.NewErrors(), callTimeout: 30 * time.Second,
 		tasks: map[string]*taskEntry{}, taskIdle: 5 * time.Second}
 	s.kinds[taskKind] = &kindDef{name: taskKind, make: func(*api.Payload) (Actor, error) { return taskRunner{}, nil }}

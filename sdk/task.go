@@ -143,34 +143,49 @@ func Tasks(ts ...TaskDef) Option {
 	}
 }
 
-// taskReq asks a task worker to run a task.
-type taskReq struct {
-	Task string
-	Args api.Payload
+// A task's request crosses to its worker as one protobuf message (an actorspb.Payload: its
+// Type is the task's name, a NUL, and its arguments' type; its codec and data are the
+// arguments'), so that the per-task cost of the wire is a protobuf's, not a gob encoder's
+// and decoder's type descriptors (which were most of a warm task's CPU).
+const taskNameSep = "\x00"
+
+// taskRequest is the wire form of a run of task name with the encoded arguments args.
+func taskRequest(name string, args *actorspb.Payload) *actorspb.Payload {
+	return &actorspb.Payload{Type: name + taskNameSep + args.Type, Codec: args.Codec, Data: args.Data}
+}
+
+// splitTaskRequest is taskRequest's inverse: the task's name and its arguments.
+func splitTaskRequest(p *actorspb.Payload) (string, *actorspb.Payload, bool) {
+	name, argType, ok := strings.Cut(p.Type, taskNameSep)
+	return name, &actorspb.Payload{Type: argType, Codec: p.Codec, Data: p.Data}, ok
 }
 
 // taskRunner is the actor of a task worker.
 type taskRunner struct{}
 
 func (taskRunner) Receive(ctx *Context, msg any) (any, error) {
-	req, ok := msg.(taskReq)
+	req, ok := msg.(*actorspb.Payload)
 	if !ok {
 		return nil, fmt.Errorf("sdk: a task worker got %T", msg)
 	}
-	t := ctx.c.s.tasks[req.Task]
+	name, args, ok := splitTaskRequest(req)
+	if !ok {
+		return nil, fmt.Errorf("sdk: a task worker got a %s message, not a task", req.Type)
+	}
+	t := ctx.c.s.tasks[name]
 	if t == nil {
 		known := make([]string, 0, len(ctx.c.s.tasks))
 		for k := range ctx.c.s.tasks {
 			known = append(known, k)
 		}
 		sort.Strings(known)
-		return nil, fmt.Errorf("%w: %q is not a task of this program (its tasks: %v): give it with sdk.Tasks to Start/Local/Connect", ErrUnknownTask, req.Task, known)
+		return nil, fmt.Errorf("%w: %q is not a task of this program (its tasks: %v): give it with sdk.Tasks to Start/Local/Connect", ErrUnknownTask, name, known)
 	}
 	if ctx.w != nil {
 		ctx.owner = jobOwner(ctx.w.spec.Job)
 		defer func() { ctx.owner = "" }()
 	}
-	return t.run(ctx, &actorspb.Payload{Type: req.Args.Type, Codec: actorspb.Codec(req.Args.Codec), Data: req.Args.Data})
+	return t.run(ctx, args)
 }
 
 // taskDeadline bounds a task whose context has none: tasks, unlike calls, run as long as
@@ -198,7 +213,7 @@ func (t *TaskFunc[A, R]) Remote(ctx context.Context, j *Job, args A) *Future[R] 
 		f.complete(zero, fmt.Errorf("sdk: task %q arguments: %w", t.name, err))
 		return f
 	}
-	req := taskReq{Task: t.name, Args: api.Payload{Type: p.Type, Codec: int32(p.Codec), Data: p.Data}}
+	req := taskRequest(t.name, p)
 	opts := t.opts.normalized()
 	pool := c.pool(j.name)
 	go func() {
@@ -280,7 +295,7 @@ type taskPool struct {
 	end  context.CancelFunc
 
 	mu     sync.Mutex
-	shapes map[string]*shape
+	shapes map[Resources]*shape
 	seq    int
 	closed bool
 }
@@ -320,7 +335,7 @@ func (c *conn) pool(job string) *taskPool {
 	defer c.mu.Unlock()
 	p := c.pools[job]
 	if p == nil {
-		p = &taskPool{c: c, job: job, idle: c.s.taskIdle, shapes: map[string]*shape{}}
+		p = &taskPool{c: c, job: job, idle: c.s.taskIdle, shapes: map[Resources]*shape{}}
 		p.life, p.end = context.WithCancel(c.life)
 		c.pools[job] = p
 		go p.reap()
@@ -381,16 +396,15 @@ func (p *taskPool) acquire(ctx context.Context, res Resources) (*slot, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	key := shapeKey(res)
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return nil, fmt.Errorf("%w: job %s", ErrStopped, p.job)
 	}
-	sh := p.shapes[key]
+	sh := p.shapes[res]
 	if sh == nil {
-		sh = &shape{key: key, res: res, slots: map[*slot]bool{}}
-		p.shapes[key] = sh
+		sh = &shape{key: shapeKey(res), res: res, slots: map[*slot]bool{}}
+		p.shapes[res] = sh
 	}
 	if n := len(sh.idle); n > 0 {
 		s := sh.idle[n-1] // the most recently used: the others may go idle for good

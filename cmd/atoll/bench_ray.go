@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"time"
@@ -493,7 +494,7 @@ func loadAverage() string {
 }
 
 func newBenchRayCmd() *cobra.Command {
-	var dir, only string
+	var dir, only, cpuProfile string
 	var timing rayTiming
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -530,6 +531,17 @@ ratio. On the embedded default (the default) the target of every row is Ray's fi
 				return fmt.Errorf("bench ray: %w", err)
 			}
 			defer func() { _ = c.Shutdown(context.Background()) }()
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return fmt.Errorf("bench ray: %w", err)
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return fmt.Errorf("bench ray: %w", err)
+				}
+				defer pprof.StopCPUProfile()
+			}
 			progress := func(r rayRow) {
 				if r.Error != "" {
 					fmt.Fprintf(cmd.ErrOrStderr(), "%-32s error: %s\n", r.Name, r.Error)
@@ -598,6 +610,7 @@ ratio. On the embedded default (the default) the target of every row is Ray's fi
 	f.DurationVar(&timing.Warmup, "warmup", 500*time.Millisecond, "warm-up of each row (at least one operation)")
 	f.DurationVar(&timing.Round, "round", time.Second, "length of each measured round (at least one operation)")
 	f.IntVar(&timing.Rounds, "rounds", 3, "measured rounds per row")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the rows (this process: the driver, and on the embedded default the whole cluster) to `FILE`")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
 }
