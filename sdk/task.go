@@ -225,7 +225,7 @@ func (t *TaskFunc[A, R]) Remote(ctx context.Context, j *Job, args A) *Future[R] 
 		var failures []string
 		lost := 0 // workers lost before the task reached them: not the task's failures
 		for {
-			s, err := pool.acquire(ctx, opts.Resources)
+			s, err := pool.acquire(ctx, opts.Resources, !j.inTask)
 			if err != nil {
 				f.complete(zero, fmt.Errorf("sdk: task %q: %w", t.name, err))
 				return
@@ -318,9 +318,17 @@ type slot struct {
 	g         *Gang
 	minGen    int // the generation it must reach (after a failure) before it takes a task
 	idleSince time.Time
+	inflight  int       // tasks pushed to it and not yet answered
+	progress  time.Time // when it last answered a task, or took one while idle
+	failing   bool      // a run on it failed: it takes no pipelined task until it is idle again
 }
 
-type waiter struct{ ch chan grant }
+// waiter is a task waiting for a task worker; pipelined says it may share one (see
+// taskPipeline).
+type waiter struct {
+	ch        chan grant
+	pipelined bool
+}
 
 type grant struct {
 	s   *slot
@@ -329,6 +337,18 @@ type grant struct {
 
 // maxSpawning bounds the task workers of one shape being started at once.
 const maxSpawning = 16
+
+// taskPipeline is how many tasks a driver pushes to one leased task worker before the
+// first is answered (Ray's max_tasks_in_flight_per_worker): the worker runs them one at a
+// time, in order, and is never idle between them waiting for the next request. A task is
+// pipelined only behind a worker that answered within pipelineWindow: short tasks flow
+// through the workers the driver holds, while a task that would queue behind long ones
+// waits for the first worker free instead, and the pool leases more (as without
+// pipelining).
+const (
+	taskPipeline   = 4
+	pipelineWindow = 5 * time.Millisecond
+)
 
 func (c *conn) pool(job string) *taskPool {
 	c.mu.Lock()
@@ -390,9 +410,10 @@ func shapeKey(r Resources) string {
 	return strings.Join(parts, "-")
 }
 
-// acquire takes an idle task worker of the shape, starting one when none is idle, and
-// waits for it.
-func (p *taskPool) acquire(ctx context.Context, res Resources) (*slot, error) {
+// acquire takes a task worker of the shape: an idle one; else, when pipelined, the least
+// busy one with room in its pipeline (asking for one more worker meanwhile); else it
+// starts one and waits for it (or for any that frees up).
+func (p *taskPool) acquire(ctx context.Context, res Resources, pipelined bool) (*slot, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -409,10 +430,19 @@ func (p *taskPool) acquire(ctx context.Context, res Resources) (*slot, error) {
 	if n := len(sh.idle); n > 0 {
 		s := sh.idle[n-1] // the most recently used: the others may go idle for good
 		sh.idle = sh.idle[:n-1]
+		s.inflight++
+		s.progress = time.Now()
 		p.mu.Unlock()
 		return s, nil
 	}
-	w := &waiter{ch: make(chan grant, 1)}
+	if pipelined {
+		if s := sh.pipelineToLocked(time.Now()); s != nil {
+			s.inflight++
+			p.mu.Unlock()
+			return s, nil
+		}
+	}
+	w := &waiter{ch: make(chan grant, 1), pipelined: pipelined}
 	sh.waiting = append(sh.waiting, w)
 	p.growLocked(sh)
 	p.mu.Unlock()
@@ -439,16 +469,41 @@ func (p *taskPool) acquire(ctx context.Context, res Resources) (*slot, error) {
 	}
 }
 
+// pipelineToLocked is the busy task worker of the shape that a task is pipelined to at
+// now: of those with room in their pipeline, not failing, and answering within
+// pipelineWindow, the one with the fewest tasks in flight (the earliest to answer among
+// equals); nil when none is.
+func (sh *shape) pipelineToLocked(now time.Time) *slot {
+	var best *slot
+	for s := range sh.slots {
+		if s.failing || s.inflight == 0 || s.inflight >= taskPipeline || now.Sub(s.progress) >= pipelineWindow {
+			continue
+		}
+		if best == nil || s.inflight < best.inflight || (s.inflight == best.inflight && s.progress.After(best.progress)) {
+			best = s
+		}
+	}
+	return best
+}
+
 // growLocked starts task workers for the tasks that wait and will get none.
 func (p *taskPool) growLocked(sh *shape) {
 	if p.closed || sh.retry != nil {
 		return
 	}
 	for need := len(sh.waiting) - sh.spawning; need > 0 && sh.spawning < maxSpawning; need-- {
-		sh.spawning++
-		p.seq++
-		go p.spawn(sh, fmt.Sprintf("task-%s-%d", sh.key, p.seq))
+		p.spawnLocked(sh)
 	}
+}
+
+// spawnLocked starts one more task worker of the shape.
+func (p *taskPool) spawnLocked(sh *shape) {
+	if p.closed || sh.retry != nil {
+		return
+	}
+	sh.spawning++
+	p.seq++
+	go p.spawn(sh, fmt.Sprintf("task-%s-%d", sh.key, p.seq))
 }
 
 func (p *taskPool) spawn(sh *shape, name string) {
@@ -487,12 +542,15 @@ func (p *taskPool) spawn(sh *shape, name string) {
 	}
 }
 
-// giveLocked hands a task worker to the first task waiting, or keeps it idle.
+// giveLocked hands an idle task worker to the first task waiting, or keeps it idle.
 func (p *taskPool) giveLocked(s *slot) {
 	sh := s.sh
+	s.failing = false
 	if len(sh.waiting) > 0 {
 		w := sh.waiting[0]
 		sh.waiting = sh.waiting[1:]
+		s.inflight++
+		s.progress = time.Now()
 		w.ch <- grant{s: s}
 		return
 	}
@@ -506,16 +564,34 @@ func (p *taskPool) giveLocked(s *slot) {
 func (p *taskPool) release(s *slot, failed bool, gen int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	s.inflight--
+	s.progress = time.Now()
 	if failed {
 		s.minGen = max(s.minGen, gen+1)
+		s.failing = true
 	}
 	state := s.g.State()
 	if p.closed || state == GangFailed || state == GangStopped {
 		delete(s.sh.slots, s)
+		s.failing = true
 		p.growLocked(s.sh)
 		return
 	}
-	p.giveLocked(s)
+	if s.inflight == 0 {
+		p.giveLocked(s)
+		return
+	}
+	// Busy still: a pipelined task waiting for room takes it.
+	if sh := s.sh; !s.failing && s.inflight < taskPipeline {
+		for i, w := range sh.waiting {
+			if w.pipelined {
+				sh.waiting = append(sh.waiting[:i], sh.waiting[i+1:]...)
+				s.inflight++
+				w.ch <- grant{s: s}
+				return
+			}
+		}
+	}
 }
 
 // reap stops the task workers idle for longer than the pool's idle time.

@@ -430,6 +430,10 @@ func rayCases() []rayCase {
 
 // runRayBench runs the rows (those whose name contains only, when given) on c.
 func runRayBench(ctx context.Context, c *sdk.Cluster, timing rayTiming, only string, cluster bool, progress func(rayRow)) ([]rayRow, error) {
+	// Ray's calls and gets wait as long as they take; the SDK's calls default to a 30 s
+	// deadline, which a row of 40,000 tasks in one call may pass on a slow cluster.
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
+	defer cancel()
 	job, err := c.Submit(ctx, sdk.JobSpec{Name: fmt.Sprintf("bench-ray-%d", time.Now().UnixNano()%1e6)})
 	if err != nil {
 		return nil, err
