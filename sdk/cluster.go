@@ -384,7 +384,7 @@ func connect(ctx context.Context, s settings, address string) (*Cluster, error) 
 		admit := linkAdmit(who.Principal, client)
 		nc.Server.Authorize = func(_ context.Context, peer *x509.Certificate, _ object.ID) error { return admit(peer) }
 	}
-	nc.Store.Capacity = 256 << 20
+	nc.Store.Capacity = DefaultObjectStore
 	if s.objectCap > 0 {
 		nc.Store.Capacity = s.objectCap
 	}

@@ -195,7 +195,7 @@ func WithCallTimeout(d time.Duration) Option {
 }
 
 // WithObjectStore sizes each machine's object store (shared-memory tier) of the embedded
-// cluster, or the driver's own store on a cluster. Default: 256 MiB per simulated machine.
+// cluster, or the driver's own store on a cluster. Default: DefaultObjectStore (1 GiB) each.
 func WithObjectStore(bytes int64) Option {
 	return func(s *settings) error {
 		if bytes <= 0 {
