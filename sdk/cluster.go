@@ -378,7 +378,7 @@ func connect(ctx context.Context, s settings, address string) (*Cluster, error) 
 	dir := td.path
 	nc := transfer.DefaultNodeConfig()
 	nc.Name, nc.Dir, nc.Token, nc.Logger, nc.ListenAddr = "driver", filepath.Join(dir, "store"), link, s.log.Named("objects"), net.JoinHostPort(host, "0")
-	nc.Store.Directory = objects.NewDirectory(client.Meta())
+	nc.Store.Directory = objects.NewDirectory(client.Meta()).WriteBehind()
 	secureLinks(id, nil, nil, &nc)
 	if id != nil { // a driver of one job serves its store to that job's processes
 		admit := linkAdmit(who.Principal, client)
