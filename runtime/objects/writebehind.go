@@ -66,9 +66,10 @@ func (d *Directory) GroupCommits() (commits, records int) {
 	return d.wb.commits, d.wb.committed
 }
 
-// behind reports whether m's registration goes through the group commit.
+// behind reports whether m's registration goes through the group commit: a put's, of an
+// owned object. A copy's (a pull, a replica) is synchronous, as is every durable one.
 func (d *Directory) behind(m object.Meta) bool {
-	return !m.Durable && !DurableOwner(m.Owner) && len(m.Locations) == 1
+	return m.Put && !m.Durable && !DurableOwner(m.Owner) && len(m.Locations) == 1
 }
 
 // queue queues m's registration (a new record), or reports false when it must be written
@@ -209,8 +210,9 @@ func (d *Directory) commitLoop() {
 
 // commitGroup writes a group's new records in one transaction (each guarded on being
 // absent); when that fails (a record exists: a copy registered it, or it ended), each is
-// registered on its own. A registration the log refuses for now is tried again, with
-// backoff, for up to a minute: the put it belongs to has returned.
+// registered on its own. A registration that fails is tried again, with backoff, up to
+// five times (the put it belongs to has returned; a record never written leaves the
+// object to its own store, and to reconciliation).
 func (d *Directory) commitGroup(group []object.Meta) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -229,9 +231,9 @@ func (d *Directory) commitGroup(group []object.Meta) {
 		return
 	}
 	for _, m := range group {
-		for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		for try, wait := 1, 10*time.Millisecond; ; try, wait = try+1, 2*wait {
 			err := d.register(ctx, m)
-			if err == nil || errors.Is(err, object.ErrOwnerDied) || errors.Is(err, object.ErrFingerprint) || ctx.Err() != nil {
+			if err == nil || errors.Is(err, object.ErrOwnerDied) || errors.Is(err, object.ErrFingerprint) || ctx.Err() != nil || try == 5 {
 				break
 			}
 			select {

@@ -27,7 +27,7 @@ func (g gatedKV) Txn(ctx context.Context, cmp []meta.Compare, ops []meta.Op) (me
 func newID(b byte) object.ID { return object.ID{b} }
 
 func owned(id object.ID) object.Meta {
-	return object.Meta{ID: id, Size: 8, Owner: "driver/d1", Locations: []string{"store-a"}, Refs: 1}
+	return object.Meta{ID: id, Size: 8, Owner: "driver/d1", Locations: []string{"store-a"}, Refs: 1, Put: true}
 }
 
 // TestWriteBehindGroupCommit: a put's registration returns before its record is in the
@@ -94,15 +94,16 @@ func TestWriteBehindGroupCommit(t *testing.T) {
 }
 
 // TestWriteBehindKeepsDurableSynchronous: a durable object's registration (detached, a
-// checkpoint's part, a persisted copy) is in the log when Register returns.
+// checkpoint's part, a persisted copy) and a copy's are in the log when Register returns.
 func TestWriteBehindKeepsDurableSynchronous(t *testing.T) {
 	ctx := context.Background()
 	kv := newMemKV()
 	d := NewDirectory(kv).WriteBehind()
 	for i, m := range []object.Meta{
-		{ID: newID(1), Size: 1, Owner: DetachedOwner, Locations: []string{"a"}},
-		{ID: newID(2), Size: 1, Owner: CheckpointOwnerPrefix + "j/g", Locations: []string{"a"}},
+		{ID: newID(1), Size: 1, Owner: DetachedOwner, Locations: []string{"a"}, Put: true},
+		{ID: newID(2), Size: 1, Owner: CheckpointOwnerPrefix + "j/g", Locations: []string{"a"}, Put: true},
 		{ID: newID(3), Size: 1, Owner: "driver/d1", Locations: []string{"a"}, Durable: true},
+		{ID: newID(4), Size: 1, Owner: "driver/d1", Locations: []string{"b"}}, // a copy pulled
 	} {
 		if err := d.Register(ctx, m); err != nil {
 			t.Fatal(err)
