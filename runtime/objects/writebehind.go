@@ -33,10 +33,10 @@ type writeBehind struct {
 	order     []object.ID
 	inflight  map[object.ID]chan struct{}
 	group     map[object.ID]object.Meta // the group being committed
-	running   bool          // a committer goroutine runs (while anything is queued)
-	drained   chan struct{} // closed when the queue empties; nil while it is empty
-	commits   int           // group commits done (for tests and metrics)
-	committed int           // records committed by them
+	running   bool                      // a committer goroutine runs (while anything is queued)
+	drained   chan struct{}             // closed when the queue empties; nil while it is empty
+	commits   int                       // group commits done (for tests and metrics)
+	committed int                       // records committed by them
 }
 
 // WriteBehind makes the directory register owned objects (not durable, not scratch) by
