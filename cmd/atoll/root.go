@@ -39,6 +39,7 @@ func newRootCmd() *cobra.Command {
 		bench,
 		newAddressCmd(),
 		newAgentCmd(),
+		newCACmd(),
 		newCheckpointsCmd(),
 		newDashboardCmd(),
 		newDemoCmd(),
