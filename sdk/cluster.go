@@ -569,14 +569,28 @@ func (c *conn) agentDo(ctx context.Context, agentURL, path string, body, out any
 }
 
 // freeEverywhere drops an object from every store that holds it.
+// Its record may still be on its way (an owned object's is committed behind its put):
+// this process's stores are flushed first, another's is waited for up to a second.
 func (c *conn) freeEverywhere(ctx context.Context, own objectHost, id object.ID) error {
+	c.flushDirectories(ctx)
 	var rec objects.Record
-	found, err := c.client.Get(ctx, api.TableObjects+id.String(), &rec)
-	if err != nil {
-		return err
-	}
-	if !found {
-		return fmt.Errorf("%w: %s", ErrUnknownObject, id)
+	deadline := time.Now().Add(time.Second)
+	for wait := time.Millisecond; ; wait = min(2*wait, 64*time.Millisecond) {
+		found, err := c.client.Get(ctx, api.TableObjects+id.String(), &rec)
+		if err != nil {
+			return err
+		}
+		if found {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %s", ErrUnknownObject, id)
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return fmt.Errorf("sdk: free %s: %w", id.Short(), ctx.Err())
+		}
 	}
 	var errs []error
 	for _, loc := range rec.Locations {
