@@ -31,6 +31,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/atoll-run/atoll/internal/dockerapi"
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/authz"
@@ -303,7 +304,16 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		if n := removeRunFiles(runDir); n > 0 {
 			log.Info("removed the spec and credential files an earlier run left", zap.Int("files", n))
 		}
-		a.cfg.Launcher = &ExecLauncher{RunDir: runDir, LogDir: filepath.Join(cfg.Dir, "logs"), Binary: a.binary, Credential: a.credential}
+		owner, _ := filepath.Abs(cfg.Dir)
+		el := &ExecLauncher{RunDir: runDir, LogDir: filepath.Join(cfg.Dir, "logs"), Binary: a.binary, Credential: a.credential, Owner: owner}
+		if _, err := os.Stat(dockerapi.DefaultSocket); err == nil { // and the containers it left
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			if n := el.removeContainers(cctx); n > 0 {
+				log.Info("removed the member containers an earlier run left", zap.Int("containers", n))
+			}
+			cancel()
+		}
+		a.cfg.Launcher = el
 	}
 	a.ln, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
