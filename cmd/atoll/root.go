@@ -28,6 +28,7 @@ func newRootCmd() *cobra.Command {
 		newBenchAllReduceCmd(),
 		newBenchFailoverCmd(),
 		newBenchGangStartCmd(),
+		newBenchRayCmd(),
 		newBenchRingPeerCmd(),
 		newBenchMetaCmd(),
 		newBenchSchedCmd(),
