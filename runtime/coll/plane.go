@@ -40,9 +40,13 @@ var (
 	ErrMismatch = errors.New("coll: ranks disagree on the collective")
 )
 
-// Peer is where a gang member runs: its actor system's address.
+// Peer is where a gang member runs: its actor system's address and its machine.
 type Peer struct {
 	Address string
+	// Machine names the machine (its agent) the member runs on. Members of one machine,
+	// each in a process of its own, meet in the machine's shared memory (see Hierarchical);
+	// empty: unknown, the member is only reached through its address.
+	Machine string
 }
 
 // Plane is one process's side of every collective of the gangs it hosts members of.
@@ -205,9 +209,12 @@ func (p *Plane) Join(job, gang string, gen int64, rank int, peers []Peer) (*Memb
 	if rank < 0 || rank >= len(peers) {
 		return nil, fmt.Errorf("%w: rank %d of %d", ErrMismatch, rank, len(peers))
 	}
-	m := p.member(memberKey{job, gang, gen, rank})
+	k := memberKey{job, gang, gen, rank}
+	m := p.member(k)
+	h := p.newHier(k, peers)
 	m.mu.Lock()
 	m.peers = append([]Peer(nil), peers...)
+	m.hier = h
 	m.mu.Unlock()
 	return &Member{m: m}, nil
 }
@@ -218,7 +225,7 @@ func (p *Plane) End(job, gang string, gen int64) {
 	p.mu.Lock()
 	var ms []*member
 	for k, m := range p.members {
-		if k.job == job && k.gang == gang && k.gen == gen {
+		if k.job == job && (k.gang == gang || k.gang == gang+leaderGang) && k.gen == gen {
 			ms = append(ms, m)
 			delete(p.members, k)
 		}
