@@ -12,6 +12,10 @@ import (
 // per machine (its lowest rank), ranked by machine.
 const leaderGang = "\x00machines"
 
+// railGang names the communicator of the members of local index i of every machine (a
+// rail, as NCCL calls it), when every machine has as many members.
+func railGang(i int) string { return fmt.Sprintf("\x00rail%d", i) }
+
 // placement is where a communicator's members run: the ranks on each machine.
 type placement struct {
 	machines  [][]int // ranks of each machine; machines in the order of their lowest rank
@@ -72,6 +76,7 @@ type hier struct {
 	mach, local int
 	name        string
 	leader      *member // this machine's leader communicator (nil unless local == 0 and there are several machines)
+	rail        *member // this member's rail (nil unless there are several machines of as many members)
 
 	mu  sync.Mutex // held for a whole collective: one at a time per member
 	seg *segment
@@ -109,6 +114,21 @@ func (p *Plane) newHier(k memberKey, peers []Peer) *hier {
 		lm.peers = leaders
 		lm.mu.Unlock()
 		h.leader = lm
+	}
+	uniform := len(pl.machines) > 1
+	for _, rs := range pl.machines {
+		uniform = uniform && len(rs) == len(pl.machines[0])
+	}
+	if uniform {
+		rail := make([]Peer, len(pl.machines))
+		for i, rs := range pl.machines {
+			rail[i] = peers[rs[h.local]]
+		}
+		rm := p.member(memberKey{k.job, k.gang + railGang(h.local), k.gen, g})
+		rm.mu.Lock()
+		rm.peers = rail
+		rm.mu.Unlock()
+		h.rail = rm
 	}
 	return h
 }
@@ -210,8 +230,9 @@ func addInto(dst []float32, srcs ...[]float32) {
 }
 
 // allReduce: every member copies its vector into its slot; each reduces 1/L of the
-// vector over the slots into slot 0; the leader AllReduces slot 0 with the other
-// machines' leaders; every member copies slot 0 back.
+// vector over the slots into slot 0; that 1/L is AllReduced between machines by the
+// member's rail (machines of as many members), or slot 0 as a whole by the machine's
+// leader with the other machines' leaders; every member copies slot 0 back.
 func (h *hier) allReduce(ctx context.Context, m *member, data []float32) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -232,11 +253,21 @@ func (h *hier) allReduce(ctx context.Context, m *member, data []float32) error {
 		srcs = append(srcs, slot(j)[lo:hi])
 	}
 	addInto(slot(0)[lo:hi], srcs...)
-	if err := seg.barrier(ctx, m.closed); err != nil {
-		return err
-	}
-	if err := h.leaderDo(seg, func(l *member) error { return l.allReduce(ctx, slot(0)) }); err != nil {
-		return err
+	if h.rail != nil {
+		// Every member AllReduces its own 1/L with the members of its rank on the
+		// other machines: L rings between machines at once, each on 1/L of the bytes,
+		// and no barrier between the sum and the ring.
+		if err := h.rail.allReduce(ctx, slot(0)[lo:hi]); err != nil {
+			seg.broken = true
+			return fmt.Errorf("between machines: %w", err)
+		}
+	} else {
+		if err := seg.barrier(ctx, m.closed); err != nil {
+			return err
+		}
+		if err := h.leaderDo(seg, func(l *member) error { return l.allReduce(ctx, slot(0)) }); err != nil {
+			return err
+		}
 	}
 	if err := seg.barrier(ctx, m.closed); err != nil {
 		return err

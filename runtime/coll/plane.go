@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -225,7 +226,7 @@ func (p *Plane) End(job, gang string, gen int64) {
 	p.mu.Lock()
 	var ms []*member
 	for k, m := range p.members {
-		if k.job == job && (k.gang == gang || k.gang == gang+leaderGang) && k.gen == gen {
+		if k.job == job && (k.gang == gang || strings.HasPrefix(k.gang, gang+"\x00")) && k.gen == gen {
 			ms = append(ms, m)
 			delete(p.members, k)
 		}
