@@ -214,14 +214,24 @@ func (h *hier) leaderDo(seg *segment, f func(l *member) error) error {
 	return nil
 }
 
-// addInto adds every src into dst, a cache-sized block at a time.
+// addInto adds every src into dst, a cache-sized block at a time, three sources a pass.
 func addInto(dst []float32, srcs ...[]float32) {
 	const block = 4096
 	for lo := 0; lo < len(dst); lo += block {
 		hi := min(lo+block, len(dst))
 		d := dst[lo:hi]
-		for _, s := range srcs {
+		rest := srcs
+		for len(rest) >= 3 {
+			a, b, c := rest[0][lo:hi], rest[1][lo:hi], rest[2][lo:hi]
+			a, b, c = a[:len(d)], b[:len(d)], c[:len(d)]
+			for i := range d {
+				d[i] += a[i] + b[i] + c[i]
+			}
+			rest = rest[3:]
+		}
+		for _, s := range rest {
 			s := s[lo:hi]
+			s = s[:len(d)]
 			for i := range d {
 				d[i] += s[i]
 			}
@@ -386,7 +396,7 @@ func (h *hier) reduceScatter(ctx context.Context, m *member, data []float32, sha
 }
 
 // broadcast: the root copies its vector into the packed area, the leaders broadcast it
-// from the root's machine, every other member copies it out.
+// from the root's machine (a pipelined chain), every other member copies it out.
 func (h *hier) broadcast(ctx context.Context, m *member, root int, data []float32) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -404,7 +414,7 @@ func (h *hier) broadcast(ctx context.Context, m *member, root int, data []float3
 	}
 	rootMachine := h.pl.machineOf[root]
 	if err := h.leaderDo(seg, func(l *member) error {
-		return l.broadcast(ctx, rootMachine, packed, evenBounds(n, len(h.pl.machines)))
+		return l.broadcast(ctx, rootMachine, packed)
 	}); err != nil {
 		return err
 	}

@@ -156,7 +156,8 @@ func (m *member) allReduce(ctx context.Context, data []float32) error {
 	return m.drain(ctx, n, "allreduce")
 }
 
-// drain waits until our last sends were read: only then may the caller change data again.
+// drain waits until our last sends (chunks -1 to n-1) were read: only then may the
+// caller change data again.
 func (m *member) drain(ctx context.Context, n int, what string) error {
 	for k := wholeVector; k < n; k++ {
 		if err := m.waitFree(ctx, k); err != nil {

@@ -5,8 +5,11 @@ import (
 	"fmt"
 )
 
-// opBarrier is Barrier's op code in a machine's segment.
-const opBarrier = 14
+// opBarrier is Barrier's op code in a machine's segment; opChain a broadcast's pieces.
+const (
+	opBarrier = 14
+	opChain   = 15
+)
 
 // Shard is the part of a vector of length floats that rank owns in AllGather and
 // ReduceScatter: the vector cut into Size nearly equal, consecutive parts, rank's the
@@ -50,7 +53,7 @@ func (mm *Member) Broadcast(ctx context.Context, root int, data []float32) error
 	if h := m.hierFor(4 * len(data)); h != nil {
 		return m.wrap("broadcast", h.broadcast(ctx, m, root, data))
 	}
-	return m.wrap("broadcast", m.broadcast(ctx, root, data, evenBounds(len(data), n)))
+	return m.wrap("broadcast", m.broadcast(ctx, root, data))
 }
 
 // Barrier returns once every member has called it. Placement and failures as AllReduce.
@@ -94,34 +97,36 @@ func (m *member) reduceScatter(ctx context.Context, data []float32, bnd func(int
 	return m.drain(ctx, n, "reducescatter")
 }
 
-// broadcast is a scatter from the root (chunk bnd(r) to rank r) then a ring all-gather:
-// the root sends the vector once, every link carries it about twice (van de Geijn).
-func (m *member) broadcast(ctx context.Context, root int, data []float32, bnd func(int) (int, int)) error {
+// BroadcastPiece is the size of one piece of a broadcast's pipeline: each member
+// forwards a piece to the next as soon as it has it.
+const BroadcastPiece = 4 << 20
+
+// broadcast is a pipelined chain from the root around the ring: the vector in pieces of
+// about BroadcastPiece bytes, each forwarded by every member as soon as it arrived, so
+// every link carries the vector once and the time is one vector's plus a piece's per hop.
+func (m *member) broadcast(ctx context.Context, root int, data []float32) error {
 	n, seq := m.next()
 	if n <= 1 {
 		return nil
 	}
 	rank := m.key.rank
-	k := stepKey{seq, opScatter, 0}
-	if rank == root {
-		for r := 0; r < n; r++ {
-			if r == root {
-				continue
-			}
-			lo, hi := bnd(r)
-			if err := m.send(ctx, r, k, data, lo, hi, r); err != nil {
-				return fmt.Errorf("scatter to rank %d: %w", r, err)
+	mod := func(x int) int { return ((x % n) + n) % n }
+	rel, right, left := mod(rank-root), mod(rank+1), mod(rank-1)
+	pieces := max(1, min(len(data), (4*len(data)+BroadcastPiece-1)/BroadcastPiece))
+	var scratch []float32
+	for k := 0; k < pieces; k++ {
+		lo, hi := bounds(len(data), pieces, k)
+		key := stepKey{seq, opChain, k}
+		if rel != 0 {
+			if err := m.take(ctx, left, key, data, lo, hi, k, false, &scratch); err != nil {
+				return fmt.Errorf("piece %d: %w", k, err)
 			}
 		}
-	} else {
-		var scratch []float32
-		lo, hi := bnd(rank)
-		if err := m.take(ctx, root, k, data, lo, hi, rank, false, &scratch); err != nil {
-			return fmt.Errorf("scatter from rank %d: %w", root, err)
+		if rel != n-1 {
+			if err := m.send(ctx, right, key, data, lo, hi, k); err != nil {
+				return fmt.Errorf("piece %d: send to rank %d: %w", k, right, err)
+			}
 		}
 	}
-	if err := m.ring(ctx, seq, n, data, bnd, opNone, opBcastAG); err != nil {
-		return err
-	}
-	return m.drain(ctx, n, "broadcast")
+	return m.drain(ctx, pieces, "broadcast")
 }
