@@ -214,6 +214,25 @@ func (h *hier) leaderDo(seg *segment, f func(l *member) error) error {
 	return nil
 }
 
+// railDo runs f on the member's rail; a failure breaks the segment, as leaderDo's.
+func (h *hier) railDo(seg *segment, f func(l *member) error) error {
+	if err := f(h.rail); err != nil {
+		seg.broken = true
+		return fmt.Errorf("between machines: %w", err)
+	}
+	return nil
+}
+
+// railBounds are the chunks of the member's rail in the packed area: chunk g is the
+// shard of the member of this local index on machine g.
+func (h *hier) railBounds(shard func(int) (int, int), at func(int) int) func(int) (int, int) {
+	return func(g int) (int, int) {
+		r := h.pl.machines[g][h.local]
+		lo, hi := shard(r)
+		return at(r), at(r) + hi - lo
+	}
+}
+
 // addInto adds every src into dst, a cache-sized block at a time, three sources a pass.
 func addInto(dst []float32, srcs ...[]float32) {
 	const block = 4096
@@ -267,9 +286,8 @@ func (h *hier) allReduce(ctx context.Context, m *member, data []float32) error {
 		// Every member AllReduces its own 1/L with the members of its rank on the
 		// other machines: L rings between machines at once, each on 1/L of the bytes,
 		// and no barrier between the sum and the ring.
-		if err := h.rail.allReduce(ctx, slot(0)[lo:hi]); err != nil {
-			seg.broken = true
-			return fmt.Errorf("between machines: %w", err)
+		if err := h.railDo(seg, func(l *member) error { return l.allReduce(ctx, slot(0)[lo:hi]) }); err != nil {
+			return err
 		}
 	} else {
 		if err := seg.barrier(ctx, m.closed); err != nil {
@@ -330,7 +348,13 @@ func (h *hier) allGather(ctx context.Context, m *member, data []float32, shard f
 	if err := h.arrive(ctx, m, seg, opAG, n); err != nil {
 		return err
 	}
-	if err := h.leaderDo(seg, func(l *member) error { return l.allGather(ctx, packed, blockBounds(start)) }); err != nil {
+	if h.rail != nil {
+		// Every member all-gathers its shard with its rail: its rail's shards land in
+		// the packed area straight from the other machines.
+		if err := h.railDo(seg, func(l *member) error { return l.allGather(ctx, packed, h.railBounds(shard, at)) }); err != nil {
+			return err
+		}
+	} else if err := h.leaderDo(seg, func(l *member) error { return l.allGather(ctx, packed, blockBounds(start)) }); err != nil {
 		return err
 	}
 	if err := seg.barrier(ctx, m.closed); err != nil {
@@ -364,6 +388,27 @@ func (h *hier) reduceScatter(ctx context.Context, m *member, data []float32, sha
 		return err
 	}
 	start, at := h.blocks(shard)
+	if h.rail != nil {
+		// Every member sums, over the slots, the shards of its rail (its own local index
+		// on every machine), reduce-scatters them with its rail, and takes its own.
+		srcs := make([][]float32, L-1)
+		for _, rs := range h.pl.machines {
+			r := rs[h.local]
+			slo, shi := shard(r)
+			p := at(r)
+			copy(packed[p:p+shi-slo], slot(0)[slo:shi])
+			for j := 1; j < L; j++ {
+				srcs[j-1] = slot(j)[slo:shi]
+			}
+			addInto(packed[p:p+shi-slo], srcs...)
+		}
+		if err := h.railDo(seg, func(l *member) error { return l.reduceScatter(ctx, packed, h.railBounds(shard, at)) }); err != nil {
+			return err
+		}
+		lo, hi := shard(m.key.rank)
+		copy(data[lo:hi], packed[at(m.key.rank):])
+		return seg.barrier(ctx, m.closed)
+	}
 	plo, phi := bounds(n, L, h.local)
 	srcs := make([][]float32, L-1)
 	for r := range h.pl.pos {
@@ -413,7 +458,13 @@ func (h *hier) broadcast(ctx context.Context, m *member, root int, data []float3
 		return err
 	}
 	rootMachine := h.pl.machineOf[root]
-	if err := h.leaderDo(seg, func(l *member) error {
+	if h.rail != nil {
+		// Every member broadcasts its 1/L of the vector along its rail.
+		lo, hi := bounds(n, len(h.pl.machines[h.mach]), h.local)
+		if err := h.railDo(seg, func(l *member) error { return l.broadcast(ctx, rootMachine, packed[lo:hi]) }); err != nil {
+			return err
+		}
+	} else if err := h.leaderDo(seg, func(l *member) error {
 		return l.broadcast(ctx, rootMachine, packed)
 	}); err != nil {
 		return err
