@@ -335,7 +335,12 @@ func (h *hosted) collective(ctx context.Context, f func(m *coll.Member) error) e
 	if err != nil {
 		return err
 	}
-	if err := f(m); err != nil {
+	return h.collErr(ctx, f(m))
+}
+
+// collErr says ErrStale for a collective's error when the gang's generation ended under it.
+func (h *hosted) collErr(ctx context.Context, err error) error {
+	if err != nil {
 		if errors.Is(err, coll.ErrAborted) {
 			return fmt.Errorf("%w: %w", ErrStale, err)
 		}

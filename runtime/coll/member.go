@@ -56,6 +56,7 @@ type member struct {
 	mu    sync.Mutex
 	peers []Peer
 	hier  *hier // nil: the flat ring only
+	q     queue // asynchronous collectives
 	seq   int64
 	busy  map[int]chan struct{} // chunk index -> closed when its last send was read
 	acks  map[transfer.Key]func()
@@ -125,6 +126,13 @@ const wholeVector = -1
 // doubling and larger ones the ring (see SmallVector). It fails with ErrAborted when the
 // generation ends, and with ctx's error (naming the rank it waits for) when ctx ends.
 func (mm *Member) AllReduce(ctx context.Context, data []float32) error {
+	if err := mm.m.q.quiesce(ctx); err != nil {
+		return err
+	}
+	return mm.allReduce(ctx, data)
+}
+
+func (mm *Member) allReduce(ctx context.Context, data []float32) error {
 	m := mm.m
 	if h := m.hierFor(4 * len(data)); h != nil {
 		return m.wrap("allreduce", h.allReduce(ctx, m, data))

@@ -22,6 +22,9 @@ func (mm *Member) Shard(length, rank int) (lo, hi int) { return bounds(length, m
 // as AllReduce.
 func (mm *Member) AllGather(ctx context.Context, data []float32) error {
 	m := mm.m
+	if err := m.q.quiesce(ctx); err != nil {
+		return err
+	}
 	shard := evenBounds(len(data), mm.Size())
 	if h := m.hierFor(4 * len(data)); h != nil {
 		return m.wrap("allgather", h.allGather(ctx, m, data, shard))
@@ -35,6 +38,9 @@ func (mm *Member) AllGather(ctx context.Context, data []float32) error {
 // the same length. Placement and failures as AllReduce.
 func (mm *Member) ReduceScatter(ctx context.Context, data []float32) error {
 	m := mm.m
+	if err := m.q.quiesce(ctx); err != nil {
+		return err
+	}
 	shard := evenBounds(len(data), mm.Size())
 	if h := m.hierFor(4 * len(data)); h != nil {
 		return m.wrap("reducescatter", h.reduceScatter(ctx, m, data, shard))
@@ -46,6 +52,9 @@ func (mm *Member) ReduceScatter(ctx context.Context, data []float32) error {
 // with the same root and length. Placement and failures as AllReduce.
 func (mm *Member) Broadcast(ctx context.Context, root int, data []float32) error {
 	m := mm.m
+	if err := m.q.quiesce(ctx); err != nil {
+		return err
+	}
 	n := mm.Size()
 	if root < 0 || root >= n {
 		return fmt.Errorf("%w: broadcast from rank %d of %d", ErrMismatch, root, n)
@@ -59,6 +68,9 @@ func (mm *Member) Broadcast(ctx context.Context, root int, data []float32) error
 // Barrier returns once every member has called it. Placement and failures as AllReduce.
 func (mm *Member) Barrier(ctx context.Context) error {
 	m := mm.m
+	if err := m.q.quiesce(ctx); err != nil {
+		return err
+	}
 	if h := m.hierFor(0); h != nil {
 		return m.wrap("barrier", h.barrier(ctx, m))
 	}

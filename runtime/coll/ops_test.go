@@ -92,7 +92,50 @@ func scenario(p *Plane, gang string, rank int, peers []Peer) error {
 			return err
 		}
 	}
-	return nil
+	return buckets(ctx, m, rank, n)
+}
+
+// bucketSizes are gradients of a model, layer by layer: several to a bucket, one larger
+// than a bucket, and a last bucket flushed half full.
+var bucketSizes = []int{10, 300, 5000, 70000, 3, 200000, 7}
+
+// buckets AllReduces gradients through asynchronous buckets, a synchronous AllReduce
+// started behind them, and checks every result.
+func buckets(ctx context.Context, m *Member, rank, n int) error {
+	b := m.Buckets(256 << 10)
+	grads := make([][]float32, len(bucketSizes))
+	handles := make([]*Handle, len(bucketSizes))
+	for i, size := range bucketSizes {
+		grads[i] = vector(rank+i, size)
+		handles[i] = b.Add(ctx, grads[i])
+	}
+	b.Flush(ctx)
+	// A synchronous collective waits for the buckets before it (every rank started them
+	// in the same order), so its result is the same whatever the buckets' progress.
+	sync := vector(rank, 1000)
+	if err := m.AllReduce(ctx, sync); err != nil {
+		return err
+	}
+	for i, h := range handles {
+		select {
+		case <-h.Done():
+		default:
+			return fmt.Errorf("rank %d: bucket of gradient %d not done after the AllReduce behind it", rank, i)
+		}
+		if err := h.Wait(ctx); err != nil {
+			return err
+		}
+		w := make([]float32, bucketSizes[i])
+		for r := 0; r < n; r++ {
+			for j, x := range vector(r+i, bucketSizes[i]) {
+				w[j] += x
+			}
+		}
+		if err := equal(grads[i], w); err != nil {
+			return fmt.Errorf("rank %d bucketed gradient %d: %w", rank, i, err)
+		}
+	}
+	return equal(sync, want(n, 1000))
 }
 
 func TestCollectivesInProcess(t *testing.T) {
