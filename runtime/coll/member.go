@@ -355,14 +355,15 @@ func (m *member) send(ctx context.Context, to int, k stepKey, data []float32, lo
 		p.member(memberKey{m.key.job, m.key.gang, m.key.gen, to}).deliver(in)
 		return nil
 	}
-	srv, addr, err := p.serverAddr()
+	tr, err := p.transport()
 	if err != nil {
 		release()
 		return err
 	}
-	key := srv.RegisterRegion(chunkRegion{b: f32bytes(data[lo:hi])})
+	key := tr.Register(chunkRegion{b: f32bytes(data[lo:hi])})
+	addr := tr.Addr()
 	m.mu.Lock()
-	m.acks[key] = func() { srv.DeregisterRegion(key); release() }
+	m.acks[key] = func() { tr.Deregister(key); release() }
 	aborted := isClosed(m.closed)
 	m.mu.Unlock()
 	if aborted {
@@ -439,7 +440,7 @@ func (m *member) read(ctx context.Context, c *collpb.Chunk, dst []float32) error
 	copy(k[:], c.Key)
 	b := f32bytes(dst)
 	if len(b) <= readPiece {
-		return conn.ReadRange(ctx, k, 0, b)
+		return conn.Read(ctx, k, 0, b)
 	}
 	sem := make(chan struct{}, readDepth)
 	errs := make(chan error, (len(b)+readPiece-1)/readPiece)
@@ -451,7 +452,7 @@ func (m *member) read(ctx context.Context, c *collpb.Chunk, dst []float32) error
 		go func(off, end int) {
 			defer wg.Done()
 			defer func() { <-sem }()
-			if err := conn.ReadRange(ctx, k, int64(off), b[off:end]); err != nil {
+			if err := conn.Read(ctx, k, int64(off), b[off:end]); err != nil {
 				errs <- err
 			}
 		}(off, end)

@@ -60,10 +60,8 @@ type Plane struct {
 	serverTLS, clientTLS *tls.Config
 
 	mu      sync.Mutex
-	server  *transfer.Server
-	addr    string
-	client  *transfer.Client
-	conns   map[string]*transfer.Conn
+	tr      transfer.Transport
+	conns   map[string]transfer.Endpoint
 	members map[memberKey]*member
 	closed  bool
 }
@@ -84,7 +82,7 @@ func NewPlane(sys *actors.System, token []byte, listenHost string, log *zap.Logg
 		listenHost = "127.0.0.1"
 	}
 	p := &Plane{sys: sys, log: log.Named("coll"), token: token, listen: net.JoinHostPort(listenHost, "0"),
-		conns: map[string]*transfer.Conn{}, members: map[memberKey]*member{}}
+		conns: map[string]transfer.Endpoint{}, members: map[memberKey]*member{}}
 	if err := sys.AddProcess(RouterID, &router{p: p}); err != nil {
 		return nil, fmt.Errorf("coll: %w", err)
 	}
@@ -99,7 +97,7 @@ func (p *Plane) UseTLS(server, client *tls.Config) {
 	p.serverTLS, p.clientTLS = server, client
 }
 
-// Close ends every collective of this process and stops its transfer server.
+// Close ends every collective of this process and stops its transport.
 func (p *Plane) Close() error {
 	p.mu.Lock()
 	p.closed = true
@@ -107,8 +105,8 @@ func (p *Plane) Close() error {
 	for _, m := range p.members {
 		ms = append(ms, m)
 	}
-	srv, conns := p.server, p.conns
-	p.conns = map[string]*transfer.Conn{}
+	tr, conns := p.tr, p.conns
+	p.conns = map[string]transfer.Endpoint{}
 	p.mu.Unlock()
 	for _, m := range ms {
 		m.abort()
@@ -116,10 +114,10 @@ func (p *Plane) Close() error {
 	for _, c := range conns {
 		_ = c.Close()
 	}
-	if srv != nil {
+	if tr != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		return srv.Shutdown(ctx)
+		return tr.Shutdown(ctx)
 	}
 	return nil
 }
@@ -130,48 +128,49 @@ func (noSource) OpenRegion(context.Context, object.ID) (transfer.Region, error) 
 	return nil, fmt.Errorf("coll: the collective server serves registered chunks only: %w", object.ErrNotFound)
 }
 
-// serverAddr starts the plane's transfer server on first use and returns its address.
-func (p *Plane) serverAddr() (*transfer.Server, string, error) {
+// transport returns the plane's transport, started on first use: the transfer plane's
+// TCP transport (a server of registered chunks listening on the plane's host, and a
+// client), mutual TLS after UseTLS. Chunks are registered on it and read through it
+// (transfer.Transport, the verbs-shaped seam a verbs backend would implement).
+func (p *Plane) transport() (transfer.Transport, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.server != nil {
-		return p.server, p.addr, nil
+	if p.tr != nil {
+		return p.tr, nil
 	}
-	cfg := transfer.DefaultServerConfig()
-	cfg.Token, cfg.Logger, cfg.TLS = p.token, p.log, p.serverTLS
-	srv, err := transfer.NewServer(cfg, noSource{})
+	scfg := transfer.DefaultServerConfig()
+	scfg.Token, scfg.Logger, scfg.TLS = p.token, p.log, p.serverTLS
+	srv, err := transfer.NewServer(scfg, noSource{})
 	if err != nil {
-		return nil, "", err
+		return nil, err
+	}
+	ccfg := transfer.DefaultClientConfig()
+	ccfg.Token, ccfg.Logger, ccfg.TLS = p.token, p.log, p.clientTLS
+	cl, err := transfer.NewClient(ccfg)
+	if err != nil {
+		return nil, err
 	}
 	addr, err := srv.Listen(p.listen)
 	if err != nil {
-		return nil, "", fmt.Errorf("coll: listen %s: %w", p.listen, err)
+		return nil, fmt.Errorf("coll: listen %s: %w", p.listen, err)
 	}
-	p.server, p.addr = srv, addr
-	return srv, addr, nil
+	p.tr = transfer.NewTCPTransport(srv, addr, cl)
+	return p.tr, nil
 }
 
-// conn returns a pooled authenticated connection to a peer's transfer server.
-func (p *Plane) conn(ctx context.Context, addr string) (*transfer.Conn, error) {
+// conn returns a pooled endpoint to a peer's transport.
+func (p *Plane) conn(ctx context.Context, addr string) (transfer.Endpoint, error) {
 	p.mu.Lock()
 	c := p.conns[addr]
+	p.mu.Unlock()
 	if c != nil && !c.Closed() {
-		p.mu.Unlock()
 		return c, nil
 	}
-	if p.client == nil {
-		cfg := transfer.DefaultClientConfig()
-		cfg.Token, cfg.Logger, cfg.TLS = p.token, p.log, p.clientTLS
-		cl, err := transfer.NewClient(cfg)
-		if err != nil {
-			p.mu.Unlock()
-			return nil, err
-		}
-		p.client = cl
+	tr, err := p.transport()
+	if err != nil {
+		return nil, err
 	}
-	cl := p.client
-	p.mu.Unlock()
-	c, err := cl.Dial(ctx, addr)
+	c, err = tr.Dial(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
