@@ -179,8 +179,21 @@ func newBenchCollectivesCmd() *cobra.Command {
 				res[op] = map[string]any{"atoll_s": a, "tcp_s": b, "tcp_plain_s": p, "ratio": b / a, "ratio_plain": p / a,
 					"atoll_samples_s": slowest[op], "tcp_samples_s": base[op], "tcp_plain_samples_s": plain[op]}
 			}
-			out := map[string]any{"tls": !insecure, "ranks": ranks, "machines": len(g.Placement().Machines), "bytes": bytes,
-				"collectives": res, "target_ratio": 0.9}
+			// The baselines place rank r on machine r*machines/ranks: say whether the gang's
+			// placement has the same shape.
+			pl := g.Placement()
+			idx := map[string]int{}
+			same := len(pl.Machines) == machines
+			var machineOf []int
+			for r, mem := range pl.Members {
+				if _, ok := idx[mem.Machine]; !ok {
+					idx[mem.Machine] = len(idx)
+				}
+				machineOf = append(machineOf, idx[mem.Machine])
+				same = same && idx[mem.Machine] == r*machines/ranks
+			}
+			out := map[string]any{"tls": !insecure, "ranks": ranks, "machines": len(pl.Machines), "bytes": bytes,
+				"collectives": res, "target_ratio": 0.9, "machine_of_rank": machineOf, "same_shape_as_baseline": same}
 			for _, op := range benchCollectives {
 				out[op+"_ratio"] = res[op].(map[string]any)["ratio"]
 			}

@@ -1,12 +1,25 @@
-// Package coll runs a gang's collectives (ring AllReduce) between its members, wherever
-// they live: members in one process hand each other their vectors' chunks in memory (the
-// receiver reads the sender's slice, no copy); members in other processes read them over
-// the transfer plane, RDMA-style: the sender registers the chunk's memory as a region on
-// its process's transfer server and tells the receiver its key; the receiver reads it
-// straight into its own vector (a checksummed read) and acknowledges, and only then may the
-// sender write that chunk again. The messages that say "a chunk is ready" go to each
-// process's router (a process registered beside the actors, not an actor mailbox, so they
-// are taken while the member is busy in the call that runs the collective).
+// Package coll runs a gang's collectives (AllReduce, its asynchronous and bucketed
+// forms, AllGather, ReduceScatter, Broadcast, Barrier) between its members, wherever they
+// live, choosing the algorithm from the placement (topology.HostAllReduceTime):
+//
+//   - members in one process hand each other their vectors' chunks in memory (the
+//     receiver reads the sender's slice, no copy);
+//   - members of one machine, a process each, meet in a shared-memory segment of the
+//     machine (/dev/shm, a futex barrier in its header): no socket, no encryption;
+//   - between machines, one ring per rail (the members of one local index on every
+//     machine; a leader per machine when machines hold different numbers) over the
+//     transfer plane, RDMA-style: the sender registers the chunk's memory as a region on
+//     its transfer.Transport and tells the receiver its key; the receiver reads it
+//     straight into its own vector (a checksummed read, inside mutual TLS) and
+//     acknowledges, and only then may the sender write that chunk again.
+//
+// The messages that say "a chunk is ready" go to each process's router (a process
+// registered beside the actors, not an actor mailbox, so they are taken while the member
+// is busy in the call that runs the collective).
+//
+//	m, _ := plane.Join(job, gang, gen, rank, peers) // peers: addresses and machines by rank
+//	err := m.AllReduce(ctx, grads)
+//	h := m.AllReduceAsync(ctx, bucket) // ... compute ...; h.Wait(ctx)
 package coll
 
 import (
