@@ -348,24 +348,33 @@ func (h *hier) allGather(ctx context.Context, m *member, data []float32, shard f
 	if err := h.arrive(ctx, m, seg, opAG, n); err != nil {
 		return err
 	}
+	copyOut := func(local bool) {
+		for r := range h.pl.pos {
+			if r != m.key.rank && (h.pl.machineOf[r] == h.mach) == local {
+				lo, hi := shard(r)
+				copy(data[lo:hi], packed[at(r):])
+			}
+		}
+	}
+	// This machine's shards are all in: copy them out while the other machines' travel
+	// (the collective between machines writes only their places in the packed area).
+	done := make(chan struct{})
+	go func() { defer close(done); copyOut(true) }()
 	if h.rail != nil {
 		// Every member all-gathers its shard with its rail: its rail's shards land in
 		// the packed area straight from the other machines.
-		if err := h.railDo(seg, func(l *member) error { return l.allGather(ctx, packed, h.railBounds(shard, at)) }); err != nil {
-			return err
-		}
-	} else if err := h.leaderDo(seg, func(l *member) error { return l.allGather(ctx, packed, blockBounds(start)) }); err != nil {
+		err = h.railDo(seg, func(l *member) error { return l.allGather(ctx, packed, h.railBounds(shard, at)) })
+	} else {
+		err = h.leaderDo(seg, func(l *member) error { return l.allGather(ctx, packed, blockBounds(start)) })
+	}
+	<-done
+	if err != nil {
 		return err
 	}
 	if err := seg.barrier(ctx, m.closed); err != nil {
 		return err
 	}
-	for r := range h.pl.pos {
-		if r != m.key.rank {
-			lo, hi := shard(r)
-			copy(data[lo:hi], packed[at(r):])
-		}
-	}
+	copyOut(false)
 	return seg.barrier(ctx, m.closed)
 }
 
@@ -458,21 +467,30 @@ func (h *hier) broadcast(ctx context.Context, m *member, root int, data []float3
 		return err
 	}
 	rootMachine := h.pl.machineOf[root]
+	// On the root's machine the vector is all in: copy it out while it travels to the
+	// other machines (which only read it here).
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if h.mach == rootMachine && m.key.rank != root {
+			copy(data, packed)
+		}
+	}()
 	if h.rail != nil {
 		// Every member broadcasts its 1/L of the vector along its rail.
 		lo, hi := bounds(n, len(h.pl.machines[h.mach]), h.local)
-		if err := h.railDo(seg, func(l *member) error { return l.broadcast(ctx, rootMachine, packed[lo:hi]) }); err != nil {
-			return err
-		}
-	} else if err := h.leaderDo(seg, func(l *member) error {
-		return l.broadcast(ctx, rootMachine, packed)
-	}); err != nil {
+		err = h.railDo(seg, func(l *member) error { return l.broadcast(ctx, rootMachine, packed[lo:hi]) })
+	} else {
+		err = h.leaderDo(seg, func(l *member) error { return l.broadcast(ctx, rootMachine, packed) })
+	}
+	<-done
+	if err != nil {
 		return err
 	}
 	if err := seg.barrier(ctx, m.closed); err != nil {
 		return err
 	}
-	if m.key.rank != root {
+	if h.mach != rootMachine {
 		copy(data, packed)
 	}
 	return seg.barrier(ctx, m.closed)
