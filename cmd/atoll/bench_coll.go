@@ -102,7 +102,7 @@ func (collWorker) Receive(c *sdk.Context, msg any) (any, error) {
 
 func newBenchCollectivesCmd() *cobra.Command {
 	var dir string
-	var ranks, agents, iters int
+	var ranks, agents, iters, rounds int
 	var mib float64
 	var asJSON, insecure bool
 	cmd := &cobra.Command{
@@ -113,15 +113,15 @@ func newBenchCollectivesCmd() *cobra.Command {
 			if sdk.InWorker() { // an agent started this binary as a benchmark worker: serve it
 				os.Exit(sdk.WorkerMain(benchKinds()...))
 			}
-			if ranks < 2 || ranks > 64 || iters < 1 || iters > 1000 || !(mib > 0 && mib <= 4096) || agents < 1 || agents > 64 {
-				return fmt.Errorf("bench collectives: --ranks %d (2..64), --iters %d (1..1000), --mib %v (0..4096], --agents %d (1..64)", ranks, iters, mib, agents)
+			if ranks < 2 || ranks > 64 || iters < 1 || iters > 1000 || rounds < 1 || rounds > 100 || !(mib > 0 && mib <= 4096) || agents < 1 || agents > 64 {
+				return fmt.Errorf("bench collectives: --ranks %d (2..64), --iters %d (1..1000), --rounds %d (1..100), --mib %v (0..4096], --agents %d (1..64)", ranks, iters, rounds, mib, agents)
 			}
 			floats := int(mib * (1 << 20) / 4)
 			bytes := float64(4 * floats)
 			ctx := cmd.Context()
 			machines := min(agents, ranks)
-			// The baselines first: ranks processes in a ring of TCP connections, mutual
-			// TLS on the links between machines; then all plain.
+			// The baselines: ranks processes in a ring of TCP connections, mutual TLS on
+			// the links between machines (a throwaway CA), or all plain.
 			tlsDir, err := os.MkdirTemp("", "atoll-bench-tls-")
 			if err != nil {
 				return err
@@ -129,14 +129,6 @@ func newBenchCollectivesCmd() *cobra.Command {
 			defer os.RemoveAll(tlsDir)
 			if err := throwawayIdentity(tlsDir); err != nil {
 				return err
-			}
-			base, err := collRing(ctx, ranks, machines, floats, iters, tlsDir)
-			if err != nil {
-				return fmt.Errorf("bench collectives: the TCP ring with TLS between machines: %w", err)
-			}
-			plain, err := collRing(ctx, ranks, machines, floats, iters, "")
-			if err != nil {
-				return fmt.Errorf("bench collectives: the plain TCP ring: %w", err)
 			}
 			c, _, cleanup, err := benchCluster(ctx, dir, agents, "dgx-h100", insecure)
 			if err != nil {
@@ -154,23 +146,42 @@ func newBenchCollectivesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fs := make([]*sdk.Future[map[string][]float64], ranks)
-			for r := range fs {
-				fs[r] = sdk.CallAsync[map[string][]float64](ctx, c, g.Worker(r), collReq{Floats: floats, Iters: iters})
-			}
-			slowest := map[string][]float64{}
-			for _, op := range benchCollectives {
-				slowest[op] = make([]float64, iters)
-			}
-			for r, f := range fs {
-				ts, err := f.Await(ctx)
+			// Rounds alternate the three, so that a load that comes and goes on a shared
+			// machine weighs on each alike: the ring with TLS between machines, the plain
+			// ring, Atoll's gang (its cluster idles during the baselines' turns).
+			base, plain, slowest := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
+			for round := 0; round < rounds; round++ {
+				b, err := collRing(ctx, ranks, machines, floats, iters, tlsDir)
 				if err != nil {
-					return fmt.Errorf("bench collectives: rank %d: %w", r, err)
+					return fmt.Errorf("bench collectives: the TCP ring with TLS between machines: %w", err)
+				}
+				p, err := collRing(ctx, ranks, machines, floats, iters, "")
+				if err != nil {
+					return fmt.Errorf("bench collectives: the plain TCP ring: %w", err)
+				}
+				fs := make([]*sdk.Future[map[string][]float64], ranks)
+				for r := range fs {
+					fs[r] = sdk.CallAsync[map[string][]float64](ctx, c, g.Worker(r), collReq{Floats: floats, Iters: iters})
+				}
+				a := map[string][]float64{}
+				for _, op := range benchCollectives {
+					a[op] = make([]float64, iters)
+				}
+				for r, f := range fs {
+					ts, err := f.Await(ctx)
+					if err != nil {
+						return fmt.Errorf("bench collectives: rank %d: %w", r, err)
+					}
+					for _, op := range benchCollectives {
+						for i, t := range ts[op] {
+							a[op][i] = max(a[op][i], t)
+						}
+					}
 				}
 				for _, op := range benchCollectives {
-					for i, t := range ts[op] {
-						slowest[op][i] = max(slowest[op][i], t)
-					}
+					base[op] = append(base[op], b[op]...)
+					plain[op] = append(plain[op], p[op]...)
+					slowest[op] = append(slowest[op], a[op]...)
 				}
 			}
 			res := map[string]any{}
@@ -192,7 +203,7 @@ func newBenchCollectivesCmd() *cobra.Command {
 				machineOf = append(machineOf, idx[mem.Machine])
 				same = same && idx[mem.Machine] == r*machines/ranks
 			}
-			out := map[string]any{"tls": !insecure, "ranks": ranks, "machines": len(pl.Machines), "bytes": bytes,
+			out := map[string]any{"tls": !insecure, "ranks": ranks, "machines": len(pl.Machines), "bytes": bytes, "rounds": rounds, "iters": iters,
 				"collectives": res, "target_ratio": 0.9, "machine_of_rank": machineOf, "same_shape_as_baseline": same}
 			for _, op := range benchCollectives {
 				out[op+"_ratio"] = res[op].(map[string]any)["ratio"]
@@ -212,7 +223,8 @@ func newBenchCollectivesCmd() *cobra.Command {
 	f.StringVar(&dir, "dir", "", "a running cluster's directory `DIR` (default: a temporary cluster)")
 	f.IntVar(&ranks, "ranks", 8, "worker processes")
 	f.IntVar(&agents, "agents", 2, "agents of a temporary cluster (DGX H100, 8 simulated GPUs each)")
-	f.IntVar(&iters, "iters", 5, "measured rounds of each collective (after one warm-up)")
+	f.IntVar(&iters, "iters", 3, "measured runs of each collective in a round (after one warm-up)")
+	f.IntVar(&rounds, "rounds", 3, "rounds, each running the two baselines and then Atoll")
 	f.Float64Var(&mib, "mib", 64, "vector size in MiB (AllGather's result, ReduceScatter's input, Broadcast's vector)")
 	f.BoolVar(&insecure, "insecure-no-tls", false, "a temporary cluster without TLS (token only), to measure what TLS costs")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
