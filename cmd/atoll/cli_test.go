@@ -168,6 +168,10 @@ func TestBadArgumentsAreRefused(t *testing.T) {
 		{[]string{"submit", "--workers", "2", "--notice-signal", "KILL", "--", "python3"}, `notice signal "KILL"`},
 		{[]string{"submit", "--workers", "2", "--yield-exit-code", "0", "--", "python3"}, "--yield-exit-code 0"},
 		{[]string{"submit", "--workers", "2", "--env", "RANK=1", "--", "python3"}, "RANK is the agent's"},
+		{[]string{"submit", "--workers", "2", "--image", "bad image", "--", "python3"}, `image "bad image"`},
+		{[]string{"submit", "--workers", "2", "--mount", "/a:/b", "--", "python3"}, "mounts but no image"},
+		{[]string{"submit", "--workers", "2", "--image", "py", "--mount", "a:/b", "--", "python3"}, `mount "a:/b"`},
+		{[]string{"submit", "--image", "py", "--", "/bin/true"}, "--image is a process gang's flag"},
 		{[]string{"submit", "--workers", "2", "--dir", t.TempDir(), "--", "python3"}, "no cluster runs in"},
 	} {
 		_, err := runCLI(t, tc.args...)

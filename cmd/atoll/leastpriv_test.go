@@ -89,12 +89,10 @@ type rawCaller struct {
 }
 
 func newRawCaller(ctx context.Context, heads []string, token string, cert tls.Certificate, caPEM []byte) (*rawCaller, error) {
-	id := &pki.Identity{CAPEM: caPEM, Cert: cert}
-	trust, err := pki.Trust(caPEM)
+	id, err := pki.IdentityOf(caPEM, cert)
 	if err != nil {
 		return nil, err
 	}
-	id.Pool = trust.RootCAs
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = id.Client()
 	cl, err := api.NewClient(ctx, api.ClientConfig{Heads: heads, Token: token, TLS: id.Client()})
@@ -276,7 +274,7 @@ func probeFromWorker(ctx *sdk.Context, p probe) (probeReport, error) {
 	if err != nil {
 		return probeReport{}, err
 	}
-	c, err := newRawCaller(actx, spec.Heads, spec.Token, id.Cert, []byte(spec.CACert))
+	c, err := newRawCaller(actx, spec.Heads, spec.Token, id.Certificate(), []byte(spec.CACert))
 	if err != nil {
 		return probeReport{}, err
 	}

@@ -31,6 +31,27 @@ func TestClusterProcessGang(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("no python3")
 	}
+	testProcessGang(t, nil, "python3", "testdata/procgang/sumranks.py")
+}
+
+// TestClusterProcessGangInContainers is TestClusterProcessGang with the members in
+// containers (--image): an image FROM scratch of this machine's Python and the same
+// program, the test's output directory mounted into each.
+func TestClusterProcessGangInContainers(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds an image and starts a cluster of processes")
+	}
+	if err := exec.Command("docker", "info").Run(); err != nil {
+		t.Skipf("Docker is not available here (docker info: %v): the container members need it", err)
+	}
+	image := pythonImage(t)
+	testProcessGang(t, func(out string) []string { return []string{"--image", image, "--mount", out + ":" + out} }, "python3", "/app/sumranks.py")
+}
+
+// testProcessGang runs the process gang test with the program's command (and, from
+// submitFlags given the output directory, more flags of atoll submit).
+func testProcessGang(t *testing.T, submitFlags func(out string) []string, command ...string) {
 	bin, dir := upCluster(t, 2)
 	out := t.TempDir()
 	run := func(args ...string) string {
@@ -95,8 +116,11 @@ func TestClusterProcessGang(t *testing.T) {
 		}
 	}
 
-	said := run("submit", "--dir", dir, "--name", "pg", "--workers", "4", "--gpus-per-worker", "4", "--strategy", "spread",
-		"--", "python3", "testdata/procgang/sumranks.py", "--out", out, "--gpus", "4")
+	args := []string{"submit", "--dir", dir, "--name", "pg", "--workers", "4", "--gpus-per-worker", "4", "--strategy", "spread"}
+	if submitFlags != nil {
+		args = append(args, submitFlags(out)...)
+	}
+	said := run(append(append(append(args, "--"), command...), "--out", out, "--gpus", "4")...)
 	if !strings.Contains(said, "process gang main of 4 members") {
 		t.Fatalf("atoll submit said:\n%s", said)
 	}
@@ -206,4 +230,102 @@ func TestClusterProcessGang(t *testing.T) {
 	if !strings.HasPrefix(g.Reason, "completed") || g.Generation != 1 {
 		t.Errorf("the gang stopped in generation %d: %q: want it completed in generation 1", g.Generation, g.Reason)
 	}
+}
+
+// pythonImage builds an image FROM scratch of this machine's Python (its executable, the
+// shared libraries it loads, its standard library without tests and site-packages) and
+// the process gang test's program at /app/sumranks.py; it is removed when the test ends.
+func pythonImage(t *testing.T) string {
+	t.Helper()
+	ctxDir := t.TempDir()
+	root := filepath.Join(ctxDir, "root")
+	exe, err := exec.Command("python3", "-c", "import sys, sysconfig; print(sys.executable); print(sysconfig.get_paths()['stdlib'])").Output()
+	if err != nil {
+		t.Fatalf("python3: %v", err)
+	}
+	lines := strings.Fields(string(exe))
+	if len(lines) != 2 {
+		t.Fatalf("python3 said %q", exe)
+	}
+	py, stdlib := lines[0], lines[1]
+	copyFile := func(src string) {
+		t.Helper()
+		b, err := os.ReadFile(src) // through symbolic links
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := os.Stat(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(root, src)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, st.Mode().Perm()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The executable and every shared library it or a module of lib-dynload loads.
+	libs := map[string]bool{}
+	addLibs := func(obj string) {
+		out, _ := exec.Command("ldd", obj).Output() // "not a dynamic executable" is no error here
+		for _, l := range strings.Split(string(out), "\n") {
+			for _, f := range strings.Fields(l) {
+				if strings.HasPrefix(f, "/") {
+					libs[f] = true
+				}
+			}
+		}
+	}
+	copyFile(py)
+	addLibs(py)
+	skip := map[string]bool{"site-packages": true, "test": true, "tests": true, "idlelib": true, "tkinter": true, "turtledemo": true,
+		"ensurepip": true, "lib2to3": true, "__pycache__": true}
+	err = filepath.WalkDir(stdlib, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if skip[d.Name()] || strings.HasPrefix(d.Name(), "config-") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.Type()&fs.ModeSymlink != 0 {
+			return nil
+		}
+		copyFile(p)
+		if strings.HasSuffix(p, ".so") {
+			addLibs(p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range libs {
+		copyFile(l)
+	}
+	app := filepath.Join(root, "app")
+	if err := os.MkdirAll(app, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	prog, err := os.ReadFile(filepath.Join("testdata", "procgang", "sumranks.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(app, "sumranks.py"), prog, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dockerfile := "FROM scratch\nCOPY root/ /\nENV PATH=" + filepath.Dir(py) + "\n"
+	if err := os.WriteFile(filepath.Join(ctxDir, "Dockerfile"), []byte(dockerfile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	image := fmt.Sprintf("atoll-test-python:%d", os.Getpid())
+	if out, err := exec.Command("docker", "build", "-q", "-t", image, ctxDir).CombinedOutput(); err != nil {
+		t.Fatalf("docker build: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("docker", "rmi", "-f", image).Run() })
+	return image
 }

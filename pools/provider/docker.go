@@ -1,18 +1,18 @@
 package provider
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/atoll-run/atoll/internal/dockerapi"
 )
 
 // DockerConfig configures the Docker provider.
@@ -50,7 +50,7 @@ type DockerConfig struct {
 // (https://docs.docker.com/reference/api/engine/), over its unix socket.
 type Docker struct {
 	cfg DockerConfig
-	hc  *http.Client
+	api *dockerapi.Client
 	notices
 }
 
@@ -84,58 +84,23 @@ func NewDocker(cfg DockerConfig) (*Docker, error) {
 	if !nameRE.MatchString(cfg.Cluster) {
 		return nil, fmt.Errorf("%w: cluster label %q", ErrInvalid, cfg.Cluster)
 	}
-	sock := cfg.Socket
-	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	}}
-	return &Docker{cfg: cfg, hc: &http.Client{Transport: tr}, notices: notices{now: cfg.Now}}, nil
+	return &Docker{cfg: cfg, api: dockerapi.New(cfg.Socket, cfg.APIVersion), notices: notices{now: cfg.Now}}, nil
 }
 
 // containerName is the container of a machine: <cluster>-<machine>.
 func (d *Docker) containerName(machine string) string { return d.cfg.Cluster + "-" + machine }
 
 // call does one Engine API request; out, when not nil, receives the JSON answer. It
-// returns the status code.
+// returns the status code; an Engine it cannot reach is ErrUnavailable.
 func (d *Docker) call(ctx context.Context, method, path string, q url.Values, body, out any) (int, error) {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return 0, err
-		}
-		rd = bytes.NewReader(b)
+	code, err := d.api.Call(ctx, method, path, q, body, out)
+	switch {
+	case errors.Is(err, dockerapi.ErrUnreachable):
+		return code, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	case err != nil:
+		return code, fmt.Errorf("provider: %w", err)
 	}
-	u := "http://docker/" + d.cfg.APIVersion + path
-	if len(q) > 0 {
-		u += "?" + q.Encode()
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u, rd)
-	if err != nil {
-		return 0, err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := d.hc.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("%w: docker %s %s: %v", ErrUnavailable, method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if resp.StatusCode >= 400 {
-		var e struct {
-			Message string `json:"message"`
-		}
-		_ = json.Unmarshal(b, &e)
-		return resp.StatusCode, fmt.Errorf("provider: docker %s %s: %d %s", method, path, resp.StatusCode, strings.TrimSpace(e.Message))
-	}
-	if out != nil && len(b) > 0 {
-		if err := json.Unmarshal(b, out); err != nil {
-			return resp.StatusCode, fmt.Errorf("provider: docker %s %s: decode: %w", method, path, err)
-		}
-	}
-	return resp.StatusCode, nil
+	return code, nil
 }
 
 // Launch creates and starts one agent container per name.
