@@ -1,10 +1,14 @@
 package sdk_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
 
+	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/sdk"
+	"github.com/atoll-run/atoll/sdk/sdktest"
 )
 
 type collReq struct{ N int }
@@ -94,10 +98,9 @@ func (collector) Receive(c *sdk.Context, msg any) (any, error) {
 
 // TestCollectives runs AllGather, ReduceScatter, Broadcast, Barrier, buckets and an
 // asynchronous AllReduce in a gang of the embedded default (workers in the driver's
-// process: the flat ring in memory); the cluster of processes runs them through shared
-// memory in `atoll bench collectives`, and runtime/coll's tests in six processes.
+// process: the flat ring in memory); TestClusterCollectives in worker processes.
 func TestCollectives(t *testing.T) {
-	c := newCluster(t, sdk.Kind("collector", func() sdk.Actor { return collector{} }, collReq{}))
+	c := newCluster(t)
 	ctx := testContext(t)
 	job, err := c.Submit(ctx, sdk.JobSpec{Name: "coll"})
 	if err != nil {
@@ -119,4 +122,41 @@ func TestCollectives(t *testing.T) {
 		}
 	}
 
+}
+
+// TestClusterCollectives runs them in a gang of 8 worker processes on 2 machines of a
+// cluster of processes: 4 to a machine, they meet in its shared memory, and the rails
+// between the machines go over the transfer plane.
+func TestClusterCollectives(t *testing.T) {
+	cl := sdktest.Up(t, 2, "")
+	ctx, cancel := testtime.Context(t, 3*time.Minute)
+	defer cancel()
+	c := connect(t, cl)
+	defer c.Shutdown(context.Background())
+	job, err := c.Submit(ctx, sdk.JobSpec{Name: "coll"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "g", Kind: "collector", Workers: 8, GPUsPerWorker: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	per := map[string]int{}
+	for _, m := range g.Placement().Members {
+		per[m.Machine]++
+	}
+	if len(per) != 2 {
+		t.Fatalf("gang on machines %v, want two", per)
+	}
+	for _, length := range []int{3, 100003} {
+		fs := make([]*sdk.Future[any], 8)
+		for r := range fs {
+			fs[r] = sdk.CallAsync[any](ctx, c, g.Worker(r), collReq{N: length})
+		}
+		for r, f := range fs {
+			if _, err := f.Await(ctx); err != nil {
+				t.Fatalf("length %d rank %d: %v", length, r, err)
+			}
+		}
+	}
 }
