@@ -114,8 +114,9 @@ func (m *member) reduceScatter(ctx context.Context, data []float32, bnd func(int
 const BroadcastPiece = 4 << 20
 
 // broadcast is a pipelined chain from the root around the ring: the vector in pieces of
-// about BroadcastPiece bytes, each forwarded by every member as soon as it arrived, so
-// every link carries the vector once and the time is one vector's plus a piece's per hop.
+// about BroadcastPiece bytes (one piece between two members), each forwarded by every
+// member as soon as it arrived, so every link carries the vector once and the time is
+// one vector's plus a piece's per hop.
 func (m *member) broadcast(ctx context.Context, root int, data []float32) error {
 	n, seq := m.next()
 	if n <= 1 {
@@ -124,7 +125,10 @@ func (m *member) broadcast(ctx context.Context, root int, data []float32) error 
 	rank := m.key.rank
 	mod := func(x int) int { return ((x % n) + n) % n }
 	rel, right, left := mod(rank-root), mod(rank+1), mod(rank-1)
-	pieces := max(1, min(len(data), (4*len(data)+BroadcastPiece-1)/BroadcastPiece))
+	pieces := 1 // a chain of two has nothing to overlap: one piece, one message
+	if n > 2 {
+		pieces = max(1, min(len(data), (4*len(data)+BroadcastPiece-1)/BroadcastPiece))
+	}
 	var scratch []float32
 	for k := 0; k < pieces; k++ {
 		lo, hi := bounds(len(data), pieces, k)
