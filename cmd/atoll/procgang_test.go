@@ -329,3 +329,142 @@ func pythonImage(t *testing.T) string {
 	t.Cleanup(func() { _ = exec.Command("docker", "rmi", "-f", image).Run() })
 	return image
 }
+
+// TestClusterProcessGangResize resizes an elastic process gang as torchrun's elastic agent
+// expects: 4 members of 4 GPUs (minimum 2) fill both machines; a gang of higher priority
+// that needs one machine shrinks it (a shrink notice: every member checkpoints and yields,
+// and the next generation starts at WORLD_SIZE 2 with MASTER_* renewed, its members
+// meeting again); once that gang stops, a grow brings it back to 4 the same way. No
+// restart is counted, and the work goes on from the checkpoints.
+func TestClusterProcessGangResize(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3")
+	}
+	bin, dir := upCluster(t, 2)
+	out := t.TempDir()
+	run := func(args ...string) string {
+		t.Helper()
+		b, err := exec.Command(bin, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("atoll %s: %v\n%s", strings.Join(args, " "), err, b)
+		}
+		return string(b)
+	}
+	ctx, cancel := testtime.Context(t, 5*time.Minute)
+	defer cancel()
+	addr, _, err := clusterAddress(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := dialCluster(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor := func(job, what string, ok func(g api.Gang) bool) api.Gang {
+		t.Helper()
+		for {
+			g, _, err := c.Gang(ctx, job, "main")
+			if err == nil && ok(g) {
+				return g
+			}
+			if err == nil && g.State == api.GangFailed {
+				t.Fatalf("waiting for %s: gang %s failed: %s", what, job, g.Reason)
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("waiting for %s: %v (gang %s: %+v, %v)", what, ctx.Err(), job, g, err)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	readJSON := func(name string, v any) {
+		t.Helper()
+		for {
+			b, err := os.ReadFile(filepath.Join(out, name))
+			if err == nil {
+				if err := json.Unmarshal(b, v); err != nil {
+					t.Fatalf("%s: %v\n%s", name, err, b)
+				}
+				return
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("waiting for %s: %v", name, ctx.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	type sum struct{ Sum, World, Generation int }
+	master := func(rank, gen int) string {
+		var env map[string]string
+		readJSON(fmt.Sprintf("env-%d-g%d.json", rank, gen), &env)
+		if env["WORLD_SIZE"] == "" || env["ATOLL_GENERATION"] != strconv.Itoa(gen) {
+			t.Fatalf("rank %d of generation %d: env %v", rank, gen, env)
+		}
+		return env["MASTER_ADDR"] + ":" + env["MASTER_PORT"]
+	}
+
+	run("submit", "--dir", dir, "--name", "el", "--workers", "4", "--min-workers", "2", "--gpus-per-worker", "4",
+		"--", "python3", "testdata/procgang/sumranks.py", "--out", out, "--gpus", "4", "--elastic")
+	waitFor("el", "the elastic gang running at 4", func(g api.Gang) bool { return g.State == api.GangRunning && g.Generation == 0 })
+	var s0 sum
+	readJSON("sum-g0.json", &s0)
+	if s0.Sum != 6 || s0.World != 4 {
+		t.Fatalf("generation 0 summed %+v: want 6 over 4 ranks", s0)
+	}
+	m0 := master(0, 0)
+
+	// A gang of priority 10 that needs one whole machine: the elastic gang shrinks to 2.
+	run("submit", "--dir", dir, "--name", "hi", "--workers", "2", "--gpus-per-worker", "4", "--priority", "10", "--", "sleep", "600")
+	for r := range 4 {
+		var y struct{ Notice api.ProcessNotice }
+		readJSON(fmt.Sprintf("yield-%d-g0.json", r), &y)
+		if y.Notice.Kind != api.NoticeShrink {
+			t.Errorf("rank %d of generation 0 got a %q notice, want shrink", r, y.Notice.Kind)
+		}
+	}
+	waitFor("hi", "the high-priority gang running", func(g api.Gang) bool { return g.State == api.GangRunning })
+	g1 := waitFor("el", "the elastic gang running again at 2", func(g api.Gang) bool {
+		return g.State == api.GangRunning && g.Generation >= 1
+	})
+	var s1 sum
+	readJSON(fmt.Sprintf("sum-g%d.json", g1.Generation), &s1)
+	if s1.World != 2 || s1.Sum != 1 {
+		t.Fatalf("after the shrink, generation %d summed %+v: want 0+1 over 2 ranks", g1.Generation, s1)
+	}
+	if m1 := master(0, g1.Generation); m1 == "" || m1 == ":" {
+		t.Fatalf("generation %d has no MASTER_ADDR:MASTER_PORT (generation 0 had %s)", g1.Generation, m0)
+	}
+
+	// The high-priority gang ends: the elastic gang grows back to 4.
+	if err := c.StopJob(ctx, "hi"); err != nil {
+		t.Fatal(err)
+	}
+	for r := range 2 {
+		var y struct{ Notice api.ProcessNotice }
+		readJSON(fmt.Sprintf("yield-%d-g%d.json", r, g1.Generation), &y)
+		if y.Notice.Kind != api.NoticeGrow {
+			t.Errorf("rank %d of generation %d got a %q notice, want grow", r, g1.Generation, y.Notice.Kind)
+		}
+	}
+	g2 := waitFor("el", "the elastic gang running again at 4", func(g api.Gang) bool {
+		return g.State == api.GangRunning && g.Generation > g1.Generation
+	})
+	var s2 sum
+	readJSON(fmt.Sprintf("sum-g%d.json", g2.Generation), &s2)
+	if s2.World != 4 || s2.Sum != 6 {
+		t.Fatalf("after the grow, generation %d summed %+v: want 6 over 4 ranks", g2.Generation, s2)
+	}
+	if g2.Restarts != 0 {
+		t.Errorf("the resizes counted %d restarts, want 0", g2.Restarts)
+	}
+	// Every member ends: the gang completes.
+	if err := os.WriteFile(filepath.Join(out, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := waitFor("el", "the elastic gang completed", func(g api.Gang) bool { return g.State == api.GangStopped })
+	if !strings.HasPrefix(g.Reason, "completed") {
+		t.Errorf("the elastic gang stopped: %q, want completed", g.Reason)
+	}
+}

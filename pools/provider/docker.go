@@ -38,6 +38,12 @@ type DockerConfig struct {
 	// agent/<name>), given as the container's ATOLL_TOKEN instead of any in Env: the
 	// Engine keeps it in the container's config, and it is that machine's agent's only.
 	Credential func(machine string) (string, error)
+	// Discover makes the agents discover their machine (NVML: Image is then deploy's
+	// Dockerfile.nvml build) instead of declaring the pool's machine (simulated GPUs):
+	// each container gets the host's GPUs as a device request (the NVIDIA container
+	// runtime), GPUs of them (0: all), and the agent registers what it sees.
+	Discover bool
+	GPUs     int
 	// StopTimeout is the grace docker stop gives an agent. Default 10 s.
 	StopTimeout time.Duration
 	// APIVersion is the Engine API version in request paths. Default v1.41 (Docker 20.10+).
@@ -122,7 +128,11 @@ func (d *Docker) Launch(ctx context.Context, req LaunchRequest) error {
 			binds = append(binds, abs+":/etc/atoll/machine.json:ro")
 			machine = "/etc/atoll/machine.json"
 		}
-		cmd := []string{"agent", "--join", d.cfg.Join, "--name", name, "--machine", machine, "--rack", strconv.Itoa(req.Rack), "--dir", "/var/lib/atoll"}
+		cmd := []string{"agent", "--join", d.cfg.Join, "--name", name}
+		if !d.cfg.Discover {
+			cmd = append(cmd, "--machine", machine)
+		}
+		cmd = append(cmd, "--rack", strconv.Itoa(req.Rack), "--dir", "/var/lib/atoll")
 		if d.cfg.Network != "host" {
 			cmd = append(cmd, "--listen", "0.0.0.0:7070", "--transfer-listen", "0.0.0.0:7071", "--gossip", "0.0.0.0:7946", "--advertise", cname)
 		}
@@ -139,17 +149,25 @@ func (d *Docker) Launch(ctx context.Context, req LaunchRequest) error {
 				}
 			}
 		}
+		host := map[string]any{
+			"NetworkMode": d.cfg.Network,
+			"Binds":       binds,
+			"Tmpfs":       map[string]string{"/var/lib/atoll": "rw,size=1g", "/tmp": "rw"},
+			"ShmSize":     1 << 30,
+		}
+		if d.cfg.Discover {
+			count := d.cfg.GPUs
+			if count <= 0 {
+				count = -1 // every GPU of the host
+			}
+			host["DeviceRequests"] = []map[string]any{{"Driver": "nvidia", "Count": count, "Capabilities": [][]string{{"gpu"}}}}
+		}
 		create := map[string]any{
-			"Image":  d.cfg.Image,
-			"Cmd":    cmd,
-			"Env":    env,
-			"Labels": map[string]string{labelCluster: d.cfg.Cluster, labelPool: req.Pool, labelMachine: name},
-			"HostConfig": map[string]any{
-				"NetworkMode": d.cfg.Network,
-				"Binds":       binds,
-				"Tmpfs":       map[string]string{"/var/lib/atoll": "rw,size=1g", "/tmp": "rw"},
-				"ShmSize":     1 << 30,
-			},
+			"Image":      d.cfg.Image,
+			"Cmd":        cmd,
+			"Env":        env,
+			"Labels":     map[string]string{labelCluster: d.cfg.Cluster, labelPool: req.Pool, labelMachine: name},
+			"HostConfig": host,
 		}
 		code, err := d.call(ctx, http.MethodPost, "/containers/create", url.Values{"name": {cname}}, create, nil)
 		if err != nil && code != http.StatusConflict { // 409: it exists (a retried launch): start it
