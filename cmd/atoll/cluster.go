@@ -520,6 +520,11 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		}
 	}
 	cf, err := readClusterFile(abs)
+	if err != nil && !errors.Is(err, errNoCluster) {
+		// A cluster's file that cannot be read is not a new cluster: starting one would
+		// write over it and lose its heads' logs.
+		return nil, st, fmt.Errorf("%w: fix or remove it to start a new cluster there", err)
+	}
 	if err == nil {
 		if len(cf.Heads) != heads {
 			return nil, st, fmt.Errorf("the cluster in %s has %d heads, not %d: atoll up restarts it as it was (atoll down --dir %s, and a new directory for another shape)",

@@ -230,6 +230,19 @@ func testProcessGang(t *testing.T, submitFlags func(out string) []string, comman
 	if !strings.HasPrefix(g.Reason, "completed") || g.Generation != 1 {
 		t.Errorf("the gang stopped in generation %d: %q: want it completed in generation 1", g.Generation, g.Reason)
 	}
+	// No driver runs to stop the job: it ends with its gang.
+	for {
+		kv, ok, err := c.Meta().Get(ctx, api.TableJobs+"pg")
+		var j api.Job
+		if err == nil && ok && json.Unmarshal(kv.Value, &j) == nil && j.State == api.JobStopped {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the job did not stop with its completed gang: %s %v %v", kv.Value, ok, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // pythonImage builds an image FROM scratch of this machine's Python (its executable, the

@@ -96,7 +96,7 @@ func submitProcessGang(cmd *cobra.Command, dir, address, name string, env []stri
 	if err != nil {
 		return fmt.Errorf("submit: %w", err)
 	}
-	if _, err := c.SubmitJob(ctx, api.Job{Name: name, Driver: "atoll submit --workers", Dir: wd}); err != nil {
+	if _, err := c.SubmitJob(ctx, api.Job{Name: name, Driver: "atoll submit --workers", Dir: wd, EndsWithGangs: true}); err != nil {
 		return fmt.Errorf("submit: %w", err)
 	}
 	g, err := c.SpawnGang(ctx, spec)
