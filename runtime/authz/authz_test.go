@@ -193,7 +193,7 @@ func TestDecide(t *testing.T) {
 		{anyAgent, ActMachineReport, Target{Machine: "m9"}, true},
 		{anyAgent, ActTokenMint, Target{For: wa0}, true},
 		{anyAgent, ActTokenMint, Target{For: Worker("a", "g", 7)}, false}, // placed nowhere
-		{anyAgent, ActTokenMint, Target{For: da, Machine: "?"}, false},     // a driver placed nowhere
+		{anyAgent, ActTokenMint, Target{For: da, Machine: "?"}, false},    // a driver placed nowhere
 		{anyAgent, ActCertSign, Target{For: Agent("m9")}, true},
 		{anyAgent, ActCertSign, Target{For: anyAgent}, false},
 		{anyAgent, ActCertSign, Target{For: da}, false},
