@@ -28,6 +28,7 @@ func newRootCmd() *cobra.Command {
 		newBenchAllReduceCmd(),
 		newBenchFailoverCmd(),
 		newBenchGangStartCmd(),
+		newBenchHollowAgentsCmd(),
 		newBenchRingPeerCmd(),
 		newBenchMetaCmd(),
 		newBenchSchedCmd(),

@@ -85,8 +85,13 @@ type Config struct {
 	// of a checkpoint's part or a detached object written there counts as its second copy,
 	// and any machine that mounts it reads from it what it cannot pull. "": none.
 	CheckpointDir string
-	// Launcher starts workers. Default: an ExecLauncher (one process per worker).
+	// Launcher starts workers. Default: an ExecLauncher (one process per worker). A
+	// launcher that is a ReadyReporter (HollowLauncher) has the agent report its workers
+	// ready as they are launched.
 	Launcher Launcher
+	// Load, when set, is the machine's load in place of the host's /proc (a hollow
+	// machine's: HollowLoad); the GPU figure is filled in by the agent either way.
+	Load func() api.Load
 	// LoadInterval is how often the agent samples and reports its load; each report is also
 	// the machine's heartbeat to the leader. Default 1 s (the leader's failure detection
 	// counts in seconds; a report every 200 ms cost the heads more than everything else
@@ -410,7 +415,12 @@ func (a *Agent) loadLoop() {
 			return
 		case <-t.C:
 		}
-		l := a.sample.sample()
+		var l api.Load
+		if a.cfg.Load != nil {
+			l = a.cfg.Load()
+		} else {
+			l = a.sample.sample()
+		}
 		a.mu.Lock()
 		inc := a.incarnation
 		// GPU use: measuring it needs NVML's utilization counters on real GPUs, which this
@@ -719,9 +729,9 @@ func (a *Agent) launch(key string, w *worker) {
 	if stop {
 		go a.stopWorker(w)
 	}
-	if w.spec.Driver || w.spec.Process != nil {
-		// A submitted driver or a process gang's member hosts no actor to announce: it is
-		// ready once it runs. A process member's Address is its gang's rendezvous address
+	if rr, ok := a.cfg.Launcher.(ReadyReporter); w.spec.Driver || w.spec.Process != nil || ok && rr.AgentReportsReady() {
+		// A submitted driver, a process gang's member or a hollow worker hosts no actor to
+		// announce: it is ready once it runs. A process member's Address is its gang's rendezvous address
 		// (rank 0's announces it to the others).
 		go func() {
 			ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
