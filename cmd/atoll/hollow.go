@@ -137,6 +137,11 @@ func runHollowAgents(ctx context.Context, cfg hollowConfig, out interface{ Write
 				errs[i] = fmt.Errorf("hollow agent %s: its credential: %w", name, err)
 				return
 			}
+			shm := filepath.Join(dir, "shm") // its store's hot tier: files on disk, nothing is put
+			if err := os.MkdirAll(shm, 0o700); err != nil {
+				errs[i] = fmt.Errorf("hollow agent %s: %w", name, err)
+				return
+			}
 			gossip := ""
 			if i < cfg.gossip {
 				gossip = "127.0.0.1:0"
@@ -144,7 +149,7 @@ func runHollowAgents(ctx context.Context, cfg hollowConfig, out interface{ Write
 			sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 			defer cancel()
 			agents[i], errs[i] = agent.Start(sctx, agent.Config{Name: name, Rack: (cfg.first + i) / 32, Spec: spec, Simulated: true,
-				Heads: heads, Token: token, CACert: caPEM, Dir: dir, ObjectCapacity: cfg.objectStore, ShmDir: filepath.Join(dir, "shm"),
+				Heads: heads, Token: token, CACert: caPEM, Dir: dir, ObjectCapacity: cfg.objectStore, ShmDir: shm,
 				Launcher: &agent.HollowLauncher{}, Load: agent.HollowLoad, Gossip: gossip, GossipProbe: cfg.gossipProbe,
 				Logger: logger.With(zap.String("hollow", name))})
 		}()

@@ -30,6 +30,7 @@ func newRootCmd() *cobra.Command {
 		newBenchGangStartCmd(),
 		newBenchHollowAgentsCmd(),
 		newBenchRingPeerCmd(),
+		newBenchScaleCmd(),
 		newBenchMetaCmd(),
 		newBenchSchedCmd(),
 		newBenchStoreCmd(),
