@@ -128,10 +128,14 @@ type scaleResult struct {
 	WindowS         float64 `json:"window_s"`
 	SubmitS         float64 `json:"submit_s"`
 	WorkloadSubmit  int     `json:"workload_submitted"`
-	PendingSubmitS  float64 `json:"pending_submit_s"`
-	LoadAvgStart    float64 `json:"load_avg_start"`
-	LoadAvgMean     float64 `json:"load_avg_mean"`
-	LoadAvgMax      float64 `json:"load_avg_max"`
+	// WorkloadFailed counts the workload's gangs that failed (or stopped), WorkloadRestarts
+	// their restarts (a machine declared dead moves its gangs), when the count was taken.
+	WorkloadFailed   int     `json:"workload_failed"`
+	WorkloadRestarts int     `json:"workload_restarts"`
+	PendingSubmitS   float64 `json:"pending_submit_s"`
+	LoadAvgStart     float64 `json:"load_avg_start"`
+	LoadAvgMean      float64 `json:"load_avg_mean"`
+	LoadAvgMax       float64 `json:"load_avg_max"`
 }
 
 func newBenchScaleCmd() *cobra.Command {
@@ -588,10 +592,10 @@ func (b *scaleBench) workload(ctx context.Context) error {
 	var specs []api.GangSpec
 	for i := range gangs {
 		specs = append(specs, api.GangSpec{Job: scaleJob, Name: fmt.Sprintf("g%05d", i), Kind: "hollow", Workers: 2, Resources: api.Resources{GPUs: 4},
-			NotPreemptible: true})
+			NotPreemptible: true, MaxRestarts: 10})
 	}
 	for i := range actors {
-		specs = append(specs, api.GangSpec{Job: scaleJob, Name: fmt.Sprintf("a%06d", i), Kind: "hollow", Workers: 1, NotPreemptible: true})
+		specs = append(specs, api.GangSpec{Job: scaleJob, Name: fmt.Sprintf("a%06d", i), Kind: "hollow", Workers: 1, NotPreemptible: true, MaxRestarts: 10})
 	}
 	b.say("workload: submitting %d gangs and %d actors", gangs, actors)
 	start := time.Now()
@@ -606,22 +610,23 @@ func (b *scaleBench) workload(ctx context.Context) error {
 	for {
 		st, err := b.d.Status(wctx)
 		if err == nil {
-			running, acting, other := 0, 0, 0
+			running, acting, failed, restarts := 0, 0, 0, 0
 			for _, g := range st.Gangs {
 				if g.Job != scaleJob || g.Name == scaleHolder {
 					continue
 				}
+				restarts += g.Restarts
 				switch {
 				case g.State == api.GangRunning && strings.HasPrefix(g.Name, "g"):
 					running++
 				case g.State == api.GangRunning:
 					acting++
-				default:
-					other++
+				case g.State == api.GangFailed || g.State == api.GangStopped:
+					failed++
 				}
 			}
-			b.res.RunningGangs, b.res.Actors = &running, &acting
-			if other == 0 && running+acting == len(specs) {
+			b.res.RunningGangs, b.res.Actors, b.res.WorkloadFailed, b.res.WorkloadRestarts = &running, &acting, failed, restarts
+			if running+acting+failed == len(specs) {
 				break
 			}
 		}

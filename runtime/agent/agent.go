@@ -788,12 +788,29 @@ func (a *Agent) start(w *worker) (Handle, bool, error) {
 	}
 	ctx, cancel := context.WithTimeout(a.ctx, time.Minute)
 	defer cancel()
-	job, err := a.job(ctx, w.spec.Job)
-	if err != nil {
-		return nil, false, err
-	}
+	var job api.Job
 	var g api.Gang
-	found, err := a.client.Get(ctx, api.TableGangs+w.spec.Job+"/"+w.spec.Gang, &g)
+	var found bool
+	var err error
+	// The two reads are retried while the minute lasts: a read the heads could not answer
+	// in time (a busy leader, an election) is no failure of the worker, and reporting it
+	// as one restarted or failed its gang (atoll bench scale, 100 machines).
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		if job, err = a.job(ctx, w.spec.Job); err == nil {
+			found, err = a.client.Get(ctx, api.TableGangs+w.spec.Job+"/"+w.spec.Gang, &g)
+		}
+		if err == nil || errors.Is(err, api.ErrNotFound) || ctx.Err() != nil || !a.wanted(w) {
+			break
+		}
+		a.log.Warn("the records of a worker to launch could not be read; retrying", workerField(w.spec), zap.Duration("in", backoff), zap.Error(err))
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+	}
+	if err != nil && !a.wanted(w) {
+		return nil, false, nil // dropped meanwhile: nothing to report
+	}
 	if err != nil {
 		return nil, false, err
 	}
@@ -859,6 +876,7 @@ func (a *Agent) reportExit(s api.WorkerSpec, reason string, permanent, completed
 func (a *Agent) reportExitOf(s api.WorkerSpec, reason string, permanent, completed, yielded bool) {
 	x := api.WorkerExit{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation, Machine: a.cfg.Name, Reason: api.TruncateReason(reason),
 		Permanent: permanent, Completed: completed, Yielded: yielded}
+	backoff := 100 * time.Millisecond
 	for a.ctx.Err() == nil {
 		ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
 		err := a.client.WorkerExited(ctx, x)
@@ -866,7 +884,20 @@ func (a *Agent) reportExitOf(s api.WorkerSpec, reason string, permanent, complet
 		if err == nil || errors.Is(err, api.ErrNotFound) || errors.Is(err, api.ErrInvalid) {
 			return
 		}
-		a.log.Warn("could not report a worker exit; retrying", workerField(s), zap.Error(err))
+		if errors.Is(err, api.ErrForbidden) || errors.Is(err, api.ErrStale) {
+			// The leader no longer places that worker here (its gang moved on, or this
+			// machine was declared dead and registered again): the report is refused for
+			// good, and retrying it at once was a storm of refusals (and audit events) at
+			// scale (atoll bench scale).
+			a.log.Info("a worker exit the leader refuses: not reported", workerField(s), zap.Error(err))
+			return
+		}
+		a.log.Warn("could not report a worker exit; retrying", workerField(s), zap.Duration("in", backoff), zap.Error(err))
+		select {
+		case <-a.ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 
