@@ -156,6 +156,8 @@ type Agent struct {
 	reviews reviews // the heads' token reviews, with a scoped credential
 	// reports bounds the refusals being reported to the heads at once.
 	reports chan struct{}
+	// relist ends the current watch of the gangs table, which then lists again.
+	relist context.CancelFunc
 }
 
 // Identity is the agent's certificate (nil without TLS).
@@ -436,6 +438,15 @@ func (a *Agent) loadLoop() {
 			a.log.Warn("the leader does not know this machine as alive; registering again", zap.Error(err))
 			if err := a.register(a.ctx); err != nil {
 				a.log.Warn("registration failed", zap.Error(err))
+			} else {
+				// The watch of this machine's gangs lists again: a gang moved away while
+				// the machine was counted lost left no record that concerns it.
+				a.mu.Lock()
+				relist := a.relist
+				a.mu.Unlock()
+				if relist != nil {
+					relist()
+				}
 			}
 		}
 	}
@@ -458,11 +469,17 @@ func heldShare(held, n int) float64 {
 	return min(1, float64(held)/float64(n))
 }
 
-// watchLoop follows the gangs table and reconciles the workers after every change.
+// watchLoop follows the gangs table as this machine needs it (api.GangConcerns: the gangs
+// placed here, those requeued or ended; not every gang's every change) and reconciles the
+// workers after every change.
 func (a *Agent) watchLoop() {
 	defer a.wg.Done()
 	for a.ctx.Err() == nil {
-		err := a.client.Watch(a.ctx, api.TableGangs, func(reset bool, l api.Listing, evs []meta.Event) error {
+		wctx, cancel := context.WithCancel(a.ctx)
+		a.mu.Lock()
+		a.relist = cancel
+		a.mu.Unlock()
+		err := a.client.WatchPlaced(wctx, a.cfg.Name, func(reset bool, l api.Listing, evs []meta.Event) error {
 			a.mu.Lock()
 			a.gangs = applyGangs(a.gangs, reset, l, evs)
 			a.notifyLocked()
@@ -470,6 +487,10 @@ func (a *Agent) watchLoop() {
 			a.reconcile()
 			return nil
 		})
+		cancel()
+		if a.ctx.Err() == nil && wctx.Err() != nil {
+			continue // relist (registered again)
+		}
 		if a.ctx.Err() == nil {
 			a.log.Warn("watching the gangs table failed; retrying", zap.Error(err))
 			select {
