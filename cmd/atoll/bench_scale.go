@@ -71,6 +71,9 @@ func (c scaleConfig) validate() error {
 type scaleResult struct {
 	Machines int `json:"machines"`
 	GPUs     int `json:"gpus"`
+	// Registered counts the machines alive and reporting when registration ended (all of
+	// them, or those up when --setup-timeout ran out).
+	Registered int `json:"registered"`
 	// RegisterS: from the first hollow agents' process started to every machine alive in
 	// the leader's status (each machine got its certificate, registered, and reported).
 	RegisterS *float64 `json:"register_s"`
@@ -267,8 +270,18 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 		return nil, err
 	}
 	if err := b.register(ctx); err != nil {
-		return nil, err
+		var nr errNotRegistered
+		if !errors.As(err, &nr) {
+			return nil, err
+		}
+		// Where it stops is the result: no figure after registration is measured.
+		res.Registered = nr.alive
+		res.Notes = append(res.Notes, nr.Error()+": nothing after registration was measured")
+		res.LoadAvgMean, res.LoadAvgMax = loads.stop()
+		res.TotalS = time.Since(began).Seconds()
+		return res, nil
 	}
+	res.Registered = cfg.machines
 	say("idle: measuring the heads for %v", cfg.window)
 	idle, err := b.steady(ctx)
 	if err != nil {
@@ -408,9 +421,22 @@ func (b *scaleBench) register(ctx context.Context) error {
 			}
 		}
 		if err := sleepCtx(rctx, time.Second); err != nil {
-			return fmt.Errorf("the hollow machines did not all register in %v (last: %d alive; logs in %s): %w", b.cfg.setupTimeout, last, b.dir, err)
+			if ctx.Err() != nil {
+				return err
+			}
+			return errNotRegistered{alive: last, n: n, in: b.cfg.setupTimeout}
 		}
 	}
+}
+
+// errNotRegistered: not every hollow machine was alive and reporting within --setup-timeout.
+type errNotRegistered struct {
+	alive, n int
+	in       time.Duration
+}
+
+func (e errNotRegistered) Error() string {
+	return fmt.Sprintf("only %d of %d hollow machines were alive and reporting after --setup-timeout %v", e.alive, e.n, e.in)
 }
 
 // steadyFigures are one steady-state window's measurements.
