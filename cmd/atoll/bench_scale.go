@@ -394,7 +394,7 @@ func (b *scaleBench) register(ctx context.Context) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, b.cfg.setupTimeout)
 	defer cancel()
-	last := -1
+	last, seen := -1, 0
 	for {
 		st, err := b.d.Status(rctx)
 		if err == nil {
@@ -405,6 +405,7 @@ func (b *scaleBench) register(ctx context.Context) error {
 					gpus += m.GPUs
 				}
 			}
+			seen = alive
 			if alive/100 != last/100 {
 				b.say("%d of %d machines alive and reporting after %.1f s", alive, n, time.Since(start).Seconds())
 				last = alive
@@ -424,7 +425,7 @@ func (b *scaleBench) register(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return err
 			}
-			return errNotRegistered{alive: last, n: n, in: b.cfg.setupTimeout}
+			return errNotRegistered{alive: seen, n: n, in: b.cfg.setupTimeout}
 		}
 	}
 }
