@@ -29,6 +29,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/atoll-run/atoll/internal/codec"
+	"github.com/atoll-run/atoll/internal/pki"
 )
 
 // Errors returned by this package. Check them with errors.Is. The ones a caller can get
@@ -231,8 +232,8 @@ func (s *System) startRemote(rc RemoteConfig) error {
 			if rc.Admit != nil {
 				var cert *x509.Certificate
 				if p, ok := peer.FromContext(ctx); ok {
-					if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.VerifiedChains[0]) > 0 {
-						cert = ti.State.VerifiedChains[0][0]
+					if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+						cert = pki.PeerCert(&ti.State)
 					}
 				}
 				if err := rc.Admit(cert); err != nil {

@@ -365,6 +365,7 @@ func connect(ctx context.Context, s settings, address string) (*Cluster, error) 
 	}
 	c := &conn{s: s, log: s.log.Named("sdk"), client: client, sys: sys, token: string(token), owner: owner, principal: who.Principal, agents: httpClient(id)}
 	c.init()
+	c.followCA(id, api.Renewal{Heads: heads, Token: string(token), Name: owner})
 	if c.plane, err = coll.NewPlane(sys, link, host, s.log); err != nil {
 		_ = sys.Shutdown(ctx)
 		return nil, err

@@ -58,6 +58,12 @@ type ProcessGangSpec struct {
 	// YieldExitCode is the status a member exits with to yield after a notice (1..255, not
 	// 78; default 75).
 	YieldExitCode int
+	// Image, when set, runs each member in a container of this image through its
+	// machine's Docker Engine: the host's network, the same environment, the placed GPUs
+	// as device requests where they are real; Command runs in the image. Mounts gives the
+	// containers host paths (HOST:CONTAINER or HOST:CONTAINER:ro, absolute).
+	Image  string
+	Mounts []string
 }
 
 // SpawnProcessGang starts a process gang (ProcessGangSpec) and waits until every member
@@ -87,7 +93,8 @@ func (j *Job) SpawnProcessGang(ctx context.Context, spec ProcessGangSpec) (*Gang
 		PriorityClass: spec.PriorityClass, Queue: spec.Queue, NotPreemptible: spec.NotPreemptible, JustInTime: spec.CheckpointOnNotice,
 		CheckpointEvery: api.Duration(spec.CheckpointEvery), Duration: api.Duration(spec.Duration), TimeLimit: api.Duration(spec.TimeLimit),
 		MaxRestarts: spec.MaxRestarts, RestartWindow: api.Duration(spec.RestartWindow), Backoff: api.Duration(spec.Backoff),
-		Process: &api.ProcessSpec{Command: append([]string(nil), spec.Command...), Env: env, NoticeSignal: spec.NoticeSignal, YieldExitCode: spec.YieldExitCode}}
+		Process: &api.ProcessSpec{Command: append([]string(nil), spec.Command...), Env: env, NoticeSignal: spec.NoticeSignal, YieldExitCode: spec.YieldExitCode,
+			Image: spec.Image, Mounts: append([]string(nil), spec.Mounts...)}}
 	if err := as.Normalize(); err != nil {
 		return nil, err
 	}

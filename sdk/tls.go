@@ -36,6 +36,15 @@ func clusterIdentity(ctx context.Context, heads []string, token string, caPEM []
 	return api.RequestIdentity(ctx, heads, token, caPEM, name)
 }
 
+// followCA follows a rotation of the cluster CA for this process's identity (nil: no TLS)
+// while the connection lives: see api.KeepIdentity.
+func (c *conn) followCA(id *pki.Identity, r api.Renewal) {
+	if id == nil {
+		return
+	}
+	go api.KeepIdentity(c.life, c.client, id, r, 0, c.log)
+}
+
 // readCA reads the cluster CA certificate a connecting process was given: caFile, or the
 // file $ATOLL_CA_CERT names; nil when neither is set.
 func readCA(caFile string) ([]byte, error) {

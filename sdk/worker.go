@@ -590,6 +590,7 @@ func serveWorker(ctx context.Context, s settings) error {
 	c := &conn{s: s, log: log.Named("sdk"), workerProc: true, client: client, sys: sys, plane: plane, token: spec.Token, owner: spec.Holder, objects: store, agents: store.hc,
 		principal: authz.Worker(spec.Job, spec.Gang, spec.Rank).String()}
 	c.init()
+	c.followCA(id, api.Renewal{Heads: spec.Heads, Token: spec.Token, Name: "worker/" + spec.Key()})
 	h, err := c.host(sctx, spec, store)
 	if err != nil {
 		var p interface{ Permanent() bool }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -168,6 +169,10 @@ func TestBadArgumentsAreRefused(t *testing.T) {
 		{[]string{"submit", "--workers", "2", "--notice-signal", "KILL", "--", "python3"}, `notice signal "KILL"`},
 		{[]string{"submit", "--workers", "2", "--yield-exit-code", "0", "--", "python3"}, "--yield-exit-code 0"},
 		{[]string{"submit", "--workers", "2", "--env", "RANK=1", "--", "python3"}, "RANK is the agent's"},
+		{[]string{"submit", "--workers", "2", "--image", "bad image", "--", "python3"}, `image "bad image"`},
+		{[]string{"submit", "--workers", "2", "--mount", "/a:/b", "--", "python3"}, "mounts but no image"},
+		{[]string{"submit", "--workers", "2", "--image", "py", "--mount", "a:/b", "--", "python3"}, `mount "a:/b"`},
+		{[]string{"submit", "--image", "py", "--", "/bin/true"}, "--image is a process gang's flag"},
 		{[]string{"submit", "--workers", "2", "--dir", t.TempDir(), "--", "python3"}, "no cluster runs in"},
 	} {
 		_, err := runCLI(t, tc.args...)
@@ -181,6 +186,22 @@ func TestBadArgumentsAreRefused(t *testing.T) {
 // word of a flag's usage as its placeholder, so a usage quoting a command ("of `atoll
 // up`") showed --dir atoll up. A backquoted placeholder is an upper-case word, and a
 // directory flag reads --dir DIR.
+// TestUpRefusesACorruptClusterFile: atoll up on a directory whose cluster.json does not
+// parse says so instead of starting a new cluster over it.
+func TestUpRefusesACorruptClusterFile(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, clusterFileName), []byte(`{"heads": [`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := runCLI(t, "up", "--dir", dir, "--agents", "1")
+	if err == nil || !strings.Contains(err.Error(), clusterFileName) || !strings.Contains(err.Error(), "fix or remove it") {
+		t.Fatalf("atoll up on a corrupt %s: %v", clusterFileName, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, clusterFileName)); string(b) != `{"heads": [` {
+		t.Fatalf("the corrupt file was written over: %q", b)
+	}
+}
+
 func TestFlagPlaceholders(t *testing.T) {
 	placeholder := regexp.MustCompile(`^[A-Z][A-Z0-9_]*$`)
 	var walk func(c *cobra.Command)

@@ -480,7 +480,7 @@ another process reuses is never taken for one of them.`,
 	f.StringVar(&dir, "dir", "", "the cluster's directory `DIR` (created with its secret if new)")
 	f.IntVar(&agents, "agents", 4, "agent processes (one per declared machine)")
 	f.IntVar(&heads, "heads", 3, "head processes (1, 3 or 5)")
-	f.StringVar(&machine, "machine", "dgx-h100", "the machine each agent declares: a built-in machine or a spec file of one machine (simulated GPUs)")
+	f.StringVar(&machine, "machine", "dgx-h100", "the machine each agent declares: a built-in machine or a spec file of one machine (simulated GPUs); discover: the agents discover this machine (an atoll built with -tags nvml, on a GPU machine)")
 	f.BoolVar(&asJSON, "json", false, "print the cluster file as JSON")
 	f.DurationVar(&timeout, "timeout", time.Minute, "how long to wait for the cluster to be ready")
 	f.BoolVar(&insecure, "insecure-no-tls", false, "run every link on the token alone, in clear (default: mutual TLS with the cluster's CA)")
@@ -520,6 +520,11 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		}
 	}
 	cf, err := readClusterFile(abs)
+	if err != nil && !errors.Is(err, errNoCluster) {
+		// A cluster's file that cannot be read is not a new cluster: starting one would
+		// write over it and lose its heads' logs.
+		return nil, st, fmt.Errorf("%w: fix or remove it to start a new cluster there", err)
+	}
 	if err == nil {
 		if len(cf.Heads) != heads {
 			return nil, st, fmt.Errorf("the cluster in %s has %d heads, not %d: atoll up restarts it as it was (atoll down --dir %s, and a new directory for another shape)",
@@ -534,7 +539,7 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		secure = cf.CACert != ""
 		machine = cf.Machine
 	} else {
-		if _, _, err := machineSpec(ctx, machine); err != nil {
+		if _, _, err := machineSpec(ctx, declaredMachine(machine)); err != nil {
 			return nil, st, err
 		}
 		if cf, err = newClusterFile(abs, heads, machine, secure, pools); err != nil {
@@ -627,7 +632,10 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		if a.running() {
 			continue
 		}
-		args := []string{"agent", "--join", cf.Address, "--name", a.Name, "--machine", cf.Machine, "--dir", a.Dir}
+		args := []string{"agent", "--join", cf.Address, "--name", a.Name, "--dir", a.Dir}
+		if m := declaredMachine(cf.Machine); m != "" {
+			args = append(args, "--machine", m)
+		}
 		if cf.GossipProbe != "" {
 			args = append(args, "--gossip-probe", cf.GossipProbe)
 		}
@@ -670,6 +678,17 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 
 // newClusterFile prepares a new cluster in dir: its secret and CA, and addresses for its
 // heads (nothing is started).
+// machineDiscover is atoll up's --machine that makes agents discover this machine.
+const machineDiscover = "discover"
+
+// declaredMachine is the --machine an agent of atoll up's is given: "" to discover.
+func declaredMachine(machine string) string {
+	if machine == machineDiscover {
+		return ""
+	}
+	return machine
+}
+
 func newClusterFile(abs string, heads int, machine string, secure bool, pools string) (*clusterFile, error) {
 	tf, caDir, err := initDir(abs)
 	if err != nil {

@@ -251,7 +251,7 @@ func newHeadCmd() *cobra.Command {
 				}
 			}
 			h, err := head.Start(head.Config{ID: id, Peers: peers, Initial: ids, Join: join, DataDir: dataDir, NoSync: noFsync, Tick: tick, ElectionTimeout: election,
-				APIListen: clientListen, APIAdvertise: apiAdv, Token: token, CA: ca, Gossip: gossip, GossipJoin: gj, GossipAdvertise: gossipAdv,
+				APIListen: clientListen, APIAdvertise: apiAdv, Token: token, CA: ca, CADir: caDir, Gossip: gossip, GossipJoin: gj, GossipAdvertise: gossipAdv,
 				GossipProbe: gossipProbe, Controller: head.ControllerConfig{HeartbeatTimeout: heartbeat}, Logger: logger})
 			if err != nil {
 				return err

@@ -89,12 +89,10 @@ type rawCaller struct {
 }
 
 func newRawCaller(ctx context.Context, heads []string, token string, cert tls.Certificate, caPEM []byte) (*rawCaller, error) {
-	id := &pki.Identity{CAPEM: caPEM, Cert: cert}
-	trust, err := pki.Trust(caPEM)
+	id, err := pki.IdentityOf(caPEM, cert)
 	if err != nil {
 		return nil, err
 	}
-	id.Pool = trust.RootCAs
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = id.Client()
 	cl, err := api.NewClient(ctx, api.ClientConfig{Heads: heads, Token: token, TLS: id.Client()})
@@ -276,7 +274,7 @@ func probeFromWorker(ctx *sdk.Context, p probe) (probeReport, error) {
 	if err != nil {
 		return probeReport{}, err
 	}
-	c, err := newRawCaller(actx, spec.Heads, spec.Token, id.Cert, []byte(spec.CACert))
+	c, err := newRawCaller(actx, spec.Heads, spec.Token, id.Certificate(), []byte(spec.CACert))
 	if err != nil {
 		return probeReport{}, err
 	}
@@ -640,6 +638,24 @@ func TestScopedAgentCredential(t *testing.T) {
 	if b, err := sdk.Get(ctx, c, sdk.Ref[[]byte]{ID: id}); err != nil || !strings.HasPrefix(string(b), "owned by a worker incarnation") {
 		t.Fatalf("the driver reads the worker's object from extra: %q %v", b, err)
 	}
+
+	// agent/*, the credential a DaemonSet's agents share: an agent of any name starts on it
+	// (its certificate then names its own machine), and it is refused what is not an
+	// agent's.
+	wild := filepath.Join(t.TempDir(), "wild")
+	if out, err := exec.Command(bin, "token", "create", "--dir", dir, "--role", "agent", "--machine", "*", "--ttl", "1h", "--out", wild).CombinedOutput(); err != nil {
+		t.Fatalf("atoll token create --role agent --machine '*': %v\n%s", err, out)
+	}
+	startAgentAs(ctx, t, bin, dir, "wild-1", filepath.Join(wild, credTokenFile), adm, 0)
+	if logb, _ := os.ReadFile(filepath.Join(dir, "logs", "wild-1.log")); !strings.Contains(string(logb), "joined the cluster's gossip") {
+		t.Errorf("the agent on agent/* did not join the gossip:\n%s", logb)
+	}
+	wc := credCaller(ctx, t, heads.Heads, wild)
+	checkRefused(t, "agent/*", "agent", []attempt{
+		wc.do(ctx, "", "POST", "/v1/propose", meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: api.TableConfig + "x", Value: []byte("{}")}}}, "a raw log entry", authz.ActPropose),
+		wc.do(ctx, "", "POST", "/v1/machines/drain", api.DrainRequest{Machine: "node-0"}, "a machine drained", authz.ActMachineDrain),
+		wc.do(ctx, "", "POST", "/v1/tokens", api.TokenRequest{Principal: "driver/any"}, "a driver's credential", authz.ActTokenMint),
+	})
 }
 
 // credCaller is a raw caller on the files of a credential directory (atoll token create's

@@ -49,6 +49,10 @@ type dockerSettings struct {
 	Network string   `json:"network,omitempty"`
 	Join    string   `json:"join,omitempty"`
 	Binds   []string `json:"binds,omitempty"`
+	// Discover: the agents discover their machine (NVML image) and get the host's GPUs
+	// (GPUs of them; 0: all) as a device request, instead of declaring the pool's machine.
+	Discover bool `json:"discover,omitempty"`
+	GPUs     int  `json:"gpus,omitempty"`
 }
 
 func decodeSettings(raw json.RawMessage, v any) error {
@@ -90,7 +94,7 @@ func buildProviders(set *pools.Set, o poolsOptions, cluster string, cred func(ma
 				join = o.join
 			}
 			d, err := provider.NewDocker(provider.DockerConfig{Socket: s.Socket, Image: s.Image, Cluster: cluster, Join: join, Network: s.Network, Binds: s.Binds,
-				Env: tokenEnv(), Credential: cred})
+				Env: tokenEnv(), Credential: cred, Discover: s.Discover, GPUs: s.GPUs})
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", where, err)
 			}

@@ -31,6 +31,27 @@ func TestClusterProcessGang(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("no python3")
 	}
+	testProcessGang(t, nil, "python3", "testdata/procgang/sumranks.py")
+}
+
+// TestClusterProcessGangInContainers is TestClusterProcessGang with the members in
+// containers (--image): an image FROM scratch of this machine's Python and the same
+// program, the test's output directory mounted into each.
+func TestClusterProcessGangInContainers(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds an image and starts a cluster of processes")
+	}
+	if err := exec.Command("docker", "info").Run(); err != nil {
+		t.Skipf("Docker is not available here (docker info: %v): the container members need it", err)
+	}
+	image := pythonImage(t)
+	testProcessGang(t, func(out string) []string { return []string{"--image", image, "--mount", out + ":" + out} }, "python3", "/app/sumranks.py")
+}
+
+// testProcessGang runs the process gang test with the program's command (and, from
+// submitFlags given the output directory, more flags of atoll submit).
+func testProcessGang(t *testing.T, submitFlags func(out string) []string, command ...string) {
 	bin, dir := upCluster(t, 2)
 	out := t.TempDir()
 	run := func(args ...string) string {
@@ -95,8 +116,11 @@ func TestClusterProcessGang(t *testing.T) {
 		}
 	}
 
-	said := run("submit", "--dir", dir, "--name", "pg", "--workers", "4", "--gpus-per-worker", "4", "--strategy", "spread",
-		"--", "python3", "testdata/procgang/sumranks.py", "--out", out, "--gpus", "4")
+	args := []string{"submit", "--dir", dir, "--name", "pg", "--workers", "4", "--gpus-per-worker", "4", "--strategy", "spread"}
+	if submitFlags != nil {
+		args = append(args, submitFlags(out)...)
+	}
+	said := run(append(append(append(args, "--"), command...), "--out", out, "--gpus", "4")...)
 	if !strings.Contains(said, "process gang main of 4 members") {
 		t.Fatalf("atoll submit said:\n%s", said)
 	}
@@ -205,5 +229,255 @@ func TestClusterProcessGang(t *testing.T) {
 	g = waitFor("the gang completed", func(g api.Gang) bool { return g.State == api.GangStopped })
 	if !strings.HasPrefix(g.Reason, "completed") || g.Generation != 1 {
 		t.Errorf("the gang stopped in generation %d: %q: want it completed in generation 1", g.Generation, g.Reason)
+	}
+	// No driver runs to stop the job: it ends with its gang.
+	for {
+		kv, ok, err := c.Meta().Get(ctx, api.TableJobs+"pg")
+		var j api.Job
+		if err == nil && ok && json.Unmarshal(kv.Value, &j) == nil && j.State == api.JobStopped {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the job did not stop with its completed gang: %s %v %v", kv.Value, ok, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// pythonImage builds an image FROM scratch of this machine's Python (its executable, the
+// shared libraries it loads, its standard library without tests and site-packages) and
+// the process gang test's program at /app/sumranks.py; it is removed when the test ends.
+func pythonImage(t *testing.T) string {
+	t.Helper()
+	ctxDir := t.TempDir()
+	root := filepath.Join(ctxDir, "root")
+	exe, err := exec.Command("python3", "-c", "import sys, sysconfig; print(sys.executable); print(sysconfig.get_paths()['stdlib'])").Output()
+	if err != nil {
+		t.Fatalf("python3: %v", err)
+	}
+	lines := strings.Fields(string(exe))
+	if len(lines) != 2 {
+		t.Fatalf("python3 said %q", exe)
+	}
+	py, stdlib := lines[0], lines[1]
+	copyFile := func(src string) {
+		t.Helper()
+		b, err := os.ReadFile(src) // through symbolic links
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := os.Stat(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(root, src)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, st.Mode().Perm()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The executable and every shared library it or a module of lib-dynload loads.
+	libs := map[string]bool{}
+	addLibs := func(obj string) {
+		out, _ := exec.Command("ldd", obj).Output() // "not a dynamic executable" is no error here
+		for _, l := range strings.Split(string(out), "\n") {
+			for _, f := range strings.Fields(l) {
+				if strings.HasPrefix(f, "/") {
+					libs[f] = true
+				}
+			}
+		}
+	}
+	copyFile(py)
+	addLibs(py)
+	skip := map[string]bool{"site-packages": true, "test": true, "tests": true, "idlelib": true, "tkinter": true, "turtledemo": true,
+		"ensurepip": true, "lib2to3": true, "__pycache__": true}
+	err = filepath.WalkDir(stdlib, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if skip[d.Name()] || strings.HasPrefix(d.Name(), "config-") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.Type()&fs.ModeSymlink != 0 {
+			return nil
+		}
+		copyFile(p)
+		if strings.HasSuffix(p, ".so") {
+			addLibs(p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range libs {
+		copyFile(l)
+	}
+	app := filepath.Join(root, "app")
+	if err := os.MkdirAll(app, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	prog, err := os.ReadFile(filepath.Join("testdata", "procgang", "sumranks.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(app, "sumranks.py"), prog, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dockerfile := "FROM scratch\nCOPY root/ /\nENV PATH=" + filepath.Dir(py) + "\n"
+	if err := os.WriteFile(filepath.Join(ctxDir, "Dockerfile"), []byte(dockerfile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	image := fmt.Sprintf("atoll-test-python:%d", os.Getpid())
+	if out, err := exec.Command("docker", "build", "-q", "-t", image, ctxDir).CombinedOutput(); err != nil {
+		t.Fatalf("docker build: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("docker", "rmi", "-f", image).Run() })
+	return image
+}
+
+// TestClusterProcessGangResize resizes an elastic process gang as torchrun's elastic agent
+// expects: 4 members of 4 GPUs (minimum 2) fill both machines; a gang of higher priority
+// that needs one machine shrinks it (a shrink notice: every member checkpoints and yields,
+// and the next generation starts at WORLD_SIZE 2 with MASTER_* renewed, its members
+// meeting again); once that gang stops, a grow brings it back to 4 the same way. No
+// restart is counted, and the work goes on from the checkpoints.
+func TestClusterProcessGangResize(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3")
+	}
+	bin, dir := upCluster(t, 2)
+	out := t.TempDir()
+	run := func(args ...string) string {
+		t.Helper()
+		b, err := exec.Command(bin, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("atoll %s: %v\n%s", strings.Join(args, " "), err, b)
+		}
+		return string(b)
+	}
+	ctx, cancel := testtime.Context(t, 5*time.Minute)
+	defer cancel()
+	addr, _, err := clusterAddress(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := dialCluster(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor := func(job, what string, ok func(g api.Gang) bool) api.Gang {
+		t.Helper()
+		for {
+			g, _, err := c.Gang(ctx, job, "main")
+			if err == nil && ok(g) {
+				return g
+			}
+			if err == nil && g.State == api.GangFailed {
+				t.Fatalf("waiting for %s: gang %s failed: %s", what, job, g.Reason)
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("waiting for %s: %v (gang %s: %+v, %v)", what, ctx.Err(), job, g, err)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	readJSON := func(name string, v any) {
+		t.Helper()
+		for {
+			b, err := os.ReadFile(filepath.Join(out, name))
+			if err == nil {
+				if err := json.Unmarshal(b, v); err != nil {
+					t.Fatalf("%s: %v\n%s", name, err, b)
+				}
+				return
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("waiting for %s: %v", name, ctx.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	type sum struct{ Sum, World, Generation int }
+	master := func(rank, gen int) string {
+		var env map[string]string
+		readJSON(fmt.Sprintf("env-%d-g%d.json", rank, gen), &env)
+		if env["WORLD_SIZE"] == "" || env["ATOLL_GENERATION"] != strconv.Itoa(gen) {
+			t.Fatalf("rank %d of generation %d: env %v", rank, gen, env)
+		}
+		return env["MASTER_ADDR"] + ":" + env["MASTER_PORT"]
+	}
+
+	run("submit", "--dir", dir, "--name", "el", "--workers", "4", "--min-workers", "2", "--gpus-per-worker", "4",
+		"--", "python3", "testdata/procgang/sumranks.py", "--out", out, "--gpus", "4", "--elastic")
+	waitFor("el", "the elastic gang running at 4", func(g api.Gang) bool { return g.State == api.GangRunning && g.Generation == 0 })
+	var s0 sum
+	readJSON("sum-g0.json", &s0)
+	if s0.Sum != 6 || s0.World != 4 {
+		t.Fatalf("generation 0 summed %+v: want 6 over 4 ranks", s0)
+	}
+	m0 := master(0, 0)
+
+	// A gang of priority 10 that needs one whole machine: the elastic gang shrinks to 2.
+	run("submit", "--dir", dir, "--name", "hi", "--workers", "2", "--gpus-per-worker", "4", "--priority", "10", "--", "sleep", "600")
+	for r := range 4 {
+		var y struct{ Notice api.ProcessNotice }
+		readJSON(fmt.Sprintf("yield-%d-g0.json", r), &y)
+		if y.Notice.Kind != api.NoticeShrink {
+			t.Errorf("rank %d of generation 0 got a %q notice, want shrink", r, y.Notice.Kind)
+		}
+	}
+	waitFor("hi", "the high-priority gang running", func(g api.Gang) bool { return g.State == api.GangRunning })
+	g1 := waitFor("el", "the elastic gang running again at 2", func(g api.Gang) bool {
+		return g.State == api.GangRunning && g.Generation >= 1
+	})
+	var s1 sum
+	readJSON(fmt.Sprintf("sum-g%d.json", g1.Generation), &s1)
+	if s1.World != 2 || s1.Sum != 1 {
+		t.Fatalf("after the shrink, generation %d summed %+v: want 0+1 over 2 ranks", g1.Generation, s1)
+	}
+	if m1 := master(0, g1.Generation); m1 == "" || m1 == ":" {
+		t.Fatalf("generation %d has no MASTER_ADDR:MASTER_PORT (generation 0 had %s)", g1.Generation, m0)
+	}
+
+	// The high-priority gang ends: the elastic gang grows back to 4.
+	if err := c.StopJob(ctx, "hi"); err != nil {
+		t.Fatal(err)
+	}
+	for r := range 2 {
+		var y struct{ Notice api.ProcessNotice }
+		readJSON(fmt.Sprintf("yield-%d-g%d.json", r, g1.Generation), &y)
+		if y.Notice.Kind != api.NoticeGrow {
+			t.Errorf("rank %d of generation %d got a %q notice, want grow", r, g1.Generation, y.Notice.Kind)
+		}
+	}
+	g2 := waitFor("el", "the elastic gang running again at 4", func(g api.Gang) bool {
+		return g.State == api.GangRunning && g.Generation > g1.Generation
+	})
+	var s2 sum
+	readJSON(fmt.Sprintf("sum-g%d.json", g2.Generation), &s2)
+	if s2.World != 4 || s2.Sum != 6 {
+		t.Fatalf("after the grow, generation %d summed %+v: want 6 over 4 ranks", g2.Generation, s2)
+	}
+	if g2.Restarts != 0 {
+		t.Errorf("the resizes counted %d restarts, want 0", g2.Restarts)
+	}
+	// Every member ends: the gang completes.
+	if err := os.WriteFile(filepath.Join(out, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := waitFor("el", "the elastic gang completed", func(g api.Gang) bool { return g.State == api.GangStopped })
+	if !strings.HasPrefix(g.Reason, "completed") {
+		t.Errorf("the elastic gang stopped: %q, want completed", g.Reason)
 	}
 }

@@ -40,6 +40,7 @@ func newRootCmd() *cobra.Command {
 		bench,
 		newAddressCmd(),
 		newAgentCmd(),
+		newCACmd(),
 		newCheckpointsCmd(),
 		newDashboardCmd(),
 		newDemoCmd(),

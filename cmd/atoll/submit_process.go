@@ -19,13 +19,14 @@ type processGangFlags struct {
 	workers, minWorkers, gpus, priority   int
 	maxRestarts, yieldCode                int
 	queue, priorityClass, signal, pinnedS string
-	strategy                              string
+	strategy, image                       string
+	mounts                                []string
 	notPreemptible, checkpointOnNotice    bool
 }
 
 // processOnly are the flags that mean something only with --workers.
 var processOnly = []string{"gang", "min-workers", "gpus-per-worker", "priority", "priority-class", "queue", "max-restarts",
-	"yield-exit-code", "notice-signal", "strategy", "machines", "not-preemptible", "checkpoint-on-notice"}
+	"yield-exit-code", "notice-signal", "strategy", "machines", "not-preemptible", "checkpoint-on-notice", "image", "mount"}
 
 func (p *processGangFlags) register(f *pflag.FlagSet) {
 	f.IntVar(&p.workers, "workers", 0, "run PROGRAM ARGS as a process gang of this many members (not a driver): see above")
@@ -42,6 +43,8 @@ func (p *processGangFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&p.pinnedS, "machines", "", "comma-separated machine names the members go on alone (with --workers)")
 	f.BoolVar(&p.notPreemptible, "not-preemptible", false, "keep the process gang from being preempted or shrunk (with --workers)")
 	f.BoolVar(&p.checkpointOnNotice, "checkpoint-on-notice", false, "declare that the program checkpoints when given a notice (with --workers)")
+	f.StringVar(&p.image, "image", "", "run each member in a container of this `IMAGE` through its machine's Docker Engine (with --workers; PROGRAM is run in the image)")
+	f.StringArrayVar(&p.mounts, "mount", nil, "give a container member a host path, `MOUNT` as HOST:CONTAINER or HOST:CONTAINER:ro with absolute paths (with --image; repeatable)")
 }
 
 // unused refuses the process gang's flags without --workers: a driver takes none of them.
@@ -70,7 +73,7 @@ func submitProcessGang(cmd *cobra.Command, dir, address, name string, env []stri
 	spec := api.GangSpec{Job: name, Name: p.gang, Workers: p.workers, MinWorkers: p.minWorkers, Resources: api.Resources{GPUs: p.gpus},
 		Strategy: api.Strategy(p.strategy), Machines: machines, Priority: p.priority, PriorityClass: p.priorityClass, Queue: p.queue,
 		NotPreemptible: p.notPreemptible, JustInTime: p.checkpointOnNotice, MaxRestarts: p.maxRestarts,
-		Process: &api.ProcessSpec{Command: args, Env: env, NoticeSignal: p.signal, YieldExitCode: p.yieldCode}}
+		Process: &api.ProcessSpec{Command: args, Env: env, NoticeSignal: p.signal, YieldExitCode: p.yieldCode, Image: p.image, Mounts: p.mounts}}
 	if p.yieldCode == 0 {
 		return fmt.Errorf("submit: --yield-exit-code 0: status 0 means a member completed; want 1..255 (default %d)", api.DefaultYieldExitCode)
 	}
@@ -93,7 +96,7 @@ func submitProcessGang(cmd *cobra.Command, dir, address, name string, env []stri
 	if err != nil {
 		return fmt.Errorf("submit: %w", err)
 	}
-	if _, err := c.SubmitJob(ctx, api.Job{Name: name, Driver: "atoll submit --workers", Dir: wd}); err != nil {
+	if _, err := c.SubmitJob(ctx, api.Job{Name: name, Driver: "atoll submit --workers", Dir: wd, EndsWithGangs: true}); err != nil {
 		return fmt.Errorf("submit: %w", err)
 	}
 	g, err := c.SpawnGang(ctx, spec)

@@ -124,7 +124,7 @@ ATOLL_TOKEN_FILE=DIR/token and ATOLL_CA_CERT=DIR/ca.crt. atoll token revoke ends
 			if err != nil {
 				return fmt.Errorf("token create: %w", err)
 			}
-			if err := writeCredential(out, map[string][]byte{credTokenFile: []byte(tok + "\n"), credCertFile: certPEM, credKeyFile: keyPEM, credCAFile: ca.CertPEM}); err != nil {
+			if err := writeCredential(out, map[string][]byte{credTokenFile: []byte(tok + "\n"), credCertFile: certPEM, credKeyFile: keyPEM, credCAFile: ca.TrustPEM()}); err != nil {
 				return fmt.Errorf("token create: %w", err)
 			}
 			abs, _ := filepath.Abs(out)

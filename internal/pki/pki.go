@@ -16,6 +16,7 @@
 package pki
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -30,6 +31,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -58,7 +61,19 @@ var ErrKeyMode = errors.New("pki: private key readable by others")
 type CA struct {
 	Cert    *x509.Certificate
 	CertPEM []byte
-	key     *ecdsa.PrivateKey
+	// Bundle is every CA certificate the cluster trusts (PEM): during a rotation the
+	// other CA's too (LoadCA reads them from ca.crt); nil means CertPEM alone.
+	Bundle []byte
+	key    *ecdsa.PrivateKey
+}
+
+// TrustPEM is what a process issued a certificate by this CA is to trust: Bundle, or the
+// CA's own certificate.
+func (ca *CA) TrustPEM() []byte {
+	if len(ca.Bundle) > 0 {
+		return ca.Bundle
+	}
+	return ca.CertPEM
 }
 
 func serial() *big.Int {
@@ -120,7 +135,7 @@ func readKey(path string) ([]byte, error) {
 	return os.ReadFile(path)
 }
 
-// LoadCA reads a CA (ca.crt and ca.key) from dir.
+// LoadCA reads a CA (ca.crt and ca.key) from dir; the key must be the certificate's.
 func LoadCA(dir string) (*CA, error) {
 	certPEM, err := os.ReadFile(filepath.Join(dir, CACertFile))
 	if err != nil {
@@ -130,6 +145,17 @@ func LoadCA(dir string) (*CA, error) {
 	if err != nil {
 		return nil, err
 	}
+	ca, err := parseCA(dir, certPEM, kp)
+	if err != nil {
+		return nil, err
+	}
+	if ca.Bundle, err = JoinBundle(certPEM); err != nil {
+		return nil, fmt.Errorf("pki: %s: %w", filepath.Join(dir, CACertFile), err)
+	}
+	return ca, nil
+}
+
+func parseCA(dir string, certPEM, kp []byte) (*CA, error) {
 	cb, _ := pem.Decode(certPEM)
 	kb, _ := pem.Decode(kp)
 	if cb == nil || kb == nil {
@@ -143,7 +169,10 @@ func LoadCA(dir string) (*CA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pki: %s: %w", filepath.Join(dir, CAKeyFile), err)
 	}
-	return &CA{Cert: cert, CertPEM: certPEM, key: key}, nil
+	if pub, ok := cert.PublicKey.(*ecdsa.PublicKey); !ok || !pub.Equal(&key.PublicKey) {
+		return nil, fmt.Errorf("pki: %s: the CA key is not the CA certificate's (a rotation in progress?)", dir)
+	}
+	return &CA{Cert: cert, CertPEM: pem.EncodeToMemory(cb), key: key}, nil
 }
 
 // Grant is what a certificate grants its holder beyond its chain to the cluster CA.
@@ -262,24 +291,72 @@ func WriteIdentity(dir string, caPEM, certPEM, keyPEMBytes []byte) error {
 	return os.WriteFile(filepath.Join(dir, KeyFile), keyPEMBytes, 0o600)
 }
 
-// Identity is a process's certificate and the cluster CA it trusts.
+// Identity is a process's certificate and the cluster CAs it trusts. Both can change
+// while the process runs (a rotation of the cluster CA: SetTrust, SetCert): the TLS
+// configurations it hands out (Server, Client, BootstrapServer) read the current ones at
+// every handshake, so a listener or a pooled dialer made before a change follows it
+// without being rebuilt.
+//
+// Chains are checked by the configurations' VerifyConnection against the current trust
+// (Go's own verification reads pools fixed when a configuration is made): a handshake
+// whose peer's chain does not verify fails, so a completed connection's
+// PeerCertificates[0] is a verified certificate (PeerCert).
 type Identity struct {
-	CAPEM []byte
-	Pool  *x509.CertPool
-	Cert  tls.Certificate
+	cur atomic.Pointer[material]
 }
 
-// NewIdentity builds an identity from PEM bytes.
+// material is what an Identity holds at one time.
+type material struct {
+	caPEM []byte
+	pool  *x509.CertPool
+	cert  tls.Certificate
+	leaf  *x509.Certificate
+}
+
+// NewIdentity builds an identity from PEM bytes: caPEM holds one or more CA certificates
+// (a trust bundle).
 func NewIdentity(caPEM, certPEM, keyPEMBytes []byte) (*Identity, error) {
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, errors.New("pki: the CA certificate is not PEM")
-	}
 	cert, err := tls.X509KeyPair(certPEM, keyPEMBytes)
 	if err != nil {
 		return nil, fmt.Errorf("pki: certificate and key: %w", err)
 	}
-	return &Identity{CAPEM: caPEM, Pool: pool, Cert: cert}, nil
+	return IdentityOf(caPEM, cert)
+}
+
+// IdentityOf builds an identity from a trust bundle and a certificate with its key.
+func IdentityOf(caPEM []byte, cert tls.Certificate) (*Identity, error) {
+	pool, err := bundlePool(caPEM)
+	if err != nil {
+		return nil, err
+	}
+	m, err := withCert(&material{caPEM: caPEM, pool: pool}, cert)
+	if err != nil {
+		return nil, err
+	}
+	id := &Identity{}
+	id.cur.Store(m)
+	return id, nil
+}
+
+func bundlePool(caPEM []byte) (*x509.CertPool, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, errors.New("pki: the CA certificate is not PEM")
+	}
+	return pool, nil
+}
+
+func withCert(m *material, cert tls.Certificate) (*material, error) {
+	if len(cert.Certificate) == 0 {
+		return nil, errors.New("pki: an empty certificate")
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		return nil, fmt.Errorf("pki: certificate: %w", err)
+	}
+	n := *m
+	n.cert, n.leaf = cert, leaf
+	return &n, nil
 }
 
 // LoadIdentity reads a TLS directory (ca.crt, cert.crt, cert.key with mode 0600).
@@ -299,18 +376,120 @@ func LoadIdentity(dir string) (*Identity, error) {
 	return NewIdentity(caPEM, certPEM, kp)
 }
 
-// Server is the configuration of a listener: TLS 1.3, a client certificate from the
-// cluster CA required.
-func (id *Identity) Server() *tls.Config {
-	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{id.Cert},
-		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: id.Pool, RootCAs: id.Pool, ServerName: ServerName}
+// TrustPEM returns the CA certificates this identity trusts now (PEM, one or more).
+func (id *Identity) TrustPEM() []byte { return id.cur.Load().caPEM }
+
+// Certificate returns this process's certificate and key now.
+func (id *Identity) Certificate() tls.Certificate { return id.cur.Load().cert }
+
+// Leaf returns this process's certificate now, parsed.
+func (id *Identity) Leaf() *x509.Certificate { return id.cur.Load().leaf }
+
+// SetTrust replaces the CA certificates this identity trusts (a bundle of one or more);
+// handshakes from then on verify peers against them.
+func (id *Identity) SetTrust(caPEM []byte) error {
+	pool, err := bundlePool(caPEM)
+	if err != nil {
+		return err
+	}
+	for {
+		old := id.cur.Load()
+		n := *old
+		n.caPEM, n.pool = append([]byte(nil), caPEM...), pool
+		if id.cur.CompareAndSwap(old, &n) {
+			return nil
+		}
+	}
 }
+
+// SetCert replaces this process's certificate (a renewal); handshakes from then on
+// present it.
+func (id *Identity) SetCert(cert tls.Certificate) error {
+	for {
+		old := id.cur.Load()
+		n, err := withCert(old, cert)
+		if err != nil {
+			return err
+		}
+		if id.cur.CompareAndSwap(old, n) {
+			return nil
+		}
+	}
+}
+
+// SignedBy reports whether this process's certificate was signed by ca.
+func (id *Identity) SignedBy(ca *x509.Certificate) bool {
+	return ca != nil && id.Leaf().CheckSignatureFrom(ca) == nil
+}
+
+// Verify checks a peer's chain (leaf first) against the CAs trusted now: the leaf must
+// name ServerName, as every certificate of a cluster does.
+func (id *Identity) Verify(chain []*x509.Certificate) error {
+	if len(chain) == 0 {
+		return errors.New("pki: the peer presented no certificate")
+	}
+	m := id.cur.Load()
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := chain[0].Verify(x509.VerifyOptions{Roots: m.pool, Intermediates: inter, DNSName: ServerName,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return fmt.Errorf("pki: the peer's certificate %q: %w", chain[0].Subject.CommonName, err)
+	}
+	return nil
+}
+
+// config is the configuration every link of this identity uses, as a server or as a
+// client: TLS 1.3, the current certificate presented, the peer's chain verified against
+// the current trust (a server asks for a client certificate as auth says).
+func (id *Identity) config(auth tls.ClientAuthType) *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13, ServerName: ServerName, ClientAuth: auth,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			c := id.Certificate()
+			return &c, nil
+		},
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			c := id.Certificate()
+			return &c, nil
+		},
+		// Verification is ours (VerifyConnection), against the trust of the moment.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				// A server that does not require a client certificate (BootstrapServer);
+				// a client always gets the server's (TLS requires it).
+				return nil
+			}
+			return id.Verify(cs.PeerCertificates)
+		},
+	}
+}
+
+// Server is the configuration of a listener: TLS 1.3, a client certificate from the
+// cluster CA required. It also dials (as the Paxos transport does with one
+// configuration), verifying the server the same way.
+func (id *Identity) Server() *tls.Config { return id.config(tls.RequireAnyClientCert) }
 
 // Client is the configuration of a dialer: TLS 1.3, this process's certificate, the
 // server's checked against the cluster CA for ServerName.
-func (id *Identity) Client() *tls.Config {
-	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{id.Cert},
-		RootCAs: id.Pool, ClientCAs: id.Pool, ServerName: ServerName}
+func (id *Identity) Client() *tls.Config { return id.config(tls.RequireAnyClientCert) }
+
+// SelfVerifying reports whether a configuration verifies peers itself, as an Identity's do
+// (VerifyConnection against the current CAs), rather than through RootCAs and ClientCAs.
+func SelfVerifying(c *tls.Config) bool { return c.VerifyConnection != nil && c.InsecureSkipVerify }
+
+// RequireClientCert makes a listener's configuration require a verified client
+// certificate: one of an Identity's (whose VerifyConnection verifies) must get one,
+// any other has Go verify it against ClientCAs. Packages that force mutual TLS on the
+// configuration they are given call it.
+func RequireClientCert(c *tls.Config) {
+	if SelfVerifying(c) {
+		c.ClientAuth = tls.RequireAnyClientCert
+		return
+	}
+	c.ClientAuth = tls.RequireAndVerifyClientCert
 }
 
 // IssueIdentity makes an identity for a process named name, signed by this CA (a head's
@@ -325,18 +504,14 @@ func (ca *CA) IssueIdentityGrant(name string, g Grant, hosts ...string) (*Identi
 	if err != nil {
 		return nil, err
 	}
-	return NewIdentity(ca.CertPEM, certPEM, kp)
+	return NewIdentity(ca.TrustPEM(), certPEM, kp)
 }
 
 // BootstrapServer is the configuration of a listener that also admits a client without a
 // certificate (the head API, where a process holding the token asks for its certificate):
 // a certificate given is verified against the cluster CA, and the handler refuses every
 // other request that came without one.
-func (id *Identity) BootstrapServer() *tls.Config {
-	c := id.Server()
-	c.ClientAuth = tls.VerifyClientCertIfGiven
-	return c
-}
+func (id *Identity) BootstrapServer() *tls.Config { return id.config(tls.RequestClientCert) }
 
 // Trust is the configuration of a dialer that has no certificate yet: it checks the
 // server's against the cluster CA (caPEM) and presents none.
@@ -371,19 +546,28 @@ func ReadCACert(path string) ([]byte, error) {
 // Verified reports whether a TLS connection state carries a client certificate verified
 // against the cluster CA, and the name it was issued to.
 func Verified(st *tls.ConnectionState) (string, bool) {
-	if st == nil || len(st.VerifiedChains) == 0 || len(st.VerifiedChains[0]) == 0 {
+	c := PeerCert(st)
+	if c == nil {
 		return "", false
 	}
-	return st.VerifiedChains[0][0].Subject.CommonName, true
+	return c.Subject.CommonName, true
 }
 
 // PeerCert returns the client certificate of a TLS connection state verified against the
-// cluster CA, or nil when there is none.
+// cluster CA, or nil when there is none: the first of a chain Go verified, or, on a
+// connection of an Identity's configuration (which verifies in VerifyConnection and
+// fails the handshake otherwise), the peer's certificate.
 func PeerCert(st *tls.ConnectionState) *x509.Certificate {
-	if st == nil || len(st.VerifiedChains) == 0 || len(st.VerifiedChains[0]) == 0 {
+	if st == nil {
 		return nil
 	}
-	return st.VerifiedChains[0][0]
+	if len(st.VerifiedChains) > 0 && len(st.VerifiedChains[0]) > 0 {
+		return st.VerifiedChains[0][0]
+	}
+	if len(st.PeerCertificates) > 0 {
+		return st.PeerCertificates[0]
+	}
+	return nil
 }
 
 // GrantOf returns the grant URI a certificate carries ("" for none): the first URI
@@ -414,4 +598,215 @@ func ValidName(name string) error {
 		}
 	}
 	return nil
+}
+
+// Files of a CA directory that a rotation of the cluster CA adds (see Rotate*): next.crt
+// and next.key hold the CA that will sign once activated. Throughout a rotation ca.crt
+// holds every CA the cluster trusts, the one that signs (ca.key's) first, so every
+// process that reads ca.crt trusts them all.
+const (
+	NextCertFile = "next.crt"
+	NextKeyFile  = "next.key"
+)
+
+// The phases of a rotation of the cluster CA, as a CA directory's files say.
+const (
+	// PhaseSteady: one CA signs and is trusted.
+	PhaseSteady = "steady"
+	// PhaseAdded: a new CA is trusted beside the one that signs (RotateAdd); processes
+	// learn to trust it before anyone presents a certificate it signed.
+	PhaseAdded = "added"
+	// PhaseActivated: the new CA signs and the old one is still trusted
+	// (RotateActivate); processes renew their certificates.
+	PhaseActivated = "activated"
+)
+
+// ErrRotation: a rotation step that does not follow from the CA directory's phase.
+var ErrRotation = errors.New("pki: CA rotation")
+
+// RotationPhase reads a CA directory's phase.
+func RotationPhase(dir string) (string, error) {
+	_, err := os.Stat(filepath.Join(dir, NextCertFile))
+	switch {
+	case err == nil:
+		return PhaseAdded, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", fmt.Errorf("pki: %w", err)
+	}
+	b, err := TrustBundle(dir)
+	if err != nil {
+		return "", err
+	}
+	if n := bytes.Count(b, []byte("-----BEGIN CERTIFICATE-----")); n > 1 {
+		return PhaseActivated, nil
+	}
+	return PhaseSteady, nil
+}
+
+// TrustBundle reads the CA certificates a CA directory's cluster trusts: every one in
+// ca.crt (PEM, each once).
+func TrustBundle(dir string) ([]byte, error) {
+	b, err := os.ReadFile(filepath.Join(dir, CACertFile))
+	if err != nil {
+		return nil, fmt.Errorf("pki: the cluster CA: %w", err)
+	}
+	return JoinBundle(b)
+}
+
+// JoinBundle joins PEM bundles of CA certificates, each certificate once, in order;
+// anything that is not a certificate is an error.
+func JoinBundle(bundles ...[]byte) ([]byte, error) {
+	var out []byte
+	seen := map[string]bool{}
+	for _, b := range bundles {
+		for len(b) > 0 {
+			var blk *pem.Block
+			blk, b = pem.Decode(b)
+			if blk == nil {
+				break
+			}
+			if blk.Type != "CERTIFICATE" {
+				return nil, fmt.Errorf("pki: a trust bundle holds a %s, not only certificates", blk.Type)
+			}
+			if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
+				return nil, fmt.Errorf("pki: a trust bundle's certificate: %w", err)
+			}
+			if !seen[string(blk.Bytes)] {
+				seen[string(blk.Bytes)] = true
+				out = append(out, pem.EncodeToMemory(blk)...)
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("pki: an empty trust bundle")
+	}
+	return out, nil
+}
+
+// writeAtomic writes a file whole or not at all (a temporary file renamed), so that a
+// head reading the directory meanwhile sees the old content or the new.
+func writeAtomic(path string, b []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, mode); err != nil {
+		return fmt.Errorf("pki: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("pki: %w", err)
+	}
+	return nil
+}
+
+// RotateAdd begins a rotation of the cluster CA in dir: a new CA for the same cluster
+// (next.crt, next.key) that every process is to trust beside the current one (ca.crt
+// holds both, the current one first), while the current one still signs. It returns the
+// new CA.
+func RotateAdd(dir string) (*CA, error) {
+	cur, err := LoadCA(dir)
+	if err != nil {
+		return nil, err
+	}
+	if ph, err := RotationPhase(dir); err != nil {
+		return nil, err
+	} else if ph != PhaseSteady {
+		return nil, fmt.Errorf("%w: %s is in phase %q: finish that rotation first", ErrRotation, dir, ph)
+	}
+	next, err := NewCA(strings.TrimPrefix(cur.Cert.Subject.CommonName, "atoll cluster CA "))
+	if err != nil {
+		return nil, err
+	}
+	kp, err := keyPEM(next.key)
+	if err != nil {
+		return nil, err
+	}
+	both, err := JoinBundle(cur.CertPEM, next.CertPEM)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeAtomic(filepath.Join(dir, NextKeyFile), kp, 0o600); err != nil {
+		return nil, err
+	}
+	if err := writeAtomic(filepath.Join(dir, CACertFile), both, 0o644); err != nil {
+		return nil, err
+	}
+	// next.crt last: its presence is the phase.
+	if err := writeAtomic(filepath.Join(dir, NextCertFile), next.CertPEM, 0o644); err != nil {
+		return nil, err
+	}
+	return next, nil
+}
+
+// RotateActivate makes the new CA of a rotation the one that signs (ca.key, and first in
+// ca.crt); the old one stays trusted until RotateFinish. It returns the new signing CA.
+func RotateActivate(dir string) (*CA, error) {
+	if ph, err := RotationPhase(dir); err != nil {
+		return nil, err
+	} else if ph != PhaseAdded {
+		return nil, fmt.Errorf("%w: %s is in phase %q, not %q: run the add step first", ErrRotation, dir, ph, PhaseAdded)
+	}
+	old, err := LoadCA(dir)
+	if err != nil {
+		return nil, err
+	}
+	nextPEM, err := os.ReadFile(filepath.Join(dir, NextCertFile))
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	nextKey, err := readKey(filepath.Join(dir, NextKeyFile))
+	if err != nil {
+		return nil, err
+	}
+	next, err := parseCA(dir, nextPEM, nextKey)
+	if err != nil {
+		return nil, err
+	}
+	both, err := JoinBundle(next.CertPEM, old.CertPEM)
+	if err != nil {
+		return nil, err
+	}
+	// Two files change: a reader that sees the key of one CA with the other first in
+	// ca.crt (LoadCA refuses the pair) reads again later; both stay trusted throughout.
+	if err := writeAtomic(filepath.Join(dir, CAKeyFile), nextKey, 0o600); err != nil {
+		return nil, err
+	}
+	if err := writeAtomic(filepath.Join(dir, CACertFile), both, 0o644); err != nil {
+		return nil, err
+	}
+	for _, f := range []string{NextCertFile, NextKeyFile} {
+		if err := os.Remove(filepath.Join(dir, f)); err != nil {
+			return nil, fmt.Errorf("pki: %w", err)
+		}
+	}
+	return next, nil
+}
+
+// RotateFinish ends a rotation: only the CA that signs stays in ca.crt, and a certificate
+// the old one signed is refused from then on.
+func RotateFinish(dir string) error {
+	if ph, err := RotationPhase(dir); err != nil {
+		return err
+	} else if ph != PhaseActivated {
+		return fmt.Errorf("%w: %s is in phase %q, not %q: activate the new CA first", ErrRotation, dir, ph, PhaseActivated)
+	}
+	ca, err := LoadCA(dir)
+	if err != nil {
+		return err
+	}
+	return writeAtomic(filepath.Join(dir, CACertFile), ca.CertPEM, 0o644)
+}
+
+// ParseBundle returns the certificates of a PEM bundle (those that parse).
+func ParseBundle(b []byte) []*x509.Certificate {
+	var out []*x509.Certificate
+	for len(b) > 0 {
+		var blk *pem.Block
+		blk, b = pem.Decode(b)
+		if blk == nil {
+			break
+		}
+		if c, err := x509.ParseCertificate(blk.Bytes); err == nil && blk.Type == "CERTIFICATE" {
+			out = append(out, c)
+		}
+	}
+	return out
 }

@@ -86,7 +86,10 @@ func TestMutualTLSWithTheClusterCA(t *testing.T) {
 	if err := dial(intruder.Client()); err == nil {
 		t.Fatal("a certificate of another CA was accepted")
 	}
-	noCert := &tls.Config{RootCAs: server.Pool, ServerName: ServerName, MinVersion: tls.VersionTLS13}
+	noCert, err := Trust(server.TrustPEM())
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := dial(noCert); err == nil {
 		t.Fatal("a client without a certificate was accepted")
 	}
@@ -135,5 +138,169 @@ func TestGrant(t *testing.T) {
 	}
 	if PeerCert(nil) != nil || PeerCert(&tls.ConnectionState{}) != nil {
 		t.Error("PeerCert of no chain")
+	}
+}
+
+// echoServer serves echo over TLS with cfg until the test ends, and dials it.
+func echoServer(t *testing.T, cfg *tls.Config) func(*tls.Config) error {
+	t.Helper()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+	return func(cfg *tls.Config) error {
+		c, err := tls.Dial("tcp", ln.Addr().String(), cfg)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("x")); err != nil {
+			return err
+		}
+		_, err = io.ReadFull(c, make([]byte, 1))
+		return err
+	}
+}
+
+// TestRotationWithoutRestarts rotates a CA directory through its three steps while one
+// listener and one client configuration, made before it began, stay in use: every step
+// keeps the old and the new connecting, and only the end refuses the old CA's certificates.
+func TestRotationWithoutRestarts(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := NewCA("rot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Save(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := RotateActivate(dir); !errors.Is(err, ErrRotation) {
+		t.Fatalf("activate before add: %v", err)
+	}
+	if err := RotateFinish(dir); !errors.Is(err, ErrRotation) {
+		t.Fatalf("finish before add: %v", err)
+	}
+	server, _ := ca.IssueIdentity("head-1")
+	client, _ := ca.IssueIdentity("agent/a")
+	serverCfg, clientCfg := server.Server(), client.Client() // made once, used throughout
+	dial := echoServer(t, serverCfg)
+	if err := dial(clientCfg); err != nil {
+		t.Fatalf("before the rotation: %v", err)
+	}
+	follow := func(ids ...*Identity) {
+		t.Helper()
+		b, err := TrustBundle(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids {
+			if err := id.SetTrust(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	// Add: the new CA is trusted; a process already holding one of its certificates (a
+	// process started now) and the old ones all connect.
+	next, err := RotateAdd(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ph, _ := RotationPhase(dir); ph != PhaseAdded {
+		t.Fatalf("phase %q after add", ph)
+	}
+	if _, err := RotateAdd(dir); !errors.Is(err, ErrRotation) {
+		t.Fatalf("a second add: %v", err)
+	}
+	if signing, err := LoadCA(dir); err != nil || !signing.Cert.Equal(ca.Cert) {
+		t.Fatalf("the old CA must still sign after add (%v)", err)
+	}
+	follow(server, client)
+	fresh, _ := next.IssueIdentity("driver/j")
+	if err := fresh.SetTrust(client.TrustPEM()); err != nil {
+		t.Fatal(err)
+	}
+	if err := dial(fresh.Client()); err != nil {
+		t.Fatalf("a certificate of the new CA after add: %v", err)
+	}
+	if err := dial(clientCfg); err != nil {
+		t.Fatalf("the old certificate after add: %v", err)
+	}
+
+	// Activate: the new CA signs; the server renews, the client has not yet.
+	signing, err := RotateActivate(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if loaded, err := LoadCA(dir); err != nil || !loaded.Cert.Equal(next.Cert) || !signing.Cert.Equal(next.Cert) {
+		t.Fatalf("the new CA must sign after activate (%v)", err)
+	}
+	follow(server, client)
+	renewed, _ := signing.IssueIdentity("head-1")
+	if err := server.SetCert(renewed.Certificate()); err != nil {
+		t.Fatal(err)
+	}
+	if !server.SignedBy(next.Cert) || client.SignedBy(next.Cert) {
+		t.Fatal("SignedBy does not tell the renewed certificate from the old")
+	}
+	if err := dial(clientCfg); err != nil {
+		t.Fatalf("an old certificate against a renewed server after activate: %v", err)
+	}
+
+	// Finish: the old CA is trusted no more; the client's old certificate is refused until
+	// it renews, on the same configuration.
+	if err := RotateFinish(dir); err != nil {
+		t.Fatal(err)
+	}
+	if ph, _ := RotationPhase(dir); ph != PhaseSteady {
+		t.Fatalf("phase %q after finish", ph)
+	}
+	follow(server, client)
+	if err := dial(clientCfg); err == nil {
+		t.Fatal("a certificate of the retired CA was accepted after finish")
+	}
+	cr, _ := signing.IssueIdentity("agent/a")
+	if err := client.SetCert(cr.Certificate()); err != nil {
+		t.Fatal(err)
+	}
+	if err := dial(clientCfg); err != nil {
+		t.Fatalf("the renewed client after finish: %v", err)
+	}
+	// A dialer that trusts only the retired CA cannot verify the server any more.
+	stale, _ := ca.IssueIdentity("agent/b")
+	if err := dial(stale.Client()); err == nil {
+		t.Fatal("a client trusting only the retired CA verified the renewed server")
+	}
+}
+
+func TestLoadCARefusesAMismatchedKey(t *testing.T) {
+	a, b := t.TempDir(), t.TempDir()
+	ca1, _ := NewCA("x")
+	ca2, _ := NewCA("x")
+	if err := ca1.Save(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := ca2.Save(b); err != nil {
+		t.Fatal(err)
+	}
+	key, _ := os.ReadFile(filepath.Join(b, CAKeyFile))
+	if err := os.WriteFile(filepath.Join(a, CAKeyFile), key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadCA(a); err == nil {
+		t.Fatal("a CA key of another certificate was loaded")
+	}
+	if _, err := JoinBundle([]byte("-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n")); err == nil {
+		t.Fatal("a key was taken into a trust bundle")
 	}
 }

@@ -1,18 +1,18 @@
 package provider
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/atoll-run/atoll/internal/dockerapi"
 )
 
 // DockerConfig configures the Docker provider.
@@ -38,6 +38,12 @@ type DockerConfig struct {
 	// agent/<name>), given as the container's ATOLL_TOKEN instead of any in Env: the
 	// Engine keeps it in the container's config, and it is that machine's agent's only.
 	Credential func(machine string) (string, error)
+	// Discover makes the agents discover their machine (NVML: Image is then deploy's
+	// Dockerfile.nvml build) instead of declaring the pool's machine (simulated GPUs):
+	// each container gets the host's GPUs as a device request (the NVIDIA container
+	// runtime), GPUs of them (0: all), and the agent registers what it sees.
+	Discover bool
+	GPUs     int
 	// StopTimeout is the grace docker stop gives an agent. Default 10 s.
 	StopTimeout time.Duration
 	// APIVersion is the Engine API version in request paths. Default v1.41 (Docker 20.10+).
@@ -50,7 +56,7 @@ type DockerConfig struct {
 // (https://docs.docker.com/reference/api/engine/), over its unix socket.
 type Docker struct {
 	cfg DockerConfig
-	hc  *http.Client
+	api *dockerapi.Client
 	notices
 }
 
@@ -84,58 +90,23 @@ func NewDocker(cfg DockerConfig) (*Docker, error) {
 	if !nameRE.MatchString(cfg.Cluster) {
 		return nil, fmt.Errorf("%w: cluster label %q", ErrInvalid, cfg.Cluster)
 	}
-	sock := cfg.Socket
-	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	}}
-	return &Docker{cfg: cfg, hc: &http.Client{Transport: tr}, notices: notices{now: cfg.Now}}, nil
+	return &Docker{cfg: cfg, api: dockerapi.New(cfg.Socket, cfg.APIVersion), notices: notices{now: cfg.Now}}, nil
 }
 
 // containerName is the container of a machine: <cluster>-<machine>.
 func (d *Docker) containerName(machine string) string { return d.cfg.Cluster + "-" + machine }
 
 // call does one Engine API request; out, when not nil, receives the JSON answer. It
-// returns the status code.
+// returns the status code; an Engine it cannot reach is ErrUnavailable.
 func (d *Docker) call(ctx context.Context, method, path string, q url.Values, body, out any) (int, error) {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return 0, err
-		}
-		rd = bytes.NewReader(b)
+	code, err := d.api.Call(ctx, method, path, q, body, out)
+	switch {
+	case errors.Is(err, dockerapi.ErrUnreachable):
+		return code, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	case err != nil:
+		return code, fmt.Errorf("provider: %w", err)
 	}
-	u := "http://docker/" + d.cfg.APIVersion + path
-	if len(q) > 0 {
-		u += "?" + q.Encode()
-	}
-	req, err := http.NewRequestWithContext(ctx, method, u, rd)
-	if err != nil {
-		return 0, err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := d.hc.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("%w: docker %s %s: %v", ErrUnavailable, method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if resp.StatusCode >= 400 {
-		var e struct {
-			Message string `json:"message"`
-		}
-		_ = json.Unmarshal(b, &e)
-		return resp.StatusCode, fmt.Errorf("provider: docker %s %s: %d %s", method, path, resp.StatusCode, strings.TrimSpace(e.Message))
-	}
-	if out != nil && len(b) > 0 {
-		if err := json.Unmarshal(b, out); err != nil {
-			return resp.StatusCode, fmt.Errorf("provider: docker %s %s: decode: %w", method, path, err)
-		}
-	}
-	return resp.StatusCode, nil
+	return code, nil
 }
 
 // Launch creates and starts one agent container per name.
@@ -157,7 +128,11 @@ func (d *Docker) Launch(ctx context.Context, req LaunchRequest) error {
 			binds = append(binds, abs+":/etc/atoll/machine.json:ro")
 			machine = "/etc/atoll/machine.json"
 		}
-		cmd := []string{"agent", "--join", d.cfg.Join, "--name", name, "--machine", machine, "--rack", strconv.Itoa(req.Rack), "--dir", "/var/lib/atoll"}
+		cmd := []string{"agent", "--join", d.cfg.Join, "--name", name}
+		if !d.cfg.Discover {
+			cmd = append(cmd, "--machine", machine)
+		}
+		cmd = append(cmd, "--rack", strconv.Itoa(req.Rack), "--dir", "/var/lib/atoll")
 		if d.cfg.Network != "host" {
 			cmd = append(cmd, "--listen", "0.0.0.0:7070", "--transfer-listen", "0.0.0.0:7071", "--gossip", "0.0.0.0:7946", "--advertise", cname)
 		}
@@ -174,17 +149,25 @@ func (d *Docker) Launch(ctx context.Context, req LaunchRequest) error {
 				}
 			}
 		}
+		host := map[string]any{
+			"NetworkMode": d.cfg.Network,
+			"Binds":       binds,
+			"Tmpfs":       map[string]string{"/var/lib/atoll": "rw,size=1g", "/tmp": "rw"},
+			"ShmSize":     1 << 30,
+		}
+		if d.cfg.Discover {
+			count := d.cfg.GPUs
+			if count <= 0 {
+				count = -1 // every GPU of the host
+			}
+			host["DeviceRequests"] = []map[string]any{{"Driver": "nvidia", "Count": count, "Capabilities": [][]string{{"gpu"}}}}
+		}
 		create := map[string]any{
-			"Image":  d.cfg.Image,
-			"Cmd":    cmd,
-			"Env":    env,
-			"Labels": map[string]string{labelCluster: d.cfg.Cluster, labelPool: req.Pool, labelMachine: name},
-			"HostConfig": map[string]any{
-				"NetworkMode": d.cfg.Network,
-				"Binds":       binds,
-				"Tmpfs":       map[string]string{"/var/lib/atoll": "rw,size=1g", "/tmp": "rw"},
-				"ShmSize":     1 << 30,
-			},
+			"Image":      d.cfg.Image,
+			"Cmd":        cmd,
+			"Env":        env,
+			"Labels":     map[string]string{labelCluster: d.cfg.Cluster, labelPool: req.Pool, labelMachine: name},
+			"HostConfig": host,
 		}
 		code, err := d.call(ctx, http.MethodPost, "/containers/create", url.Values{"name": {cname}}, create, nil)
 		if err != nil && code != http.StatusConflict { // 409: it exists (a retried launch): start it

@@ -133,6 +133,42 @@ func TestDockerEngine(t *testing.T) {
 	if code != http.StatusNotFound || err == nil {
 		t.Fatalf("removed container still inspectable: %d %v", code, err)
 	}
+	// A discovering pool: the agent declares no machine, and the container asks for the
+	// host's GPUs. Where the Engine has no NVIDIA runtime (as here) the start fails, naming
+	// the driver; the container was made with the request.
+	gd, err := NewDocker(DockerConfig{Socket: sock, Image: image, Cluster: cluster, Join: "http://heads.invalid:7000", Discover: true, GPUs: 2,
+		Env: []string{"ATOLL_TOKEN=0123456789abcdef0123456789abcdef"}, StopTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lerr := gd.Launch(ctx, LaunchRequest{Pool: "gpu", Names: []string{"gpu-0"}, Machine: "dgx-h100"})
+	if lerr != nil && !strings.Contains(lerr.Error(), "nvidia") {
+		t.Fatalf("a discovering machine's launch failed for another reason than the NVIDIA runtime: %v", lerr)
+	}
+	var gi struct {
+		Config struct {
+			Cmd []string `json:"Cmd"`
+		} `json:"Config"`
+		HostConfig struct {
+			DeviceRequests []struct {
+				Driver       string
+				Count        int
+				Capabilities [][]string
+			}
+		} `json:"HostConfig"`
+	}
+	if _, err := gd.call(ctx, http.MethodGet, "/containers/"+cluster+"-gpu-0/json", nil, nil, &gi); err != nil {
+		t.Fatalf("the discovering machine's container: %v (launch: %v)", err, lerr)
+	}
+	if c := strings.Join(gi.Config.Cmd, " "); strings.Contains(c, "--machine") {
+		t.Errorf("a discovering agent declares a machine: %q", c)
+	}
+	if dr := gi.HostConfig.DeviceRequests; len(dr) != 1 || dr[0].Driver != "nvidia" || dr[0].Count != 2 || len(dr[0].Capabilities) != 1 || dr[0].Capabilities[0][0] != "gpu" {
+		t.Errorf("device requests %+v: want 2 GPUs of the nvidia driver", dr)
+	}
+	if err := gd.Terminate(ctx, "gpu-0"); err != nil {
+		t.Fatal(err)
+	}
 	// A socket with no engine behind it is ErrUnavailable.
 	bad, _ := NewDocker(DockerConfig{Socket: filepath.Join(dir, "none.sock"), Image: image, Cluster: cluster, Join: "x"})
 	if _, err := bad.List(ctx); !errors.Is(err, ErrUnavailable) {

@@ -31,6 +31,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/atoll-run/atoll/internal/dockerapi"
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/authz"
@@ -58,6 +59,9 @@ type Config struct {
 	// the agent then gets a certificate of its own from the heads (with the token), and
 	// its API, its object store's transfer plane and its workers' links are mutual TLS.
 	CACert []byte
+	// TrustPoll is how often the agent asks the heads whether the cluster CA rotated
+	// (default api.TrustPoll).
+	TrustPoll time.Duration
 	// Dir is the agent's own directory: its object store's spill files, the jobs'
 	// executables, the workers' spec files and logs.
 	Dir string
@@ -162,6 +166,15 @@ type Agent struct {
 
 // Identity is the agent's certificate (nil without TLS).
 func (a *Agent) Identity() *pki.Identity { return a.id }
+
+// trustPEM is the cluster CAs this agent trusts now (what its workers are given): its
+// configuration's until a rotation of the cluster CA changes them.
+func (a *Agent) trustPEM() []byte {
+	if a.id != nil {
+		return a.id.TrustPEM()
+	}
+	return a.cfg.CACert
+}
 
 type worker struct {
 	spec     api.WorkerSpec
@@ -298,7 +311,16 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		if n := removeRunFiles(runDir); n > 0 {
 			log.Info("removed the spec and credential files an earlier run left", zap.Int("files", n))
 		}
-		a.cfg.Launcher = &ExecLauncher{RunDir: runDir, LogDir: filepath.Join(cfg.Dir, "logs"), Binary: a.binary, Credential: a.credential}
+		owner, _ := filepath.Abs(cfg.Dir)
+		el := &ExecLauncher{RunDir: runDir, LogDir: filepath.Join(cfg.Dir, "logs"), Binary: a.binary, Credential: a.credential, Owner: owner}
+		if _, err := os.Stat(dockerapi.DefaultSocket); err == nil { // and the containers it left
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			if n := el.removeContainers(cctx); n > 0 {
+				log.Info("removed the member containers an earlier run left", zap.Int("containers", n))
+			}
+			cancel()
+		}
+		a.cfg.Launcher = el
 	}
 	a.ln, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -336,6 +358,14 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	go a.loadLoop()
 	go a.watchLoop()
 	go a.reconcileLoop()
+	if id != nil { // follow a rotation of the cluster CA
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			api.KeepIdentity(a.ctx, client, id, api.Renewal{Heads: cfg.Heads, Token: string(cfg.Token), Name: "agent/" + cfg.Name,
+				Principal: authz.Agent(cfg.Name).String(), Hosts: serverHosts(cfg)}, cfg.TrustPoll, log)
+		}()
+	}
 	return a, nil
 }
 
@@ -531,7 +561,7 @@ func applyGangs(gangs map[string]api.Gang, reset bool, l api.Listing, evs []meta
 // desiredLocked computes the workers this machine should run, by job/gang/rank.
 func (a *Agent) desiredLocked() map[string]api.WorkerSpec {
 	base := api.WorkerSpec{Machine: a.cfg.Name, Simulated: a.cfg.Simulated, Heads: a.client.Heads(), LinkKey: string(a.keys.link),
-		CACert: string(a.cfg.CACert), Agent: a.addr, Transfer: a.node.Addr}
+		CACert: string(a.trustPEM()), Agent: a.addr, Transfer: a.node.Addr}
 	return desired(withoutEnded(a.gangs, a.ended), a.exited, base)
 }
 

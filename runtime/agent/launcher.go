@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/atoll-run/atoll/internal/dockerapi"
 	"github.com/atoll-run/atoll/runtime/api"
 )
 
@@ -51,6 +52,13 @@ type ExecLauncher struct {
 	// Credential, when set, gets the process its own credential (api.WorkerSpec.Token): a
 	// token for worker/<job>/<gang>/<rank>, or driver/<job> for a submitted driver.
 	Credential func(ctx context.Context, spec api.WorkerSpec) (string, error)
+	// Docker is the machine's Docker Engine, for process gang members with an image
+	// (default: a client of DockerSocket, or of the usual socket); Owner labels their
+	// containers (the agent's directory), so that a later run removes what this one left.
+	Docker       *dockerapi.Client
+	DockerSocket string
+	Owner        string
+	dockerOnce   sync.Once
 }
 
 // Launch implements Launcher.
@@ -245,6 +253,13 @@ func (l *ExecLauncher) launchProcess(spec api.WorkerSpec, job api.Job) (Handle, 
 	logf, err := openWorkerLog(l.LogDir, spec)
 	if err != nil {
 		return nil, err
+	}
+	if spec.Process.Image != "" { // the image's environment, not this machine's
+		h, err := l.launchContainer(spec, append(append(slices.Clone(job.Env), spec.Process.Env...), penv...), noticePath, logf)
+		if err != nil {
+			_ = logf.Close()
+		}
+		return h, err
 	}
 	cmd := exec.Command(spec.Process.Command[0], spec.Process.Command[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf

@@ -3,7 +3,9 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +13,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/internal/pki"
 )
@@ -133,4 +137,116 @@ func RequestIdentityAs(ctx context.Context, heads []string, token string, caPEM 
 		case <-time.After(min(time.Duration(attempt+1)*50*time.Millisecond, time.Second)):
 		}
 	}
+}
+
+// TrustInfo answers GET /v1/trust: the cluster CAs as the answering head reads them, for
+// processes that follow a rotation of the cluster CA (KeepIdentity).
+type TrustInfo struct {
+	// Bundle is every CA certificate the cluster trusts now (PEM).
+	Bundle string `json:"bundle"`
+	// Signing is the CA certificate that signs new certificates (PEM).
+	Signing string `json:"signing"`
+	// Phase is the rotation's phase: steady, added or activated (see internal/pki).
+	Phase string `json:"phase"`
+	// Stale lists the callers this head saw, within the last StaleWindow, present a
+	// certificate that the signing CA did not sign: processes that have not renewed yet.
+	Stale []StaleCert `json:"stale"`
+}
+
+// StaleCert is a caller seen with a certificate of a CA other than the signing one.
+type StaleCert struct {
+	Name      string    `json:"name"`
+	Principal string    `json:"principal"`
+	LastSeen  time.Time `json:"last_seen"`
+}
+
+// StaleWindow is how long a head remembers a caller seen with a certificate of another CA.
+const StaleWindow = time.Minute
+
+// Trust asks a head for the cluster's CAs (GET /v1/trust).
+func (c *Client) Trust(ctx context.Context) (TrustInfo, error) {
+	var ti TrustInfo
+	err := c.Do(ctx, http.MethodGet, "/v1/trust", nil, &ti)
+	return ti, err
+}
+
+// Renewal is what a process asked its certificate with (RequestIdentityAs's arguments), to
+// ask again when the cluster CA changes.
+type Renewal struct {
+	Heads     []string
+	Token     string
+	Name      string
+	Principal string
+	Hosts     []string
+}
+
+// TrustPoll is how often a process asks the heads for the cluster's CAs (KeepIdentity).
+const TrustPoll = 5 * time.Second
+
+// KeepIdentity follows a rotation of the cluster CA for a process's identity until ctx
+// ends: every `every` (TrustPoll when zero) it asks a head for the cluster's CAs over c
+// (GET /v1/trust); when the bundle changed it trusts the new one, and when its own
+// certificate was not signed by the signing CA it asks for a new one as it asked for the
+// first (POST /v1/certs with its token) and presents it from then on. Links made before
+// follow: the identity's TLS configurations read the current trust and certificate at
+// every handshake. A failed round is logged and tried again next time.
+func KeepIdentity(ctx context.Context, c *Client, id *pki.Identity, r Renewal, every time.Duration, log *zap.Logger) {
+	if every <= 0 {
+		every = TrustPoll
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		before := id.Leaf()
+		err := FollowTrust(ctx, c, id, r)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.Warn("cluster CA: following its rotation failed (tried again)", zap.String("name", r.Name), zap.Error(err))
+		case err == nil && id.Leaf() != before:
+			log.Info("cluster CA: certificate renewed", zap.String("name", r.Name), zap.String("issuer", id.Leaf().Issuer.CommonName))
+		}
+	}
+}
+
+// FollowTrust is one round of KeepIdentity.
+func FollowTrust(ctx context.Context, c *Client, id *pki.Identity, r Renewal) error {
+	ti, err := c.Trust(ctx)
+	if err != nil {
+		return err
+	}
+	if ti.Bundle != string(id.TrustPEM()) {
+		if err := id.SetTrust([]byte(ti.Bundle)); err != nil {
+			return fmt.Errorf("the trust bundle from the heads: %w", err)
+		}
+	}
+	blk, _ := pem.Decode([]byte(ti.Signing))
+	if blk == nil {
+		return errors.New("the heads named no signing CA")
+	}
+	signing, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return fmt.Errorf("the signing CA from the heads: %w", err)
+	}
+	if id.SignedBy(signing) {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	nid, err := RequestIdentityAs(rctx, r.Heads, r.Token, id.TrustPEM(), r.Name, r.Principal, r.Hosts...)
+	if err != nil {
+		return fmt.Errorf("renewing %s's certificate: %w", r.Name, err)
+	}
+	if !nid.SignedBy(signing) {
+		// A head that had not yet read the rotation signed it: next round asks again.
+		return fmt.Errorf("renewing %s's certificate: signed by %q, not the signing CA %q yet", r.Name, nid.Leaf().Issuer.CommonName, signing.Subject.CommonName)
+	}
+	return id.SetCert(nid.Certificate())
 }

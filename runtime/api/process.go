@@ -66,6 +66,32 @@ type ProcessSpec struct {
 	// YieldExitCode is the exit status by which a member yields after a notice (1..255, not
 	// 78, which says a restart cannot help; default 75).
 	YieldExitCode int `json:"yield_exit_code,omitempty"`
+	// Image, when set, runs each member in a container of this image (pulled by the
+	// machine's Docker Engine if it lacks it), through the Engine API on the member's
+	// machine: the host's network (MASTER_ADDR and ports as for a process), the same
+	// environment, the placed GPUs as device requests where they are real, the notice file
+	// mounted read-only at the same path. Command is then run in the image (its PATH, its
+	// working directory).
+	Image string `json:"image,omitempty"`
+	// Mounts are host directories or files given to a container member, each
+	// HOST:CONTAINER or HOST:CONTAINER:ro with absolute paths (datasets, a checkpoint
+	// directory). Only with Image.
+	Mounts []string `json:"mounts,omitempty"`
+}
+
+// validImage checks an image reference: [registry/]name[:tag][@digest], no spaces.
+func validImage(ref string) bool {
+	if ref == "" || len(ref) > 255 || strings.HasPrefix(ref, "-") {
+		return false
+	}
+	for _, r := range ref {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', strings.ContainsRune("._-/:@", r):
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // normalize fills the defaults and validates the spec of gang name.
@@ -102,6 +128,18 @@ func (p *ProcessSpec) normalize(name string) error {
 		return fmt.Errorf("%w: process gang %q notice signal %q: want one of %s", ErrInvalid, name, p.NoticeSignal, strings.Join(noticeSignals, ", "))
 	}
 	p.NoticeSignal = sig
+	if p.Image != "" && !validImage(p.Image) {
+		return fmt.Errorf("%w: process gang %q image %q: want an image reference ([registry/]name[:tag][@digest])", ErrInvalid, name, p.Image)
+	}
+	if len(p.Mounts) > 0 && p.Image == "" {
+		return fmt.Errorf("%w: process gang %q has mounts but no image: mounts are a container's", ErrInvalid, name)
+	}
+	for _, m := range p.Mounts {
+		parts := strings.Split(m, ":")
+		if len(parts) < 2 || len(parts) > 3 || !strings.HasPrefix(parts[0], "/") || !strings.HasPrefix(parts[1], "/") || (len(parts) == 3 && parts[2] != "ro" && parts[2] != "rw") {
+			return fmt.Errorf("%w: process gang %q mount %q: want HOST:CONTAINER or HOST:CONTAINER:ro, absolute paths", ErrInvalid, name, m)
+		}
+	}
 	switch {
 	case p.YieldExitCode == 0:
 		p.YieldExitCode = DefaultYieldExitCode

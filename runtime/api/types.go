@@ -796,6 +796,9 @@ type Job struct {
 	Env    []string `json:"env,omitempty"`
 	// Dir is the driver's working directory, where workers start.
 	Dir string `json:"dir,omitempty"`
+	// EndsWithGangs says no driver runs to stop the job (atoll submit --workers): the
+	// leader stops it once its last live gang has ended.
+	EndsWithGangs bool `json:"ends_with_gangs,omitempty"`
 }
 
 // Checkpoint is a complete checkpoint of a gang: one object per rank, committed as a whole.

@@ -47,7 +47,8 @@ type Identity struct {
 //   - the token must be the cluster token or a valid scoped token (not expired, revoked
 //     or past its job);
 //   - a certificate with a grant names the principal; with a scoped token the two must
-//     name the same one (a token cannot widen a certificate, nor the other way);
+//     name the same one (a token cannot widen a certificate, nor the other way), or the
+//     token be agent/* and the certificate one machine's agent (it narrows the token);
 //   - without a certificate, or one without a grant, the token names it: the cluster
 //     token is admin.
 func (a *Authenticator) Authenticate(bearer string, st *tls.ConnectionState) (Identity, error) {
@@ -89,7 +90,7 @@ func (a *Authenticator) Authenticate(bearer string, st *tls.ConnectionState) (Id
 	if err := a.live(g.TokenID, time.Time{}, g.JobBound, g.Principal); err != nil {
 		return Identity{}, fmt.Errorf("the client certificate: %w", err)
 	}
-	if id.Principal.Role != RoleAdmin && id.Principal != g.Principal {
+	if id.Principal.Role != RoleAdmin && !id.Principal.Covers(g.Principal) {
 		return Identity{}, fmt.Errorf("%w: a certificate of %s with a token of %s", ErrUnauthenticated, g.Principal, id.Principal)
 	}
 	if id.TokenID == "" {

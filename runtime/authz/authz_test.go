@@ -14,7 +14,7 @@ import (
 )
 
 func TestPrincipalText(t *testing.T) {
-	for _, p := range []Principal{Admin(), Head(), Agent("m-1"), Driver("train"), Worker("train", "trainers", 3)} {
+	for _, p := range []Principal{Admin(), Head(), Agent("m-1"), Agent(AnyMachine), Driver("train"), Worker("train", "trainers", 3)} {
 		got, err := ParsePrincipal(p.String())
 		if err != nil || got != p {
 			t.Errorf("ParsePrincipal(%q) = %v, %v", p, got, err)
@@ -25,7 +25,7 @@ func TestPrincipalText(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", "root", "admin/x", "agent", "agent/", "driver/a/b", "driver/../x", "worker/j/g", "worker/j/g/-1",
-		"worker/j/g/01", "worker/j/g/x", "driver/a b", "agent/" + strings.Repeat("m", 129)} {
+		"worker/j/g/01", "worker/j/g/x", "driver/a b", "agent/" + strings.Repeat("m", 129), "driver/*", "worker/*/g/0", "agent/*/x"} {
 		if _, err := ParsePrincipal(bad); !errors.Is(err, ErrPrincipal) {
 			t.Errorf("ParsePrincipal(%q): %v, want ErrPrincipal", bad, err)
 		}
@@ -177,12 +177,26 @@ func TestDecide(t *testing.T) {
 	}
 	da, db, wa0, wa1 := Driver("a"), Driver("b"), Worker("a", "g", 0), Worker("a", "g", 1)
 	m1 := Agent("m1")
+	anyAgent := Agent(AnyMachine)
 	cases := []struct {
 		p    Principal
 		a    Action
 		t    Target
 		want bool
 	}{
+		// agent/*: the agent of any one machine, and nothing more.
+		{anyAgent, ActMachineReport, Target{Machine: "m9"}, true},
+		{anyAgent, ActTokenMint, Target{For: wa0}, true},
+		{anyAgent, ActTokenMint, Target{For: Worker("a", "g", 7)}, false}, // placed nowhere
+		{anyAgent, ActTokenMint, Target{For: da, Machine: "?"}, false},     // a driver placed nowhere
+		{anyAgent, ActCertSign, Target{For: Agent("m9")}, true},
+		{anyAgent, ActCertSign, Target{For: anyAgent}, false},
+		{anyAgent, ActCertSign, Target{For: da}, false},
+		{anyAgent, ActCertSign, Target{For: Admin()}, false},
+		{anyAgent, ActPropose, Target{}, false},
+		{anyAgent, ActConfigWrite, Target{}, false},
+		{anyAgent, ActMachineDrain, Target{Machine: "m9"}, false},
+		{anyAgent, ActJobWrite, Target{Job: "a"}, false},
 		{Admin(), ActPropose, Target{}, true},
 		{da, ActPropose, Target{}, false},
 		{wa0, ActPropose, Target{}, false},

@@ -94,7 +94,8 @@ func allowed(p Principal, scope Scope, t Target, s State) bool {
 	case ScopeAny:
 		return true
 	case ScopeSelf:
-		return !t.For.IsZero() && t.For == p
+		// agent/* acts as one machine's agent, never as itself (no certificate for every machine).
+		return !t.For.IsZero() && p.Covers(t.For) && !(t.For.Role == RoleAgent && t.For.Machine == AnyMachine)
 	case ScopeJob:
 		return inJob(p, t.Job, s)
 	case ScopeNewJob:
@@ -127,6 +128,16 @@ func allowed(p Principal, scope Scope, t Target, s State) bool {
 // onMachine: the target is on the principal's machine (an agent's; a worker's is the one
 // its rank is placed on).
 func onMachine(p Principal, t Target, s State) bool {
+	if p.Role == RoleAgent && p.Machine == AnyMachine { // the agent of any one machine
+		if t.Machine != "" {
+			return checkScopeName(t.Machine) == nil // a machine's name, not a placeholder
+		}
+		if t.For.Role == RoleWorker && s != nil {
+			_, ok := s.MemberMachine(t.For.Job, t.For.Gang, t.For.Rank)
+			return ok
+		}
+		return false
+	}
 	mine := p.Machine
 	if p.Role == RoleWorker {
 		if s == nil {

@@ -47,6 +47,20 @@ type Principal struct {
 	Rank int
 }
 
+// AnyMachine is the machine of an agent credential for every machine ("agent/*"): what a
+// DaemonSet's agents share, as Kubernetes' bootstrap tokens are shared by kubelets. It
+// acts as the agent of any one machine and nothing more: with it an agent gets a
+// certificate of its own machine (agent/<name>), which then names it on every link.
+const AnyMachine = "*"
+
+// Covers reports whether p may act as q: p is q, or p is agent/* and q one machine's agent.
+func (p Principal) Covers(q Principal) bool {
+	if p == q {
+		return true
+	}
+	return p.Role == RoleAgent && p.Machine == AnyMachine && q.Role == RoleAgent && q.Machine != "" && q.Machine != AnyMachine
+}
+
 // Admin is the operator's principal.
 func Admin() Principal { return Principal{Role: RoleAdmin} }
 
@@ -94,6 +108,9 @@ func ParsePrincipal(s string) (Principal, error) {
 		return Principal{}, fmt.Errorf("%w: %q: %s", ErrPrincipal, s, why)
 	}
 	for _, x := range parts[1:] {
+		if x == AnyMachine && len(parts) == 2 && Role(parts[0]) == RoleAgent {
+			continue // agent/*: see AnyMachine
+		}
 		if err := checkScopeName(x); err != nil {
 			return bad(err.Error())
 		}

@@ -122,7 +122,7 @@ const (
 // table is the table: every route of a head and of an agent, and every link, is one of
 // these actions (the heads' and agents' tests check that each of their routes is).
 var table = []Rule{
-	row(ActRead, "head `GET /v1/status`, `/v1/cluster`, `/v1/scheduler`, `/v1/whoami`; `GET /v1/get`, `/v1/range`, `/v1/list`, `/v1/watch` of `nodes/ placements/ objects/ binaries/ config/`", any_, any_, any_, any_, any_),
+	row(ActRead, "head `GET /v1/status`, `/v1/cluster`, `/v1/scheduler`, `/v1/whoami`, `/v1/trust`; `GET /v1/get`, `/v1/range`, `/v1/list`, `/v1/watch` of `nodes/ placements/ objects/ binaries/ config/`", any_, any_, any_, any_, any_),
 	row(ActReadJob, "head `GET /v1/get`, `/v1/range`, `/v1/list`, `/v1/watch` of a job's records (`jobs/<job>`, `gangs/<job>/`, `actors/<job>/`, `checkpoints/<job>/`; a range over several jobs answers the caller's only)", any_, any_, any_, ScopeJob, ScopeJob),
 	row(ActReadControl, "head `GET /v1/get`, `/v1/range`, `/v1/list`, `/v1/watch` of `events/ owners/ control/ auth/` (the event and audit log, owner records, the leader's term, cordons and costs, revocations)", any_, any_, any_, none, none),
 	row(ActPropose, "head `POST /v1/propose` (raw log entries, any table)", any_, none, none, none, none),

@@ -89,6 +89,7 @@ var routeRules = map[string]routeRule{
 	"GET /v1/cluster":            read(),
 	"GET /v1/scheduler":          read(),
 	"GET /v1/whoami":             read(),
+	"GET /v1/trust":              read(),
 	"/v1/members/":               admin(authz.ActMembers),
 	"/v1/propose":                admin(authz.ActPropose),
 	"POST /v1/txn":               {check: checkTxn},
@@ -291,10 +292,16 @@ func (a *API) serveAuthorized(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: " + strings.TrimPrefix(err.Error(), "unauthenticated: "), Kind: "unauthenticated"})
 		return
 	}
-	if a.ca != nil && !(r.Method == http.MethodPost && r.URL.Path == "/v1/certs") && pki.PeerCert(r.TLS) == nil {
-		a.log.Warn("request without a client certificate refused", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
-		writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: a client certificate of the cluster CA is required (POST /v1/certs with the token gets one)", Kind: "unauthenticated"})
-		return
+	if a.au != nil {
+		c := pki.PeerCert(r.TLS)
+		if c == nil && !(r.Method == http.MethodPost && r.URL.Path == "/v1/certs") {
+			a.log.Warn("request without a client certificate refused", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
+			writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "unauthenticated: a client certificate of the cluster CA is required (POST /v1/certs with the token gets one)", Kind: "unauthenticated"})
+			return
+		}
+		if c != nil && a.au.observe(c, id.Principal.String()) {
+			w.Header().Set("Connection", "close") // its next request shakes hands again
+		}
 	}
 	_, pattern := a.mux.Handler(r)
 	if pattern == "" { // no such route: the mux answers 404 or 405
@@ -526,6 +533,13 @@ func (a *API) ownerPrincipals(op meta.Op) []string {
 func (a *API) authRoutes(m *http.ServeMux) {
 	m.Handle("POST /v1/txn", timedProposals(a.ctl.obs, a.meta))
 	m.HandleFunc("POST /v1/certs", a.signCert)
+	m.HandleFunc("GET /v1/trust", func(w http.ResponseWriter, r *http.Request) {
+		if a.au == nil {
+			a.answer(w, r, nil, fmt.Errorf("%w: this head runs without TLS: it has no cluster CA", api.ErrInvalid))
+			return
+		}
+		a.answer(w, r, a.au.info(), nil)
+	})
 	m.HandleFunc("GET /v1/whoami", func(w http.ResponseWriter, r *http.Request) {
 		id, _ := identityOf(r)
 		who := api.WhoAmI{Principal: id.Principal.String(), LinkKey: string(authz.LinkKey([]byte(a.token))), TokenID: id.TokenID}
@@ -566,7 +580,7 @@ func (a *API) authRoutes(m *http.ServeMux) {
 // credential allows (the rule of POST /v1/certs decided it): the certificate carries the
 // principal, the id of the scoped token it was asked with, and ends when the token does.
 func (a *API) signCert(w http.ResponseWriter, r *http.Request) {
-	if a.ca == nil {
+	if a.au == nil {
 		a.answer(w, r, nil, fmt.Errorf("%w: this head runs without TLS: it signs no certificates", api.ErrInvalid))
 		return
 	}
@@ -596,13 +610,13 @@ func (a *API) signCert(w http.ResponseWriter, r *http.Request) {
 		a.answer(w, r, nil, fmt.Errorf("%w: /v1/certs: %v", api.ErrInvalid, err))
 		return
 	}
-	cert, err := a.ca.SignCSRGrant([]byte(req.CSR), req.Name, pki.Grant{URI: authz.Grant(p, id.TokenID, id.JobBound), NotAfter: id.Expires}, req.Hosts...)
+	cert, err := a.au.signer().SignCSRGrant([]byte(req.CSR), req.Name, pki.Grant{URI: authz.Grant(p, id.TokenID, id.JobBound), NotAfter: id.Expires}, req.Hosts...)
 	if err != nil {
 		a.answer(w, r, nil, fmt.Errorf("%w: /v1/certs: %v", api.ErrInvalid, err))
 		return
 	}
 	a.log.Info("certificate signed", zap.String("name", req.Name), zap.String("principal", p.String()), zap.String("remote", r.RemoteAddr))
-	writeJSON(w, http.StatusOK, api.CertReply{Cert: string(cert), CA: string(a.ca.CertPEM), Principal: p.String()})
+	writeJSON(w, http.StatusOK, api.CertReply{Cert: string(cert), CA: string(a.au.bundle()), Principal: p.String()})
 }
 
 // checkCertHosts checks the hosts a certificate request names: only an agent's (a server

@@ -64,17 +64,38 @@ func (c *Controller) StopJob(ctx context.Context, name string) error {
 		}
 	}
 	if e.rec.State == api.JobRunning {
-		j := e.rec
-		j.State, j.Stopped = api.JobStopped, now
-		work = append(work, commitFn{what: "job " + name + " stopped", cmp: []meta.Compare{{Key: api.TableJobs + name, Version: e.ver}}, ops: []meta.Op{putJSON(api.TableJobs+name, j)},
-			events: []api.Event{{Time: now, Kind: api.EventJobStopped, Job: name}}})
-		e.rec, e.ver = j, e.ver+1
+		work = append(work, t.stopJob(e, now))
 	}
 	work = append(work, c.cycleLocked(t, now)...)
 	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
 	return await(ctx, ch)
+}
+
+// stopJob is the commit of a running job's stop.
+func (l *ledger) stopJob(e *jobEntry, now time.Time) commitFn {
+	j := e.rec
+	j.State, j.Stopped = api.JobStopped, now
+	fn := commitFn{what: "job " + j.Name + " stopped", cmp: []meta.Compare{{Key: api.TableJobs + j.Name, Version: e.ver}}, ops: []meta.Op{putJSON(api.TableJobs+j.Name, j)},
+		events: []api.Event{{Time: now, Kind: api.EventJobStopped, Job: j.Name}}}
+	e.rec, e.ver = j, e.ver+1
+	return fn
+}
+
+// jobEndsWith stops a job that ends with its gangs (api.Job.EndsWithGangs) when ending
+// the gang ended leaves it none live.
+func (l *ledger) jobEndsWith(ended *gangEntry, now time.Time) []commitFn {
+	e := l.jobs[ended.rec.Spec.Job]
+	if e == nil || !e.rec.EndsWithGangs || e.rec.State != api.JobRunning {
+		return nil
+	}
+	for _, g := range l.gangsOf(e.rec.Name) {
+		if g != ended && g.rec.State.Live() {
+			return nil
+		}
+	}
+	return []commitFn{l.stopJob(e, now)}
 }
 
 func (l *ledger) gangsOf(job string) []*gangEntry {
@@ -343,9 +364,11 @@ func (c *Controller) WorkerExited(ctx context.Context, x api.WorkerExit) error {
 		work = append(work, c.cycleLocked(t, now)...)
 	case x.Permanent:
 		work = append(work, t.fail(e, reason+" (permanent: a restart cannot help)", now))
+		work = append(work, t.jobEndsWith(e, now)...)
 		work = append(work, c.cycleLocked(t, now)...)
 	case !ok:
 		work = append(work, t.fail(e, fmt.Sprintf("%s, after %d restarts within %v", reason, e.rec.Spec.MaxRestarts, time.Duration(e.rec.Spec.RestartWindow)), now))
+		work = append(work, t.jobEndsWith(e, now)...)
 		work = append(work, c.cycleLocked(t, now)...)
 	case e.rec.Notice != nil && (e.rec.Notice.Kind == api.NoticePreempt || e.rec.Notice.Kind == api.NoticeDrain):
 		// It was to stop anyway: it stops now and queues again.

@@ -21,7 +21,6 @@ import (
 
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
-	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/runtime/member"
 	"github.com/atoll-run/atoll/store/meta/metaserver"
 	"github.com/atoll-run/atoll/store/paxos"
@@ -65,6 +64,12 @@ type Config struct {
 	// cluster CA, its Paxos links and its API are mutual TLS, and it signs the certificates
 	// of the processes that hold the token (POST /v1/certs). Nil: token only, in clear.
 	CA *pki.CA
+	// CADir, with CA, is the directory CA was read from: the head reads it again every
+	// CAReload (default 2 s) and follows a rotation of the cluster CA there (pki.Rotate*):
+	// it trusts what the directory trusts, signs with what signs there, renews its own
+	// certificate, and tells processes at GET /v1/trust. "": the CA stays as given.
+	CADir    string
+	CAReload time.Duration
 	// Token is the cluster secret: Paxos peers and API callers prove they hold it.
 	Token []byte
 	// Controller configures the control plane.
@@ -106,8 +111,11 @@ type Head struct {
 	cancelRequests context.CancelFunc
 	gossip         *member.Member
 	id             *pki.Identity // this head's certificate (nil without TLS)
-	agents         agentClient   // to agents' APIs (CallAgent)
-	obs            *observer     // the dashboard and /metrics (dashboard.go)
+	au             *authority    // the cluster CA as this head follows it (nil without TLS)
+	stopCA         chan struct{} // closed by Close: followCA returns
+	stopCAOnce     sync.Once
+	agents         agentClient // to agents' APIs (CallAgent)
+	obs            *observer   // the dashboard and /metrics (dashboard.go)
 	// headsMu guards cfg.Heads, which SetHeads may change while the status is read.
 	headsMu sync.Mutex
 }
@@ -150,11 +158,17 @@ func Start(cfg Config) (*Head, error) {
 	}
 	h := &Head{cfg: cfg, log: log}
 	if cfg.CA != nil {
-		id, err := cfg.CA.IssueIdentityGrant(fmt.Sprintf("head-%d", cfg.ID), pki.Grant{URI: authz.Grant(authz.Head(), "", false)}, apiHosts(cfg)...)
+		au, err := newAuthority(cfg.CA, cfg.CADir, log)
 		if err != nil {
-			return nil, fmt.Errorf("head %d: its certificate: %w", cfg.ID, err)
+			return nil, fmt.Errorf("head %d: --ca-dir: %w", cfg.ID, err)
 		}
-		h.id = id
+		h.au = au
+		if h.id, err = h.issueOwn(); err != nil {
+			return nil, err
+		}
+		if err := h.id.SetTrust(au.bundle()); err != nil {
+			return nil, fmt.Errorf("head %d: the trust bundle: %w", cfg.ID, err)
+		}
 	}
 	h.tr = cfg.Transport
 	if h.tr == nil {
@@ -209,8 +223,8 @@ func Start(cfg Config) (*Head, error) {
 	}
 	h.ctl = NewController(cfg.Controller, h.rep, h.sm)
 	apiH := NewAPI(h.ctl, h.rep, h.sm, string(cfg.Token), h.groupHeads, log)
-	if cfg.CA != nil {
-		apiH.RequireClientCerts(cfg.CA)
+	if h.au != nil {
+		apiH.au = h.au
 	}
 	base, cancelBase := context.WithCancel(context.Background())
 	h.cancelRequests = cancelBase
@@ -239,6 +253,14 @@ func Start(cfg Config) (*Head, error) {
 	h.srv.Handler, apiH.dashboard = h.obs.routes(apiH), h.obs.dashboardURL
 	go func() { _ = h.srv.Serve(h.ln) }()
 	go h.ctl.Run()
+	h.stopCA = make(chan struct{})
+	if h.au != nil && cfg.CADir != "" {
+		every := cfg.CAReload
+		if every <= 0 {
+			every = 2 * time.Second
+		}
+		go h.followCA(every, h.stopCA)
+	}
 	log.Info("head running", zap.String("api", h.addr), zap.String("data_dir", cfg.DataDir), zap.Bool("fsync", !cfg.NoSync))
 	return h, nil
 }
@@ -345,6 +367,7 @@ func (h *Head) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	h.cancelRequests()
+	h.stopCAOnce.Do(func() { close(h.stopCA) })
 	if h.gossip != nil {
 		_ = h.gossip.Leave()
 	}

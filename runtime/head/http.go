@@ -50,7 +50,7 @@ type API struct {
 	mux   *http.ServeMux
 	// ca, when set, signs processes' certificates (POST /v1/certs), and every other
 	// request must come with a client certificate of the cluster CA (mutual TLS).
-	ca *pki.CA
+	au *authority
 	// dashboard is the dashboard's URL with its token, for the cluster status (nil: none).
 	dashboard func() string
 	// authn authenticates requests, state answers what decisions read, limit bounds the
@@ -66,7 +66,9 @@ type API struct {
 // RequireClientCerts turns mutual TLS on for the API: a process holding the token gets a
 // certificate signed by ca (POST /v1/certs), and every other request must present one.
 // Serve the API with the CA's identity's BootstrapServer configuration.
-func (a *API) RequireClientCerts(ca *pki.CA) { a.ca = ca }
+func (a *API) RequireClientCerts(ca *pki.CA) {
+	a.au, _ = newAuthority(ca, "", a.log) // without a directory it cannot fail
+}
 
 // NewAPI returns the API of one head.
 func NewAPI(ctl *Controller, rep *paxos.Replica, sm *metaserver.StateMachine, token string, heads func() []api.HeadInfo, log *zap.Logger) *API {

@@ -68,6 +68,9 @@ func (c *Controller) processExitLocked(t *term, e *gangEntry, x api.WorkerExit, 
 		work = append(work, t.evict(e, true, 0, fmt.Sprintf("its members yielded with exit code %d", code), now)...)
 	}
 	work[0].ops = append([]meta.Op{ops}, work[0].ops...)
+	if e.rec.State == api.GangStopped { // completed, or stopped at its time limit
+		work = append(work, t.jobEndsWith(e, now)...)
+	}
 	return append(work, c.cycleLocked(t, now)...)
 }
 

@@ -53,8 +53,8 @@ func TestHeadAPIIsMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if name := id.Cert.Leaf; name != nil && name.Subject.CommonName != "worker/j/g/0.g0" {
-		t.Fatalf("certificate for %q", name.Subject.CommonName)
+	if name := id.Leaf().Subject.CommonName; name != "worker/j/g/0.g0" {
+		t.Fatalf("certificate for %q", name)
 	}
 	c, err := api.NewClient(ctx, api.ClientConfig{Heads: heads, Token: string(testToken), TLS: id.Client()})
 	if err != nil {
@@ -86,7 +86,7 @@ func TestHeadAPIIsMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaf, err := x509.ParseCertificate(aid.Cert.Certificate[0])
+	leaf, err := x509.ParseCertificate(aid.Certificate().Certificate[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,9 +126,9 @@ func TestHeadAPIIsMutualTLS(t *testing.T) {
 	// Another cluster's certificate fails the handshake (or, as Go's client sends none that
 	// the head's CA did not issue, is refused as no certificate).
 	oid, _ := other.IssueIdentity("intruder")
-	cfg := oid.Client()
-	cfg.RootCAs = trust.RootCAs
-	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &oid.Cert, nil }
+	cfg := trust.Clone()
+	ocert := oid.Certificate()
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &ocert, nil }
 	req, _ = http.NewRequestWithContext(ctx, http.MethodGet, h.Address()+"/v1/status", nil)
 	req.Header.Set("Authorization", "Bearer "+string(testToken))
 	if resp, err := (&http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}).Do(req); err == nil {

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/proto/paxospb"
 )
 
@@ -39,7 +40,8 @@ type TCPConfig struct {
 	// (ClientAuth is forced to tls.RequireAndVerifyClientCert), and the dialer verifies
 	// the peer's certificate against TLS.RootCAs for the host of the peer's address
 	// (unless TLS.ServerName is set). It needs a certificate (Certificates or
-	// GetCertificate), ClientCAs and RootCAs. Nil: frames travel in clear (authenticated
+	// GetCertificate), ClientCAs and RootCAs, or a configuration of a pki.Identity, which
+	// verifies both ways against the cluster CAs of the moment in VerifyConnection. Nil: frames travel in clear (authenticated
 	// by the token at connection setup only).
 	TLS *tls.Config
 	// MaxFrame is the largest frame accepted, in bytes (default 64 MiB); larger ones
@@ -90,6 +92,8 @@ func (c TCPConfig) Validate() error {
 		switch {
 		case len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil:
 			return fmt.Errorf("%w: tcp transport TLS has no certificate (mutual TLS needs one at both ends)", ErrInvalidConfig)
+		case pki.SelfVerifying(c.TLS):
+			// A pki.Identity's configuration: it verifies every peer itself.
 		case c.TLS.ClientCAs == nil:
 			return fmt.Errorf("%w: tcp transport TLS.ClientCAs is nil: the listener could not verify peers' certificates", ErrInvalidConfig)
 		case c.TLS.RootCAs == nil:
@@ -174,7 +178,7 @@ func NewTCPTransport(cfg TCPConfig) (*TCPTransport, error) {
 	}
 	if cfg.TLS != nil {
 		server := cfg.TLS.Clone()
-		server.ClientAuth = tls.RequireAndVerifyClientCert
+		pki.RequireClientCert(server)
 		ln = tls.NewListener(ln, server)
 	}
 	t := &TCPTransport{cfg: cfg, log: cfg.Logger.Named("paxos-tcp").With(zap.Uint64("replica", cfg.ID)), ln: ln,

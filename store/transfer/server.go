@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/store/object"
 )
 
@@ -117,7 +118,7 @@ func (c ServerConfig) Validate() error {
 		return fmt.Errorf("transfer: server config: timeouts must be positive (%v, %v, %v)", c.HandshakeTimeout, c.ReadyTimeout, c.WriteTimeout)
 	case c.TLS != nil && len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil:
 		return fmt.Errorf("transfer: server config: TLS has no certificate (Certificates, GetCertificate)")
-	case c.TLS != nil && c.TLS.ClientCAs == nil && c.TLS.GetConfigForClient == nil:
+	case c.TLS != nil && c.TLS.ClientCAs == nil && c.TLS.GetConfigForClient == nil && !pki.SelfVerifying(c.TLS):
 		return fmt.Errorf("transfer: server config: TLS.ClientCAs is nil: clients' certificates could not be verified")
 	}
 	return nil
@@ -188,7 +189,7 @@ func NewServer(cfg ServerConfig, src Source) (*Server, error) {
 	}
 	if cfg.TLS != nil {
 		cfg.TLS = cfg.TLS.Clone()
-		cfg.TLS.ClientAuth = tls.RequireAndVerifyClientCert
+		pki.RequireClientCert(cfg.TLS)
 		if cfg.TLS.MinVersion < tls.VersionTLS13 {
 			cfg.TLS.MinVersion = tls.VersionTLS13
 		}
@@ -367,9 +368,8 @@ func (s *Server) serveConn(raw net.Conn, connID uint64) {
 			return
 		}
 		c, sc = tc, nil
-		if st := tc.ConnectionState(); len(st.VerifiedChains) > 0 && len(st.VerifiedChains[0]) > 0 {
-			peer = st.VerifiedChains[0][0]
-		}
+		st := tc.ConnectionState()
+		peer = pki.PeerCert(&st)
 	}
 	if err := serverHandshake(c, s.cfg.Token, deadline); err != nil {
 		s.m.err(reasonAuth)

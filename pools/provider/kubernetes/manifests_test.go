@@ -38,6 +38,10 @@ func TestManifests(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Only the heads hold the cluster token: agents and pool pods get agent/*.
+		if base := filepath.Base(f); base != "heads.yaml" && strings.Contains(regexp.MustCompile(`(?m)#.*$`).ReplaceAllString(string(b), ""), "atoll-token") {
+			t.Errorf("%s mounts the cluster token (Secret atoll-token): agents get atoll-agent-credential (agent/*)", base)
+		}
 		for i, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(b), -1) {
 			if strings.TrimSpace(regexp.MustCompile(`(?m)^\s*#.*$`).ReplaceAllString(doc, "")) == "" {
 				continue

@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/paxos"
 )
@@ -255,7 +256,7 @@ func NewHTTPServer(h http.Handler, tlsConfig *tls.Config) *http.Server {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute}
 	if tlsConfig != nil {
 		srv.TLSConfig = tlsConfig.Clone()
-		srv.TLSConfig.ClientAuth = tls.RequireAndVerifyClientCert
+		pki.RequireClientCert(srv.TLSConfig)
 	}
 	return srv
 }

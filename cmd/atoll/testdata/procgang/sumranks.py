@@ -8,7 +8,10 @@ reads the notice file, checkpoints its step to a file and exits with the yield c
 member that starts with a checkpoint continues from it, takes a few more steps and exits
 0, which completes the gang.
 
-usage: sumranks.py --out DIR --gpus N
+With --elastic (TestClusterProcessGangResize) every generation trains until a notice, at
+whatever world size it was started with, and a member exits 0 once DIR/stop exists.
+
+usage: sumranks.py --out DIR --gpus N [--elastic]
 Everything it learns goes to DIR as JSON files the test reads.
 """
 
@@ -106,6 +109,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--elastic", action="store_true")
     args = p.parse_args()
     signal.signal(signal.SIGUSR1, on_notice)
     rank, world = check_env(args.gpus)
@@ -129,16 +133,20 @@ def main():
         write_json(os.path.join(args.out, "sum-g%d.json" % gen), {"sum": total, "world": world, "generation": gen})
     print("rank %d: the sum of the ranks is %d" % (rank, total), flush=True)
 
-    if resumed is not None:
+    if resumed is not None and not args.elastic:
         step += 5  # the rest of the work
         write_json(os.path.join(args.out, "resumed-%d-g%d.json" % (rank, gen)), {"from_step": resumed, "step": step})
         print("rank %d done at step %d" % (rank, step), flush=True)
         return 0
 
     end = time.time() + 600  # never outlive a broken test by long
+    stop = os.path.join(args.out, "stop")
     while not noticed and time.time() < end:
         step += 1
         time.sleep(0.05)
+        if args.elastic and os.path.exists(stop):
+            print("rank %d of %d stops at step %d" % (rank, world, step), flush=True)
+            return 0
     if not noticed:
         fail("no notice within 600 s")
     with open(os.environ["ATOLL_NOTICE_FILE"]) as f:
