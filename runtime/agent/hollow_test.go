@@ -83,10 +83,10 @@ func TestHollowMachines(t *testing.T) {
 			t.Fatalf("hollow agent %d: %v", i, errs[i])
 		}
 		defer a.Shutdown(context.Background())
-		if a.Identity() == nil || a.Identity().Cert.Leaf == nil {
+		if a.Identity() == nil || a.Identity().Leaf() == nil {
 			t.Fatalf("%s has no certificate of its own", a.Name())
 		}
-		if cn := a.Identity().Cert.Leaf.Subject.CommonName; cn != "agent/"+a.Name() {
+		if cn := a.Identity().Leaf().Subject.CommonName; cn != "agent/"+a.Name() {
 			t.Fatalf("%s's certificate names %q", a.Name(), cn)
 		}
 	}
