@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -42,6 +43,9 @@ type scaleConfig struct {
 	setupTimeout time.Duration
 	skipLost     bool
 	skipFailover bool
+	// nice is the hollow processes' scheduling niceness: on a real cluster the agents do
+	// not share the heads' cores, here they yield them.
+	nice int
 }
 
 func (c scaleConfig) validate() error {
@@ -60,6 +64,8 @@ func (c scaleConfig) validate() error {
 		return fmt.Errorf("--concurrency %d: want 1..256", c.concurrency)
 	case c.window < time.Second || c.window > 10*time.Minute:
 		return fmt.Errorf("--window %v: want 1s..10m", c.window)
+	case c.nice < 0 || c.nice > 19:
+		return fmt.Errorf("--hollow-nice %d: want 0..19", c.nice)
 	case c.setupTimeout <= 0 || c.setupTimeout > 2*time.Hour:
 		return fmt.Errorf("--setup-timeout %v: want (0, 2h]", c.setupTimeout)
 	}
@@ -128,6 +134,7 @@ type scaleResult struct {
 	CPUs            int     `json:"cpus"`
 	HollowProcesses int     `json:"hollow_processes"`
 	GossipMembers   int     `json:"gossip_members"`
+	HollowNice      int     `json:"hollow_nice"`
 	WindowS         float64 `json:"window_s"`
 	SubmitS         float64 `json:"submit_s"`
 	WorkloadSubmit  int     `json:"workload_submitted"`
@@ -192,6 +199,7 @@ and running_tasks and queued_tasks are null with a note.`,
 	f.IntVar(&cfg.concurrency, "concurrency", cfg.concurrency, "concurrent submissions of the workload and the pending gangs")
 	f.DurationVar(&cfg.window, "window", cfg.window, "how long each steady state is measured")
 	f.DurationVar(&cfg.setupTimeout, "setup-timeout", cfg.setupTimeout, "how long registration and each submission phase may take")
+	f.IntVar(&cfg.nice, "hollow-nice", 10, "the hollow processes' niceness (0..19): they yield the CPU to the heads, whose machines they would not share on a real cluster")
 	f.BoolVar(&cfg.skipLost, "skip-lost", false, "do not kill a hollow machine")
 	f.BoolVar(&cfg.skipFailover, "skip-failover", false, "do not kill the leader head")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
@@ -237,7 +245,7 @@ type scaleBench struct {
 func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ *scaleResult, err error) {
 	began := time.Now()
 	res := &scaleResult{Started: began.UTC().Format(time.RFC3339), Machines: cfg.machines, Heads: 3, TLS: true, CPUs: runtime.NumCPU(),
-		GossipMembers: cfg.gossip, WindowS: cfg.window.Seconds(), Notes: []string{},
+		GossipMembers: cfg.gossip, HollowNice: cfg.nice, WindowS: cfg.window.Seconds(), Notes: []string{},
 		Targets: map[string]float64{"machines": 2000, "actors": 20000, "running_tasks": 15000, "running_gangs": 1000, "head_cpu_cores": 1,
 			"sched_p99_ms": 100, "failover_s": 3, "lost_machine_detect_s": 10},
 		Met: map[string]bool{}}
@@ -381,7 +389,7 @@ func (b *scaleBench) register(ctx context.Context) error {
 	start := time.Now()
 	for i, bt := range batches {
 		p := procInfo{Name: fmt.Sprintf("hollow-agents-%d", i), Log: filepath.Join(b.dir, fmt.Sprintf("hollow-%d.log", i))}
-		pid, err := spawn(p.Log, env, "bench", "hollow-agents", "--join", b.cf.Address, "--dir", hdir, "--first", strconv.Itoa(bt.first),
+		pid, err := spawnNice(b.cfg.nice, p.Log, env, "bench", "hollow-agents", "--join", b.cf.Address, "--dir", hdir, "--first", strconv.Itoa(bt.first),
 			"--count", strconv.Itoa(bt.count), "--gossip", strconv.Itoa(bt.gossip))
 		if err != nil {
 			return fmt.Errorf("start %s: %w", p.Name, err)
@@ -438,6 +446,39 @@ type errNotRegistered struct {
 
 func (e errNotRegistered) Error() string {
 	return fmt.Sprintf("only %d of %d hollow machines were alive and reporting after --setup-timeout %v", e.alive, e.n, e.in)
+}
+
+// spawnNice is spawn at a niceness (nice(1) runs the executable: every thread of the
+// process has it).
+func spawnNice(nice int, logPath string, env []string, args ...string) (int, error) {
+	if nice == 0 {
+		return spawn(logPath, env, args...)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	defer logf.Close()
+	cmd := exec.Command("nice", append([]string{"-n", strconv.Itoa(nice), exe}, args...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("nice -n %d %s: %w", nice, exe, err)
+	}
+	go func() { _ = cmd.Wait() }()
+	// The process is identified by its command line: wait until nice has exec'd.
+	pid := cmd.Process.Pid
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && strings.HasPrefix(string(b), exe+"\x00") {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("nice -n %d %s (pid %d) did not start the executable within 5 s", nice, exe, pid)
 }
 
 // steadyFigures are one steady-state window's measurements.
