@@ -487,7 +487,7 @@ func (c *Context) Job() *Job {
 	if c.w == nil {
 		return nil
 	}
-	return &Job{c: c.c, name: c.w.spec.Job}
+	return &Job{c: c.c, name: c.w.spec.Job, inTask: c.w.spec.Kind == taskKind}
 }
 
 // Logger is the actor's logger; a gang worker's names its job, gang, rank and generation

@@ -379,13 +379,13 @@ func connect(ctx context.Context, s settings, address string) (*Cluster, error) 
 	dir := td.path
 	nc := transfer.DefaultNodeConfig()
 	nc.Name, nc.Dir, nc.Token, nc.Logger, nc.ListenAddr = "driver", filepath.Join(dir, "store"), link, s.log.Named("objects"), net.JoinHostPort(host, "0")
-	nc.Store.Directory = objects.NewDirectory(client.Meta())
+	nc.Store.Directory = objects.NewDirectory(client.Meta()).WriteBehind()
 	secureLinks(id, nil, nil, &nc)
 	if id != nil { // a driver of one job serves its store to that job's processes
 		admit := linkAdmit(who.Principal, client)
 		nc.Server.Authorize = func(_ context.Context, peer *x509.Certificate, _ object.ID) error { return admit(peer) }
 	}
-	nc.Store.Capacity = 256 << 20
+	nc.Store.Capacity = DefaultObjectStore
 	if s.objectCap > 0 {
 		nc.Store.Capacity = s.objectCap
 	}
@@ -569,14 +569,28 @@ func (c *conn) agentDo(ctx context.Context, agentURL, path string, body, out any
 }
 
 // freeEverywhere drops an object from every store that holds it.
+// Its record may still be on its way (an owned object's is committed behind its put):
+// this process's stores are flushed first, another's is waited for up to a second.
 func (c *conn) freeEverywhere(ctx context.Context, own objectHost, id object.ID) error {
+	c.flushDirectories(ctx)
 	var rec objects.Record
-	found, err := c.client.Get(ctx, api.TableObjects+id.String(), &rec)
-	if err != nil {
-		return err
-	}
-	if !found {
-		return fmt.Errorf("%w: %s", ErrUnknownObject, id)
+	deadline := time.Now().Add(time.Second)
+	for wait := time.Millisecond; ; wait = min(2*wait, 64*time.Millisecond) {
+		found, err := c.client.Get(ctx, api.TableObjects+id.String(), &rec)
+		if err != nil {
+			return err
+		}
+		if found {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %s", ErrUnknownObject, id)
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return fmt.Errorf("sdk: free %s: %w", id.Short(), ctx.Err())
+		}
 	}
 	var errs []error
 	for _, loc := range rec.Locations {

@@ -24,6 +24,10 @@ import (
 type Job struct {
 	c    *conn
 	name string
+	// inTask says the job was reached from inside a task (Context.Job on a task worker):
+	// its tasks are not pipelined behind others on a leased worker, since a task that
+	// waits for a task queued behind itself would wait forever.
+	inTask bool
 }
 
 // Name is the job's name.

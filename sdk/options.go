@@ -43,7 +43,6 @@ func defaults() settings {
 	c := codec.New()
 	_ = c.Register(checkpointReq{})
 	_ = c.Register(worldReq{})
-	_ = c.Register(taskReq{})
 	s := settings{log: zap.NewNop(), kinds: map[string]*kindDef{}, codec: c, errors: actors.NewErrors(), callTimeout: 30 * time.Second,
 		tasks: map[string]*taskEntry{}, taskIdle: 5 * time.Second}
 	s.kinds[taskKind] = &kindDef{name: taskKind, make: func(*api.Payload) (Actor, error) { return taskRunner{}, nil }}
@@ -196,7 +195,7 @@ func WithCallTimeout(d time.Duration) Option {
 }
 
 // WithObjectStore sizes each machine's object store (shared-memory tier) of the embedded
-// cluster, or the driver's own store on a cluster. Default: 256 MiB per simulated machine.
+// cluster, or the driver's own store on a cluster. Default: DefaultObjectStore (1 GiB) each.
 func WithObjectStore(bytes int64) Option {
 	return func(s *settings) error {
 		if bytes <= 0 {

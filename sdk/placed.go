@@ -176,6 +176,7 @@ func (c *conn) detachedStore(ctx context.Context) (objectHost, error) {
 // driver that disconnects): its record becomes an owner-died tombstone, so that a later
 // Get fails with ErrOwnerDied, and every store that holds a copy lets it go.
 func (c *conn) endOwnedBy(ctx context.Context, owner string) error {
+	c.flushDirectories(ctx)
 	l, err := c.client.List(ctx, api.TableObjects)
 	if err != nil {
 		return err
@@ -205,6 +206,24 @@ func (c *conn) endOwnedBy(ctx context.Context, owner string) error {
 		cancel()
 	}
 	return errors.Join(errs...)
+}
+
+// flushDirectories waits for the group commits of the stores in this process (the
+// driver's own, the embedded machines'): the records of what was put before are in the
+// log after it. A store of another process commits its own within moments; its late
+// records of an ended owner are ended by the agents' reconciliation.
+func (c *conn) flushDirectories(ctx context.Context) {
+	c.mu.Lock()
+	locals := make([]*objects.Local, 0, len(c.locals))
+	for _, l := range c.locals {
+		locals = append(locals, l)
+	}
+	c.mu.Unlock()
+	for _, l := range locals {
+		if d, ok := l.Node.Store.Directory().(*objects.Directory); ok {
+			_ = d.Flush(ctx)
+		}
+	}
 }
 
 // registerOwner records this driver as a live owner of objects (owners/<owner>, with its

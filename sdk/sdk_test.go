@@ -453,3 +453,30 @@ func TestWait(t *testing.T) {
 type waitable chan struct{}
 
 func (w waitable) Done() <-chan struct{} { return w }
+
+// TestFreeRightAfterPut: an object freed as soon as Put returns (its record committed
+// behind the put, by group commit) is freed everywhere: Get refuses it, and its store
+// holds it no more.
+func TestFreeRightAfterPut(t *testing.T) {
+	c := newCluster(t)
+	ctx := testContext(t)
+	for i := 0; i < 20; i++ {
+		r, err := sdk.Put(ctx, c, []byte{byte(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sdk.Free(ctx, c, r); err != nil {
+			t.Fatalf("put %d freed at once: %v", i, err)
+		}
+		if _, err := sdk.Get(ctx, c, r); !errors.Is(err, sdk.ErrUnknownObject) {
+			t.Fatalf("put %d: Get after Free: %v", i, err)
+		}
+	}
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Objects != nil && st.Objects.Live != 0 {
+		t.Fatalf("%d live object records after every object was freed: %+v", st.Objects.Live, st.Objects)
+	}
+}

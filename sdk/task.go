@@ -143,34 +143,49 @@ func Tasks(ts ...TaskDef) Option {
 	}
 }
 
-// taskReq asks a task worker to run a task.
-type taskReq struct {
-	Task string
-	Args api.Payload
+// A task's request crosses to its worker as one protobuf message (an actorspb.Payload: its
+// Type is the task's name, a NUL, and its arguments' type; its codec and data are the
+// arguments'), so that the per-task cost of the wire is a protobuf's, not a gob encoder's
+// and decoder's type descriptors (which were most of a warm task's CPU).
+const taskNameSep = "\x00"
+
+// taskRequest is the wire form of a run of task name with the encoded arguments args.
+func taskRequest(name string, args *actorspb.Payload) *actorspb.Payload {
+	return &actorspb.Payload{Type: name + taskNameSep + args.Type, Codec: args.Codec, Data: args.Data}
+}
+
+// splitTaskRequest is taskRequest's inverse: the task's name and its arguments.
+func splitTaskRequest(p *actorspb.Payload) (string, *actorspb.Payload, bool) {
+	name, argType, ok := strings.Cut(p.Type, taskNameSep)
+	return name, &actorspb.Payload{Type: argType, Codec: p.Codec, Data: p.Data}, ok
 }
 
 // taskRunner is the actor of a task worker.
 type taskRunner struct{}
 
 func (taskRunner) Receive(ctx *Context, msg any) (any, error) {
-	req, ok := msg.(taskReq)
+	req, ok := msg.(*actorspb.Payload)
 	if !ok {
 		return nil, fmt.Errorf("sdk: a task worker got %T", msg)
 	}
-	t := ctx.c.s.tasks[req.Task]
+	name, args, ok := splitTaskRequest(req)
+	if !ok {
+		return nil, fmt.Errorf("sdk: a task worker got a %s message, not a task", req.Type)
+	}
+	t := ctx.c.s.tasks[name]
 	if t == nil {
 		known := make([]string, 0, len(ctx.c.s.tasks))
 		for k := range ctx.c.s.tasks {
 			known = append(known, k)
 		}
 		sort.Strings(known)
-		return nil, fmt.Errorf("%w: %q is not a task of this program (its tasks: %v): give it with sdk.Tasks to Start/Local/Connect", ErrUnknownTask, req.Task, known)
+		return nil, fmt.Errorf("%w: %q is not a task of this program (its tasks: %v): give it with sdk.Tasks to Start/Local/Connect", ErrUnknownTask, name, known)
 	}
 	if ctx.w != nil {
 		ctx.owner = jobOwner(ctx.w.spec.Job)
 		defer func() { ctx.owner = "" }()
 	}
-	return t.run(ctx, &actorspb.Payload{Type: req.Args.Type, Codec: actorspb.Codec(req.Args.Codec), Data: req.Args.Data})
+	return t.run(ctx, args)
 }
 
 // taskDeadline bounds a task whose context has none: tasks, unlike calls, run as long as
@@ -198,7 +213,7 @@ func (t *TaskFunc[A, R]) Remote(ctx context.Context, j *Job, args A) *Future[R] 
 		f.complete(zero, fmt.Errorf("sdk: task %q arguments: %w", t.name, err))
 		return f
 	}
-	req := taskReq{Task: t.name, Args: api.Payload{Type: p.Type, Codec: int32(p.Codec), Data: p.Data}}
+	req := taskRequest(t.name, p)
 	opts := t.opts.normalized()
 	pool := c.pool(j.name)
 	go func() {
@@ -210,7 +225,7 @@ func (t *TaskFunc[A, R]) Remote(ctx context.Context, j *Job, args A) *Future[R] 
 		var failures []string
 		lost := 0 // workers lost before the task reached them: not the task's failures
 		for {
-			s, err := pool.acquire(ctx, opts.Resources)
+			s, err := pool.acquire(ctx, opts.Resources, !j.inTask)
 			if err != nil {
 				f.complete(zero, fmt.Errorf("sdk: task %q: %w", t.name, err))
 				return
@@ -280,7 +295,7 @@ type taskPool struct {
 	end  context.CancelFunc
 
 	mu     sync.Mutex
-	shapes map[string]*shape
+	shapes map[Resources]*shape
 	seq    int
 	closed bool
 }
@@ -303,9 +318,17 @@ type slot struct {
 	g         *Gang
 	minGen    int // the generation it must reach (after a failure) before it takes a task
 	idleSince time.Time
+	inflight  int       // tasks pushed to it and not yet answered
+	progress  time.Time // when it last answered a task, or took one while idle
+	failing   bool      // a run on it failed: it takes no pipelined task until it is idle again
 }
 
-type waiter struct{ ch chan grant }
+// waiter is a task waiting for a task worker; pipelined says it may share one (see
+// taskPipeline).
+type waiter struct {
+	ch        chan grant
+	pipelined bool
+}
 
 type grant struct {
 	s   *slot
@@ -315,12 +338,24 @@ type grant struct {
 // maxSpawning bounds the task workers of one shape being started at once.
 const maxSpawning = 16
 
+// taskPipeline is how many tasks a driver pushes to one leased task worker before the
+// first is answered (Ray's max_tasks_in_flight_per_worker): the worker runs them one at a
+// time, in order, and is never idle between them waiting for the next request. A task is
+// pipelined only behind a worker that answered within pipelineWindow: short tasks flow
+// through the workers the driver holds, while a task that would queue behind long ones
+// waits for the first worker free instead, and the pool leases more (as without
+// pipelining).
+const (
+	taskPipeline   = 4
+	pipelineWindow = 5 * time.Millisecond
+)
+
 func (c *conn) pool(job string) *taskPool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := c.pools[job]
 	if p == nil {
-		p = &taskPool{c: c, job: job, idle: c.s.taskIdle, shapes: map[string]*shape{}}
+		p = &taskPool{c: c, job: job, idle: c.s.taskIdle, shapes: map[Resources]*shape{}}
 		p.life, p.end = context.WithCancel(c.life)
 		c.pools[job] = p
 		go p.reap()
@@ -375,30 +410,39 @@ func shapeKey(r Resources) string {
 	return strings.Join(parts, "-")
 }
 
-// acquire takes an idle task worker of the shape, starting one when none is idle, and
-// waits for it.
-func (p *taskPool) acquire(ctx context.Context, res Resources) (*slot, error) {
+// acquire takes a task worker of the shape: an idle one; else, when pipelined, the least
+// busy one with room in its pipeline (asking for one more worker meanwhile); else it
+// starts one and waits for it (or for any that frees up).
+func (p *taskPool) acquire(ctx context.Context, res Resources, pipelined bool) (*slot, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	key := shapeKey(res)
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return nil, fmt.Errorf("%w: job %s", ErrStopped, p.job)
 	}
-	sh := p.shapes[key]
+	sh := p.shapes[res]
 	if sh == nil {
-		sh = &shape{key: key, res: res, slots: map[*slot]bool{}}
-		p.shapes[key] = sh
+		sh = &shape{key: shapeKey(res), res: res, slots: map[*slot]bool{}}
+		p.shapes[res] = sh
 	}
 	if n := len(sh.idle); n > 0 {
 		s := sh.idle[n-1] // the most recently used: the others may go idle for good
 		sh.idle = sh.idle[:n-1]
+		s.inflight++
+		s.progress = time.Now()
 		p.mu.Unlock()
 		return s, nil
 	}
-	w := &waiter{ch: make(chan grant, 1)}
+	if pipelined {
+		if s := sh.pipelineToLocked(time.Now()); s != nil {
+			s.inflight++
+			p.mu.Unlock()
+			return s, nil
+		}
+	}
+	w := &waiter{ch: make(chan grant, 1), pipelined: pipelined}
 	sh.waiting = append(sh.waiting, w)
 	p.growLocked(sh)
 	p.mu.Unlock()
@@ -425,16 +469,41 @@ func (p *taskPool) acquire(ctx context.Context, res Resources) (*slot, error) {
 	}
 }
 
+// pipelineToLocked is the busy task worker of the shape that a task is pipelined to at
+// now: of those with room in their pipeline, not failing, and answering within
+// pipelineWindow, the one with the fewest tasks in flight (the earliest to answer among
+// equals); nil when none is.
+func (sh *shape) pipelineToLocked(now time.Time) *slot {
+	var best *slot
+	for s := range sh.slots {
+		if s.failing || s.inflight == 0 || s.inflight >= taskPipeline || now.Sub(s.progress) >= pipelineWindow {
+			continue
+		}
+		if best == nil || s.inflight < best.inflight || (s.inflight == best.inflight && s.progress.After(best.progress)) {
+			best = s
+		}
+	}
+	return best
+}
+
 // growLocked starts task workers for the tasks that wait and will get none.
 func (p *taskPool) growLocked(sh *shape) {
 	if p.closed || sh.retry != nil {
 		return
 	}
 	for need := len(sh.waiting) - sh.spawning; need > 0 && sh.spawning < maxSpawning; need-- {
-		sh.spawning++
-		p.seq++
-		go p.spawn(sh, fmt.Sprintf("task-%s-%d", sh.key, p.seq))
+		p.spawnLocked(sh)
 	}
+}
+
+// spawnLocked starts one more task worker of the shape.
+func (p *taskPool) spawnLocked(sh *shape) {
+	if p.closed || sh.retry != nil {
+		return
+	}
+	sh.spawning++
+	p.seq++
+	go p.spawn(sh, fmt.Sprintf("task-%s-%d", sh.key, p.seq))
 }
 
 func (p *taskPool) spawn(sh *shape, name string) {
@@ -473,12 +542,15 @@ func (p *taskPool) spawn(sh *shape, name string) {
 	}
 }
 
-// giveLocked hands a task worker to the first task waiting, or keeps it idle.
+// giveLocked hands an idle task worker to the first task waiting, or keeps it idle.
 func (p *taskPool) giveLocked(s *slot) {
 	sh := s.sh
+	s.failing = false
 	if len(sh.waiting) > 0 {
 		w := sh.waiting[0]
 		sh.waiting = sh.waiting[1:]
+		s.inflight++
+		s.progress = time.Now()
 		w.ch <- grant{s: s}
 		return
 	}
@@ -492,16 +564,34 @@ func (p *taskPool) giveLocked(s *slot) {
 func (p *taskPool) release(s *slot, failed bool, gen int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	s.inflight--
+	s.progress = time.Now()
 	if failed {
 		s.minGen = max(s.minGen, gen+1)
+		s.failing = true
 	}
 	state := s.g.State()
 	if p.closed || state == GangFailed || state == GangStopped {
 		delete(s.sh.slots, s)
+		s.failing = true
 		p.growLocked(s.sh)
 		return
 	}
-	p.giveLocked(s)
+	if s.inflight == 0 {
+		p.giveLocked(s)
+		return
+	}
+	// Busy still: a pipelined task waiting for room takes it.
+	if sh := s.sh; !s.failing && s.inflight < taskPipeline {
+		for i, w := range sh.waiting {
+			if w.pipelined {
+				sh.waiting = append(sh.waiting[:i], sh.waiting[i+1:]...)
+				s.inflight++
+				w.ch <- grant{s: s}
+				return
+			}
+		}
+	}
 }
 
 // reap stops the task workers idle for longer than the pool's idle time.

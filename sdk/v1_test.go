@@ -607,11 +607,11 @@ func TestActorRefsReadAsNames(t *testing.T) {
 	}
 }
 
-func TestPut512MiBOnTheDefaultStore(t *testing.T) {
+func TestPut512MiBOnA256MiBStore(t *testing.T) {
 	if testing.Short() {
 		t.Skip("moves half a GiB")
 	}
-	c := newCluster(t) // the default store: 256 MiB per machine
+	c := newCluster(t, sdk.WithObjectStore(256<<20)) // half the object: it goes in parts
 	ctx := testContext(t)
 	data := make([]byte, 512<<20)
 	for i := 0; i < len(data); i += 4096 {
@@ -626,6 +626,9 @@ func TestPut512MiBOnTheDefaultStore(t *testing.T) {
 	got, err := sdk.Get(ctx, c, ref)
 	if err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("Get: %d bytes, equal %v, %v", len(got), bytes.Equal(got, data), err)
+	}
+	if ref.Parts < 2 {
+		t.Fatalf("a 512 MiB object on a 256 MiB store in %d parts", ref.Parts)
 	}
 	t.Logf("512 MiB in %d parts: put %v, get %v", ref.Parts, put, time.Since(start)-put)
 	if err := sdk.Free(ctx, c, ref); err != nil {

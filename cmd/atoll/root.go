@@ -29,6 +29,7 @@ func newRootCmd() *cobra.Command {
 		newBenchFailoverCmd(),
 		newBenchGangStartCmd(),
 		newBenchHollowAgentsCmd(),
+		newBenchRayCmd(),
 		newBenchRingPeerCmd(),
 		newBenchScaleCmd(),
 		newBenchMetaCmd(),

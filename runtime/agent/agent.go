@@ -276,7 +276,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	nc.Advertise = cfg.Advertise
 	obs := newAgentObs(cfg.Registry)
 	nc.Registerer = obs.reg
-	dir := objects.NewDirectory(client.Meta())
+	dir := objects.NewDirectory(client.Meta()).WriteBehind()
 	nc.Store.Directory = dir
 	if cfg.ObjectCapacity > 0 {
 		nc.Store.Capacity = cfg.ObjectCapacity

@@ -112,6 +112,7 @@ func TestAuthenticate(t *testing.T) {
 	}
 	driver := tok(Claims{Principal: "driver/train", Expires: now.Add(time.Hour).Unix()})
 	worker := tok(Claims{Principal: "worker/train/g/0", JobBound: true})
+	anyAgent := tok(Claims{Principal: "agent/*"})
 	cases := []struct {
 		name   string
 		bearer string
@@ -132,6 +133,10 @@ func TestAuthenticate(t *testing.T) {
 		{"revoked", tok(Claims{ID: "gone", Principal: "driver/train"}), nil, Principal{}, "revoked"},
 		{"certificate of a revoked token", string(secret), certState(t, ca, pki.Grant{URI: Grant(Driver("train"), "gone", false)}), Principal{}, "revoked"},
 		{"worker of a live job", worker, nil, Worker("train", "g", 0), ""},
+		{"agent/* token alone", anyAgent, nil, Agent(AnyMachine), ""},
+		{"agent/* token, one machine's certificate (it narrows)", anyAgent, certState(t, ca, pki.Grant{URI: Grant(Agent("m7"), "", false)}), Agent("m7"), ""},
+		{"agent/* token, a driver's certificate", anyAgent, certState(t, ca, pki.Grant{URI: Grant(Driver("train"), "", false)}), Principal{}, "a certificate of driver/train with a token of agent/*"},
+		{"one machine's token, agent/* certificate (no widening)", tok(Claims{Principal: "agent/m1"}), certState(t, ca, pki.Grant{URI: Grant(Agent(AnyMachine), "", false)}), Principal{}, "a certificate of agent/* with a token of agent/m1"},
 		{"worker of a stopped job", tok(Claims{Principal: "worker/stopped/g/0", JobBound: true}), nil, Principal{}, "ended with its job"},
 		{"job-bound certificate of a stopped job", string(secret), certState(t, ca, pki.Grant{URI: Grant(Worker("stopped", "g", 0), "", true)}), Principal{}, "ended with its job"},
 	}

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -405,8 +404,8 @@ func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 		g(descGangs, float64(s.n), string(s.state))
 	}
 	queues := st.Queues
-	if !slices.ContainsFunc(queues, func(q dashboard.Queue) bool { return q.Name == dashboard.DefaultQueue }) {
-		queues = append(queues, dashboard.Queue{Name: dashboard.DefaultQueue}) // always a series to plot
+	if len(queues) == 0 { // always a series to plot; none of a queue the operator did not name
+		queues = append(queues, dashboard.Queue{Name: dashboard.DefaultQueue})
 	}
 	for _, q := range queues {
 		g(descQueueGangs, float64(q.Pending), q.Name, "pending")

@@ -276,8 +276,15 @@ func headStarts(t *testing.T, jobs []sim.Job, info string) ([]string, gang.Confi
 			out = append(out, startLine(at-origin, k, where))
 		}
 		ctl.mu.Lock()
-		armed := ctl.t.cycleAt
-		ctl.mu.Unlock()
+		var armed time.Time
+		lost := ctl.t == nil
+		if !lost {
+			armed = ctl.t.cycleAt
+		}
+		ctl.mu.Unlock() // before any Fatal: the cleanup's Close takes the lock
+		if lost {
+			t.Fatalf("at %s the head lost its term (a loaded machine?): the replay needs one leader throughout", at-origin)
+		}
 		if !armed.IsZero() {
 			t.Fatalf("at %s the head armed a cycle for %s: this replay drives cycles by its events only", at-origin, armed.Sub(base))
 		}

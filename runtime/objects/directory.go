@@ -88,6 +88,7 @@ type Directory struct {
 
 	mu         sync.Mutex
 	scratchIDs map[object.ID]bool
+	wb         *writeBehind // nil: every registration is synchronous (WriteBehind)
 }
 
 var _ object.Directory = (*Directory)(nil)
@@ -162,6 +163,21 @@ func (d *Directory) Register(ctx context.Context, m object.Meta) error {
 		d.mu.Unlock()
 		return d.scratch.Register(ctx, m)
 	}
+	if d.queue(m) {
+		return nil
+	}
+	if q, ok, err := d.settle(ctx, m.ID); err != nil {
+		return err
+	} else if ok { // queued still: write it with this registration's location merged
+		if err := d.register(ctx, q); err != nil {
+			return err
+		}
+	}
+	return d.register(ctx, m)
+}
+
+// register merges m into its record in the log.
+func (d *Directory) register(ctx context.Context, m object.Meta) error {
 	return d.update(ctx, m.ID, func(old *Record) (*Record, error) {
 		rec := &Record{ID: m.ID.String(), Size: m.Size, Fingerprint: m.Fingerprint, Owner: m.Owner, Refs: m.Refs}
 		if old != nil && old.State == StateOwnerDied {
@@ -207,6 +223,15 @@ func (d *Directory) RemoveLocation(ctx context.Context, id object.ID, location s
 		}
 		return err
 	}
+	if q, ok, err := d.settle(ctx, id); err != nil {
+		return err
+	} else if ok && len(q.Locations) == 1 && q.Locations[0] == location {
+		return nil // freed before its record was written: it never will be
+	} else if ok {
+		if err := d.register(ctx, q); err != nil {
+			return err
+		}
+	}
 	return d.update(ctx, id, func(old *Record) (*Record, error) {
 		if old == nil {
 			return nil, fmt.Errorf("objects: remove location of %s: %w", id.Short(), object.ErrNotFound)
@@ -228,6 +253,13 @@ func (d *Directory) RemoveLocation(ctx context.Context, id object.ID, location s
 // tombstone without locations; it returns the locations it listed, whose stores may still
 // hold a copy to let go. A record already dead keeps its first cause.
 func (d *Directory) End(ctx context.Context, id object.ID, state State, now time.Time) ([]string, error) {
+	if q, ok, err := d.settle(ctx, id); err != nil {
+		return nil, err
+	} else if ok {
+		if err := d.register(ctx, q); err != nil {
+			return nil, err
+		}
+	}
 	var locs []string
 	err := d.update(ctx, id, func(old *Record) (*Record, error) {
 		locs = nil
@@ -246,7 +278,10 @@ func (d *Directory) End(ctx context.Context, id object.ID, state State, now time
 
 // Record reads an object's record, dead or alive.
 func (d *Directory) Record(ctx context.Context, id object.ID) (Record, bool, error) {
-	kv, ok, err := d.kv.Get(ctx, key(id))
+	if m, ok := d.queued(id); ok {
+		return Record{ID: id.String(), Size: m.Size, Fingerprint: m.Fingerprint, Owner: m.Owner, Locations: m.Locations, Refs: m.Refs}, true, nil
+	}
+	kv, ok, err := d.awaitRecord(ctx, key(id))
 	if err != nil || !ok {
 		return Record{}, ok, err
 	}
@@ -261,6 +296,12 @@ func (d *Directory) Record(ctx context.Context, id object.ID) (Record, bool, err
 func (d *Directory) SetRefs(ctx context.Context, id object.ID, refs int64) error {
 	if d.isScratch(id) {
 		return d.scratch.SetRefs(ctx, id, refs)
+	}
+	if d.setQueuedRefs(id, refs) {
+		return nil
+	}
+	if _, err := d.settleCommit(ctx, id); err != nil {
+		return err
 	}
 	return d.update(ctx, id, func(old *Record) (*Record, error) {
 		if old == nil {
@@ -279,7 +320,11 @@ func (d *Directory) Lookup(ctx context.Context, id object.ID) (object.Meta, erro
 	if d.isScratch(id) {
 		return d.scratch.Lookup(ctx, id)
 	}
-	kv, ok, err := d.kv.Get(ctx, key(id))
+	if m, ok := d.queued(id); ok {
+		m.Locations = slices.Clone(m.Locations)
+		return m, nil
+	}
+	kv, ok, err := d.awaitRecord(ctx, key(id))
 	if err != nil {
 		return object.Meta{}, err
 	}

@@ -18,6 +18,9 @@ type Meta struct {
 	// Durable says the copies at Locations are durable (Persist): on disk, fsync'd,
 	// adopted by the store's next Open. Register records it per location.
 	Durable bool
+	// Put says this registration is a put's (Put, PutFrom): the object's first, not a
+	// copy's, persistence's or recovery's. A directory may commit it behind the put.
+	Put bool
 }
 
 // Directory is the object metadata the store writes through. The store is its

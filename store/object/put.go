@@ -29,6 +29,7 @@ func (s *Store) PutID(ctx context.Context, owner string, id ID, b []byte) error 
 	} else {
 		copy(w.e.mem.rw, b)
 	}
+	w.put = true
 	return w.seal(ctx, false)
 }
 
@@ -68,6 +69,7 @@ func (s *Store) PutFrom(ctx context.Context, owner string, id ID, size int64, r 
 	s.mu.Lock()
 	w.e.fp, w.e.fpOK = fp, true
 	s.mu.Unlock()
+	w.put = true
 	if err := w.seal(ctx, false); err != nil {
 		return Meta{}, err
 	}

@@ -15,6 +15,9 @@ import (
 type Writer struct {
 	s *Store
 	e *entry
+	// put says the writer is a put's (Put, PutFrom): its registration is the object's
+	// first (Meta.Put), not a copy's.
+	put bool
 }
 
 // Bytes returns the object's writable shared memory.
@@ -93,7 +96,7 @@ func (w *Writer) seal(ctx context.Context, verify bool) error {
 		// The metadata naming this copy is recorded before anyone can take a
 		// reference to it (Get, AddRef, Await all wait for the state below).
 		err = s.directory.Register(ctx, Meta{ID: e.id, Size: e.size, Fingerprint: fp, Owner: e.owner,
-			Locations: []string{s.cfg.Location}, Refs: 1})
+			Locations: []string{s.cfg.Location}, Refs: 1, Put: w.put})
 		if err != nil {
 			err = fmt.Errorf("object: seal %s: register in directory: %w", e.id.Short(), err)
 		} else {
