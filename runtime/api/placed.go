@@ -2,8 +2,9 @@ package api
 
 import (
 	"encoding/json"
-	"hash/fnv"
 	"sync"
+
+	"github.com/atoll-run/atoll/store/meta"
 )
 
 // The gangs table as one machine's agent needs it. An agent runs the members its machine's
@@ -58,7 +59,7 @@ func (g gangPlacement) concerns(machine string) bool {
 	return true
 }
 
-// GangFilter is GangConcerns with the records' summaries kept by key and value hash, for a
+// GangFilter is GangConcerns with the records' summaries kept by key and version, for a
 // head that filters the same events for thousands of agents: each record is decoded once.
 // It is safe for concurrent use.
 type GangFilter struct {
@@ -67,10 +68,11 @@ type GangFilter struct {
 }
 
 // gangFilterKey names one value of one key: a transaction may write a key twice at one
-// revision (a gang admitted and placed in one batch), so the revision does not.
+// revision (a gang admitted and placed in one batch), so the revision alone does not; the
+// key's version (its count of changes) and creation revision do, without hashing it.
 type gangFilterKey struct {
-	key  string
-	hash uint64
+	key                  string
+	mod, create, version int64
 }
 
 // gangFilterKept bounds the summaries kept (the oldest revisions are not told apart: the
@@ -82,11 +84,11 @@ func NewGangFilter() *GangFilter {
 	return &GangFilter{seen: map[gangFilterKey]gangPlacement{}}
 }
 
-// Concerns is GangConcerns of the record key with value.
-func (f *GangFilter) Concerns(key string, value []byte, machine string) bool {
-	h := fnv.New64a()
-	h.Write(value)
-	k := gangFilterKey{key, h.Sum64()}
+// Concerns is GangConcerns of a record of the gangs table (a listing's, or a watch
+// event's).
+func (f *GangFilter) Concerns(kv meta.KeyValue, machine string) bool {
+	k := gangFilterKey{kv.Key, kv.ModRevision, kv.CreateRevision, kv.Version}
+	value := kv.Value
 	f.mu.Lock()
 	g, ok := f.seen[k]
 	f.mu.Unlock()

@@ -3,6 +3,8 @@ package api
 import (
 	"encoding/json"
 	"testing"
+
+	"github.com/atoll-run/atoll/store/meta"
 )
 
 func TestGangConcerns(t *testing.T) {
@@ -36,7 +38,7 @@ func TestGangConcerns(t *testing.T) {
 		{"failed", on(GangFailed, 1), true},
 	}
 	f := NewGangFilter()
-	for _, c := range cases {
+	for i, c := range cases {
 		b, err := json.Marshal(c.g)
 		if err != nil {
 			t.Fatal(err)
@@ -44,8 +46,10 @@ func TestGangConcerns(t *testing.T) {
 		if got := GangConcerns(b, "m"); got != c.want {
 			t.Errorf("%s: GangConcerns %v, want %v", c.name, got, c.want)
 		}
-		// The filter tells apart two values of one key (one transaction may write both).
-		if got := f.Concerns("gangs/j/g", b, "m"); got != c.want {
+		// The filter tells apart two values of one key written at one revision (one
+		// transaction may write both): by their versions.
+		kv := meta.KeyValue{Key: "gangs/j/g", Value: b, ModRevision: 7, CreateRevision: 3, Version: int64(i + 1)}
+		if got := f.Concerns(kv, "m"); got != c.want {
 			t.Errorf("%s: GangFilter.Concerns %v, want %v", c.name, got, c.want)
 		}
 	}

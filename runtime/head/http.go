@@ -287,7 +287,7 @@ func (a *API) list(w http.ResponseWriter, r *http.Request) {
 	if machine != "" {
 		kept := kvs[:0]
 		for _, kv := range kvs {
-			if a.placed.Concerns(kv.Key, kv.Value, machine) {
+			if a.placed.Concerns(kv, machine) {
 				kept = append(kept, kv)
 			}
 		}
@@ -352,7 +352,7 @@ func (a *API) watch(w http.ResponseWriter, r *http.Request) {
 		if keep != nil || machine != "" {
 			kept := events[:0:0]
 			for _, ev := range events {
-				if (keep == nil || keep(ev.KV.Key)) && (machine == "" || ev.Type == meta.EventDelete || a.placed.Concerns(ev.KV.Key, ev.KV.Value, machine)) {
+				if (keep == nil || keep(ev.KV.Key)) && (machine == "" || ev.Type == meta.EventDelete || a.placed.Concerns(ev.KV, machine)) {
 					kept = append(kept, ev)
 				}
 			}
