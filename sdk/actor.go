@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/atoll-run/atoll/actors"
+	"github.com/atoll-run/atoll/runtime/coll"
 )
 
 // Actor is what an actor kind implements. Receive handles one message at a time; its return
@@ -523,9 +524,11 @@ func (c *Context) Placement() Member {
 	return fromAPIMember(c.w.spec.Member)
 }
 
-// AllReduce sums data element-wise across every worker of the gang, in place: a ring
-// between the workers (in memory between workers of one process, over the transfer plane
-// between processes). Every worker must call it with a slice of the same length. It fails
+// AllReduce sums data element-wise across every worker of the gang, in place: workers of
+// one machine (a process each) sum through the machine's shared memory and one leader per
+// machine runs a ring with the other machines' over the transfer plane (mutual TLS);
+// workers without such company take a flat ring (in memory between workers of one
+// process, over the transfer plane between processes). Every worker must call it with a slice of the same length. It fails
 // with ErrStale when a member has failed (the gang is restarting), names the ranks it waits
 // for when ctx ends first, and honours ctx.
 func (c *Context) AllReduce(ctx context.Context, data []float32) error {
@@ -533,6 +536,53 @@ func (c *Context) AllReduce(ctx context.Context, data []float32) error {
 		return ErrNotInGang
 	}
 	return c.w.allReduce(ctx, data)
+}
+
+// AllGather fills every worker's shard of data (Shard) with its owner's, in place: on
+// entry each worker's data holds its own shard, on return every shard. Every worker must
+// call it with a slice of the same length. Placement, errors and ctx as AllReduce.
+func (c *Context) AllGather(ctx context.Context, data []float32) error {
+	if c.w == nil {
+		return ErrNotInGang
+	}
+	return c.w.collective(ctx, func(m *coll.Member) error { return m.AllGather(ctx, data) })
+}
+
+// ReduceScatter sums data element-wise across every worker of the gang and leaves each
+// worker its own shard of the sum (Shard): on return data[lo:hi] of this worker's shard
+// holds it, the rest of data is scratch. Every worker must call it with a slice of the
+// same length. Placement, errors and ctx as AllReduce.
+func (c *Context) ReduceScatter(ctx context.Context, data []float32) error {
+	if c.w == nil {
+		return ErrNotInGang
+	}
+	return c.w.collective(ctx, func(m *coll.Member) error { return m.ReduceScatter(ctx, data) })
+}
+
+// Broadcast copies the data of the worker of rank root to every worker's, in place. Every
+// worker must call it with the same root and a slice of the same length. Placement,
+// errors and ctx as AllReduce.
+func (c *Context) Broadcast(ctx context.Context, root int, data []float32) error {
+	if c.w == nil {
+		return ErrNotInGang
+	}
+	return c.w.collective(ctx, func(m *coll.Member) error { return m.Broadcast(ctx, root, data) })
+}
+
+// Barrier returns once every worker of the gang has called it. Errors and ctx as
+// AllReduce.
+func (c *Context) Barrier(ctx context.Context) error {
+	if c.w == nil {
+		return ErrNotInGang
+	}
+	return c.w.collective(ctx, func(m *coll.Member) error { return m.Barrier(ctx) })
+}
+
+// Shard is the part [lo, hi) of a slice of length floats that the worker of a rank owns
+// in AllGather and ReduceScatter: the slice cut into Size nearly equal, consecutive parts.
+func (c *Context) Shard(length, rank int) (lo, hi int) {
+	n := c.Size()
+	return rank * length / n, (rank + 1) * length / n
 }
 
 // Spawn starts an actor of a kind in this process (the driver's), named name (unique

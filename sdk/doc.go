@@ -91,6 +91,16 @@
 //	err = g.Checkpoint(ctx, step)                                 // every worker's state, committed as one
 //	parts, step, err := g.ReadCheckpoint(ctx, -1)                 // and read back
 //
+// Inside a gang worker, the Context runs collectives with the other workers: AllReduce,
+// AllGather and ReduceScatter (on shards: Shard), Broadcast, Barrier, and AllReduceAsync
+// and Buckets (DDP's gradient buckets) that return a Pending to wait for while the next
+// computation runs. Workers that share a machine, a process each, meet in its shared
+// memory; one ring per rail crosses machines, over mutual TLS.
+//
+//	b, _ := c.Buckets(c, 25<<20)
+//	for _, g := range layerGrads { pending = append(pending, b.Add(c, g)) } // as backward yields them
+//	b.Flush(c)                                                             // then Wait on each
+//
 // # Objects
 //
 // Put stores an immutable value in the cluster's object store and returns a typed Ref that

@@ -31,6 +31,7 @@ func testOptions() []sdk.Option {
 		sdk.KindOf("forwarder", func(a forwardArgs) sdk.Actor { return forwarder{a} }, tick{}),
 		sdk.Kind("stepper", func() sdk.Actor { return &stepper{} }, stepReq{}, stateReq{}),
 		sdk.Kind("logging", func() sdk.Actor { return logging{} }, logStep{}),
+		sdk.Kind("collector", func() sdk.Actor { return collector{} }, collReq{}),
 		sdk.Tasks(square, where, crashOnce, failing, putBytes, spawnFromTask),
 	}, semanticsOptions()...)
 }

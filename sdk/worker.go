@@ -300,7 +300,7 @@ func (h *hosted) ring(ctx context.Context) (*coll.Member, error) {
 	}
 	peers := make([]coll.Peer, n)
 	for r, m := range world {
-		peers[r] = coll.Peer{Address: got[m].Address}
+		peers[r] = coll.Peer{Address: got[m].Address, Machine: got[m].Machine}
 	}
 	start := time.Now()
 	m, err = h.c.plane.Join(s.Job, s.Gang, ringID(s.Generation, epoch), rank, peers)
@@ -325,11 +325,22 @@ func (h *hosted) ring(ctx context.Context) (*coll.Member, error) {
 }
 
 func (h *hosted) allReduce(ctx context.Context, data []float32) error {
+	return h.collective(ctx, func(m *coll.Member) error { return m.AllReduce(ctx, data) })
+}
+
+// collective runs f on the worker's ring member and says ErrStale the same way for every
+// collective when the gang's generation ended under it.
+func (h *hosted) collective(ctx context.Context, f func(m *coll.Member) error) error {
 	m, err := h.ring(ctx)
 	if err != nil {
 		return err
 	}
-	if err := m.AllReduce(ctx, data); err != nil {
+	return h.collErr(ctx, f(m))
+}
+
+// collErr says ErrStale for a collective's error when the gang's generation ended under it.
+func (h *hosted) collErr(ctx context.Context, err error) error {
+	if err != nil {
 		if errors.Is(err, coll.ErrAborted) {
 			return fmt.Errorf("%w: %w", ErrStale, err)
 		}

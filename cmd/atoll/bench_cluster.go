@@ -97,6 +97,7 @@ func benchKinds() []sdk.Option {
 		sdk.Kind("bench-noop", func() sdk.Actor { return noop{} }, struct{}{}),
 		sdk.Kind("bench-allreduce", func() sdk.Actor { return arWorker{} }, arReq{}),
 		sdk.Kind("bench-train", func() sdk.Actor { return trainWorker{} }, trainReq{}),
+		sdk.Kind("bench-coll", func() sdk.Actor { return collWorker{} }, collReq{}),
 	}
 }
 

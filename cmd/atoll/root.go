@@ -26,6 +26,8 @@ func newRootCmd() *cobra.Command {
 		newBenchControlPlaneCmd(),
 		newBenchActorsPeerCmd(),
 		newBenchAllReduceCmd(),
+		newBenchCollectivesCmd(),
+		newBenchCollPeerCmd(),
 		newBenchFailoverCmd(),
 		newBenchGangStartCmd(),
 		newBenchHollowAgentsCmd(),

@@ -108,7 +108,7 @@ func TestAllReduceInProcess(t *testing.T) {
 
 func TestAbortWakesEveryRank(t *testing.T) {
 	sys, p := newPlane(t, false)
-	peers := []Peer{{sys.Address()}, {sys.Address()}, {sys.Address()}, {sys.Address()}}
+	peers := []Peer{{Address: sys.Address()}, {Address: sys.Address()}, {Address: sys.Address()}, {Address: sys.Address()}}
 	done := make(chan error, 3)
 	for r := 0; r < 3; r++ { // rank 3 never comes
 		m, _ := p.Join("job", "abort", 0, r, peers)
@@ -121,7 +121,7 @@ func TestAbortWakesEveryRank(t *testing.T) {
 		}
 	}
 	// A missing rank is named when the context ends.
-	m, _ := p.Join("job", "lonely", 0, 0, []Peer{{sys.Address()}, {sys.Address()}})
+	m, _ := p.Join("job", "lonely", 0, 0, []Peer{{Address: sys.Address()}, {Address: sys.Address()}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
 	if err := m.AllReduce(ctx, make([]float32, 8)); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "rank 1 never sent it") {
@@ -157,7 +157,7 @@ func TestAllReduceAcrossProcesses(t *testing.T) {
 	}
 	child = strings.TrimSpace(child)
 	fmt.Fprintln(stdin, sys.Address())
-	peers := []Peer{{sys.Address()}, {sys.Address()}, {sys.Address()}, {child}, {child}, {child}}
+	peers := []Peer{{Address: sys.Address()}, {Address: sys.Address()}, {Address: sys.Address()}, {Address: child}, {Address: child}, {Address: child}}
 	for _, length := range xprocLengths {
 		runRanks(t, p, fmt.Sprintf("xproc-%d", length), []int{0, 1, 2}, peers, length, 2)
 	}
@@ -167,14 +167,22 @@ func TestAllReduceAcrossProcesses(t *testing.T) {
 	}
 }
 
+func childPlane() (*actors.System, *Plane, error) {
+	sys, err := actors.NewSystem(actors.Config{Remote: &actors.RemoteConfig{}})
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := NewPlane(sys, token, "127.0.0.1", nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return sys, p, nil
+}
+
 func TestMain(m *testing.M) {
+	hierTestMain()
 	if os.Getenv("ATOLL_COLL_TEST_CHILD") == "1" {
-		sys, err := actors.NewSystem(actors.Config{Remote: &actors.RemoteConfig{}})
-		if err != nil {
-			fmt.Println(err)
-			os.Exit(1)
-		}
-		p, err := NewPlane(sys, token, "127.0.0.1", nil)
+		sys, p, err := childPlane()
 		if err != nil {
 			fmt.Println(err)
 			os.Exit(1)
@@ -182,7 +190,7 @@ func TestMain(m *testing.M) {
 		fmt.Println(sys.Address())
 		var parent string
 		fmt.Scanln(&parent)
-		peers := []Peer{{parent}, {parent}, {parent}, {sys.Address()}, {sys.Address()}, {sys.Address()}}
+		peers := []Peer{{Address: parent}, {Address: parent}, {Address: parent}, {Address: sys.Address()}, {Address: sys.Address()}, {Address: sys.Address()}}
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		var firstErr error

@@ -55,6 +55,8 @@ type member struct {
 
 	mu    sync.Mutex
 	peers []Peer
+	hier  *hier // nil: the flat ring only
+	q     queue // asynchronous collectives
 	seq   int64
 	busy  map[int]chan struct{} // chunk index -> closed when its last send was read
 	acks  map[transfer.Key]func()
@@ -81,9 +83,14 @@ func (m *member) abort() {
 	m.abortLocked()
 	acks := m.acks
 	m.acks = map[transfer.Key]func(){}
+	h := m.hier
 	m.mu.Unlock()
 	for _, f := range acks {
 		f()
+	}
+	if h != nil {
+		// Once its collective (woken by the abort) has returned.
+		go h.close()
 	}
 }
 
@@ -113,11 +120,28 @@ const (
 const wholeVector = -1
 
 // AllReduce sums data element-wise across every member, in place; every member must call
-// it with a vector of the same length. Small vectors use recursive doubling, larger ones
-// the ring (see SmallVector). It fails with ErrAborted when the generation ends, and with
-// ctx's error (naming the rank it waits for) when ctx ends.
+// it with a vector of the same length. Members placed several to a machine (each in its
+// own process) reduce through the machine's shared memory and one leader per machine runs
+// the ring between machines (see Hierarchical); otherwise small vectors use recursive
+// doubling and larger ones the ring (see SmallVector). It fails with ErrAborted when the
+// generation ends, and with ctx's error (naming the rank it waits for) when ctx ends.
 func (mm *Member) AllReduce(ctx context.Context, data []float32) error {
+	if err := mm.m.q.quiesce(ctx); err != nil {
+		return err
+	}
+	return mm.allReduce(ctx, data)
+}
+
+func (mm *Member) allReduce(ctx context.Context, data []float32) error {
 	m := mm.m
+	if h := m.hierFor(4 * len(data)); h != nil {
+		return m.wrap("allreduce", h.allReduce(ctx, m, data))
+	}
+	return m.allReduce(ctx, data)
+}
+
+// allReduce is the flat AllReduce among the member's peers.
+func (m *member) allReduce(ctx context.Context, data []float32) error {
 	m.mu.Lock()
 	n := len(m.peers)
 	m.seq++
@@ -130,40 +154,71 @@ func (mm *Member) AllReduce(ctx context.Context, data []float32) error {
 	if 4*len(data) <= SmallVector {
 		err = m.recursiveDoubling(ctx, seq, n, data)
 	} else {
-		err = m.ring(ctx, seq, n, data)
+		if err = m.ring(ctx, seq, n, data, evenBounds(len(data), n), opReduce, opGather); err != nil {
+			err = fmt.Errorf("allreduce %w", err)
+		}
 	}
 	if err != nil {
 		return err
 	}
-	// Our last sends must be read before the caller may change data again.
+	return m.drain(ctx, n, "allreduce")
+}
+
+// drain waits until our last sends (chunks -1 to n-1) were read: only then may the
+// caller change data again.
+func (m *member) drain(ctx context.Context, n int, what string) error {
 	for k := wholeVector; k < n; k++ {
 		if err := m.waitFree(ctx, k); err != nil {
-			return fmt.Errorf("allreduce rank %d: %w", m.key.rank, err)
+			return fmt.Errorf("%s rank %d: %w", what, m.key.rank, err)
 		}
 	}
 	return nil
 }
 
-// ring is the bandwidth-optimal ring: a reduce-scatter, then an all-gather.
-func (m *member) ring(ctx context.Context, seq int64, n int, data []float32) error {
+// Step keys' op codes: each collective's phases have their own, so ranks that call
+// different collectives wait (and name who they wait for) instead of mixing chunks.
+const (
+	opReduce  = 0  // AllReduce's reduce-scatter phase
+	opGather  = 1  // AllReduce's all-gather phase
+	opRS      = 10 // ReduceScatter
+	opAG      = 11 // AllGather
+	opScatter = 12 // Broadcast: the root's scatter
+	opBcastAG = 13 // Broadcast: the all-gather after it
+	opNone    = -1
+)
+
+// evenBounds splits a vector of length floats into n chunks of (nearly) equal length.
+func evenBounds(length, n int) func(int) (int, int) {
+	return func(k int) (int, int) { return bounds(length, n, k) }
+}
+
+// ring runs a reduce-scatter phase (reduceOp, opNone to skip) then an all-gather phase
+// (gatherOp) around the ring; chunk k of data is bnd(k). After the reduce-scatter, rank r
+// holds the sum of chunk r; the all-gather starts from each rank holding its chunk r.
+func (m *member) ring(ctx context.Context, seq int64, n int, data []float32, bnd func(int) (int, int), reduceOp, gatherOp int) error {
 	rank := m.key.rank
 	mod := func(x int) int { return ((x % n) + n) % n }
 	right, left := mod(rank+1), mod(rank-1)
 	var scratch []float32
-	for op := 0; op < 2; op++ {
+	for phase, op := range []int{reduceOp, gatherOp} {
+		if op == opNone {
+			continue
+		}
 		for s := 0; s < n-1; s++ {
-			sendIdx, recvIdx := mod(rank-s), mod(rank-s-1)
-			if op == 1 {
-				sendIdx, recvIdx = mod(rank+1-s), mod(rank-s)
+			// The textbook schedule, shifted by one chunk so that rank r ends the
+			// reduce-scatter with chunk r (and starts the all-gather from it).
+			sendIdx, recvIdx := mod(rank-s-1), mod(rank-s-2)
+			if phase == 1 {
+				sendIdx, recvIdx = mod(rank-s), mod(rank-s-1)
 			}
 			k := stepKey{seq, op, s}
-			lo, hi := bounds(len(data), n, sendIdx)
+			lo, hi := bnd(sendIdx)
 			if err := m.send(ctx, right, k, data, lo, hi, sendIdx); err != nil {
-				return fmt.Errorf("allreduce rank %d step %d/%d: send to rank %d: %w", rank, op, s, right, err)
+				return fmt.Errorf("rank %d step %d/%d: send to rank %d: %w", rank, op, s, right, err)
 			}
-			rlo, rhi := bounds(len(data), n, recvIdx)
-			if err := m.take(ctx, left, k, data, rlo, rhi, recvIdx, op == 0, &scratch); err != nil {
-				return fmt.Errorf("allreduce rank %d step %d/%d: %w", rank, op, s, err)
+			rlo, rhi := bnd(recvIdx)
+			if err := m.take(ctx, left, k, data, rlo, rhi, recvIdx, phase == 0, &scratch); err != nil {
+				return fmt.Errorf("rank %d step %d/%d: %w", rank, op, s, err)
 			}
 		}
 	}
@@ -233,7 +288,7 @@ func (m *member) take(ctx context.Context, from int, k stepKey, data []float32, 
 	dst := data[lo:hi]
 	src := in.local
 	switch {
-	case in.remote != nil && in.remote.Data != nil:
+	case in.remote != nil && (in.remote.Data != nil || len(dst) == 0): // inline (an empty chunk decodes as nil)
 		if len(in.remote.Data) != 4*len(dst) {
 			return fmt.Errorf("%w: inline chunk of %d bytes, want %d", ErrMismatch, len(in.remote.Data), 4*len(dst))
 		}
@@ -285,6 +340,10 @@ func (m *member) send(ctx context.Context, to int, k stepKey, data []float32, lo
 		p.member(memberKey{m.key.job, m.key.gang, m.key.gen, to}).deliver(in)
 		return nil
 	}
+	// A chunk is exposed once at a time: its last send must have been read.
+	if err := m.waitFree(ctx, idx); err != nil {
+		return err
+	}
 	free := make(chan struct{})
 	var once sync.Once
 	release := func() { once.Do(func() { close(free) }) }
@@ -296,14 +355,15 @@ func (m *member) send(ctx context.Context, to int, k stepKey, data []float32, lo
 		p.member(memberKey{m.key.job, m.key.gang, m.key.gen, to}).deliver(in)
 		return nil
 	}
-	srv, addr, err := p.serverAddr()
+	tr, err := p.transport()
 	if err != nil {
 		release()
 		return err
 	}
-	key := srv.RegisterRegion(chunkRegion{b: f32bytes(data[lo:hi])})
+	key := tr.Register(chunkRegion{b: f32bytes(data[lo:hi])})
+	addr := tr.Addr()
 	m.mu.Lock()
-	m.acks[key] = func() { srv.DeregisterRegion(key); release() }
+	m.acks[key] = func() { tr.Deregister(key); release() }
 	aborted := isClosed(m.closed)
 	m.mu.Unlock()
 	if aborted {
@@ -380,7 +440,7 @@ func (m *member) read(ctx context.Context, c *collpb.Chunk, dst []float32) error
 	copy(k[:], c.Key)
 	b := f32bytes(dst)
 	if len(b) <= readPiece {
-		return conn.ReadRange(ctx, k, 0, b)
+		return conn.Read(ctx, k, 0, b)
 	}
 	sem := make(chan struct{}, readDepth)
 	errs := make(chan error, (len(b)+readPiece-1)/readPiece)
@@ -392,7 +452,7 @@ func (m *member) read(ctx context.Context, c *collpb.Chunk, dst []float32) error
 		go func(off, end int) {
 			defer wg.Done()
 			defer func() { <-sem }()
-			if err := conn.ReadRange(ctx, k, int64(off), b[off:end]); err != nil {
+			if err := conn.Read(ctx, k, int64(off), b[off:end]); err != nil {
 				errs <- err
 			}
 		}(off, end)

@@ -1,12 +1,25 @@
-// Package coll runs a gang's collectives (ring AllReduce) between its members, wherever
-// they live: members in one process hand each other their vectors' chunks in memory (the
-// receiver reads the sender's slice, no copy); members in other processes read them over
-// the transfer plane, RDMA-style: the sender registers the chunk's memory as a region on
-// its process's transfer server and tells the receiver its key; the receiver reads it
-// straight into its own vector (a checksummed read) and acknowledges, and only then may the
-// sender write that chunk again. The messages that say "a chunk is ready" go to each
-// process's router (a process registered beside the actors, not an actor mailbox, so they
-// are taken while the member is busy in the call that runs the collective).
+// Package coll runs a gang's collectives (AllReduce, its asynchronous and bucketed
+// forms, AllGather, ReduceScatter, Broadcast, Barrier) between its members, wherever they
+// live, choosing the algorithm from the placement (topology.HostAllReduceTime):
+//
+//   - members in one process hand each other their vectors' chunks in memory (the
+//     receiver reads the sender's slice, no copy);
+//   - members of one machine, a process each, meet in a shared-memory segment of the
+//     machine (/dev/shm, a futex barrier in its header): no socket, no encryption;
+//   - between machines, one ring per rail (the members of one local index on every
+//     machine; a leader per machine when machines hold different numbers) over the
+//     transfer plane, RDMA-style: the sender registers the chunk's memory as a region on
+//     its transfer.Transport and tells the receiver its key; the receiver reads it
+//     straight into its own vector (a checksummed read, inside mutual TLS) and
+//     acknowledges, and only then may the sender write that chunk again.
+//
+// The messages that say "a chunk is ready" go to each process's router (a process
+// registered beside the actors, not an actor mailbox, so they are taken while the member
+// is busy in the call that runs the collective).
+//
+//	m, _ := plane.Join(job, gang, gen, rank, peers) // peers: addresses and machines by rank
+//	err := m.AllReduce(ctx, grads)
+//	h := m.AllReduceAsync(ctx, bucket) // ... compute ...; h.Wait(ctx)
 package coll
 
 import (
@@ -15,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,9 +54,13 @@ var (
 	ErrMismatch = errors.New("coll: ranks disagree on the collective")
 )
 
-// Peer is where a gang member runs: its actor system's address.
+// Peer is where a gang member runs: its actor system's address and its machine.
 type Peer struct {
 	Address string
+	// Machine names the machine (its agent) the member runs on. Members of one machine,
+	// each in a process of its own, meet in the machine's shared memory (see Hierarchical);
+	// empty: unknown, the member is only reached through its address.
+	Machine string
 }
 
 // Plane is one process's side of every collective of the gangs it hosts members of.
@@ -55,10 +73,8 @@ type Plane struct {
 	serverTLS, clientTLS *tls.Config
 
 	mu      sync.Mutex
-	server  *transfer.Server
-	addr    string
-	client  *transfer.Client
-	conns   map[string]*transfer.Conn
+	tr      transfer.Transport
+	conns   map[string]transfer.Endpoint
 	members map[memberKey]*member
 	closed  bool
 }
@@ -79,7 +95,7 @@ func NewPlane(sys *actors.System, token []byte, listenHost string, log *zap.Logg
 		listenHost = "127.0.0.1"
 	}
 	p := &Plane{sys: sys, log: log.Named("coll"), token: token, listen: net.JoinHostPort(listenHost, "0"),
-		conns: map[string]*transfer.Conn{}, members: map[memberKey]*member{}}
+		conns: map[string]transfer.Endpoint{}, members: map[memberKey]*member{}}
 	if err := sys.AddProcess(RouterID, &router{p: p}); err != nil {
 		return nil, fmt.Errorf("coll: %w", err)
 	}
@@ -94,7 +110,7 @@ func (p *Plane) UseTLS(server, client *tls.Config) {
 	p.serverTLS, p.clientTLS = server, client
 }
 
-// Close ends every collective of this process and stops its transfer server.
+// Close ends every collective of this process and stops its transport.
 func (p *Plane) Close() error {
 	p.mu.Lock()
 	p.closed = true
@@ -102,8 +118,8 @@ func (p *Plane) Close() error {
 	for _, m := range p.members {
 		ms = append(ms, m)
 	}
-	srv, conns := p.server, p.conns
-	p.conns = map[string]*transfer.Conn{}
+	tr, conns := p.tr, p.conns
+	p.conns = map[string]transfer.Endpoint{}
 	p.mu.Unlock()
 	for _, m := range ms {
 		m.abort()
@@ -111,10 +127,10 @@ func (p *Plane) Close() error {
 	for _, c := range conns {
 		_ = c.Close()
 	}
-	if srv != nil {
+	if tr != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		return srv.Shutdown(ctx)
+		return tr.Shutdown(ctx)
 	}
 	return nil
 }
@@ -125,48 +141,49 @@ func (noSource) OpenRegion(context.Context, object.ID) (transfer.Region, error) 
 	return nil, fmt.Errorf("coll: the collective server serves registered chunks only: %w", object.ErrNotFound)
 }
 
-// serverAddr starts the plane's transfer server on first use and returns its address.
-func (p *Plane) serverAddr() (*transfer.Server, string, error) {
+// transport returns the plane's transport, started on first use: the transfer plane's
+// TCP transport (a server of registered chunks listening on the plane's host, and a
+// client), mutual TLS after UseTLS. Chunks are registered on it and read through it
+// (transfer.Transport, the verbs-shaped seam a verbs backend would implement).
+func (p *Plane) transport() (transfer.Transport, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.server != nil {
-		return p.server, p.addr, nil
+	if p.tr != nil {
+		return p.tr, nil
 	}
-	cfg := transfer.DefaultServerConfig()
-	cfg.Token, cfg.Logger, cfg.TLS = p.token, p.log, p.serverTLS
-	srv, err := transfer.NewServer(cfg, noSource{})
+	scfg := transfer.DefaultServerConfig()
+	scfg.Token, scfg.Logger, scfg.TLS = p.token, p.log, p.serverTLS
+	srv, err := transfer.NewServer(scfg, noSource{})
 	if err != nil {
-		return nil, "", err
+		return nil, err
+	}
+	ccfg := transfer.DefaultClientConfig()
+	ccfg.Token, ccfg.Logger, ccfg.TLS = p.token, p.log, p.clientTLS
+	cl, err := transfer.NewClient(ccfg)
+	if err != nil {
+		return nil, err
 	}
 	addr, err := srv.Listen(p.listen)
 	if err != nil {
-		return nil, "", fmt.Errorf("coll: listen %s: %w", p.listen, err)
+		return nil, fmt.Errorf("coll: listen %s: %w", p.listen, err)
 	}
-	p.server, p.addr = srv, addr
-	return srv, addr, nil
+	p.tr = transfer.NewTCPTransport(srv, addr, cl)
+	return p.tr, nil
 }
 
-// conn returns a pooled authenticated connection to a peer's transfer server.
-func (p *Plane) conn(ctx context.Context, addr string) (*transfer.Conn, error) {
+// conn returns a pooled endpoint to a peer's transport.
+func (p *Plane) conn(ctx context.Context, addr string) (transfer.Endpoint, error) {
 	p.mu.Lock()
 	c := p.conns[addr]
+	p.mu.Unlock()
 	if c != nil && !c.Closed() {
-		p.mu.Unlock()
 		return c, nil
 	}
-	if p.client == nil {
-		cfg := transfer.DefaultClientConfig()
-		cfg.Token, cfg.Logger, cfg.TLS = p.token, p.log, p.clientTLS
-		cl, err := transfer.NewClient(cfg)
-		if err != nil {
-			p.mu.Unlock()
-			return nil, err
-		}
-		p.client = cl
+	tr, err := p.transport()
+	if err != nil {
+		return nil, err
 	}
-	cl := p.client
-	p.mu.Unlock()
-	c, err := cl.Dial(ctx, addr)
+	c, err = tr.Dial(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
@@ -205,9 +222,12 @@ func (p *Plane) Join(job, gang string, gen int64, rank int, peers []Peer) (*Memb
 	if rank < 0 || rank >= len(peers) {
 		return nil, fmt.Errorf("%w: rank %d of %d", ErrMismatch, rank, len(peers))
 	}
-	m := p.member(memberKey{job, gang, gen, rank})
+	k := memberKey{job, gang, gen, rank}
+	m := p.member(k)
+	h := p.newHier(k, peers)
 	m.mu.Lock()
 	m.peers = append([]Peer(nil), peers...)
+	m.hier = h
 	m.mu.Unlock()
 	return &Member{m: m}, nil
 }
@@ -218,7 +238,7 @@ func (p *Plane) End(job, gang string, gen int64) {
 	p.mu.Lock()
 	var ms []*member
 	for k, m := range p.members {
-		if k.job == job && k.gang == gang && k.gen == gen {
+		if k.job == job && (k.gang == gang || strings.HasPrefix(k.gang, gang+"\x00")) && k.gen == gen {
 			ms = append(ms, m)
 			delete(p.members, k)
 		}
