@@ -89,8 +89,13 @@ type Config struct {
 	// of a checkpoint's part or a detached object written there counts as its second copy,
 	// and any machine that mounts it reads from it what it cannot pull. "": none.
 	CheckpointDir string
-	// Launcher starts workers. Default: an ExecLauncher (one process per worker).
+	// Launcher starts workers. Default: an ExecLauncher (one process per worker). A
+	// launcher that is a ReadyReporter (HollowLauncher) has the agent report its workers
+	// ready as they are launched.
 	Launcher Launcher
+	// Load, when set, is the machine's load in place of the host's /proc (a hollow
+	// machine's: HollowLoad); the GPU figure is filled in by the agent either way.
+	Load func() api.Load
 	// LoadInterval is how often the agent samples and reports its load; each report is also
 	// the machine's heartbeat to the leader. Default 1 s (the leader's failure detection
 	// counts in seconds; a report every 200 ms cost the heads more than everything else
@@ -155,6 +160,8 @@ type Agent struct {
 	reviews reviews // the heads' token reviews, with a scoped credential
 	// reports bounds the refusals being reported to the heads at once.
 	reports chan struct{}
+	// relist ends the current watch of the gangs table, which then lists again.
+	relist context.CancelFunc
 }
 
 // Identity is the agent's certificate (nil without TLS).
@@ -440,7 +447,12 @@ func (a *Agent) loadLoop() {
 			return
 		case <-t.C:
 		}
-		l := a.sample.sample()
+		var l api.Load
+		if a.cfg.Load != nil {
+			l = a.cfg.Load()
+		} else {
+			l = a.sample.sample()
+		}
 		a.mu.Lock()
 		inc := a.incarnation
 		// GPU use: measuring it needs NVML's utilization counters on real GPUs, which this
@@ -456,6 +468,15 @@ func (a *Agent) loadLoop() {
 			a.log.Warn("the leader does not know this machine as alive; registering again", zap.Error(err))
 			if err := a.register(a.ctx); err != nil {
 				a.log.Warn("registration failed", zap.Error(err))
+			} else {
+				// The watch of this machine's gangs lists again: a gang moved away while
+				// the machine was counted lost left no record that concerns it.
+				a.mu.Lock()
+				relist := a.relist
+				a.mu.Unlock()
+				if relist != nil {
+					relist()
+				}
 			}
 		}
 	}
@@ -478,11 +499,17 @@ func heldShare(held, n int) float64 {
 	return min(1, float64(held)/float64(n))
 }
 
-// watchLoop follows the gangs table and reconciles the workers after every change.
+// watchLoop follows the gangs table as this machine needs it (api.GangConcerns: the gangs
+// placed here, those requeued or ended; not every gang's every change) and reconciles the
+// workers after every change.
 func (a *Agent) watchLoop() {
 	defer a.wg.Done()
 	for a.ctx.Err() == nil {
-		err := a.client.Watch(a.ctx, api.TableGangs, func(reset bool, l api.Listing, evs []meta.Event) error {
+		wctx, cancel := context.WithCancel(a.ctx)
+		a.mu.Lock()
+		a.relist = cancel
+		a.mu.Unlock()
+		err := a.client.WatchPlaced(wctx, a.cfg.Name, func(reset bool, l api.Listing, evs []meta.Event) error {
 			a.mu.Lock()
 			a.gangs = applyGangs(a.gangs, reset, l, evs)
 			a.notifyLocked()
@@ -490,6 +517,10 @@ func (a *Agent) watchLoop() {
 			a.reconcile()
 			return nil
 		})
+		cancel()
+		if a.ctx.Err() == nil && wctx.Err() != nil {
+			continue // relist (registered again)
+		}
 		if a.ctx.Err() == nil {
 			a.log.Warn("watching the gangs table failed; retrying", zap.Error(err))
 			select {
@@ -749,9 +780,9 @@ func (a *Agent) launch(key string, w *worker) {
 	if stop {
 		go a.stopWorker(w)
 	}
-	if w.spec.Driver || w.spec.Process != nil {
-		// A submitted driver or a process gang's member hosts no actor to announce: it is
-		// ready once it runs. A process member's Address is its gang's rendezvous address
+	if rr, ok := a.cfg.Launcher.(ReadyReporter); w.spec.Driver || w.spec.Process != nil || ok && rr.AgentReportsReady() {
+		// A submitted driver, a process gang's member or a hollow worker hosts no actor to
+		// announce: it is ready once it runs. A process member's Address is its gang's rendezvous address
 		// (rank 0's announces it to the others).
 		go func() {
 			ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
@@ -808,12 +839,29 @@ func (a *Agent) start(w *worker) (Handle, bool, error) {
 	}
 	ctx, cancel := context.WithTimeout(a.ctx, time.Minute)
 	defer cancel()
-	job, err := a.job(ctx, w.spec.Job)
-	if err != nil {
-		return nil, false, err
-	}
+	var job api.Job
 	var g api.Gang
-	found, err := a.client.Get(ctx, api.TableGangs+w.spec.Job+"/"+w.spec.Gang, &g)
+	var found bool
+	var err error
+	// The two reads are retried while the minute lasts: a read the heads could not answer
+	// in time (a busy leader, an election) is no failure of the worker, and reporting it
+	// as one restarted or failed its gang (atoll bench scale, 100 machines).
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		if job, err = a.job(ctx, w.spec.Job); err == nil {
+			found, err = a.client.Get(ctx, api.TableGangs+w.spec.Job+"/"+w.spec.Gang, &g)
+		}
+		if err == nil || errors.Is(err, api.ErrNotFound) || ctx.Err() != nil || !a.wanted(w) {
+			break
+		}
+		a.log.Warn("the records of a worker to launch could not be read; retrying", workerField(w.spec), zap.Duration("in", backoff), zap.Error(err))
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+	}
+	if err != nil && !a.wanted(w) {
+		return nil, false, nil // dropped meanwhile: nothing to report
+	}
 	if err != nil {
 		return nil, false, err
 	}
@@ -879,6 +927,7 @@ func (a *Agent) reportExit(s api.WorkerSpec, reason string, permanent, completed
 func (a *Agent) reportExitOf(s api.WorkerSpec, reason string, permanent, completed, yielded bool) {
 	x := api.WorkerExit{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation, Machine: a.cfg.Name, Reason: api.TruncateReason(reason),
 		Permanent: permanent, Completed: completed, Yielded: yielded}
+	backoff := 100 * time.Millisecond
 	for a.ctx.Err() == nil {
 		ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
 		err := a.client.WorkerExited(ctx, x)
@@ -886,7 +935,20 @@ func (a *Agent) reportExitOf(s api.WorkerSpec, reason string, permanent, complet
 		if err == nil || errors.Is(err, api.ErrNotFound) || errors.Is(err, api.ErrInvalid) {
 			return
 		}
-		a.log.Warn("could not report a worker exit; retrying", workerField(s), zap.Error(err))
+		if errors.Is(err, api.ErrForbidden) || errors.Is(err, api.ErrStale) {
+			// The leader no longer places that worker here (its gang moved on, or this
+			// machine was declared dead and registered again): the report is refused for
+			// good, and retrying it at once was a storm of refusals (and audit events) at
+			// scale (atoll bench scale).
+			a.log.Info("a worker exit the leader refuses: not reported", workerField(s), zap.Error(err))
+			return
+		}
+		a.log.Warn("could not report a worker exit; retrying", workerField(s), zap.Duration("in", backoff), zap.Error(err))
+		select {
+		case <-a.ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 

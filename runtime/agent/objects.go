@@ -214,6 +214,20 @@ func (a *Agent) reconcileLoop() {
 
 // reconcileOnce runs one pass if this machine is the reconciler (nil report otherwise).
 func (a *Agent) reconcileOnce(ctx context.Context, owners *ownerTracker) (*objects.Report, error) {
+	if f := owners.first; f != "" && f != a.cfg.Name {
+		// Another machine reconciled last time: while it is alive this one is not the
+		// first alive machine, whatever joined since. One record read instead of the
+		// whole machines table: every agent listing it every 10 s cost the heads O(N²)
+		// (atoll bench scale).
+		var m api.Machine
+		found, err := a.client.Get(ctx, api.TableMachines+f, &m)
+		if err != nil {
+			return nil, err
+		}
+		if found && m.Alive {
+			return nil, nil
+		}
+	}
 	ms, err := a.machines(ctx)
 	if err != nil {
 		return nil, err
@@ -231,6 +245,7 @@ func (a *Agent) reconcileOnce(ctx context.Context, owners *ownerTracker) (*objec
 			}
 		}
 	}
+	owners.first = first
 	if first != a.cfg.Name {
 		owners.seen, owners.unref = map[string]ownerSeen{}, nil // another agent reconciles: start afresh if this one takes over
 		return nil, nil
@@ -330,6 +345,8 @@ type ownerSeen struct {
 type ownerTracker struct {
 	seen  map[string]ownerSeen
 	unref map[string]time.Time // checkpoint parts referenced by no checkpoint, since
+	// first is the first alive machine the last full listing found (the reconciler).
+	first string
 }
 
 func (t *ownerTracker) observe(kvs []meta.KeyValue, now time.Time) map[string]api.Owner {

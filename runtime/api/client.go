@@ -384,8 +384,16 @@ type WatchAnswer struct {
 // WatchOnce returns the events after rev under prefix, waiting up to wait for the first
 // one. Any head answers (followers too: revisions are the log's, the same everywhere).
 func (c *Client) WatchOnce(ctx context.Context, prefix string, rev int64, wait time.Duration) (WatchAnswer, error) {
+	return c.watchOnce(ctx, prefix, "", rev, wait)
+}
+
+// watchOnce is WatchOnce with the gangs table filtered for a machine (machine != "").
+func (c *Client) watchOnce(ctx context.Context, prefix, machine string, rev int64, wait time.Duration) (WatchAnswer, error) {
 	var a WatchAnswer
 	path := fmt.Sprintf("/v1/watch?prefix=%s&rev=%d&wait_ms=%d", url.QueryEscape(prefix), rev, wait.Milliseconds())
+	if machine != "" {
+		path += "&machine=" + url.QueryEscape(machine)
+	}
 	c.mu.Lock()
 	idx := c.target
 	c.mu.Unlock()
@@ -402,9 +410,24 @@ func (c *Client) WatchOnce(ctx context.Context, prefix string, rev int64, wait t
 // true), then each batch of events; after a gap (compaction, a head that failed) it sees a
 // fresh listing again. It returns when ctx ends or fn returns an error.
 func (c *Client) Watch(ctx context.Context, prefix string, fn func(reset bool, l Listing, events []meta.Event) error) error {
+	return c.watch(ctx, prefix, "", fn)
+}
+
+// WatchPlaced is Watch of the gangs table as the agent of machine needs it: the records
+// that concern it (GangConcerns), deletes, and nothing else. The heads filter it.
+func (c *Client) WatchPlaced(ctx context.Context, machine string, fn func(reset bool, l Listing, events []meta.Event) error) error {
+	return c.watch(ctx, TableGangs, machine, fn)
+}
+
+func (c *Client) watch(ctx context.Context, prefix, machine string, fn func(reset bool, l Listing, events []meta.Event) error) error {
 	const wait = 10 * time.Second
 	for {
-		l, err := c.List(ctx, prefix)
+		var l Listing
+		path := "/v1/list?prefix=" + url.QueryEscape(prefix)
+		if machine != "" {
+			path += "&machine=" + url.QueryEscape(machine)
+		}
+		err := c.Do(ctx, http.MethodGet, path, nil, &l)
 		if err != nil {
 			return err
 		}
@@ -413,7 +436,7 @@ func (c *Client) Watch(ctx context.Context, prefix string, fn func(reset bool, l
 		}
 		rev := l.Revision
 		for {
-			a, err := c.WatchOnce(ctx, prefix, rev, wait)
+			a, err := c.watchOnce(ctx, prefix, machine, rev, wait)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}

@@ -58,6 +58,9 @@ type API struct {
 	authn *authz.Authenticator
 	state stateView
 	limit auditLimiter
+	// placed filters the gangs table for one machine's agent (machine=NAME on /v1/list and
+	// /v1/watch of gangs/: api.GangConcerns).
+	placed *api.GangFilter
 }
 
 // RequireClientCerts turns mutual TLS on for the API: a process holding the token gets a
@@ -72,7 +75,7 @@ func NewAPI(ctl *Controller, rep *paxos.Replica, sm *metaserver.StateMachine, to
 	if log == nil {
 		log = zap.NewNop()
 	}
-	a := &API{ctl: ctl, rep: rep, sm: sm, token: token, heads: heads, log: log.Named("api"),
+	a := &API{ctl: ctl, rep: rep, sm: sm, token: token, heads: heads, log: log.Named("api"), placed: api.NewGangFilter(),
 		meta:  &metaserver.Handler{Replica: rep, SM: sm, Token: token, Logger: log},
 		authn: newAuthenticator(token, sm), state: stateView{sm: sm}}
 	a.meta.Authenticated = func(r *http.Request) bool { _, ok := identityOf(r); return ok }
@@ -274,8 +277,39 @@ func (a *API) list(w http.ResponseWriter, r *http.Request) {
 		a.answer(w, r, nil, err)
 		return
 	}
+	machine, err := a.placedOn(r, prefix)
+	if err != nil {
+		a.answer(w, r, nil, err)
+		return
+	}
 	rev := a.sm.Revision() // read before the range: a watch from it may repeat, never miss
-	a.answer(w, r, api.Listing{Revision: rev, KVs: metaserver.Keep(a.sm.Range(prefix), a.readable(r))}, nil)
+	kvs := metaserver.Keep(a.sm.Range(prefix), a.readable(r))
+	if machine != "" {
+		kept := kvs[:0]
+		for _, kv := range kvs {
+			if a.placed.Concerns(kv, machine) {
+				kept = append(kept, kv)
+			}
+		}
+		kvs = kept
+	}
+	a.answer(w, r, api.Listing{Revision: rev, KVs: kvs}, nil)
+}
+
+// placedOn is a request's machine=NAME: the gangs table as that machine's agent needs it
+// (api.GangConcerns). It is refused on another prefix than the gangs table's.
+func (a *API) placedOn(r *http.Request, prefix string) (string, error) {
+	m := r.URL.Query().Get("machine")
+	if m == "" {
+		return "", nil
+	}
+	if prefix != api.TableGangs {
+		return "", fmt.Errorf("%w: machine=%q filters the gangs table (prefix %q), not prefix %q", api.ErrInvalid, m, api.TableGangs, prefix)
+	}
+	if err := api.CheckName("machine", m); err != nil {
+		return "", err
+	}
+	return m, nil
 }
 
 // watch answers the events after rev under prefix, waiting up to wait_ms for the first.
@@ -288,32 +322,48 @@ func (a *API) watch(w http.ResponseWriter, r *http.Request) {
 		a.answer(w, r, nil, fmt.Errorf("%w: watch rev %q: want a revision >= 0", api.ErrInvalid, q.Get("rev")))
 		return
 	}
+	machine, err := a.placedOn(r, prefix)
+	if err != nil {
+		a.answer(w, r, nil, err)
+		return
+	}
 	wait := time.Second
 	if ms, err := strconv.Atoi(q.Get("wait_ms")); err == nil && ms >= 0 {
 		wait = min(time.Duration(ms)*time.Millisecond, MaxWatchWait)
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), wait)
 	defer cancel()
-	events, covered, err := a.sm.EventsSince(ctx, prefix, rev, maxWatchEvents)
-	if errors.Is(err, meta.ErrCompacted) {
-		writeJSON(w, http.StatusOK, api.WatchAnswer{Revision: rev, Compacted: true})
-		return
-	}
-	if err != nil {
-		a.answer(w, r, nil, err)
-		return
-	}
-	if r.Context().Err() != nil {
-		return
-	}
-	if keep := a.readable(r); keep != nil {
-		kept := events[:0:0]
-		for _, ev := range events {
-			if keep(ev.KV.Key) {
-				kept = append(kept, ev)
-			}
+	keep := a.readable(r)
+	var events []meta.Event
+	var covered int64
+	for {
+		events, covered, err = a.sm.EventsSince(ctx, prefix, rev, maxWatchEvents)
+		if errors.Is(err, meta.ErrCompacted) {
+			writeJSON(w, http.StatusOK, api.WatchAnswer{Revision: rev, Compacted: true})
+			return
 		}
-		events = kept
+		if err != nil {
+			a.answer(w, r, nil, err)
+			return
+		}
+		if r.Context().Err() != nil {
+			return
+		}
+		if keep != nil || machine != "" {
+			kept := events[:0:0]
+			for _, ev := range events {
+				if (keep == nil || keep(ev.KV.Key)) && (machine == "" || ev.Type == meta.EventDelete || a.placed.Concerns(ev.KV, machine)) {
+					kept = append(kept, ev)
+				}
+			}
+			events = kept
+		}
+		// A filtered watch waits on for the events that concern its machine: answering
+		// every other machine's change at once would have each agent ask again for each.
+		if len(events) > 0 || machine == "" || ctx.Err() != nil || covered <= rev {
+			break
+		}
+		rev = covered
 	}
 	if events == nil {
 		events = []meta.Event{}
