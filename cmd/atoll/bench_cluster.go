@@ -21,6 +21,7 @@ import (
 
 	"github.com/atoll-run/atoll/internal/codec"
 
+	"github.com/atoll-run/atoll/runtime/coll"
 	"github.com/atoll-run/atoll/sdk"
 )
 
@@ -129,7 +130,9 @@ func benchCluster(ctx context.Context, dir string, agents int, machine string, i
 	} else if cf, err = readClusterFile(dir); err != nil {
 		return nil, nil, nil, err
 	}
-	c, err = sdk.Connect(ctx, clusterAddr(cf), benchKinds()...)
+	// The benchmarks' workers let sums follow the placement (coll.AlgoEnv), as a program
+	// that does not need the same bits on every placement would.
+	c, err = sdk.Connect(ctx, clusterAddr(cf), append(benchKinds(), sdk.WithEnv(coll.AlgoEnv+"=auto"))...)
 	if err != nil {
 		cleanup()
 		return nil, nil, nil, err

@@ -3,6 +3,7 @@ package coll
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 
 	"github.com/atoll-run/atoll/topology"
@@ -131,6 +132,35 @@ func (p *Plane) newHier(k memberKey, peers []Peer) *hier {
 		h.rail = rm
 	}
 	return h
+}
+
+// AlgoEnv names the environment variable that lets sums (AllReduce, ReduceScatter) take
+// the hierarchy when the model prefers it: "auto" (or "hierarchical"). Unset or "ring",
+// sums take the flat algorithms, whose order of additions depends on the ranks alone, so
+// a program's floating-point results are the same bits whatever its placement: on the
+// embedded default and on any machines, before a failure and after a restart placed
+// elsewhere (examples/dataparallel's exact recovery). The hierarchy adds each machine's
+// members first, an order that depends on which ranks share a machine (as NCCL's results
+// depend on NCCL_ALGO and the topology). Collectives that only move data (AllGather,
+// Broadcast, Barrier) are exact either way and always follow the model. A driver passes
+// it to its workers with sdk.WithEnv(AlgoEnv + "=auto").
+const AlgoEnv = "ATOLL_COLL_ALGO"
+
+// sumsByPlacement reports whether sums may take the hierarchy (AlgoEnv).
+func sumsByPlacement() bool {
+	switch os.Getenv(AlgoEnv) {
+	case "auto", "hierarchical":
+		return true
+	}
+	return false
+}
+
+// hierForSum is hierFor for a sum: nil unless AlgoEnv allows a placement-dependent order.
+func (m *member) hierForSum(bytes int) *hier {
+	if !sumsByPlacement() {
+		return nil
+	}
+	return m.hierFor(bytes)
 }
 
 // hierFor returns the member's hierarchy when the model prefers it for a collective of

@@ -134,7 +134,7 @@ func (mm *Member) AllReduce(ctx context.Context, data []float32) error {
 
 func (mm *Member) allReduce(ctx context.Context, data []float32) error {
 	m := mm.m
-	if h := m.hierFor(4 * len(data)); h != nil {
+	if h := m.hierForSum(4 * len(data)); h != nil {
 		return m.wrap("allreduce", h.allReduce(ctx, m, data))
 	}
 	return m.allReduce(ctx, data)

@@ -42,7 +42,7 @@ func (mm *Member) ReduceScatter(ctx context.Context, data []float32) error {
 		return err
 	}
 	shard := evenBounds(len(data), mm.Size())
-	if h := m.hierFor(4 * len(data)); h != nil {
+	if h := m.hierForSum(4 * len(data)); h != nil {
 		return m.wrap("reducescatter", h.reduceScatter(ctx, m, data, shard))
 	}
 	return m.wrap("reducescatter", m.reduceScatter(ctx, data, shard))

@@ -226,6 +226,7 @@ func hierPeers(addrs []string, place []string) []Peer {
 // shared memory, machines' leaders over the transfer plane. Every collective of every
 // placement must give the reference's exact result.
 func TestHierarchicalAcrossProcesses(t *testing.T) {
+	t.Setenv(AlgoEnv, "auto") // sums too take the hierarchy (the children inherit it)
 	sys, p := newPlane(t, true)
 	exe, err := os.Executable()
 	if err != nil {
