@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -72,48 +73,13 @@ func testProcessGang(t *testing.T, submitFlags func(out string) []string, comman
 	if err != nil {
 		t.Fatal(err)
 	}
-	// waitFor polls the gang until ok says it is where the test wants it.
 	waitFor := func(what string, ok func(g api.Gang) bool) api.Gang {
 		t.Helper()
-		for {
-			g, _, err := c.Gang(ctx, "pg", "main")
-			if err == nil && ok(g) {
-				return g
-			}
-			if err == nil && g.State == api.GangFailed {
-				t.Fatalf("waiting for %s: the gang failed: %s", what, g.Reason)
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("waiting for %s: %v (gang: %+v, %v)", what, ctx.Err(), g, err)
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
+		return awaitGang(ctx, t, c, "pg", what, ok)
 	}
-	// readJSON waits for a file the program writes.
 	readJSON := func(name string, v any) {
 		t.Helper()
-		for {
-			b, err := os.ReadFile(filepath.Join(out, name))
-			if err == nil {
-				if err := json.Unmarshal(b, v); err != nil {
-					t.Fatalf("%s: %v\n%s", name, err, b)
-				}
-				return
-			}
-			if !errors.Is(err, fs.ErrNotExist) {
-				t.Fatal(err)
-			}
-			g, _, _ := c.Gang(ctx, "pg", "main")
-			if g.State == api.GangFailed {
-				t.Fatalf("waiting for %s: the gang failed: %s", name, g.Reason)
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("waiting for %s: %v (gang %s: %s)", name, ctx.Err(), g.State, g.Reason)
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
+		awaitJSON(ctx, t, c, out, "pg", name, v)
 	}
 
 	args := []string{"submit", "--dir", dir, "--name", "pg", "--workers", "4", "--gpus-per-worker", "4", "--strategy", "spread"}
@@ -376,37 +342,11 @@ func TestClusterProcessGangResize(t *testing.T) {
 	}
 	waitFor := func(job, what string, ok func(g api.Gang) bool) api.Gang {
 		t.Helper()
-		for {
-			g, _, err := c.Gang(ctx, job, "main")
-			if err == nil && ok(g) {
-				return g
-			}
-			if err == nil && g.State == api.GangFailed {
-				t.Fatalf("waiting for %s: gang %s failed: %s", what, job, g.Reason)
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("waiting for %s: %v (gang %s: %+v, %v)", what, ctx.Err(), job, g, err)
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
+		return awaitGang(ctx, t, c, job, what, ok)
 	}
 	readJSON := func(name string, v any) {
 		t.Helper()
-		for {
-			b, err := os.ReadFile(filepath.Join(out, name))
-			if err == nil {
-				if err := json.Unmarshal(b, v); err != nil {
-					t.Fatalf("%s: %v\n%s", name, err, b)
-				}
-				return
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("waiting for %s: %v", name, ctx.Err())
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
+		awaitJSON(ctx, t, c, out, "el", name, v)
 	}
 	type sum struct{ Sum, World, Generation int }
 	master := func(rank, gen int) string {
@@ -479,5 +419,52 @@ func TestClusterProcessGangResize(t *testing.T) {
 	g := waitFor("el", "the elastic gang completed", func(g api.Gang) bool { return g.State == api.GangStopped })
 	if !strings.HasPrefix(g.Reason, "completed") {
 		t.Errorf("the elastic gang stopped: %q, want completed", g.Reason)
+	}
+}
+
+// awaitGang polls a job's gang "main" until ok says it is where the test wants it; a
+// failed gang or the end of ctx fails the test.
+func awaitGang(ctx context.Context, t *testing.T, c *dialed, job, what string, ok func(g api.Gang) bool) api.Gang {
+	t.Helper()
+	for {
+		g, _, err := c.Gang(ctx, job, "main")
+		if err == nil && ok(g) {
+			return g
+		}
+		if err == nil && g.State == api.GangFailed {
+			t.Fatalf("waiting for %s: gang %s failed: %s", what, job, g.Reason)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v (gang %s: %+v, %v)", what, ctx.Err(), job, g, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// awaitJSON waits for a JSON file a process gang's program writes into dir, and decodes
+// it into v; the job's gang failing or the end of ctx fails the test.
+func awaitJSON(ctx context.Context, t *testing.T, c *dialed, dir, job, name string, v any) {
+	t.Helper()
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err == nil {
+			if err := json.Unmarshal(b, v); err != nil {
+				t.Fatalf("%s: %v\n%s", name, err, b)
+			}
+			return
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+		g, _, _ := c.Gang(ctx, job, "main")
+		if g.State == api.GangFailed {
+			t.Fatalf("waiting for %s: the gang failed: %s", name, g.Reason)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v (gang %s: %s)", name, ctx.Err(), g.State, g.Reason)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }
