@@ -624,8 +624,20 @@ const (
 	scalePending = "bench-scale-pending"
 )
 
-// workload submits the holder of machine 0, the running gangs and the actors, waits until
-// they run, then the pending gangs (pinned to machine 0, which the holder keeps).
+// pinnedMachine is the machine the holder keeps and the pending gangs are pinned to: the
+// first that runs no serf member (gossip's false failures of starved hollow processes
+// declared machine 0 dead, and with it every pending gang was refused), machine 0 when
+// every machine gossips.
+func (b *scaleBench) pinnedMachine() string {
+	if i := max(0, b.cfg.gossip-1); i < b.cfg.machines-1 {
+		return hollowName(i)
+	}
+	return hollowName(0)
+}
+
+// workload submits the holder of the pinned machine, the running gangs and the actors,
+// waits until they run, then the pending gangs (pinned to that machine, which the holder
+// keeps).
 func (b *scaleBench) workload(ctx context.Context) error {
 	n := b.cfg.machines
 	gangs, actors := b.cfg.gangs, b.cfg.actors
@@ -654,8 +666,8 @@ func (b *scaleBench) workload(ctx context.Context) error {
 		}
 	}
 	if _, err := b.d.SpawnGang(ctx, api.GangSpec{Job: scaleJob, Name: scaleHolder, Kind: "hollow", Workers: 1, Resources: api.Resources{GPUs: 8},
-		Machines: []string{hollowName(0)}, NotPreemptible: true}); err != nil {
-		return fmt.Errorf("the holder of %s: %w", hollowName(0), err)
+		Machines: []string{b.pinnedMachine()}, NotPreemptible: true}); err != nil {
+		return fmt.Errorf("the holder of %s: %w", b.pinnedMachine(), err)
 	}
 	var specs []api.GangSpec
 	for i := range gangs {
@@ -707,9 +719,9 @@ func (b *scaleBench) workload(ctx context.Context) error {
 	specs = specs[:0]
 	for i := range b.cfg.pending {
 		specs = append(specs, api.GangSpec{Job: scalePending, Name: fmt.Sprintf("p%06d", i), Kind: "hollow", Workers: 1, Resources: api.Resources{GPUs: 8},
-			Machines: []string{hollowName(0)}})
+			Machines: []string{b.pinnedMachine()}})
 	}
-	b.say("pending: submitting %d gangs pinned to %s", len(specs), hollowName(0))
+	b.say("pending: submitting %d gangs pinned to %s", len(specs), b.pinnedMachine())
 	start = time.Now()
 	n1, err := b.submit(ctx, specs)
 	b.res.PendingSubmitS, b.res.PendingGangs = round2(time.Since(start).Seconds()), n1

@@ -158,6 +158,9 @@ func newHeadCmd() *cobra.Command {
 			if dataDir == "" {
 				return errors.New("head: --data-dir is required")
 			}
+			if err := envProfile(fmt.Sprintf("head-%d", id)); err != nil {
+				return fmt.Errorf("head: %w", err)
+			}
 			if idOrdinal {
 				if id != 0 {
 					return fmt.Errorf("head: --id %d and --id-from-ordinal contradict each other", id)

@@ -95,6 +95,9 @@ runs until SIGTERM.`,
 
 // runHollowAgents starts the agents, reports, and runs until ctx ends.
 func runHollowAgents(ctx context.Context, cfg hollowConfig, out interface{ Write([]byte) (int, error) }) error {
+	if err := envProfile(fmt.Sprintf("hollow-%d", cfg.first)); err != nil {
+		return fmt.Errorf("hollow-agents: %w", err)
+	}
 	heads, err := api.ParseAddress(cfg.join)
 	if err != nil {
 		return fmt.Errorf("hollow-agents: --join: %w", err)

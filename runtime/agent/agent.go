@@ -461,7 +461,9 @@ func (a *Agent) loadLoop() {
 		l.GPU = heldShare(a.heldGPUsLocked(), len(a.cfg.Spec.GPUs))
 		a.obs.last = l
 		a.mu.Unlock()
-		ctx, cancel := context.WithTimeout(a.ctx, 2*time.Second)
+		// A report that waits is still a heartbeat when it arrives; one given up closes its
+		// connection, and the next pays a TLS handshake: under load that spirals.
+		ctx, cancel := context.WithTimeout(a.ctx, max(5*time.Second, 2*a.cfg.LoadInterval))
 		err := a.client.ReportLoad(ctx, api.LoadReport{Machine: a.cfg.Name, Incarnation: inc, Load: l, At: time.Now(), Store: a.storeUsage()})
 		cancel()
 		if errors.Is(err, api.ErrNotFound) || errors.Is(err, api.ErrStale) {

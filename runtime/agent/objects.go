@@ -164,6 +164,25 @@ func (a *Agent) machines(ctx context.Context) ([]api.Machine, error) {
 	return out, nil
 }
 
+// firstAliveProbe is how many machine records firstAlive reads.
+const firstAliveProbe = 32
+
+// firstAlive is the first alive machine in name order when it is among the machines
+// table's first firstAliveProbe records ("" when none of those is alive).
+func (a *Agent) firstAlive(ctx context.Context) (string, error) {
+	l, err := a.client.ListFirst(ctx, api.TableMachines, firstAliveProbe)
+	if err != nil {
+		return "", err
+	}
+	for _, kv := range l.KVs {
+		var m api.Machine
+		if json.Unmarshal(kv.Value, &m) == nil && m.Alive {
+			return m.Name, nil
+		}
+	}
+	return "", nil
+}
+
 // agentPost posts a JSON body to another agent's API.
 func (a *Agent) agentPost(ctx context.Context, base, path string, body any) error {
 	b, _ := json.Marshal(body)
@@ -227,6 +246,17 @@ func (a *Agent) reconcileOnce(ctx context.Context, owners *ownerTracker) (*objec
 		if found && m.Alive {
 			return nil, nil
 		}
+	}
+	// The reconciler is the first alive machine in name order, nearly always among the
+	// table's first few: a page of them tells a machine that is not the reconciler so
+	// without every agent reading the whole table (O(N²) on the heads after a start, or
+	// after the reconciler dies).
+	if first, err := a.firstAlive(ctx); err != nil {
+		return nil, err
+	} else if first != "" && first != a.cfg.Name {
+		owners.first = first
+		owners.seen, owners.unref = map[string]ownerSeen{}, nil
+		return nil, nil
 	}
 	ms, err := a.machines(ctx)
 	if err != nil {

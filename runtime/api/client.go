@@ -362,6 +362,16 @@ type KV = meta.KeyValue
 type Listing struct {
 	Revision int64 `json:"revision"`
 	KVs      []KV  `json:"kvs"`
+	// More says a ListFirst answer left keys out (past its limit).
+	More bool `json:"more,omitempty"`
+}
+
+// ListFirst reads the first n keys with the prefix in key order (GET /v1/list with
+// limit=n), as List does; More says there are others.
+func (c *Client) ListFirst(ctx context.Context, prefix string, n int) (Listing, error) {
+	var l Listing
+	err := c.Do(ctx, http.MethodGet, fmt.Sprintf("/v1/list?prefix=%s&limit=%d", url.QueryEscape(prefix), n), nil, &l)
+	return l, err
 }
 
 // List reads every key with the prefix, linearizably (at the leader), with the revision

@@ -296,6 +296,11 @@ func (c *Controller) reconcile(t *term, keys map[string]bool) {
 					t.machines[name] = &machineEntry{rec: m, ver: kv.Version}
 				}
 			}
+			if m := t.machines[name]; m != nil && m.rec.Alive {
+				c.liveAlive(name, m.rec.Incarnation, now)
+			} else {
+				c.liveDead(name)
+			}
 			membership = true
 		case strings.HasPrefix(key, api.TableJobs):
 			name := strings.TrimPrefix(key, api.TableJobs)

@@ -126,8 +126,12 @@ type Controller struct {
 	log  *zap.Logger
 	logw logWriter // writes to the log
 
-	mu       sync.Mutex
-	t        *term
+	mu sync.Mutex
+	t  *term
+	// liveMu guards live, the machines' load reports and liveness evidence (live.go); taken
+	// after mu, never before it.
+	liveMu   sync.Mutex
+	live     *liveView
 	watchers []chan struct{} // told on every change (tests, status)
 
 	membership    func() map[string]bool  // machines gossip knows dead; nil without membership
@@ -136,9 +140,10 @@ type Controller struct {
 
 	obs *ctlObs // metrics, the event log's sequence, jobs' progress reports (observe.go)
 
-	poke chan struct{} // asks Run for a sweep now (gossip news)
-	stop chan struct{}
-	done chan struct{}
+	poke    chan struct{} // asks Run for a sweep now (gossip news)
+	declare chan struct{} // asks declareLoop to act on the sweep's verdicts (live.go)
+	stop    chan struct{}
+	done    chan struct{}
 }
 
 // term is the controller's state while its replica leads, by concern: the machines
@@ -163,12 +168,14 @@ type term struct {
 type fleet struct {
 	machines map[string]*machineEntry
 	cordons  map[string]*api.Cordon
-	loads    map[string]api.LoadReport
-	detect   *failureDetector // the machines' liveness evidence (detect.go)
 	topo     *topology.Cluster
 	order    []string       // scheduler node index -> machine name
 	index    map[string]int // machine name -> scheduler node index
 	specs    []string       // scheduler node index -> the machine spec it was built from (JSON)
+	// membersDirty: machines registered since the scheduler last took them (membershipSoonLocked);
+	// membersTimer takes them if no cycle comes first.
+	membersDirty bool
+	membersTimer *time.Timer
 }
 
 // ledger is the jobs and gangs of the log, their newest checkpoints, the submission
@@ -266,7 +273,7 @@ func NewController(cfg ControllerConfig, rep *paxos.Replica, sm *metaserver.Stat
 	}
 	obs := newCtlObs()
 	return &Controller{cfg: cfg, rep: rep, sm: sm, log: cfg.Logger.Named("controller"), logw: logWriter{rep: rep, obs: obs},
-		stop: make(chan struct{}), done: make(chan struct{}), poke: make(chan struct{}, 1), obs: obs}
+		stop: make(chan struct{}), done: make(chan struct{}), poke: make(chan struct{}, 1), declare: make(chan struct{}, 1), obs: obs}
 }
 
 // SetMembership gives the controller gossip's view of which machines failed or left; it is
@@ -282,6 +289,9 @@ func (c *Controller) SetMembership(dead func() map[string]bool) {
 // machines every Poll.
 func (c *Controller) Run() {
 	defer close(c.done)
+	declared := make(chan struct{})
+	go func() { defer close(declared); c.declareLoop() }()
+	defer func() { <-declared }()
 	var sweep *time.Ticker
 	defer func() {
 		if sweep != nil {
@@ -393,7 +403,11 @@ func (c *Controller) dropTermLocked(why string) {
 	if t.costsTimer != nil {
 		t.costsTimer.Stop()
 	}
+	if t.membersTimer != nil {
+		t.membersTimer.Stop()
+	}
 	close(t.ended)
+	c.setLive(nil)
 	c.log.Info("control plane term ends", zap.Int64("term", t.id), zap.String("why", why))
 	c.t = nil
 	c.notifyLocked()
@@ -441,7 +455,7 @@ func (c *Controller) buildTerm() error {
 	now := c.cfg.Clock()
 	t := &term{
 		log: c.log, obs: c.obs,
-		fleet:   fleet{machines: map[string]*machineEntry{}, cordons: map[string]*api.Cordon{}, index: map[string]int{}, loads: map[string]api.LoadReport{}},
+		fleet:   fleet{machines: map[string]*machineEntry{}, cordons: map[string]*api.Cordon{}, index: map[string]int{}},
 		ledger:  ledger{jobs: map[string]*jobEntry{}, gangs: map[string]*gangEntry{}, timers: map[string]*time.Timer{}, ckpt: map[string]ckptInfo{}},
 		costs:   costs{costsDirty: map[string]bool{}},
 		commits: commits{kick: make(chan struct{}, 1), ended: make(chan struct{})},
@@ -544,12 +558,16 @@ func (c *Controller) buildTerm() error {
 	// A new leader has heard no machine yet: each gets a grace period from now. Machines
 	// that gossip had failed when this head became leader are dead once their silence
 	// confirms it (detect.go).
-	t.detect = c.newDetector(now)
+	live := newLiveView(c.newDetector(now))
 	for name, m := range t.machines {
-		if m.rec.Alive && dead[name] {
-			t.detect.gossip(name, "failed", now)
+		if m.rec.Alive {
+			live.inc[name] = m.rec.Incarnation
+			if dead[name] {
+				live.detect.gossip(name, "failed", now)
+			}
 		}
 	}
+	c.setLive(live)
 	work = append(work, c.cycleLocked(t, now)...)
 	c.log.Info("control plane term starts", zap.Int64("term", t.id), zap.Int("machines", len(t.machines)),
 		zap.Int("jobs", len(t.jobs)), zap.Int("gangs", len(t.gangs)), zap.Int("cordons", len(t.cordons)))
@@ -775,7 +793,7 @@ func (c *Controller) buildCoreLocked(t *term, now time.Time) []commitFn {
 		t.order = append(t.order, m.rec.Name)
 		t.index[m.rec.Name] = i
 	}
-	for name, l := range t.loads {
+	for name, l := range c.liveLoads() {
 		if i, ok := t.index[name]; ok {
 			_ = s.UpdateLoad(i, gang.Load{CPU: l.Load.CPU, GPU: l.Load.GPU, Mem: l.Load.Mem, Net: l.Load.Net})
 		}
@@ -929,10 +947,14 @@ func (t *term) coreRequest(s api.GangSpec) (gang.Request, error) {
 // grows and shrink notices of elastic gangs, and the waiting gangs' reasons. It arms a
 // cycle at the scheduler's NextCycle.
 func (c *Controller) cycleLocked(t *term, now time.Time) []commitFn {
-	if t.sched == nil {
-		return nil
-	}
 	var work []commitFn
+	if t.membersDirty {
+		work = c.membershipLocked(t, now) // machines registered since the last cycle
+	}
+	if t.sched == nil {
+		return work
+	}
+	c.takeLoadsLocked(t)
 	start := time.Now()
 	d := t.sched.Cycle(now)
 	c.obs.cycleTook(time.Since(start))

@@ -1,10 +1,14 @@
 package head
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/atoll-run/atoll/runtime/api"
 )
 
 // detectStep is one input to a failure detector at a time (seconds from the term's start):
@@ -159,5 +163,86 @@ func TestFailureDetector(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A load report and the failure detector's sweep never wait for the controller's lock:
+// while something holds it (a long scheduling cycle, a burst of admissions), the machines'
+// heartbeats are still taken and the sweep still runs (live.go).
+func TestLivenessOffTheControllerLock(t *testing.T) {
+	heads, c := group(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := c.RegisterMachine(ctx, machine(t, "m0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := leader(t, heads).Controller()
+	ctl.mu.Lock() // a cycle that does not end
+	locked := true
+	defer func() {
+		if locked {
+			ctl.mu.Unlock()
+		}
+	}()
+	rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer rcancel()
+	if err := c.ReportLoad(rctx, api.LoadReport{Machine: "m0", Incarnation: m.Incarnation, Load: api.Load{CPU: 0.5}}); err != nil {
+		t.Fatalf("a load report while the controller's lock is held: %v", err)
+	}
+	if err := c.ReportLoad(rctx, api.LoadReport{Machine: "m0", Incarnation: m.Incarnation + 1}); !errors.Is(err, api.ErrStale) {
+		t.Fatalf("a report of another incarnation: %v, want stale", err)
+	}
+	if l, ok := ctl.liveLoad("m0"); !ok || l.Load.CPU != 0.5 {
+		t.Fatalf("the leader's load of m0 is %+v (%v)", l, ok)
+	}
+	swept := make(chan struct{})
+	go func() { ctl.sweep(); close(swept) }()
+	select {
+	case <-swept:
+	case <-rctx.Done():
+		t.Fatal("the sweep waited for the controller's lock")
+	}
+	ctl.mu.Unlock()
+	locked = false
+	// The scheduler takes the report at its next cycle (which also gives it m0).
+	ctl.mu.Lock()
+	_ = ctl.enqueueLocked(ctl.t, ctl.cycleLocked(ctl.t, time.Now()))
+	fresh := len(ctl.live.fresh)
+	ctl.mu.Unlock()
+	if fresh != 0 {
+		t.Fatalf("%d reports not taken by the scheduler", fresh)
+	}
+}
+
+// A sweep's verdict on a machine that reported while the verdict waited for the
+// controller's lock is dropped: the machine is not declared dead.
+func TestVerdictDroppedWhenTheMachineReported(t *testing.T) {
+	heads, c := group(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := c.RegisterMachine(ctx, machine(t, "m0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := leader(t, heads).Controller()
+	ctl.liveMu.Lock()
+	v := liveVerdict{verdict: verdict{"m0", "no heartbeat (test)"}, inc: m.Incarnation, heard: ctl.live.detect.watch("m0").heard}
+	ctl.liveMu.Unlock()
+	if err := c.ReportLoad(ctx, api.LoadReport{Machine: "m0", Incarnation: m.Incarnation}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.declareDead(ctx, []liveVerdict{v}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ctl.Machine("m0"); err != nil || !got.Alive {
+		t.Fatalf("m0 after a stale verdict: %+v, %v", got, err)
+	}
+	v.heard = time.Now().Add(time.Hour) // no report after this one: the verdict stands
+	if err := ctl.declareDead(ctx, []liveVerdict{v}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ctl.Machine("m0"); err != nil || got.Alive {
+		t.Fatalf("m0 after a standing verdict: %+v, %v", got, err)
 	}
 }

@@ -122,7 +122,20 @@ func (c *Controller) SpawnGang(ctx context.Context, spec api.GangSpec) (api.Gang
 	if err != nil {
 		return api.Gang{}, err
 	}
-	unlock := func(err error) (api.Gang, error) { c.mu.Unlock(); return api.Gang{}, err }
+	// The scheduler takes the machines registered since its last cycle first: the gang
+	// may be pinned to one of them. Their decisions are committed whatever the answer.
+	var pre []commitFn
+	if t.membersDirty {
+		pre = c.membershipLocked(t, c.cfg.Clock())
+	}
+	unlockOnly := func() {
+		if len(pre) > 0 {
+			_ = c.enqueueLocked(t, pre)
+			c.notifyLocked()
+		}
+		c.mu.Unlock()
+	}
+	unlock := func(err error) (api.Gang, error) { unlockOnly(); return api.Gang{}, err }
 	job := t.jobs[spec.Job]
 	if job == nil || job.rec.State != api.JobRunning {
 		return unlock(fmt.Errorf("%w: job %q is not running", api.ErrNotFound, spec.Job))
@@ -157,7 +170,7 @@ func (c *Controller) SpawnGang(ctx context.Context, spec api.GangSpec) (api.Gang
 		switch {
 		case errors.As(err, &se):
 			msg := fmt.Sprintf("gang %s: cluster saturated: %d gangs wait, the bound is %d; retry in %v", key, se.Pending, se.Bound, se.RetryAfter.Round(time.Second))
-			c.mu.Unlock()
+			unlockOnly()
 			c.obs.saturated()
 			return api.Gang{}, &api.SaturatedError{Msg: msg, RetryAfter: se.RetryAfter}
 		case errors.Is(err, gang.ErrNeverFits):
@@ -195,6 +208,7 @@ func (c *Controller) SpawnGang(ctx context.Context, spec api.GangSpec) (api.Gang
 	t.gangs[key] = e
 	// The gang is committed pending first, then the cycle (which may place it at once).
 	work := []commitFn{t.gangCommit(e, rec, "admission of "+key, learned...)}
+	work = append(work, pre...)
 	work = append(work, c.cycleLocked(t, now)...)
 	if e.rec.State == api.GangPending && len(work[0].ops) > 0 {
 		// The cycle said why it waits: the admission records it.

@@ -260,3 +260,30 @@ func waitGang(t *testing.T, c *api.Client, job, name string, ok func(api.Gang) b
 	}
 	return last
 }
+
+// GET /v1/list with limit answers the first keys in key order and says when it left some
+// out; a bad limit is refused, naming it.
+func TestListFirst(t *testing.T) {
+	_, c := group(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, n := range []string{"m2", "m0", "m1"} {
+		if _, err := c.RegisterMachine(ctx, machine(t, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := c.ListFirst(ctx, api.TableMachines, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.KVs) != 2 || !l.More || l.KVs[0].Key != api.TableMachines+"m0" || l.KVs[1].Key != api.TableMachines+"m1" {
+		t.Fatalf("the first 2 machines: %d keys (more %v): %+v", len(l.KVs), l.More, l.KVs)
+	}
+	if l, err = c.ListFirst(ctx, api.TableMachines, 3); err != nil || len(l.KVs) != 3 || l.More {
+		t.Fatalf("the first 3 of 3 machines: %d keys (more %v), %v", len(l.KVs), l.More, err)
+	}
+	err = c.Do(ctx, "GET", "/v1/list?prefix=machines/&limit=0", nil, nil)
+	if !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), "limit") {
+		t.Fatalf("limit=0: %v", err)
+	}
+}

@@ -273,6 +273,15 @@ func (a *API) list(w http.ResponseWriter, r *http.Request) {
 		a.answer(w, r, nil, fmt.Errorf("%w: prefix %q is not under a table", api.ErrInvalid, prefix))
 		return
 	}
+	limit := 0 // every key
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			a.answer(w, r, nil, fmt.Errorf("%w: list limit %q: want a positive integer", api.ErrInvalid, v))
+			return
+		}
+		limit = n
+	}
 	if err := a.rep.Read(a.ctx(r)); err != nil {
 		a.answer(w, r, nil, err)
 		return
@@ -293,7 +302,11 @@ func (a *API) list(w http.ResponseWriter, r *http.Request) {
 		}
 		kvs = kept
 	}
-	a.answer(w, r, api.Listing{Revision: rev, KVs: kvs}, nil)
+	more := limit > 0 && len(kvs) > limit
+	if more {
+		kvs = kvs[:limit]
+	}
+	a.answer(w, r, api.Listing{Revision: rev, KVs: kvs, More: more}, nil)
 }
 
 // placedOn is a request's machine=NAME: the gangs table as that machine's agent needs it

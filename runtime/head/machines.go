@@ -56,7 +56,7 @@ func (c *Controller) RegisterMachine(ctx context.Context, m api.Machine) (api.Ma
 	}
 	work = append(work, commitFn{what: "machine " + m.Name, cmp: []meta.Compare{{Key: key, Version: e.ver}}, ops: []meta.Op{putJSON(key, m)}, events: []api.Event{up}})
 	e.rec, e.ver = m, e.ver+1
-	t.detect.heard(m.Name, now)
+	c.liveAlive(m.Name, m.Incarnation, now)
 	if restarted {
 		for _, g := range t.gangsOn(m.Name) {
 			work = append(work, t.restart(g, fmt.Sprintf("the agent of %s restarted", m.Name), now)...)
@@ -64,8 +64,15 @@ func (c *Controller) RegisterMachine(ctx context.Context, m api.Machine) (api.Ma
 	}
 	c.log.Info("machine registered", zap.String("machine", m.Name), zap.Uint64("incarnation", m.Incarnation),
 		zap.Int("gpus", m.NumGPUs()), zap.Bool("simulated", m.Simulated))
-	work = append(work, c.membershipLocked(t, now)...)
-	work = append(work, c.cycleLocked(t, now)...)
+	if t.sched == nil {
+		// The term's first machine builds the scheduler at once: what reads it finds one.
+		work = append(work, c.membershipLocked(t, now)...)
+		work = append(work, c.cycleLocked(t, now)...)
+	} else {
+		// The scheduler takes the machine with the others that register meanwhile: one
+		// reshape for a burst of registrations, at the next cycle or within membershipDelay.
+		c.membershipSoonLocked(t)
+	}
 	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
@@ -78,6 +85,7 @@ func (c *Controller) RegisterMachine(ctx context.Context, m api.Machine) (api.Ma
 // machine whose topology changed is replaced. The core is built only when the first
 // machine of the term comes (from the records, as when the term started).
 func (c *Controller) membershipLocked(t *term, now time.Time) []commitFn {
+	t.membersDirty = false
 	ms := t.desired()
 	if t.sched == nil {
 		if len(ms) == 0 {
@@ -118,7 +126,7 @@ func (c *Controller) membershipLocked(t *term, now time.Time) []commitFn {
 		t.sched.SetCollectiveModel(gang.DefaultTieredModel())
 	}
 	for i, f := range from {
-		if l, ok := t.loads[ms[i].rec.Name]; ok && f < 0 {
+		if l, ok := c.liveLoad(ms[i].rec.Name); ok && f < 0 {
 			_ = t.sched.UpdateLoad(i, gang.Load{CPU: l.Load.CPU, GPU: l.Load.GPU, Mem: l.Load.Mem, Net: l.Load.Net})
 		}
 	}
@@ -144,6 +152,41 @@ func (c *Controller) membershipLocked(t *term, now time.Time) []commitFn {
 	}
 	c.log.Info("the scheduler's machines changed", zap.Int("machines", len(ms)), zap.Int("gangs_requeued", len(lost)))
 	return work
+}
+
+// membershipDelay bounds how long a registration waits for the scheduler to take its
+// machine when no cycle comes sooner: registrations within it share one reshape.
+const membershipDelay = 100 * time.Millisecond
+
+// membershipSoonLocked marks the scheduler's machines stale: the next cycle (cycleLocked)
+// gives it the machines as they are then, and a timer runs one within membershipDelay.
+// A burst of N registrations costs a few reshapes of O(N) each, not N of them.
+func (c *Controller) membershipSoonLocked(t *term) {
+	t.membersDirty = true
+	if t.membersTimer != nil {
+		return
+	}
+	t.membersTimer = time.AfterFunc(membershipDelay, func() {
+		c.mu.Lock()
+		if c.t != t {
+			c.mu.Unlock()
+			return
+		}
+		t.membersTimer = nil
+		if !t.membersDirty {
+			c.mu.Unlock()
+			return
+		}
+		work := c.cycleLocked(t, c.cfg.Clock()) // takes the machines first
+		ch := c.enqueueLocked(t, work)
+		c.notifyLocked()
+		c.mu.Unlock()
+		go func() {
+			if err := <-ch; err != nil {
+				c.log.Warn("could not commit the scheduler's new machines' decisions", zap.Error(err))
+			}
+		}()
+	})
 }
 
 // gangsOn lists the live, placed gangs with a member on a machine.
@@ -190,6 +233,7 @@ func (c *Controller) MachineDown(ctx context.Context, name, reason string) error
 		c.mu.Unlock()
 		return nil
 	}
+	c.liveDead(name)
 	work = append(work, c.membershipLocked(t, now)...)
 	work = append(work, c.cycleLocked(t, now)...)
 	ch := c.enqueueLocked(t, work)
@@ -211,8 +255,6 @@ func (t *term) machineDown(name, reason string, now time.Time) []commitFn {
 	w := commitFn{what: "machine " + name + " down", cmp: []meta.Compare{{Key: key, Version: e.ver}}, ops: []meta.Op{putJSON(key, m)},
 		events: []api.Event{{Time: now, Kind: api.EventMachineDown, Machine: name, Reason: reason}}}
 	e.rec, e.ver = m, e.ver+1
-	delete(t.loads, name)
-	t.detect.declared(name)
 	t.log.Warn("machine declared dead", zap.String("machine", name), zap.String("reason", reason))
 	return []commitFn{w}
 }
@@ -221,86 +263,6 @@ func (t *term) machineDown(name, reason string, now time.Time) []commitFn {
 func (c *Controller) newDetector(now time.Time) *failureDetector {
 	return newFailureDetector(detectorConfig{silence: c.cfg.HeartbeatTimeout, confirm: c.cfg.GossipConfirm,
 		pause: c.cfg.PauseThreshold, flapMemory: c.cfg.FlapMemory}, now)
-}
-
-// GossipEvent tells the leader what membership (serf) says of a machine's agent: "failed"
-// or "left", "join" or "update". Gossip alone declares no machine dead: the next sweep
-// weighs it with the machine's heartbeats (detect.go). Called from membership's
-// goroutine; it does not block. A follower ignores it (a new leader asks membership).
-func (c *Controller) GossipEvent(machine, kind string) {
-	c.mu.Lock()
-	if c.t != nil {
-		c.t.detect.gossip(machine, kind, c.cfg.Clock())
-	}
-	c.mu.Unlock()
-	select {
-	case c.poke <- struct{}{}:
-	default:
-	}
-}
-
-// sweep declares dead the machines the failure detector finds dead. It runs on Run's
-// goroutine only, which also notices the leader's own pauses first (a sweep after a gap
-// gives every machine a fresh grace period before it judges any). It decides nothing
-// without a valid lease (lockTerm).
-func (c *Controller) sweep() {
-	c.mu.Lock()
-	t := c.t
-	if t == nil {
-		c.mu.Unlock()
-		return
-	}
-	now := c.cfg.Clock()
-	var alive []string
-	for name, m := range t.machines {
-		if m.rec.Alive {
-			alive = append(alive, name)
-		}
-	}
-	paused, dead := t.detect.sweep(now, alive)
-	c.mu.Unlock()
-	c.enforceTimeLimits() // timelimit.go
-	if paused > 0 {
-		c.obs.pauses.Inc()
-		c.log.Warn("this leader was paused or starved; every machine gets a fresh grace period",
-			zap.Duration("gap", paused), zap.Int("machines", len(alive)))
-	}
-	for _, v := range dead {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := c.MachineDown(ctx, v.machine, v.reason)
-		cancel()
-		if err != nil {
-			c.log.Warn("could not declare a machine dead", zap.String("machine", v.machine), zap.String("reason", v.reason), zap.Error(err))
-		}
-	}
-}
-
-// ReportLoad feeds an agent's load sample to the scheduler's load plugin. Samples are not
-// committed: only the leader uses them, and a new leader gets fresh ones within a period.
-func (c *Controller) ReportLoad(r api.LoadReport) error {
-	t, err := c.lockTerm()
-	if err != nil {
-		return err
-	}
-	defer c.mu.Unlock()
-	e := t.machines[r.Machine]
-	if e == nil || !e.rec.Alive {
-		return fmt.Errorf("%w: machine %q is not registered (register again)", api.ErrNotFound, r.Machine)
-	}
-	if r.Incarnation != e.rec.Incarnation {
-		return fmt.Errorf("%w: machine %q is in incarnation %d, the report is of %d (register again)", api.ErrStale, r.Machine, e.rec.Incarnation, r.Incarnation)
-	}
-	for _, v := range []float64{r.Load.CPU, r.Load.GPU, r.Load.Mem, r.Load.Net} {
-		if !(v >= 0 && v <= 1) {
-			return fmt.Errorf("%w: machine %q load %+v: every figure must be in [0, 1]", api.ErrInvalid, r.Machine, r.Load)
-		}
-	}
-	t.loads[r.Machine] = r
-	t.detect.heard(r.Machine, c.cfg.Clock())
-	if i, ok := t.index[r.Machine]; ok && t.sched != nil {
-		return t.sched.UpdateLoad(i, gang.Load{CPU: r.Load.CPU, GPU: r.Load.GPU, Mem: r.Load.Mem, Net: r.Load.Net})
-	}
-	return nil
 }
 
 // Machine returns a machine's record.
@@ -325,6 +287,7 @@ func (c *Controller) Status() (api.Status, error) {
 	}
 	defer c.mu.Unlock()
 	var st api.Status
+	loads := c.liveLoads()
 	used := map[string]int{}
 	for _, g := range t.gangs {
 		if g.rec.State == api.GangStarting || g.rec.State == api.GangRunning || g.rec.State == api.GangRestarting {
@@ -344,7 +307,7 @@ func (c *Controller) Status() (api.Status, error) {
 		if m.rec.Alive {
 			ms.FreeGPUs = ms.GPUs - used[name]
 		}
-		if l, ok := t.loads[name]; ok {
+		if l, ok := loads[name]; ok {
 			ld := l.Load
 			ms.Load = &ld
 		}

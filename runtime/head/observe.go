@@ -190,14 +190,11 @@ func (c *Controller) leaderView() (leaderView, bool) {
 	if t == nil {
 		return leaderView{}, false
 	}
-	v := leaderView{loads: make(map[string]api.LoadReport, len(t.loads)), reasons: map[string]string{}, shares: map[string]float64{}}
+	v := leaderView{loads: c.liveLoads(), reasons: map[string]string{}, shares: map[string]float64{}}
 	if t.sched != nil {
 		for _, q := range t.conf.Queues {
 			v.shares[q.Name] = t.sched.QueueShare(q.Name)
 		}
-	}
-	for k, l := range t.loads {
-		v.loads[k] = l
 	}
 	for k, g := range t.gangs {
 		if g.rec.State == api.GangPending && g.rec.Reason != "" {

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"time"
+)
+
+// envProfile profiles this process's CPU for `atoll bench scale`'s heads and hollow
+// processes, which the bench starts itself: with ATOLL_CPUPROFILE_DIR set, from
+// ATOLL_CPUPROFILE_AFTER (a duration, default 10s) after the start for ATOLL_CPUPROFILE_FOR
+// (default 20s), into DIR/NAME.pprof. A bad setting is an error naming it.
+func envProfile(name string) error {
+	dir := os.Getenv("ATOLL_CPUPROFILE_DIR")
+	if dir == "" {
+		return nil
+	}
+	dur := func(key string, def time.Duration) (time.Duration, error) {
+		v := os.Getenv(key)
+		if v == "" {
+			return def, nil
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return 0, fmt.Errorf("%s=%q: want a duration such as 10s", key, v)
+		}
+		return d, nil
+	}
+	after, err := dur("ATOLL_CPUPROFILE_AFTER", 10*time.Second)
+	if err != nil {
+		return err
+	}
+	span, err := dur("ATOLL_CPUPROFILE_FOR", 20*time.Second)
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, name+".pprof"))
+	if err != nil {
+		return fmt.Errorf("ATOLL_CPUPROFILE_DIR: %w", err)
+	}
+	time.AfterFunc(after, func() {
+		if pprof.StartCPUProfile(f) != nil {
+			f.Close()
+			return
+		}
+		time.AfterFunc(span, func() { pprof.StopCPUProfile(); f.Close() })
+	})
+	return nil
+}
