@@ -55,6 +55,10 @@ type observer struct {
 	trOnce   sync.Once
 	tr       http.RoundTripper // to the leader (proxyTransport)
 	done     chan struct{}
+
+	// The decoded machines and gangs of the last sample, reused while unchanged.
+	machines decodeCache[api.Machine]
+	gangs    decodeCache[api.Gang]
 }
 
 func newObserver(h *Head, reg *prometheus.Registry) *observer {
@@ -174,9 +178,9 @@ func (o *observer) state() dashboard.State {
 	sm := o.h.sm
 	rs := o.h.rep.Status()
 	in := dashboard.Inputs{Now: time.Now(), Leader: rs.Leader, ServedBy: o.h.cfg.ID, Revision: sm.Revision()}
-	decode(sm, api.TableMachines, &in.Machines)
+	o.machines.decode(sm, api.TableMachines, &in.Machines)
 	decode(sm, api.TableJobs, &in.Jobs)
-	decode(sm, api.TableGangs, &in.Gangs)
+	o.gangs.decode(sm, api.TableGangs, &in.Gangs)
 	decode(sm, api.TableWorkers, &in.Workers)
 	decode(sm, api.TableCheckpoints, &in.Checkpoints)
 	if kv, ok := sm.Get(api.SchedulerConfigKey); ok {
@@ -211,6 +215,41 @@ func decode[T any](sm *metaserver.StateMachine, table string, out *[]T) {
 			*out = append(*out, v)
 		}
 	}
+}
+
+// decodeCache keeps a table's records as a sample decoded them, by key and modification
+// revision: a record that did not change since the last sample is not decoded again (at
+// 1,000 machines, decoding every machine's topology spec every second was a third of
+// the leader's CPU).
+type decodeCache[T any] struct {
+	mu sync.Mutex
+	m  map[string]cachedRecord[T]
+}
+
+type cachedRecord[T any] struct {
+	rev int64
+	v   T
+	ok  bool // it decoded
+}
+
+// decode appends the table's records to out, in key order, as decode does.
+func (c *decodeCache[T]) decode(sm *metaserver.StateMachine, table string, out *[]T) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	kvs := sm.Range(table)
+	next := make(map[string]cachedRecord[T], len(kvs))
+	for _, kv := range kvs {
+		e, hit := c.m[kv.Key]
+		if !hit || e.rev != kv.ModRevision {
+			e = cachedRecord[T]{rev: kv.ModRevision}
+			e.ok = json.Unmarshal(kv.Value, &e.v) == nil
+		}
+		next[kv.Key] = e
+		if e.ok {
+			*out = append(*out, e.v)
+		}
+	}
+	c.m = next
 }
 
 // Series implements dashboard.Source.
