@@ -56,9 +56,10 @@ type observer struct {
 	tr       http.RoundTripper // to the leader (proxyTransport)
 	done     chan struct{}
 
-	// The decoded machines and gangs of the last sample, reused while unchanged.
+	// The decoded machines, gangs and workers of the last sample, reused while unchanged.
 	machines decodeCache[api.Machine]
 	gangs    decodeCache[api.Gang]
+	workers  decodeCache[api.Worker]
 }
 
 func newObserver(h *Head, reg *prometheus.Registry) *observer {
@@ -181,7 +182,7 @@ func (o *observer) state() dashboard.State {
 	o.machines.decode(sm, api.TableMachines, &in.Machines)
 	decode(sm, api.TableJobs, &in.Jobs)
 	o.gangs.decode(sm, api.TableGangs, &in.Gangs)
-	decode(sm, api.TableWorkers, &in.Workers)
+	o.workers.decode(sm, api.TableWorkers, &in.Workers)
 	decode(sm, api.TableCheckpoints, &in.Checkpoints)
 	if kv, ok := sm.Get(api.SchedulerConfigKey); ok {
 		var conf api.SchedulerConfig
