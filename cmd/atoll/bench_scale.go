@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/runtime/head"
 )
 
 // `atoll bench scale` measures the scale envelope of one head group: 3 real head processes
@@ -46,6 +48,8 @@ type scaleConfig struct {
 	// nice is the hollow processes' scheduling niceness: on a real cluster the agents do
 	// not share the heads' cores, here they yield them.
 	nice int
+	// election is the heads' Paxos election timeout (0: the heads' default).
+	election time.Duration
 }
 
 func (c scaleConfig) validate() error {
@@ -66,6 +70,8 @@ func (c scaleConfig) validate() error {
 		return fmt.Errorf("--window %v: want 1s..10m", c.window)
 	case c.nice < 0 || c.nice > 19:
 		return fmt.Errorf("--hollow-nice %d: want 0..19", c.nice)
+	case c.election != 0 && checkTiming(head.DefaultTick, c.election) != nil:
+		return fmt.Errorf("--election-timeout: %w", checkTiming(head.DefaultTick, c.election))
 	case c.setupTimeout <= 0 || c.setupTimeout > 2*time.Hour:
 		return fmt.Errorf("--setup-timeout %v: want (0, 2h]", c.setupTimeout)
 	}
@@ -135,9 +141,12 @@ type scaleResult struct {
 	HollowProcesses int     `json:"hollow_processes"`
 	GossipMembers   int     `json:"gossip_members"`
 	HollowNice      int     `json:"hollow_nice"`
-	WindowS         float64 `json:"window_s"`
-	SubmitS         float64 `json:"submit_s"`
-	WorkloadSubmit  int     `json:"workload_submitted"`
+	// ElectionTimeoutS is the heads' Paxos election timeout (--election-timeout; their
+	// default when 0 was asked).
+	ElectionTimeoutS float64 `json:"election_timeout_s"`
+	WindowS          float64 `json:"window_s"`
+	SubmitS          float64 `json:"submit_s"`
+	WorkloadSubmit   int     `json:"workload_submitted"`
 	// WorkloadFailed counts the workload's gangs that failed (or stopped), WorkloadRestarts
 	// their restarts (a machine declared dead moves its gangs), when the count was taken.
 	WorkloadFailed   int     `json:"workload_failed"`
@@ -200,6 +209,7 @@ and running_tasks and queued_tasks are null with a note.`,
 	f.DurationVar(&cfg.window, "window", cfg.window, "how long each steady state is measured")
 	f.DurationVar(&cfg.setupTimeout, "setup-timeout", cfg.setupTimeout, "how long registration and each submission phase may take")
 	f.IntVar(&cfg.nice, "hollow-nice", 10, "the hollow processes' niceness (0..19): they yield the CPU to the heads, whose machines they would not share on a real cluster")
+	f.DurationVar(&cfg.election, "election-timeout", 0, "the heads' Paxos election timeout (0: their default, atoll head --election-timeout): a longer one rides out a starved head's pauses, and bounds failover from below")
 	f.BoolVar(&cfg.skipLost, "skip-lost", false, "do not kill a hollow machine")
 	f.BoolVar(&cfg.skipFailover, "skip-failover", false, "do not kill the leader head")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
@@ -246,6 +256,7 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 	began := time.Now()
 	res := &scaleResult{Started: began.UTC().Format(time.RFC3339), Machines: cfg.machines, Heads: 3, TLS: true, CPUs: runtime.NumCPU(),
 		GossipMembers: cfg.gossip, HollowNice: cfg.nice, WindowS: cfg.window.Seconds(), Notes: []string{},
+		ElectionTimeoutS: cmp.Or(cfg.election, head.DefaultElectionTimeout).Seconds(),
 		Targets: map[string]float64{"machines": 2000, "actors": 20000, "running_tasks": 15000, "running_gangs": 1000, "head_cpu_cores": 1,
 			"sched_p99_ms": 100, "failover_s": 3, "lost_machine_detect_s": 10},
 		Met: map[string]bool{}}
@@ -268,7 +279,7 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 	}()
 	b := &scaleBench{cfg: cfg, res: res, dir: tmp, say: say}
 	say("starting 3 heads")
-	cf, _, err := startCluster(ctx, filepath.Join(tmp, "cluster"), 3, 0, "dgx-h100", true, 2*time.Minute, upOptions{})
+	cf, _, err := startCluster(ctx, filepath.Join(tmp, "cluster"), 3, 0, "dgx-h100", true, 2*time.Minute, upOptions{election: b.cfg.election})
 	if err != nil {
 		return nil, err
 	}
