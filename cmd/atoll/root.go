@@ -60,6 +60,7 @@ func newRootCmd() *cobra.Command {
 		newSubmitCmd(),
 		newUpCmd(),
 		newSimCmd(),
+		newTuneCmd(),
 		newStoreServeCmd(),
 		newTopologyCmd(),
 		newTokenCmd(),
