@@ -138,8 +138,8 @@ func (m ReplicaModel) Validate() error {
 // AutoscaleConfig is the service autoscaler every sharing policy is given, a model of the
 // Kubernetes Horizontal Pod Autoscaler's algorithm (docs/scheduler.md): every Interval,
 // desired = ceil(mean requests in flight over the interval / (Batch × TargetUtil)), one more
-// when more than 0.1% of the interval's requests missed the SLO (the error budget of a
-// 99.9% target); scale-down only to
+// than are placed when more than 0.1% of the interval's requests missed the SLO (the error
+// budget of a 99.9% target); scale-down only to
 // the highest recommendation of the last DownWindow.
 type AutoscaleConfig struct {
 	Interval   time.Duration
@@ -416,7 +416,7 @@ func (s *serviceSide) desired(now time.Duration) int {
 	inflight := s.sumLatency.Seconds() / s.as.Interval.Seconds() // Little's law
 	need := int(math.Ceil(inflight / (float64(s.model.Batch) * s.as.TargetUtil)))
 	if s.ivMissed*1000 > s.ivServed {
-		need = max(need, s.active()+1)
+		need = max(need, s.placed()+1) // one more than hold GPUs: pending ones do not serve yet
 	}
 	need = min(max(need, s.spec.MinReplicas), s.spec.MaxReplicas)
 	s.sumLatency, s.ivServed, s.ivMissed = 0, 0, 0
@@ -431,6 +431,17 @@ func (s *serviceSide) desired(now time.Duration) int {
 		d = max(d, r.n)
 	}
 	return d
+}
+
+// placed counts the replicas holding GPUs and not draining.
+func (s *serviceSide) placed() int {
+	n := 0
+	for _, r := range s.reps {
+		if r.state == repStarting || r.state == repReady {
+			n++
+		}
+	}
+	return n
 }
 
 // drainAt is when r's batch empties.
