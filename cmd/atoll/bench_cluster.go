@@ -99,6 +99,7 @@ func benchKinds() []sdk.Option {
 		sdk.Kind("bench-allreduce", func() sdk.Actor { return arWorker{} }, arReq{}),
 		sdk.Kind("bench-train", func() sdk.Actor { return trainWorker{} }, trainReq{}),
 		sdk.Kind("bench-coll", func() sdk.Actor { return collWorker{} }, collReq{}),
+		sdk.Kind("bench-put", func() sdk.Actor { return putWorker{} }, putReq{}),
 	}
 }
 

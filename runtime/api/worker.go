@@ -115,6 +115,19 @@ type ObjectRef struct {
 	Shared bool `json:"shared,omitempty"`
 }
 
+// ObjectWrite is an agent's answer to a create (POST /v1/objects/create): the new
+// object's id and the range of the shared-memory file the worker maps writable and
+// writes before it asks for the seal. The file may be one the worker wrote before (the
+// store keeps a worker's segments for its next writes), so a worker may keep its
+// mappings; Unmap lists the files of its segments dropped since, to unmap.
+type ObjectWrite struct {
+	ID     string   `json:"id"`
+	Path   string   `json:"path"`
+	Offset int64    `json:"offset"`
+	Size   int64    `json:"size"`
+	Unmap  []string `json:"unmap"`
+}
+
 // CauseOwnerDied is an ObjectRef's Cause when an object's owner ended.
 const CauseOwnerDied = "owner_died"
 
