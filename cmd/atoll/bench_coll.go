@@ -104,7 +104,7 @@ func newBenchCollectivesCmd() *cobra.Command {
 	var dir string
 	var ranks, agents, iters, rounds int
 	var mib float64
-	var asJSON, insecure bool
+	var asJSON, insecure, trusted bool
 	cmd := &cobra.Command{
 		Use:   "collectives",
 		Short: "AllGather, ReduceScatter and Broadcast between worker processes on two machines vs bare-TCP implementations of the same algorithms and shape, in one run",
@@ -130,7 +130,7 @@ func newBenchCollectivesCmd() *cobra.Command {
 			if err := throwawayIdentity(tlsDir); err != nil {
 				return err
 			}
-			c, _, cleanup, err := benchCluster(ctx, dir, agents, "dgx-h100", insecure)
+			c, _, cleanup, err := benchCluster(ctx, dir, agents, "dgx-h100", insecure, upOptions{agent: agentOptions{trustedFabric: trusted}})
 			if err != nil {
 				return err
 			}
@@ -203,7 +203,7 @@ func newBenchCollectivesCmd() *cobra.Command {
 				machineOf = append(machineOf, idx[mem.Machine])
 				same = same && idx[mem.Machine] == r*machines/ranks
 			}
-			out := map[string]any{"tls": !insecure, "ranks": ranks, "machines": len(pl.Machines), "bytes": bytes, "rounds": rounds, "iters": iters,
+			out := map[string]any{"tls": !insecure, "trusted_fabric": trusted, "ranks": ranks, "machines": len(pl.Machines), "bytes": bytes, "rounds": rounds, "iters": iters,
 				"collectives": res, "target_ratio": 0.9, "machine_of_rank": machineOf, "same_shape_as_baseline": same}
 			for _, op := range benchCollectives {
 				out[op+"_ratio"] = res[op].(map[string]any)["ratio"]
@@ -227,6 +227,7 @@ func newBenchCollectivesCmd() *cobra.Command {
 	f.IntVar(&rounds, "rounds", 3, "rounds, each running the two baselines and then Atoll")
 	f.Float64Var(&mib, "mib", 64, "vector size in MiB (AllGather's result, ReduceScatter's input, Broadcast's vector)")
 	f.BoolVar(&insecure, "insecure-no-tls", false, "a temporary cluster without TLS (token only), to measure what TLS costs")
+	f.BoolVar(&trusted, "trusted-fabric", false, "a temporary cluster whose agents declare the fabric trusted (--trusted-fabric): collective links without TLS, every other link mutual TLS")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
 }

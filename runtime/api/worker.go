@@ -41,10 +41,14 @@ type WorkerSpec struct {
 	Kind string   `json:"kind"`
 	Args *Payload `json:"args,omitempty"`
 	// Machine is the machine it runs on; Member its GPUs there; Placement the whole gang's.
-	Machine   string    `json:"machine"`
-	Simulated bool      `json:"simulated"`
-	Member    Member    `json:"member"`
-	Placement Placement `json:"placement"`
+	Machine   string `json:"machine"`
+	Simulated bool   `json:"simulated"`
+	// TrustedFabric: the operator declared the network between machines trusted and
+	// isolated (atoll agent --trusted-fabric): the worker's collective links run without
+	// TLS (peers still prove the link key; chunks still checksummed). Never on by default.
+	TrustedFabric bool      `json:"trusted_fabric,omitempty"`
+	Member        Member    `json:"member"`
+	Placement     Placement `json:"placement"`
 	// World is the gang's members as its program works with them when the worker starts
 	// (member indices in rank order), at world Epoch; a member added by a grow is not in it
 	// yet: its driver brings it in (Gang.Yield).
