@@ -308,9 +308,29 @@ func newBenchAllReduceCmd() *cobra.Command {
 // connections, each running the same ring AllReduce on its own vector; it returns the
 // slowest rank's time of each iteration.
 func tcpRing(ctx context.Context, n, floats, iters int) ([]float64, error) {
+	slowest := make([]float64, iters)
+	err := runPeers(ctx, n, func(r int) []string {
+		return []string{"bench", "ring-peer", "--rank", fmt.Sprint(r), "--size", fmt.Sprint(n), "--floats", fmt.Sprint(floats), "--iters", fmt.Sprint(iters)}
+	}, func(r int, line string) error {
+		var ts []float64
+		if err := json.Unmarshal([]byte(line), &ts); err != nil || len(ts) != iters {
+			return fmt.Errorf("ring peer %d answered %q", r, line)
+		}
+		for i, t := range ts {
+			slowest[i] = max(slowest[i], t)
+		}
+		return nil
+	})
+	return slowest, err
+}
+
+// runPeers runs a bare baseline of n processes of this binary (args(r): rank r's
+// arguments): each prints its address, is given every rank's, runs, and prints one line of
+// results, handed to result in rank order.
+func runPeers(ctx context.Context, n int, args func(r int) []string, result func(r int, line string) error) error {
 	exe, err := os.Executable()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	type peer struct {
 		cmd *exec.Cmd
@@ -328,39 +348,33 @@ func tcpRing(ctx context.Context, n, floats, iters int) ([]float64, error) {
 		}
 	}()
 	for r := 0; r < n; r++ {
-		cmd := exec.CommandContext(ctx, exe, "bench", "ring-peer", "--rank", fmt.Sprint(r), "--size", fmt.Sprint(n),
-			"--floats", fmt.Sprint(floats), "--iters", fmt.Sprint(iters))
+		cmd := exec.CommandContext(ctx, exe, args(r)...)
 		in, _ := cmd.StdinPipe()
 		outp, _ := cmd.StdoutPipe()
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
-			return nil, err
+			return err
 		}
 		peers[r] = peer{cmd, in, bufio.NewReader(outp)}
 		line, err := peers[r].out.ReadString('\n')
 		if err != nil {
-			return nil, fmt.Errorf("ring peer %d: %w", r, err)
+			return fmt.Errorf("peer %d: %w", r, err)
 		}
 		addrs[r] = strings.TrimSpace(line)
 	}
 	for _, p := range peers {
 		fmt.Fprintln(p.in, strings.Join(addrs, ","))
 	}
-	slowest := make([]float64, iters)
 	for r, p := range peers {
 		line, err := p.out.ReadString('\n')
 		if err != nil {
-			return nil, fmt.Errorf("ring peer %d: %w", r, err)
+			return fmt.Errorf("peer %d: %w", r, err)
 		}
-		var ts []float64
-		if err := json.Unmarshal([]byte(line), &ts); err != nil || len(ts) != iters {
-			return nil, fmt.Errorf("ring peer %d answered %q", r, line)
-		}
-		for i, t := range ts {
-			slowest[i] = max(slowest[i], t)
+		if err := result(r, line); err != nil {
+			return err
 		}
 	}
-	return slowest, nil
+	return nil
 }
 
 func newBenchRingPeerCmd() *cobra.Command {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -9,7 +8,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -251,67 +249,29 @@ func throwawayIdentity(dir string) error {
 // mutual TLS on the links between machines when tlsDir holds an identity; each runs
 // every collective. It returns the slowest rank's time of each iteration, by collective.
 func collRing(ctx context.Context, n, machines, floats, iters int, tlsDir string) (map[string][]float64, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	type peer struct {
-		cmd *exec.Cmd
-		in  io.WriteCloser
-		out *bufio.Reader
-	}
-	peers := make([]peer, n)
-	addrs := make([]string, n)
-	defer func() {
-		for _, p := range peers {
-			if p.cmd != nil && p.cmd.Process != nil {
-				_ = p.cmd.Process.Kill()
-				_ = p.cmd.Wait()
-			}
-		}
-	}()
-	for r := 0; r < n; r++ {
-		cmd := exec.CommandContext(ctx, exe, "bench", "coll-peer", "--rank", fmt.Sprint(r), "--size", fmt.Sprint(n),
-			"--machines", fmt.Sprint(machines), "--floats", fmt.Sprint(floats), "--iters", fmt.Sprint(iters), "--tls-dir", tlsDir)
-		in, _ := cmd.StdinPipe()
-		outp, _ := cmd.StdoutPipe()
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			return nil, err
-		}
-		peers[r] = peer{cmd, in, bufio.NewReader(outp)}
-		line, err := peers[r].out.ReadString('\n')
-		if err != nil {
-			return nil, fmt.Errorf("peer %d: %w", r, err)
-		}
-		addrs[r] = strings.TrimSpace(line)
-	}
-	for _, p := range peers {
-		fmt.Fprintln(p.in, strings.Join(addrs, ","))
-	}
 	slowest := map[string][]float64{}
 	for _, op := range benchCollectives {
 		slowest[op] = make([]float64, iters)
 	}
-	for r, p := range peers {
-		line, err := p.out.ReadString('\n')
-		if err != nil {
-			return nil, fmt.Errorf("peer %d: %w", r, err)
-		}
+	err := runPeers(ctx, n, func(r int) []string {
+		return []string{"bench", "coll-peer", "--rank", fmt.Sprint(r), "--size", fmt.Sprint(n),
+			"--machines", fmt.Sprint(machines), "--floats", fmt.Sprint(floats), "--iters", fmt.Sprint(iters), "--tls-dir", tlsDir}
+	}, func(r int, line string) error {
 		var ts map[string][]float64
 		if err := json.Unmarshal([]byte(line), &ts); err != nil {
-			return nil, fmt.Errorf("peer %d answered %q", r, line)
+			return fmt.Errorf("peer %d answered %q", r, line)
 		}
 		for _, op := range benchCollectives {
 			if len(ts[op]) != iters {
-				return nil, fmt.Errorf("peer %d answered %q", r, line)
+				return fmt.Errorf("peer %d answered %q", r, line)
 			}
 			for i, t := range ts[op] {
 				slowest[op][i] = max(slowest[op][i], t)
 			}
 		}
-	}
-	return slowest, nil
+		return nil
+	})
+	return slowest, err
 }
 
 func newBenchCollPeerCmd() *cobra.Command {
