@@ -158,3 +158,24 @@ func TestWeightsFileRoundTrip(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// TestLoadInferenceBadRows: a bad timestamp or token count is refused with the file, line
+// and column; with skipping, the good rows load, sorted, timed from the first.
+func TestLoadInferenceBadRows(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "inf.csv")
+	body := "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:05.5,10,2\nyesterday,1,1\n2023-11-16 18:17:03.9799600,-4,1\n2023-11-16 18:17:04,7,3\n"
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadInference(p, false, nil); err == nil || !strings.Contains(err.Error(), "inf.csv:3") || !strings.Contains(err.Error(), "TIMESTAMP") {
+		t.Errorf("bad timestamp: %v", err)
+	}
+	sk := &Skipper{}
+	rs, err := LoadInference(p, true, sk)
+	if err != nil || len(sk.Errors) != 2 || len(rs) != 2 || rs[0].Context != 7 || rs[1].At != 1500*time.Millisecond {
+		t.Fatalf("skipping: %+v, %v, skipped %v", rs, err, sk.Errors)
+	}
+	if !strings.Contains(sk.Errors[1].Error(), "inf.csv:4") || !strings.Contains(sk.Errors[1].Error(), "contexttokens") {
+		t.Errorf("negative tokens: %v", sk.Errors[1])
+	}
+}
