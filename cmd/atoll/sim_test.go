@@ -211,6 +211,11 @@ func TestSimMixedAndTuneContract(t *testing.T) {
 	if _, err := gang.ReadWeightsFile(wfile); err != nil {
 		t.Fatal(err)
 	}
+	// Without --holdout (the issue's command line), the jobs after those tuned on.
+	out, err = runCLI(t, "tune", "--jobs", filepath.Join(itp, "cluster02.csv"), "--cluster", "4xdgx-h100/8", "--out", wfile, "--budget", "2", "--rungs", "1", "--max-jobs", "40", "--json")
+	if err != nil || !strings.Contains(out, `"trace":"cluster02.csv jobs 41-80"`) {
+		t.Errorf("tune without --holdout: %v: %s", err, out)
+	}
 	if _, err := runCLI(t, "tune", "--jobs", jobs, "--holdout", jobs, "--cluster", "4xdgx-h100/8", "--out", wfile); err == nil || !strings.Contains(err.Error(), "not tuned on") {
 		t.Errorf("holdout among the tuning traces: %v", err)
 	}

@@ -28,8 +28,8 @@ func newTuneCmd() *cobra.Command {
 		Short: "Tune the atoll scheduler's weights on job traces (successive halving) and check them on a held-out trace",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if jobsList == "" || holdoutList == "" || clusterSpec == "" || outPath == "" {
-				return fmt.Errorf("tune: needs --jobs, --holdout, --cluster and --out")
+			if jobsList == "" || clusterSpec == "" || outPath == "" {
+				return fmt.Errorf("tune: needs --jobs, --cluster and --out")
 			}
 			if err := opt.Validate(); err != nil {
 				return fmt.Errorf("%w (flags --budget, --rungs, --eta, --max-jobs, --info, --saturate, --elastic-share)", err)
@@ -56,13 +56,23 @@ func newTuneCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			holdout, err := load(holdoutList)
-			if err != nil {
-				return err
-			}
-			for _, h := range strings.Split(holdoutList, ",") {
-				if slices.Contains(strings.Split(jobsList, ","), h) {
-					return fmt.Errorf("tune: --holdout %s is also in --jobs: the holdout must be a trace the weights were not tuned on", h)
+			var holdout []sim.TuneTrace
+			if holdoutList == "" {
+				// No holdout trace: each tuning trace's jobs after the ones tuned on.
+				for _, t := range tuneOn {
+					if len(t.Jobs) <= 2*opt.MaxJobs {
+						return fmt.Errorf("tune: %s has %d jobs, too few to hold out the %d after the %d tuned on: give --holdout", t.Name, len(t.Jobs), opt.MaxJobs, opt.MaxJobs)
+					}
+					holdout = append(holdout, sim.TuneTrace{Name: fmt.Sprintf("%s jobs %d-%d", t.Name, opt.MaxJobs+1, 2*opt.MaxJobs), Jobs: t.Jobs[opt.MaxJobs:]})
+				}
+			} else {
+				for _, h := range strings.Split(holdoutList, ",") {
+					if slices.Contains(strings.Split(jobsList, ","), h) {
+						return fmt.Errorf("tune: --holdout %s is also in --jobs: the holdout must be a trace the weights were not tuned on", h)
+					}
+				}
+				if holdout, err = load(holdoutList); err != nil {
+					return err
 				}
 			}
 			snap, model, _, err := sim.LoadCluster(clusterSpec, skipBad, sk)
@@ -102,7 +112,7 @@ func newTuneCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&jobsList, "jobs", "", "job traces to tune on, comma-separated (ITP or Philly CSV)")
-	f.StringVar(&holdoutList, "holdout", "", "job traces to evaluate the tuned weights on, comma-separated; none of --jobs")
+	f.StringVar(&holdoutList, "holdout", "", "job traces to evaluate the tuned weights on, comma-separated; none of --jobs (default: each --jobs trace's next --max-jobs jobs, never tuned on)")
 	f.StringVar(&clusterSpec, "cluster", "", "cluster spec file or shorthand COUNTxMACHINE/RACK, e.g. 16xdgx-h100/8")
 	f.StringVar(&outPath, "out", "", "file to write the tuned weights to (JSON; atoll sim --weights, atoll head --scheduler-weights)")
 	f.IntVar(&opt.Budget, "budget", opt.Budget, "candidate weight sets at the first rung, the hand-set ones among them (1-10000)")

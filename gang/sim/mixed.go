@@ -316,7 +316,7 @@ func (r *replay) placedReplica(rp *replica, now time.Duration) {
 		return
 	}
 	rp.state = repStarting
-	r.svc.peakReplicas = max(r.svc.peakReplicas, r.svc.active())
+	r.svc.peakReplicas = max(r.svc.peakReplicas, r.svc.placed())
 	if now == r.svcStart {
 		r.svc.ready(rp, now)
 		r.svc.upDelays = r.svc.upDelays[:len(r.svc.upDelays)-1] // deployed before the trace
