@@ -195,6 +195,7 @@ func newSimCmd() *cobra.Command {
 	f.IntVar(&mixed.Service.MinReplicas, "service-min-replicas", mixed.Service.MinReplicas, "the service's MinReplicas (mixed mode)")
 	f.IntVar(&mixed.Service.MaxReplicas, "service-max-replicas", mixed.Service.MaxReplicas, "the service's MaxReplicas (mixed mode)")
 	f.IntVar(&mixed.Service.GPUsPerReplica, "service-gpus-per-replica", mixed.Service.GPUsPerReplica, "the service's GPUsPerReplica, on one machine (mixed mode)")
+	f.Float64Var(&mixed.Autoscale.TargetUtil, "autoscale-target", mixed.Autoscale.TargetUtil, "share (0, 1] of the replicas' batch slots the autoscaler aims to keep in use (mixed mode)")
 	f.DurationVar(&mixed.Service.LatencySLO, "service-latency-slo", mixed.Service.LatencySLO, "the service's LatencySLO on a request's time to first token (mixed mode)")
 	f.StringVar(&nodesPath, "nodes", "", "openb node list CSV (fgd mode)")
 	f.StringVar(&podsPath, "pods", "", "openb pod list CSV (fgd mode)")
