@@ -203,14 +203,17 @@ type ServiceStatus struct {
 	MaxReplicas int `json:"max_replicas"`
 	Replicas    int `json:"replicas"`
 	Ready       int `json:"ready"`
-	// InFlight is the requests in flight its replicas reported, Latency their mean latency.
-	InFlight   int      `json:"in_flight"`
-	Latency    Duration `json:"latency,omitempty"`
-	LatencySLO Duration `json:"latency_slo,omitempty"`
-	GPUs       int      `json:"gpus"`
-	ScaleUps   int      `json:"scale_ups"`
-	ScaleDowns int      `json:"scale_downs"`
-	Reason     string   `json:"reason,omitempty"`
+	// InFlight is the requests in flight its replicas reported, LatencyMS their mean
+	// latency (milliseconds), LatencySLOMS its SLO (0: none).
+	InFlight     int     `json:"in_flight"`
+	LatencyMS    float64 `json:"latency_ms"`
+	LatencySLOMS float64 `json:"latency_slo_ms,omitempty"`
+	// GPUs are the cards its replicas hold; ScaleUps and ScaleDowns count the leader's
+	// decisions, Reason says the last one.
+	GPUs       int    `json:"gpus"`
+	ScaleUps   int    `json:"scale_ups"`
+	ScaleDowns int    `json:"scale_downs"`
+	Reason     string `json:"reason,omitempty"`
 }
 
 // SpawnService creates a service (POST /v1/services): its record, then its minimum of

@@ -333,7 +333,7 @@ func (c *Controller) serviceStatusLocked(t *term) []api.ServiceStatus {
 		}
 		v := t.replicaViewLocked(s)
 		ss := api.ServiceStatus{Job: s.Spec.Job, Name: s.Spec.Name, State: s.State, MinReplicas: s.Spec.MinReplicas, MaxReplicas: s.Spec.MaxReplicas,
-			Replicas: s.Replicas, Ready: len(v.ready), LatencySLO: s.Spec.LatencySLO, GPUs: v.gpus, ScaleUps: s.ScaleUps, ScaleDowns: s.ScaleDowns, Reason: s.Reason}
+			Replicas: s.Replicas, Ready: len(v.ready), LatencySLOMS: float64(time.Duration(s.Spec.LatencySLO)) / 1e6, GPUs: v.gpus, ScaleUps: s.ScaleUps, ScaleDowns: s.ScaleDowns, Reason: s.Reason}
 		c.svc.mu.Lock()
 		var sum time.Duration
 		n := 0
@@ -348,7 +348,7 @@ func (c *Controller) serviceStatusLocked(t *term) []api.ServiceStatus {
 		}
 		c.svc.mu.Unlock()
 		if n > 0 {
-			ss.Latency = api.Duration(sum / time.Duration(n))
+			ss.LatencyMS = float64(sum/time.Duration(n)) / 1e6
 		}
 		out = append(out, ss)
 	}
