@@ -123,7 +123,7 @@ const (
 // these actions (the heads' and agents' tests check that each of their routes is).
 var table = []Rule{
 	row(ActRead, "head `GET /v1/status`, `/v1/cluster`, `/v1/scheduler`, `/v1/whoami`, `/v1/trust`; `GET /v1/get`, `/v1/range`, `/v1/list`, `/v1/watch` of `nodes/ placements/ objects/ binaries/ config/`", any_, any_, any_, any_, any_),
-	row(ActReadJob, "head `GET /v1/get`, `/v1/range`, `/v1/list`, `/v1/watch` of a job's records (`jobs/<job>`, `gangs/<job>/`, `actors/<job>/`, `checkpoints/<job>/`; a range over several jobs answers the caller's only)", any_, any_, any_, ScopeJob, ScopeJob),
+	row(ActReadJob, "head `GET /v1/get`, `/v1/range`, `/v1/list`, `/v1/watch` of a job's records (`jobs/<job>`, `gangs/<job>/`, `actors/<job>/`, `checkpoints/<job>/`, `services/<job>/`; a range over several jobs answers the caller's only)", any_, any_, any_, ScopeJob, ScopeJob),
 	row(ActReadControl, "head `GET /v1/get`, `/v1/range`, `/v1/list`, `/v1/watch` of `events/ owners/ control/ auth/` (the event and audit log, owner records, the leader's term, cordons and costs, revocations)", any_, any_, any_, none, none),
 	row(ActPropose, "head `POST /v1/propose` (raw log entries, any table)", any_, none, none, none, none),
 	row(ActMembers, "head `POST /v1/members/add`, `/v1/members/remove` (Paxos membership)", any_, none, none, none, none),
@@ -148,7 +148,7 @@ var table = []Rule{
 	row(ActKVCheckpoints, "head `POST /v1/txn` on `checkpoints/<job>/`", any_, none, none, ScopeJob, ScopeJob),
 	row(ActKVBinaries, "head `POST /v1/txn` puts on `binaries/` (content-addressed; agents check the hash)", any_, none, none, any_, none),
 	row(ActKVOwners, "head `POST /v1/txn` on `owners/` (a driver's record, naming its principal)", any_, none, none, ScopeSelf, none),
-	row(ActKVControl, "head `POST /v1/txn` on every other table (`nodes/ jobs/ gangs/ placements/ actors/ events/ config/ control/ auth/`)", any_, none, none, none, none),
+	row(ActKVControl, "head `POST /v1/txn` on every other table (`nodes/ jobs/ gangs/ placements/ actors/ events/ config/ control/ auth/ services/`)", any_, none, none, none, none),
 	row(ActObjectPut, "agent `POST /v1/objects/put` (the new object's holder), `/v1/objects/replicate` (the new copy's holder)", any_, any_, any_, ScopeNewObjects, ScopeNewObjects),
 	row(ActObjectRead, "agent `POST /v1/objects/map`, `verify`, `persist`, `export`, `replicate` (the object); transfer plane: opening an object to pull", any_, any_, any_, ScopeReadObjects, ScopeReadObjects),
 	row(ActObjectHold, "agent `POST /v1/objects/map`, `unmap`, `release`, `/v1/leases/renew` (the holder of the references)", any_, any_, any_, ScopeOwnObjects, ScopeOwnObjects),
