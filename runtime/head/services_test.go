@@ -88,6 +88,10 @@ func TestServiceDecisionsSurviveLeaderChange(t *testing.T) {
 			t.Fatalf("replica %s above the minimum is not preemptible", r)
 		}
 	}
+	// The dashboard's state shows it, from the log.
+	if ds := leader(t, heads).obs.state(); len(ds.Services) != 1 || ds.Services[0].Replicas != 3 || ds.Services[0].ScaleUps != 1 {
+		t.Fatalf("the dashboard's services: %+v", ds.Services)
+	}
 	nl := changeLeader(t, heads, net)
 	// The new leader has no reports: it holds the service at 3 for sweeps on end.
 	for range 3 {
