@@ -35,6 +35,9 @@ const serviceLoadStale = 3 * time.Second
 // rule's low-load marks, by service key ("job/name"). Its lock is taken after the
 // controller's, never before.
 type serviceBook struct {
+	// ops serialises the services' decisions and their carrying out (the sweep, a spawn,
+	// a stop): taken before the controller's lock.
+	ops   sync.Mutex
 	mu    sync.Mutex
 	loads map[string]map[int]serviceLoadEntry
 	low   map[string]time.Time
@@ -119,6 +122,8 @@ func (c *Controller) SpawnService(ctx context.Context, spec api.ServiceSpec) (ap
 	case perr != nil:
 		return api.Service{}, fmt.Errorf("%w: service %q: %v", api.ErrInvalid, spec.Name, perr)
 	}
+	c.svc.ops.Lock()
+	defer c.svc.ops.Unlock()
 	old, ver, err := c.serviceRecord(spec.Job, spec.Name)
 	if err != nil {
 		return api.Service{}, err
@@ -149,6 +154,8 @@ func (c *Controller) StopService(ctx context.Context, job, name string) error {
 		return err
 	}
 	c.mu.Unlock()
+	c.svc.ops.Lock()
+	defer c.svc.ops.Unlock()
 	s, ver, err := c.serviceRecord(job, name)
 	if err != nil {
 		return err
@@ -243,6 +250,10 @@ func (c *Controller) serviceLoop() {
 		case <-tick.C:
 		}
 		if !c.Leading() {
+			// What a leader heard is not a follower's: a later term starts afresh.
+			c.svc.mu.Lock()
+			c.svc.loads, c.svc.low = nil, nil
+			c.svc.mu.Unlock()
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -253,6 +264,8 @@ func (c *Controller) serviceLoop() {
 
 // sweepServices decides each service's replicas and carries the decisions out.
 func (c *Controller) sweepServices(ctx context.Context) {
+	c.svc.ops.Lock()
+	defer c.svc.ops.Unlock()
 	for _, kv := range c.sm.Range(api.TableServices) {
 		var s api.Service
 		if json.Unmarshal(kv.Value, &s) != nil {
