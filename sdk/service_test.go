@@ -191,6 +191,7 @@ func runServiceBesideTraining(t *testing.T, c *sdk.Cluster, ctx context.Context)
 		}
 	}
 
+	burstAt := time.Now()
 	// The burst: 16 callers, each with a request of 50 ms in flight at all times.
 	burst, endBurst := context.WithCancel(ctx)
 	var callers sync.WaitGroup
@@ -219,6 +220,7 @@ func runServiceBesideTraining(t *testing.T, c *sdk.Cluster, ctx context.Context)
 	if err := svc.AwaitReady(ctx, 4); err != nil {
 		t.Fatal(err)
 	}
+	upIn := time.Since(burstAt)
 	// Calls reach the new replicas too.
 	servedMu.Lock()
 	before := len(served)
@@ -230,14 +232,17 @@ func runServiceBesideTraining(t *testing.T, c *sdk.Cluster, ctx context.Context)
 	})
 	endBurst()
 	callers.Wait()
+	endAt := time.Now()
 	if callErr != nil {
 		t.Fatalf("a call of the burst failed: %v", callErr)
 	}
-	t.Logf("burst served by %v (%d replicas before the scale up was in)", served, before)
+	t.Logf("burst served by %v (%d replicas had served when the fourth was ready)", served, before)
 
 	await("the service back at 2, the training grown back to 6", func(_ sdk.Status, s sdk.ServiceStatus, gs sdk.GangStatus) bool {
 		return s.Replicas == 2 && s.GPUs == 2 && gs.Workers == 6 && s.ScaleDowns >= 1
 	})
+	t.Logf("4 replicas ready %v after the burst began; GPUs back to training %v after it ended (scale-down cooldown 1 s)",
+		upIn.Round(time.Millisecond), time.Since(endAt).Round(time.Millisecond))
 	close(stopTrain)
 	if err := <-trained; err != nil {
 		t.Fatal(err)
