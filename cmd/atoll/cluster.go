@@ -54,7 +54,7 @@ type clusterFile struct {
 	Tick            string `json:"tick,omitempty"`
 	ElectionTimeout string `json:"election_timeout,omitempty"`
 	// AgentArgs are the options its agents run with (atoll up --reconcile-interval,
-	// --max-object-size, --checkpoint-dir).
+	// --max-object-size, --checkpoint-dir, --trusted-fabric).
 	AgentArgs []string `json:"agent_args,omitempty"`
 }
 
@@ -76,6 +76,7 @@ type agentOptions struct {
 	reconcileInterval time.Duration
 	maxObjectSize     int64
 	checkpointDir     string
+	trustedFabric     bool
 }
 
 // args are the agents' flags for the options.
@@ -91,6 +92,9 @@ func (o agentOptions) args() []string {
 		if abs, err := filepath.Abs(o.checkpointDir); err == nil {
 			a = append(a, "--checkpoint-dir", abs)
 		}
+	}
+	if o.trustedFabric {
+		a = append(a, "--trusted-fabric")
 	}
 	return a
 }
@@ -490,6 +494,7 @@ another process reuses is never taken for one of them.`,
 	f.DurationVar(&opts.heartbeatTimeout, "heartbeat-timeout", 0, "the heads' --heartbeat-timeout (0: theirs, 10s): how long a machine may send no load report before it is declared dead")
 	f.DurationVar(&opts.agent.reconcileInterval, "reconcile-interval", 0, "the agents' --reconcile-interval (0: their default)")
 	f.Int64Var(&opts.agent.maxObjectSize, "max-object-size", 0, "the agents' --max-object-size (0: their default)")
+	f.BoolVar(&opts.agent.trustedFabric, "trusted-fabric", false, "the agents' --trusted-fabric: collective links between worker processes without TLS, for a fabric that is trusted and isolated (never the default)")
 	f.StringVar(&opts.agent.checkpointDir, "checkpoint-dir", "", "a shared checkpoint directory every agent mounts (their --checkpoint-dir): the second durable copy of checkpoints and detached objects goes there")
 	return cmd
 }
