@@ -41,6 +41,9 @@ type serviceBook struct {
 	mu    sync.Mutex
 	loads map[string]map[int]serviceLoadEntry
 	low   map[string]time.Time
+	// settled are the stopped services (key -> UID) whose replicas this leader saw all
+	// stopped: the sweep passes them by.
+	settled map[string]string
 }
 
 type serviceLoadEntry struct {
@@ -252,7 +255,7 @@ func (c *Controller) serviceLoop() {
 		if !c.Leading() {
 			// What a leader heard is not a follower's: a later term starts afresh.
 			c.svc.mu.Lock()
-			c.svc.loads, c.svc.low = nil, nil
+			c.svc.loads, c.svc.low, c.svc.settled = nil, nil, nil
 			c.svc.mu.Unlock()
 			continue
 		}
@@ -331,8 +334,24 @@ func (c *Controller) sweepService(ctx context.Context, s api.Service, ver int64)
 			}
 			c.log.Info("service scaled", zap.String("service", key), zap.String("reason", reason))
 		}
+		return c.reconcileService(ctx, s)
 	}
-	return c.reconcileService(ctx, s)
+	c.svc.mu.Lock()
+	settled := c.svc.settled[key] == s.UID
+	c.svc.mu.Unlock()
+	if settled {
+		return nil
+	}
+	if err := c.reconcileService(ctx, s); err != nil {
+		return err
+	}
+	c.svc.mu.Lock()
+	if c.svc.settled == nil {
+		c.svc.settled = map[string]string{}
+	}
+	c.svc.settled[key] = s.UID
+	c.svc.mu.Unlock()
+	return nil
 }
 
 // serviceStatusLocked is the services' lines of the cluster status (c.mu held).
