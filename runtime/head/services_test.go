@@ -144,3 +144,30 @@ func TestServiceDecisionsSurviveLeaderChange(t *testing.T) {
 		t.Fatalf("services after the stop: %+v, %v", st.Services, err)
 	}
 }
+
+// TestServiceReplicaPreemptsTrainingByNotice: on a machine that a lower-priority training
+// gang (of fixed size) fills, a service's replica waits, and the scheduler gives the
+// training gang a stop notice for it, with the cost model's estimate: the same path as any
+// preemption.
+func TestServiceReplicaPreemptsTrainingByNotice(t *testing.T) {
+	c := setup(t, 1, api.SchedulerConfig{NoticeGrace: api.Duration(time.Minute)}, "j")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	train := island("j", "train", "")
+	train.JustInTime = true
+	if _, err := c.SpawnGang(ctx, train); err != nil {
+		t.Fatal(err)
+	}
+	awaitGang(t, c, "j", "train", "placed", placed)
+	if _, err := c.SpawnService(ctx, api.ServiceSpec{Job: "j", Name: "s", Kind: "k", MinReplicas: 1, MaxReplicas: 2,
+		Resources: api.Resources{GPUs: 1}, Priority: 1}); err != nil {
+		t.Fatal(err)
+	}
+	g := awaitGang(t, c, "j", "train", "given a stop notice", func(g api.Gang) bool { return g.Notice != nil })
+	if n := g.Notice; n.Kind != api.NoticePreempt || n.For != "j/s.r0" || n.Deadline.IsZero() || n.Costs == nil {
+		t.Fatalf("the training gang's notice %+v: want a preempt notice for j/s.r0 with a deadline and costs", n)
+	}
+	if r, _, err := c.Gang(ctx, "j", "s.r0"); err != nil || r.State != api.GangPending {
+		t.Fatalf("the replica before the training stopped: %+v, %v; want it pending", r, err)
+	}
+}
