@@ -33,7 +33,7 @@ func testOptions() []sdk.Option {
 		sdk.Kind("logging", func() sdk.Actor { return logging{} }, logStep{}),
 		sdk.Kind("collector", func() sdk.Actor { return collector{} }, collReq{}),
 		sdk.Tasks(square, where, crashOnce, failing, putBytes, putPattern, spawnFromTask),
-	}, semanticsOptions()...)
+	}, append(semanticsOptions(), serviceOptions()...)...)
 }
 
 func TestMain(m *testing.M) {

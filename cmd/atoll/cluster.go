@@ -964,7 +964,7 @@ func newStatusCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&dir, "dir", "", dirUsage)
 	f.StringVar(&address, "address", "", addressUsage)
-	f.BoolVar(&asJSON, "json", false, "print JSON: leader, heads, machines, gangs")
+	f.BoolVar(&asJSON, "json", false, "print JSON: leader, heads, machines, gangs, queues, services")
 	return cmd
 }
 
@@ -1053,6 +1053,17 @@ func printStatus(w io.Writer, st api.Status) {
 			strings.Join(g.Machines, ","), g.Reason)
 	}
 	printQueues(tw, st)
+	if len(st.Services) > 0 {
+		fmt.Fprintln(tw, "\nSERVICE\tREPLICAS (ready/decided, min..max)\tIN FLIGHT\tLATENCY (SLO)\tGPUS\tLAST DECISION")
+		for _, s := range st.Services {
+			slo := "-"
+			if s.LatencySLOMS > 0 {
+				slo = fmt.Sprintf("%.0f ms", s.LatencySLOMS)
+			}
+			fmt.Fprintf(tw, "%s/%s\t%d/%d, %d..%d\t%d\t%.1f ms (%s)\t%d\t%s\n", s.Job, s.Name, s.Ready, s.Replicas, s.MinReplicas, s.MaxReplicas,
+				s.InFlight, s.LatencyMS, slo, s.GPUs, s.Reason)
+		}
+	}
 	_ = tw.Flush()
 	if o := st.Objects; o != nil {
 		fmt.Fprintf(w, "\nobjects: %d live (%d durable, %d bytes), %d lost, %d whose owner ended\n", o.Live, o.Durable, o.LiveBytes, o.Lost, o.OwnerDied)

@@ -627,7 +627,7 @@ func desired(gangs map[string]api.Gang, exited map[string]bool, base api.WorkerS
 			s := base
 			s.Heads = slices.Clone(base.Heads)
 			s.Job, s.Gang, s.Rank, s.Generation, s.GangUID, s.Kind, s.Args = g.Spec.Job, g.Spec.Name, rank, g.Generation, g.UID, g.Spec.Kind, g.Spec.Args
-			s.Member, s.Placement, s.World, s.Epoch, s.Driver = m, *g.Placement, world, epoch, g.Spec.Driver
+			s.Member, s.Placement, s.World, s.Epoch, s.Driver, s.Service = m, *g.Placement, world, epoch, g.Spec.Driver, g.Spec.Service
 			s.Holder = "worker/" + s.Key()
 			if s.Process = g.Spec.Process; s.Process != nil && !slices.Contains(world, rank) {
 				// A process gang's member added by a grow starts with the gang's next

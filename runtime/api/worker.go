@@ -69,6 +69,9 @@ type WorkerSpec struct {
 	Transfer string `json:"transfer"`
 	// Holder names the worker to its agent's object store (its references and mappings).
 	Holder string `json:"holder"`
+	// Service is the service the worker is a replica of (GangSpec.Service): it reports its
+	// load to the leader.
+	Service string `json:"service,omitempty"`
 	// Driver says this is a submitted driver (`atoll submit`), not a worker: it runs the
 	// job's executable with the cluster's address.
 	Driver bool `json:"driver,omitempty"`

@@ -134,7 +134,8 @@ type Controller struct {
 	poolStatus    func() *api.PoolsStatus // the pools runner's status; nil without pools
 	poolInterrupt func(machine string, after time.Duration) error
 
-	obs *ctlObs // metrics, the event log's sequence, jobs' progress reports (observe.go)
+	obs *ctlObs     // metrics, the event log's sequence, jobs' progress reports (observe.go)
+	svc serviceBook // the services' load reports (services.go)
 
 	poke chan struct{} // asks Run for a sweep now (gossip news)
 	stop chan struct{}
@@ -282,6 +283,9 @@ func (c *Controller) SetMembership(dead func() map[string]bool) {
 // machines every Poll.
 func (c *Controller) Run() {
 	defer close(c.done)
+	svcDone := make(chan struct{})
+	go func() { defer close(svcDone); c.serviceLoop() }()
+	defer func() { <-svcDone }()
 	var sweep *time.Ticker
 	defer func() {
 		if sweep != nil {
