@@ -45,6 +45,18 @@ type Context struct {
 	index int
 	log   *zap.Logger
 	ctx   context.Context
+	pend  *pending
+}
+
+// Waiting counts the calls in the actor's mailbox that its handler has not taken yet (not
+// the one it runs). Safe to call from any goroutine while the actor lives.
+func (c *Context) Waiting() int {
+	if c.pend == nil {
+		return 0
+	}
+	c.pend.mu.Lock()
+	defer c.pend.mu.Unlock()
+	return len(c.pend.m)
 }
 
 // Self is the actor's own Ref.
@@ -183,7 +195,7 @@ func (c *cell) Receive(pc actor.Context) {
 	switch m := pc.Message().(type) {
 	case *actor.Started:
 		c.ctx = Context{sys: c.sys, self: Ref{pid: pc.Self()}, group: c.group, index: c.index,
-			log: c.sys.log.With(zap.String("actor", pc.Self().Id))}
+			log: c.sys.log.With(zap.String("actor", pc.Self().Id)), pend: c.pending}
 		if s, ok := c.h.(Starter); ok {
 			if err := s.Started(&c.ctx); err != nil {
 				panic(fmt.Errorf("actors: %s failed to start: %w", pc.Self().Id, err))

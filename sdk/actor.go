@@ -247,7 +247,7 @@ func CallAsync[Resp any](ctx context.Context, h Caller, to ActorRef, req any) *F
 		g = c.follower(to.job, to.gang, to.uid)
 	}
 	f := newFuture[Resp]()
-	go func() { f.complete(callPlaced[Resp](ctx, c, g, to, req)) }()
+	spawn(func() { f.complete(callPlaced[Resp](ctx, c, g, to, req)) })
 	return f
 }
 
@@ -332,7 +332,7 @@ func callIncarnation[Resp any](ctx context.Context, c *conn, to ActorRef, req an
 	}
 	inner := actors.CallAsync[Resp](cctx, c.sys, to.ref, req)
 	f := newFuture[Resp]()
-	go func() {
+	spawn(func() {
 		defer func() { stop(); ccancel(nil) }()
 		v, err := inner.Await(context.WithoutCancel(cctx))
 		if err != nil && errors.Is(err, ErrActorDead) && !errors.Is(err, ErrStale) {
@@ -346,7 +346,7 @@ func callIncarnation[Resp any](ctx context.Context, c *conn, to ActorRef, req an
 			}
 		}
 		f.complete(v, err)
-	}()
+	})
 	return f
 }
 

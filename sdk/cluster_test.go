@@ -65,6 +65,20 @@ func TestClusterTasksDetachedActorsAndObjectOwners(t *testing.T) {
 	if err != nil || len(m.GPUs) != 2 {
 		t.Fatalf("a two-GPU task ran on %+v, %v", m, err)
 	}
+	// A worker process's large puts (in place, in its machine's shared memory).
+	big, err := putPattern.Remote(ctx, job, 3<<20+5).Await(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := sdk.Get(ctx, c1, big); err != nil || len(b) != 3<<20+5 {
+		t.Fatalf("a worker's large put: %d bytes, %v", len(b), err)
+	} else {
+		for i, x := range b {
+			if x != byte(i%251) {
+				t.Fatalf("byte %d of a worker's large put is %d, want %d", i, x, i%251)
+			}
+		}
+	}
 	// A detached actor and a detached object outlive the driver; its other objects do not.
 	reg, err := job.SpawnActor(ctx, sdk.ActorSpec{Name: "registry", Kind: "keeper", Detached: true, Resources: sdk.Resources{CPUMilli: 100}})
 	if err != nil {

@@ -3,6 +3,9 @@ package sdk_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -128,7 +131,28 @@ func TestCollectives(t *testing.T) {
 // cluster of processes: 4 to a machine, they meet in its shared memory, and the rails
 // between the machines go over the transfer plane.
 func TestClusterCollectives(t *testing.T) {
-	cl := sdktest.Up(t, 2, "")
+	clusterCollectives(t, sdktest.Up(t, 2, ""))
+}
+
+// TestClusterCollectivesTrustedFabric: on a cluster whose operator declared the fabric
+// between machines trusted (atoll up --trusted-fabric), the collective links between
+// machines run without TLS, and the collectives are as exact.
+func TestClusterCollectivesTrustedFabric(t *testing.T) {
+	cl := sdktest.UpWith(t, 2, "", "--trusted-fabric")
+	clusterCollectives(t, cl)
+	logs, _ := filepath.Glob(filepath.Join(cl.Dir, "agents", "*", "logs", "coll", "g.*.log"))
+	clear := 0
+	for _, l := range logs {
+		if b, err := os.ReadFile(l); err == nil && strings.Contains(string(b), "collective links without TLS") {
+			clear++
+		}
+	}
+	if clear != 8 {
+		t.Fatalf("%d of 8 workers' logs (%d found) say their collective links run without TLS", clear, len(logs))
+	}
+}
+
+func clusterCollectives(t *testing.T, cl *sdktest.Cluster) {
 	ctx, cancel := testtime.Context(t, 3*time.Minute)
 	defer cancel()
 	c := connect(t, cl)

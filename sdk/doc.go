@@ -101,6 +101,22 @@
 //	for _, g := range layerGrads { pending = append(pending, b.Add(c, g)) } // as backward yields them
 //	b.Flush(c)                                                             // then Wait on each
 //
+// # Services
+//
+// A service (Job.SpawnService) is MinReplicas..MaxReplicas replicas of one kind that serve
+// the program's own requests: CallService routes each call to the ready replica with the
+// fewest calls in flight, following the service's scaling. The replicas' workers report
+// their load (calls in flight, latency; Context.ReportLoad for a replica serving requests
+// of its own), and the cluster's leader scales the service from it, with cooldowns and a
+// hysteresis band so that it does not oscillate. The first MinReplicas replicas are never
+// preempted; the others take GPUs from gangs of a lower priority through the scheduler's
+// preemption (an elastic gang shrinks, another checkpoints and stops, by notice), and give
+// them back when the load falls (a shrunk gang grows again).
+//
+//	svc, _ := job.SpawnService(ctx, sdk.ServiceSpec{Name: "infer", Kind: "model",
+//		MinReplicas: 2, MaxReplicas: 4, GPUsPerReplica: 1, LatencySLO: 200 * time.Millisecond, Priority: 10})
+//	reply, err := sdk.CallService[Reply](ctx, svc, Request{Prompt: p})
+//
 // # Objects
 //
 // Put stores an immutable value in the cluster's object store and returns a typed Ref that

@@ -121,22 +121,64 @@ func (g *Gang) Yield(ctx context.Context, n Notice) error {
 		}
 		return g.takeWorld(ctx, n, members, "")
 	case NoticeGrow:
-		if err := g.awaitMembers(ctx, n.Generation, n.add); err != nil {
-			return err
-		}
-		// The new members start from rank 0's state, as it is now.
-		state, err := Call[string](ctx, c, g.Worker(0), checkpointReq{Step: -1})
-		if err != nil {
-			return fmt.Errorf("sdk: grow gang %s: rank 0's state for the new members: %w", g.key, err)
-		}
-		defer func() {
-			if id, err := object.ParseID(state); err == nil {
-				_ = c.freeEverywhere(context.WithoutCancel(ctx), c.objects, id)
+		// Grows not taken yet merge into one notice, whose newest issue names every new
+		// member (another may merge while this one is taken): take the newest.
+		for {
+			var taken bool
+			n, taken = g.newestGrow(n)
+			if taken {
+				return nil
 			}
-		}()
-		return g.takeWorld(ctx, n, append(slices.Clone(n.members), n.add...), state)
+			err := g.takeGrow(ctx, n)
+			if err == nil || !errors.Is(err, ErrInvalid) {
+				return err
+			}
+			if m, _ := g.newestGrow(n); !m.issued.After(n.issued) {
+				return err // not a grow that merged under it
+			}
+		}
 	}
 	return fmt.Errorf("%w: notice kind %q", ErrInvalid, n.Kind)
+}
+
+// newestGrow is the newest grow notice of n's incarnation that includes n (n itself when
+// none newer was given), and whether a merged grow that includes it was already taken.
+func (g *Gang) newestGrow(n Notice) (Notice, bool) {
+	g.mu.Lock()
+	rec := g.rec
+	g.mu.Unlock()
+	if rec.UID != n.uid || rec.Generation != n.Generation {
+		return n, false
+	}
+	cur := rec.Notice
+	switch {
+	case cur != nil && cur.Kind == api.NoticeGrow && cur.Issued.After(n.issued):
+		return noticeOf(rec), false
+	case cur == nil && rec.World != nil && rec.World.Epoch > n.epoch && len(n.add) > 0 &&
+		!slices.ContainsFunc(n.add, func(m int) bool { return !slices.Contains(rec.World.Members, m) }):
+		return n, true
+	}
+	return n, false
+}
+
+// takeGrow takes a grow: once its new members are up, each gets a copy of rank 0's state
+// and the gang's world takes them in.
+func (g *Gang) takeGrow(ctx context.Context, n Notice) error {
+	c := g.c
+	if err := g.awaitMembers(ctx, n.Generation, n.add); err != nil {
+		return err
+	}
+	// The new members start from rank 0's state, as it is now.
+	state, err := Call[string](ctx, c, g.Worker(0), checkpointReq{Step: -1})
+	if err != nil {
+		return fmt.Errorf("sdk: grow gang %s: rank 0's state for the new members: %w", g.key, err)
+	}
+	defer func() {
+		if id, err := object.ParseID(state); err == nil {
+			_ = c.freeEverywhere(context.WithoutCancel(ctx), c.objects, id)
+		}
+	}()
+	return g.takeWorld(ctx, n, append(slices.Clone(n.members), n.add...), state)
 }
 
 // takeWorld commits the gang's new world and tells every member of it its rank: members

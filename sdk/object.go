@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"strconv"
 	"sync"
 	"time"
 
@@ -415,11 +416,18 @@ func (s localStore) free(ctx context.Context, id object.ID) error { return s.l.F
 func (s localStore) location() string                             { return s.l.Node.Addr }
 
 // agentStore is a worker process's access to its machine's store, through its agent: a
-// put sends the bytes to the agent (one copy, as into any store), a get maps the store's
-// shared memory read-only (no copy).
+// small put sends the bytes to the agent, a large one writes them straight into the
+// store's shared memory (putDirect; one copy either way, as into any store), a get maps
+// the store's shared memory read-only (no copy).
 type agentStore struct {
 	url, token, holder, transfer string
 	hc                           *http.Client
+	// sameMachine: the store is this process's machine's (a worker's own agent), so a
+	// large put may write its shared memory itself (putDirect).
+	sameMachine bool
+
+	mu    sync.Mutex
+	files map[string]*object.WritableFile // segments mapped writable for puts (putDirect)
 }
 
 func (s *agentStore) call(ctx context.Context, path string, body io.Reader, out any) error {
@@ -459,12 +467,87 @@ func (s *agentStore) put(ctx context.Context, data []byte) (object.ID, error) {
 	return s.putAs(ctx, s.holder, data)
 }
 
+// directPutMin is the size from which a worker process writes an object straight into
+// its machine's shared memory (create, map, copy, seal) instead of sending it to the
+// agent: below it one request carrying the bytes costs less than two and a mapping.
+const directPutMin = 256 << 10
+
 func (s *agentStore) putAs(ctx context.Context, holder string, data []byte) (object.ID, error) {
+	if s.sameMachine && len(data) >= directPutMin {
+		return s.putDirect(ctx, holder, data)
+	}
 	var ref api.ObjectRef
 	if err := s.call(ctx, "/v1/objects/put?holder="+url.QueryEscape(holder), bytes.NewReader(data), &ref); err != nil {
 		return object.ID{}, err
 	}
 	return object.ParseID(ref.ID)
+}
+
+// putDirect writes data straight into the machine's shared memory: the agent admits
+// the room (a segment of its own, which maps no other object), this process copies the
+// bytes in through its writable mapping (the put's one copy) and asks for the seal, which
+// commits the object's metadata as any put's. The agent keeps a freed segment for the
+// process that wrote it, so this process keeps its mappings (writable) and maps each
+// segment once: repeated puts of like sizes (checkpoints) cost the copy and two requests.
+// A failure between create and seal gives the room back; if this process dies in
+// between, its lease does.
+func (s *agentStore) putDirect(ctx context.Context, holder string, data []byte) (object.ID, error) {
+	var cw api.ObjectWrite
+	q := url.Values{"holder": {holder}, "lease": {s.holder}, "size": {strconv.Itoa(len(data))}}
+	if err := s.call(ctx, "/v1/objects/create?"+q.Encode(), nil, &cw); err != nil {
+		return object.ID{}, err
+	}
+	ref, _ := json.Marshal(api.ObjectRef{ID: cw.ID, Holder: holder})
+	abort := func(err error) (object.ID, error) {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = s.call(actx, "/v1/objects/abort", bytes.NewReader(ref), nil)
+		return object.ID{}, err
+	}
+	b, err := s.writable(cw)
+	if err != nil {
+		return abort(fmt.Errorf("sdk: put %d bytes in place: %w", len(data), err))
+	}
+	copy(b, data)
+	if err := s.call(ctx, "/v1/objects/seal", bytes.NewReader(ref), nil); err != nil {
+		return abort(err)
+	}
+	return object.ParseID(cw.ID)
+}
+
+// writable returns the writable bytes of a create's answer, mapping its segment unless
+// this process has it mapped already, after unmapping the segments the agent dropped.
+func (s *agentStore) writable(cw api.ObjectWrite) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.files == nil {
+		s.files = map[string]*object.WritableFile{}
+	}
+	for _, p := range cw.Unmap {
+		if f := s.files[p]; f != nil {
+			_ = f.Close()
+			delete(s.files, p)
+		}
+	}
+	m := object.Mapping{Path: cw.Path, Offset: cw.Offset, Size: cw.Size}
+	if f := s.files[cw.Path]; f != nil {
+		if b, ok := f.Range(m); ok {
+			return b, nil
+		}
+		_ = f.Close()
+		delete(s.files, cw.Path)
+	}
+	f, err := object.MapWritable(cw.Path)
+	if err != nil {
+		return nil, err
+	}
+	b, ok := f.Range(m)
+	if !ok {
+		_ = f.Close()
+		return nil, fmt.Errorf("%s holds no bytes [%d, +%d)", cw.Path, cw.Offset, cw.Size)
+	}
+	s.files[cw.Path] = f
+	return b, nil
 }
 
 func (s *agentStore) persist(ctx context.Context, id object.ID) (api.ObjectInfo, error) {

@@ -32,8 +32,8 @@ func testOptions() []sdk.Option {
 		sdk.Kind("stepper", func() sdk.Actor { return &stepper{} }, stepReq{}, stateReq{}),
 		sdk.Kind("logging", func() sdk.Actor { return logging{} }, logStep{}),
 		sdk.Kind("collector", func() sdk.Actor { return collector{} }, collReq{}),
-		sdk.Tasks(square, where, crashOnce, failing, putBytes, spawnFromTask),
-	}, semanticsOptions()...)
+		sdk.Tasks(square, where, crashOnce, failing, putBytes, putPattern, spawnFromTask),
+	}, append(semanticsOptions(), serviceOptions()...)...)
 }
 
 func TestMain(m *testing.M) {

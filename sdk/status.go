@@ -32,6 +32,32 @@ type Status struct {
 	// Objects counts the object directory's records (filled by `atoll status`, which reads
 	// them; nil from Cluster.Status).
 	Objects *ObjectsStatus `json:"objects,omitempty"`
+	// Services are the live services (Job.SpawnService) with their replicas and load.
+	Services []ServiceStatus `json:"services"`
+}
+
+// ServiceStatus is a service's line in the cluster status.
+type ServiceStatus struct {
+	Job   string `json:"job"`
+	Name  string `json:"name"`
+	State string `json:"state"`
+	// MinReplicas..MaxReplicas are its bounds, Replicas the leader's decision, Ready the
+	// replicas whose worker is up.
+	MinReplicas int `json:"min_replicas"`
+	MaxReplicas int `json:"max_replicas"`
+	Replicas    int `json:"replicas"`
+	Ready       int `json:"ready"`
+	// InFlight is the requests in flight its replicas reported, LatencyMS their mean
+	// latency (milliseconds), LatencySLOMS its SLO (0: none).
+	InFlight     int     `json:"in_flight"`
+	LatencyMS    float64 `json:"latency_ms"`
+	LatencySLOMS float64 `json:"latency_slo_ms,omitempty"`
+	// GPUs are the cards its replicas hold; ScaleUps and ScaleDowns count the leader's
+	// decisions, Reason says the last one.
+	GPUs       int    `json:"gpus"`
+	ScaleUps   int    `json:"scale_ups"`
+	ScaleDowns int    `json:"scale_downs"`
+	Reason     string `json:"reason,omitempty"`
 }
 
 // MarshalJSON writes the status with every list present: an empty list is [], never
@@ -40,6 +66,7 @@ func (s Status) MarshalJSON() ([]byte, error) {
 	type plain Status
 	p := plain(s)
 	p.Heads, p.Machines, p.Gangs, p.Queues = orEmpty(p.Heads), orEmpty(p.Machines), orEmpty(p.Gangs), orEmpty(p.Queues)
+	p.Services = orEmpty(p.Services)
 	return json.Marshal(p)
 }
 

@@ -216,7 +216,7 @@ func (t *TaskFunc[A, R]) Remote(ctx context.Context, j *Job, args A) *Future[R] 
 	req := taskRequest(t.name, p)
 	opts := t.opts.normalized()
 	pool := c.pool(j.name)
-	go func() {
+	spawn(func() {
 		if _, ok := ctx.Deadline(); !ok {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, taskDeadline)
@@ -262,7 +262,7 @@ func (t *TaskFunc[A, R]) Remote(ctx context.Context, j *Job, args A) *Future[R] 
 			}
 			c.log.Info("task worker failed; the task runs again", zap.String("task", t.name), zap.Int("attempt", len(failures)+1), zap.Error(err))
 		}
-	}()
+	})
 	return f
 }
 

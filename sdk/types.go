@@ -45,7 +45,13 @@ func fromAPIMachine(m api.Machine) Machine {
 func fromAPIStatus(s api.Status) Status {
 	return Status{Leader: s.Leader, Term: s.Term, Heads: convert(s.Heads, fromAPIHead), Machines: convert(s.Machines, fromAPIMachineStatus),
 		Gangs: convert(s.Gangs, fromAPIGangStatus), Revision: s.Revision, Dashboard: s.Dashboard, Pools: fromAPIPools(s.Pools),
-		Queues: convert(s.Queues, fromAPIQueue), Objects: fromAPIObjects(s.Objects)}
+		Queues: convert(s.Queues, fromAPIQueue), Objects: fromAPIObjects(s.Objects), Services: convert(s.Services, fromAPIServiceStatus)}
+}
+
+func fromAPIServiceStatus(s api.ServiceStatus) ServiceStatus {
+	return ServiceStatus{Job: s.Job, Name: s.Name, State: string(s.State), MinReplicas: s.MinReplicas, MaxReplicas: s.MaxReplicas, Replicas: s.Replicas,
+		Ready: s.Ready, InFlight: s.InFlight, LatencyMS: s.LatencyMS, LatencySLOMS: s.LatencySLOMS, GPUs: s.GPUs, ScaleUps: s.ScaleUps,
+		ScaleDowns: s.ScaleDowns, Reason: s.Reason}
 }
 
 func fromAPIObjects(o *api.ObjectsStatus) *ObjectsStatus {

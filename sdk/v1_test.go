@@ -37,6 +37,24 @@ var (
 		return sdk.Put(c, c, bytes.Repeat([]byte{7}, n))
 	})
 
+	// putPattern puts n bytes of a pattern from its worker process (large: written straight
+	// into the machine's shared memory), twice, freeing the first (the second reuses its
+	// segment), and returns the second.
+	putPattern = sdk.Task("put-pattern", func(c *sdk.Context, n int) (sdk.Ref[[]byte], error) {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(i % 251)
+		}
+		first, err := sdk.Put(c, c, b)
+		if err != nil {
+			return first, err
+		}
+		if err := sdk.Free(c, c, first); err != nil {
+			return first, err
+		}
+		return sdk.Put(c, c, b)
+	})
+
 	// spawnFromTask runs another task from inside a task.
 	spawnFromTask = sdk.Task("nested", func(c *sdk.Context, x int) (int, error) {
 		return square.Remote(c, c.Job(), x).Await(c)

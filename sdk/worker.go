@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -49,6 +50,10 @@ type hosted struct {
 	// indices in rank order): an elastic gang's changes at each resize its driver takes.
 	epoch   int
 	members []int
+	// svcLoad counts a service replica's calls (service.go); waiting counts the calls in
+	// its actor's mailbox (set when the actor starts).
+	svcLoad serviceLoad
+	waiting atomic.Pointer[func() int]
 }
 
 var _ embed.Handle = (*hosted)(nil)
@@ -125,6 +130,9 @@ func (c *conn) host(ctx context.Context, spec api.WorkerSpec, store objectHost) 
 	h.log.Debug("worker ready", zap.String("actor", w.ActorID), zap.String("address", w.Address))
 	if h.rank() == 0 && spec.Member.GPUModel != "" && !spec.Driver {
 		go h.measureCUDA()
+	}
+	if isServiceReplica(spec) {
+		go h.reportLoad()
 	}
 	return h, nil
 }
@@ -410,6 +418,10 @@ func (w *cell) Started(ac *actors.Context) error {
 		return w.makeErr
 	}
 	w.ctx = Context{Context: context.Background(), ac: ac, c: w.c, w: w.h, restore: -1, log: ac.Logger()}
+	if w.h != nil {
+		waiting := ac.Waiting
+		w.h.waiting.Store(&waiting)
+	}
 	if w.h != nil && !w.c.workerProc { // a worker process's logger names its worker already
 		w.ctx.log = w.ctx.log.With(workerFields(w.h.spec)...)
 	}
@@ -487,6 +499,12 @@ func (w *cell) Receive(ac *actors.Context, msg any) (any, error) {
 			return nil, err
 		}
 		return id.String(), nil
+	}
+	if w.h != nil && w.h.spec.Service != "" {
+		// A service replica counts the calls it serves for its load reports.
+		w.h.svcLoad.begin()
+		start := time.Now()
+		defer func() { w.h.svcLoad.end(time.Since(start)) }()
 	}
 	return w.user.Receive(&ctx, msg)
 }
@@ -595,8 +613,12 @@ func serveWorker(ctx context.Context, s settings) error {
 		return fmt.Errorf("sdk: worker %s: collectives: %w", spec.Key(), err)
 	}
 	defer plane.Close()
-	secureLinks(id, nil, plane, nil)
-	store := &agentStore{url: spec.Agent, token: spec.Token, holder: spec.Holder, transfer: spec.Transfer, hc: httpClient(id)}
+	if spec.TrustedFabric {
+		log.Info("collective links without TLS: the operator declared the fabric between machines trusted (atoll agent --trusted-fabric)")
+	} else {
+		secureLinks(id, nil, plane, nil)
+	}
+	store := &agentStore{url: spec.Agent, token: spec.Token, holder: spec.Holder, transfer: spec.Transfer, hc: httpClient(id), sameMachine: true}
 	go store.renew(ctx, 2*time.Second)
 	c := &conn{s: s, log: log.Named("sdk"), workerProc: true, client: client, sys: sys, plane: plane, token: spec.Token, owner: spec.Holder, objects: store, agents: store.hc,
 		principal: authz.Worker(spec.Job, spec.Gang, spec.Rank).String()}

@@ -25,6 +25,7 @@ func newAgentCmd() *cobra.Command {
 		listen, transfer, gossip, advertise string
 		gossipProbe                         time.Duration
 		caCert, checkpointDir               string
+		trustedFabric                       bool
 		rack                                int
 		objectStore, maxObject              int64
 		loadInterval, reconcileInterval     time.Duration
@@ -101,7 +102,7 @@ worker processes of the gangs placed on it.`,
 			defer cancel()
 			a, err := agent.Start(sctx, agent.Config{Name: name, Rack: rack, Spec: spec, Simulated: simulated, Heads: heads, Token: token, CACert: caPEM,
 				Dir: dir, Listen: listen, TransferListen: transfer, Advertise: advertise, ObjectCapacity: objectStore, LoadInterval: loadInterval,
-				MaxObjectSize: maxObject, ReconcileInterval: reconcileInterval, DeadObjectKeep: deadObjectKeep, CheckpointDir: checkpointDir,
+				MaxObjectSize: maxObject, ReconcileInterval: reconcileInterval, DeadObjectKeep: deadObjectKeep, CheckpointDir: checkpointDir, TrustedFabric: trustedFabric,
 				Gossip: gossip, GossipProbe: gossipProbe, Logger: logger})
 			if err != nil {
 				return err
@@ -128,6 +129,7 @@ worker processes of the gangs placed on it.`,
 	f.DurationVar(&gossipProbe, "gossip-probe", 500*time.Millisecond, gossipProbeUsage)
 	f.Int64Var(&objectStore, "object-store", 0, "bytes of the object store's shared-memory tier (0: the store's default share of RAM)")
 	f.DurationVar(&loadInterval, "load-interval", time.Second, "how often the machine's load is sampled and reported (the report is its heartbeat to the leader)")
+	f.BoolVar(&trustedFabric, "trusted-fabric", false, "the network between machines is trusted and isolated (as NCCL and MPI fabrics are): collective links between worker processes run without TLS (peers still authenticate; chunks still checksummed); every other link keeps mutual TLS; give it on every machine of the cluster or none")
 	f.StringVar(&checkpointDir, "checkpoint-dir", "", "a shared checkpoint directory (the same path on every machine that mounts it): the second durable copy of checkpoints and detached objects goes there instead of to another machine")
 	f.Int64Var(&maxObject, "max-object-size", 0, "bytes of the largest object the store takes (a larger put is refused with 413; 0: the store's capacity)")
 	f.DurationVar(&reconcileInterval, "reconcile-interval", 10*time.Second, "how often the object directory is reconciled with the live stores and owners (by the alive machine whose name sorts first)")

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -9,7 +8,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -104,7 +102,7 @@ func newBenchCollectivesCmd() *cobra.Command {
 	var dir string
 	var ranks, agents, iters, rounds int
 	var mib float64
-	var asJSON, insecure bool
+	var asJSON, insecure, trusted bool
 	cmd := &cobra.Command{
 		Use:   "collectives",
 		Short: "AllGather, ReduceScatter and Broadcast between worker processes on two machines vs bare-TCP implementations of the same algorithms and shape, in one run",
@@ -130,7 +128,7 @@ func newBenchCollectivesCmd() *cobra.Command {
 			if err := throwawayIdentity(tlsDir); err != nil {
 				return err
 			}
-			c, _, cleanup, err := benchCluster(ctx, dir, agents, "dgx-h100", insecure)
+			c, _, cleanup, err := benchCluster(ctx, dir, agents, "dgx-h100", insecure, upOptions{agent: agentOptions{trustedFabric: trusted}})
 			if err != nil {
 				return err
 			}
@@ -203,7 +201,7 @@ func newBenchCollectivesCmd() *cobra.Command {
 				machineOf = append(machineOf, idx[mem.Machine])
 				same = same && idx[mem.Machine] == r*machines/ranks
 			}
-			out := map[string]any{"tls": !insecure, "ranks": ranks, "machines": len(pl.Machines), "bytes": bytes, "rounds": rounds, "iters": iters,
+			out := map[string]any{"tls": !insecure, "trusted_fabric": trusted, "ranks": ranks, "machines": len(pl.Machines), "bytes": bytes, "rounds": rounds, "iters": iters,
 				"collectives": res, "target_ratio": 0.9, "machine_of_rank": machineOf, "same_shape_as_baseline": same}
 			for _, op := range benchCollectives {
 				out[op+"_ratio"] = res[op].(map[string]any)["ratio"]
@@ -227,6 +225,7 @@ func newBenchCollectivesCmd() *cobra.Command {
 	f.IntVar(&rounds, "rounds", 3, "rounds, each running the two baselines and then Atoll")
 	f.Float64Var(&mib, "mib", 64, "vector size in MiB (AllGather's result, ReduceScatter's input, Broadcast's vector)")
 	f.BoolVar(&insecure, "insecure-no-tls", false, "a temporary cluster without TLS (token only), to measure what TLS costs")
+	f.BoolVar(&trusted, "trusted-fabric", false, "a temporary cluster whose agents declare the fabric trusted (--trusted-fabric): collective links without TLS, every other link mutual TLS")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
 }
@@ -250,67 +249,29 @@ func throwawayIdentity(dir string) error {
 // mutual TLS on the links between machines when tlsDir holds an identity; each runs
 // every collective. It returns the slowest rank's time of each iteration, by collective.
 func collRing(ctx context.Context, n, machines, floats, iters int, tlsDir string) (map[string][]float64, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	type peer struct {
-		cmd *exec.Cmd
-		in  io.WriteCloser
-		out *bufio.Reader
-	}
-	peers := make([]peer, n)
-	addrs := make([]string, n)
-	defer func() {
-		for _, p := range peers {
-			if p.cmd != nil && p.cmd.Process != nil {
-				_ = p.cmd.Process.Kill()
-				_ = p.cmd.Wait()
-			}
-		}
-	}()
-	for r := 0; r < n; r++ {
-		cmd := exec.CommandContext(ctx, exe, "bench", "coll-peer", "--rank", fmt.Sprint(r), "--size", fmt.Sprint(n),
-			"--machines", fmt.Sprint(machines), "--floats", fmt.Sprint(floats), "--iters", fmt.Sprint(iters), "--tls-dir", tlsDir)
-		in, _ := cmd.StdinPipe()
-		outp, _ := cmd.StdoutPipe()
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			return nil, err
-		}
-		peers[r] = peer{cmd, in, bufio.NewReader(outp)}
-		line, err := peers[r].out.ReadString('\n')
-		if err != nil {
-			return nil, fmt.Errorf("peer %d: %w", r, err)
-		}
-		addrs[r] = strings.TrimSpace(line)
-	}
-	for _, p := range peers {
-		fmt.Fprintln(p.in, strings.Join(addrs, ","))
-	}
 	slowest := map[string][]float64{}
 	for _, op := range benchCollectives {
 		slowest[op] = make([]float64, iters)
 	}
-	for r, p := range peers {
-		line, err := p.out.ReadString('\n')
-		if err != nil {
-			return nil, fmt.Errorf("peer %d: %w", r, err)
-		}
+	err := runPeers(ctx, n, func(r int) []string {
+		return []string{"bench", "coll-peer", "--rank", fmt.Sprint(r), "--size", fmt.Sprint(n),
+			"--machines", fmt.Sprint(machines), "--floats", fmt.Sprint(floats), "--iters", fmt.Sprint(iters), "--tls-dir", tlsDir}
+	}, func(r int, line string) error {
 		var ts map[string][]float64
 		if err := json.Unmarshal([]byte(line), &ts); err != nil {
-			return nil, fmt.Errorf("peer %d answered %q", r, line)
+			return fmt.Errorf("peer %d answered %q", r, line)
 		}
 		for _, op := range benchCollectives {
 			if len(ts[op]) != iters {
-				return nil, fmt.Errorf("peer %d answered %q", r, line)
+				return fmt.Errorf("peer %d answered %q", r, line)
 			}
 			for i, t := range ts[op] {
 				slowest[op][i] = max(slowest[op][i], t)
 			}
 		}
-	}
-	return slowest, nil
+		return nil
+	})
+	return slowest, err
 }
 
 func newBenchCollPeerCmd() *cobra.Command {

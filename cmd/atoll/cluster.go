@@ -54,7 +54,7 @@ type clusterFile struct {
 	Tick            string `json:"tick,omitempty"`
 	ElectionTimeout string `json:"election_timeout,omitempty"`
 	// AgentArgs are the options its agents run with (atoll up --reconcile-interval,
-	// --max-object-size, --checkpoint-dir).
+	// --max-object-size, --checkpoint-dir, --trusted-fabric).
 	AgentArgs []string `json:"agent_args,omitempty"`
 }
 
@@ -76,6 +76,7 @@ type agentOptions struct {
 	reconcileInterval time.Duration
 	maxObjectSize     int64
 	checkpointDir     string
+	trustedFabric     bool
 }
 
 // args are the agents' flags for the options.
@@ -91,6 +92,9 @@ func (o agentOptions) args() []string {
 		if abs, err := filepath.Abs(o.checkpointDir); err == nil {
 			a = append(a, "--checkpoint-dir", abs)
 		}
+	}
+	if o.trustedFabric {
+		a = append(a, "--trusted-fabric")
 	}
 	return a
 }
@@ -490,6 +494,7 @@ another process reuses is never taken for one of them.`,
 	f.DurationVar(&opts.heartbeatTimeout, "heartbeat-timeout", 0, "the heads' --heartbeat-timeout (0: theirs, 10s): how long a machine may send no load report before it is declared dead")
 	f.DurationVar(&opts.agent.reconcileInterval, "reconcile-interval", 0, "the agents' --reconcile-interval (0: their default)")
 	f.Int64Var(&opts.agent.maxObjectSize, "max-object-size", 0, "the agents' --max-object-size (0: their default)")
+	f.BoolVar(&opts.agent.trustedFabric, "trusted-fabric", false, "the agents' --trusted-fabric: collective links between worker processes without TLS, for a fabric that is trusted and isolated (never the default)")
 	f.StringVar(&opts.agent.checkpointDir, "checkpoint-dir", "", "a shared checkpoint directory every agent mounts (their --checkpoint-dir): the second durable copy of checkpoints and detached objects goes there")
 	return cmd
 }
@@ -959,7 +964,7 @@ func newStatusCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&dir, "dir", "", dirUsage)
 	f.StringVar(&address, "address", "", addressUsage)
-	f.BoolVar(&asJSON, "json", false, "print JSON: leader, heads, machines, gangs")
+	f.BoolVar(&asJSON, "json", false, "print JSON: leader, heads, machines, gangs, queues, services")
 	return cmd
 }
 
@@ -1048,6 +1053,17 @@ func printStatus(w io.Writer, st api.Status) {
 			strings.Join(g.Machines, ","), g.Reason)
 	}
 	printQueues(tw, st)
+	if len(st.Services) > 0 {
+		fmt.Fprintln(tw, "\nSERVICE\tREPLICAS (ready/decided, min..max)\tIN FLIGHT\tLATENCY (SLO)\tGPUS\tLAST DECISION")
+		for _, s := range st.Services {
+			slo := "-"
+			if s.LatencySLOMS > 0 {
+				slo = fmt.Sprintf("%.0f ms", s.LatencySLOMS)
+			}
+			fmt.Fprintf(tw, "%s/%s\t%d/%d, %d..%d\t%d\t%.1f ms (%s)\t%d\t%s\n", s.Job, s.Name, s.Ready, s.Replicas, s.MinReplicas, s.MaxReplicas,
+				s.InFlight, s.LatencyMS, slo, s.GPUs, s.Reason)
+		}
+	}
 	_ = tw.Flush()
 	if o := st.Objects; o != nil {
 		fmt.Fprintf(w, "\nobjects: %d live (%d durable, %d bytes), %d lost, %d whose owner ended\n", o.Live, o.Durable, o.LiveBytes, o.Lost, o.OwnerDied)

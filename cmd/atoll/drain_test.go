@@ -56,6 +56,10 @@ func TestClusterDrainSurvivesLeaderChanges(t *testing.T) {
 		if st.Term == nil {
 			t.Fatalf("status --json has no term:\n%s", out)
 		}
+		var lists map[string]json.RawMessage
+		if err := json.Unmarshal(out, &lists); err != nil || string(lists["services"]) != "[]" {
+			t.Fatalf("status --json: services %s (a cluster without services: [])\n%s", lists["services"], out)
+		}
 		for _, m := range st.Machines {
 			if m.Cordoned == nil || m.Reason == nil {
 				t.Fatalf("status --json: machine %s without cordoned or cordon_reason:\n%s", m.Name, out)

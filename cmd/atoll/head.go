@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
+	"github.com/atoll-run/atoll/gang"
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/head"
 	"github.com/atoll-run/atoll/sdk"
@@ -141,6 +142,7 @@ func newHeadCmd() *cobra.Command {
 		gossipJoin   string
 		gossipProbe  time.Duration
 		heartbeat    time.Duration
+		schedWeights string
 		advertise    string
 		caDir        string
 		insecure     bool
@@ -253,9 +255,13 @@ func newHeadCmd() *cobra.Command {
 					gossipAdv = net.JoinHostPort(advertise, gp)
 				}
 			}
+			ctl, err := headControllerConfig(heartbeat, schedWeights)
+			if err != nil {
+				return err
+			}
 			h, err := head.Start(head.Config{ID: id, Peers: peers, Initial: ids, Join: join, DataDir: dataDir, NoSync: noFsync, Tick: tick, ElectionTimeout: election,
 				APIListen: clientListen, APIAdvertise: apiAdv, Token: token, CA: ca, CADir: caDir, Gossip: gossip, GossipJoin: gj, GossipAdvertise: gossipAdv,
-				GossipProbe: gossipProbe, Controller: head.ControllerConfig{HeartbeatTimeout: heartbeat}, Logger: logger})
+				GossipProbe: gossipProbe, Controller: ctl, Logger: logger})
 			if err != nil {
 				return err
 			}
@@ -289,6 +295,7 @@ func newHeadCmd() *cobra.Command {
 	f.StringVar(&caDir, "ca-dir", "", "the cluster CA's directory (ca.crt, ca.key; atoll init creates it): Paxos links and the API are mutual TLS, and the head signs the certificates of processes that hold the token (default $ATOLL_CA_DIR)")
 	f.BoolVar(&insecure, "insecure-no-tls", false, "serve without TLS, on the token alone (links in clear): only for a trusted network; without a CA and without this flag a head listens on loopback only")
 	poolsOpt.flags(cmd)
+	f.StringVar(&schedWeights, "scheduler-weights", "", "scheduler weights file written by atoll tune (priority, score, class and preemption weights of the gang scheduler; default: the hand-set ones)")
 	f.DurationVar(&heartbeat, "heartbeat-timeout", 10*time.Second, "declare a machine dead after this long without its agent's load reports (a backstop to gossip)")
 	return cmd
 }
@@ -305,4 +312,21 @@ func ordinalID(host string) (uint64, error) {
 		return 0, fmt.Errorf("host name %q: ordinal %q is not a number in 0..65534", host, host[i+1:])
 	}
 	return n + 1, nil
+}
+
+// headControllerConfig is the controller's configuration: the heartbeat timeout, and the
+// scheduler weights of weightsPath set on the head's scheduler configuration (none: the
+// hand-set defaults).
+func headControllerConfig(heartbeat time.Duration, weightsPath string) (head.ControllerConfig, error) {
+	c := head.ControllerConfig{HeartbeatTimeout: heartbeat}
+	if weightsPath == "" {
+		return c, nil
+	}
+	w, err := gang.ReadWeightsFile(weightsPath)
+	if err != nil {
+		return c, fmt.Errorf("head: --scheduler-weights: %w", err)
+	}
+	c.Scheduler = head.DefaultSchedulerConfig()
+	w.Apply(&c.Scheduler)
+	return c, nil
 }

@@ -23,6 +23,7 @@ func newRootCmd() *cobra.Command {
 	bench.AddCommand(
 		newBenchActorsCmd(),
 		newBenchAutoscaleCmd(),
+		newBenchCryptoCmd(),
 		newBenchControlPlaneCmd(),
 		newBenchActorsPeerCmd(),
 		newBenchAllReduceCmd(),
@@ -38,6 +39,7 @@ func newRootCmd() *cobra.Command {
 		newBenchSchedCmd(),
 		newBenchStoreCmd(),
 		newBenchTopologyCmd(),
+		newBenchWorkerPutCmd(),
 	)
 	root.AddCommand(
 		bench,
@@ -60,6 +62,7 @@ func newRootCmd() *cobra.Command {
 		newSubmitCmd(),
 		newUpCmd(),
 		newSimCmd(),
+		newTuneCmd(),
 		newStoreServeCmd(),
 		newTopologyCmd(),
 		newTokenCmd(),

@@ -25,6 +25,8 @@ func newSimCmd() *cobra.Command {
 		prioSeed                                                             uint64
 		cpuStrand, elasticShare, saturate, strategyShare                     float64
 		ckptGBPerGPU, storageGBps                                            float64
+		weightsPath, inferencePath                                           string
+		mixed                                                                = sim.DefaultMixedOptions()
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -38,6 +40,17 @@ func newSimCmd() *cobra.Command {
 					fmt.Fprintln(os.Stderr, "skipped:", e)
 				}
 			}()
+			var weights *gang.SchedulerWeights
+			if weightsPath != "" {
+				if mode != "dynamic" && mode != "mixed" {
+					return fmt.Errorf("sim: --weights applies to the atoll policy of --mode dynamic or mixed, not %q", mode)
+				}
+				w, err := gang.ReadWeightsFile(weightsPath)
+				if err != nil {
+					return fmt.Errorf("%w (flag --weights)", err)
+				}
+				weights = &w
+			}
 			var out any
 			switch mode {
 			case "fgd":
@@ -86,7 +99,7 @@ func newSimCmd() *cobra.Command {
 					return fmt.Errorf("sim: --mode dynamic needs --jobs and --cluster")
 				}
 				opt := sim.DynamicOptions{Info: info, MaxJobs: maxJobs, Window: window, PrioritySeed: prioSeed, ElasticShare: elasticShare, SaturateLoad: saturate,
-					Strategy: gang.Strategy(strategy), StrategyShare: strategyShare}
+					Strategy: gang.Strategy(strategy), StrategyShare: strategyShare, Weights: weights}
 				if policies != "" {
 					opt.Policies = strings.Split(policies, ",")
 				}
@@ -110,6 +123,50 @@ func newSimCmd() *cobra.Command {
 					}
 					return nil
 				}
+			case "mixed":
+				if jobsPath == "" || clusterSpec == "" || inferencePath == "" {
+					return fmt.Errorf("sim: --mode mixed needs --jobs, --inference and --cluster")
+				}
+				if !cmd.Flags().Changed("elastic-share") {
+					elasticShare = 0.5
+				}
+				mixed.Training = sim.DynamicOptions{Info: info, MaxJobs: maxJobs, Window: window, PrioritySeed: prioSeed, ElasticShare: elasticShare, SaturateLoad: saturate,
+					Strategy: gang.Strategy(strategy), StrategyShare: strategyShare, Weights: weights}
+				mixed.Load.Seed = prioSeed
+				if policies != "" {
+					mixed.Policies = strings.Split(policies, ",")
+				}
+				if err := mixed.Validate(); err != nil {
+					return fmt.Errorf("%w (flags --info, --max-jobs, --window, --elastic-share, --saturate, --policies, --inference-scale, --diurnal, --service-*)", err)
+				}
+				jobs, _, err := sim.LoadJobs(jobsPath, skipBad, sk)
+				if err != nil {
+					return err
+				}
+				reqs, err := sim.LoadInference(inferencePath, skipBad, sk)
+				if err != nil {
+					return err
+				}
+				snap, model, _, err := sim.LoadCluster(clusterSpec, skipBad, sk)
+				if err != nil {
+					return err
+				}
+				start := time.Now()
+				res, err := sim.RunMixed(ctx, jobs, reqs, snap, model, mixed)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(os.Stderr, "mixed: done in %s\n", time.Since(start).Round(time.Millisecond))
+				out = map[string]any{"info": mixed.Training.Info, "service": mixed.Service, "replica_model": mixed.Model, "autoscale": mixed.Autoscale,
+					"inference_load": mixed.Load, "results": res}
+				if !jsonOut {
+					fmt.Printf("%-8s %8s %10s %10s %10s %7s %7s %8s %6s %8s %6s %7s\n", "policy", "slo%", "ttft p99", "jct", "jct p99", "util%", "alloc%", "hi-q", "ded.", "peak rep", "preem", "lost h")
+					for _, r := range res {
+						fmt.Printf("%-8s %8.2f %10.3f %10.0f %10.0f %7.1f %7.1f %8.0f %6d %8d %6d %7.1f\n", r.Policy, r.InferenceSLOAttainmentPct, r.TTFTP99, r.TrainingJCT.Mean, r.TrainingJCT.P99,
+							r.UtilisationPct, r.AllocatedPct, r.HighPrioQueueDelay.Mean, r.DedicatedGPUs, r.PeakReplicas, r.Preemptions, r.LostGPUHours)
+					}
+					return nil
+				}
 			case "pools":
 				a := poolsSimArgs{jobsPath: jobsPath, poolsPath: poolsPath, maxJobs: maxJobs, policies: policies,
 					discounts: spotDiscounts, ckptGBPerGPU: ckptGBPerGPU, storageGBps: storageGBps, ckptSet: cmd.Flags().Changed("checkpoint-gb-per-gpu"),
@@ -123,14 +180,23 @@ func newSimCmd() *cobra.Command {
 				}
 				out = res
 			default:
-				return fmt.Errorf("sim: --mode %q: want fgd, dynamic or pools", mode)
+				return fmt.Errorf("sim: --mode %q: want fgd, dynamic, mixed or pools", mode)
 			}
 			enc := json.NewEncoder(cmd.OutOrStdout())
 			return enc.Encode(out)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&mode, "mode", "fgd", "fgd (static packing, FGD ATC'23 protocol) or dynamic (arrivals and departures)")
+	f.StringVar(&mode, "mode", "fgd", "fgd (static packing, FGD ATC'23 protocol), dynamic (arrivals and departures), mixed (training beside an inference service) or pools")
+	f.StringVar(&weightsPath, "weights", "", "scheduler weights file written by atoll tune, for the atoll policy (dynamic and mixed modes)")
+	f.StringVar(&inferencePath, "inference", "", "Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens) driving the service (mixed mode)")
+	f.Float64Var(&mixed.Load.Scale, "inference-scale", mixed.Load.Scale, "the service's mean arrival rate as a multiple of the inference trace's, in (0, 1000] (mixed mode)")
+	f.Float64Var(&mixed.Load.Diurnal, "diurnal", mixed.Load.Diurnal, "amplitude in [0, 1) of the daily cycle scaling the inference rate: scale × (1 − a·cos(2πt/24h)) (mixed mode)")
+	f.IntVar(&mixed.Service.MinReplicas, "service-min-replicas", mixed.Service.MinReplicas, "the service's MinReplicas (mixed mode)")
+	f.IntVar(&mixed.Service.MaxReplicas, "service-max-replicas", mixed.Service.MaxReplicas, "the service's MaxReplicas (mixed mode)")
+	f.IntVar(&mixed.Service.GPUsPerReplica, "service-gpus-per-replica", mixed.Service.GPUsPerReplica, "the service's GPUsPerReplica, on one machine (mixed mode)")
+	f.Float64Var(&mixed.Autoscale.TargetUtil, "autoscale-target", mixed.Autoscale.TargetUtil, "share (0, 1] of the replicas' batch slots the autoscaler aims to keep in use (mixed mode)")
+	f.DurationVar(&mixed.Service.LatencySLO, "service-latency-slo", mixed.Service.LatencySLO, "the service's LatencySLO on a request's time to first token (mixed mode)")
 	f.StringVar(&nodesPath, "nodes", "", "openb node list CSV (fgd mode)")
 	f.StringVar(&podsPath, "pods", "", "openb pod list CSV (fgd mode)")
 	f.StringVar(&loadsStr, "load", "1.0,1.3", "arrived GPU requests as a share of cluster GPUs, comma-separated, each in (0, 10] (fgd mode)")

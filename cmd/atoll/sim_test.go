@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/atoll-run/atoll/gang"
 )
 
 // TestSimFlagsValidated: out-of-bound numbers and stray arguments are refused with a
@@ -122,5 +125,133 @@ func TestSimPoolsContract(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("%v: error %v, want it to say %q", bad.flags, err, bad.want)
 		}
+	}
+}
+
+// TestSimMixedAndTuneContract: `atoll sim --mode mixed --json` gives every policy with the
+// issue's fields; `atoll tune` (a tiny budget) writes a weights file, reports the holdout
+// comparison, and `atoll sim --weights` loads that file and changes the atoll policy's
+// outcome where the weights differ.
+func TestSimMixedAndTuneContract(t *testing.T) {
+	dir := t.TempDir()
+	jobs := filepath.Join(dir, "jobs.csv")
+	trace := "job_id,submission_time,duration,num_gpu\n"
+	for i := range 40 {
+		trace += fmt.Sprintf("j%d,%d,%d,%d\n", i, i*120, 1800+(i%7)*600, []int{1, 2, 4, 8}[i%4])
+	}
+	if err := os.WriteFile(jobs, []byte(trace), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join("..", "..", "testdata", "traces")
+	inf := filepath.Join(root, "azure-llm-inference-2023", "AzureLLMInferenceTrace_code.csv")
+	out, err := runCLI(t, "sim", "--mode", "mixed", "--jobs", jobs, "--inference", inf, "--cluster", "4xdgx-h100/8", "--inference-scale", "2",
+		"--service-max-replicas", "2", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Results []map[string]any `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(got.Results) != 3 {
+		t.Fatalf("%d results, want static, volcano, atoll: %s", len(got.Results), out)
+	}
+	for i, r := range got.Results {
+		if r["policy"] != []string{"static", "volcano", "atoll"}[i] {
+			t.Errorf("result %d is %v", i, r["policy"])
+		}
+		for _, k := range []string{"inference_slo_attainment_pct", "utilisation_pct", "preemptions_by_cause", "ttft_p99_s", "requests"} {
+			if _, ok := r[k]; !ok {
+				t.Fatalf("result without %q: %v", k, r)
+			}
+		}
+		jct, _ := r["training_jct_s"].(map[string]any)
+		hq, _ := r["high_prio_queue_delay_s"].(map[string]any)
+		if jct["mean"] == nil || jct["p99"] == nil || hq["mean"] == nil {
+			t.Fatalf("%v: training_jct_s %v, high_prio_queue_delay_s %v lack mean/p99", r["policy"], jct, hq)
+		}
+		if a := r["inference_slo_attainment_pct"].(float64); !(a > 0 && a <= 100) || r["requests"].(float64) < 1000 {
+			t.Errorf("%v: attainment %v%% of %v requests", r["policy"], a, r["requests"])
+		}
+	}
+	if _, err := runCLI(t, "sim", "--mode", "mixed", "--jobs", jobs, "--cluster", "4xdgx-h100/8"); err == nil || !strings.Contains(err.Error(), "--inference") {
+		t.Errorf("mixed without --inference: %v", err)
+	}
+	if _, err := runCLI(t, "sim", "--mode", "mixed", "--jobs", jobs, "--inference", inf, "--cluster", "4xdgx-h100/8", "--service-gpus-per-replica", "16"); err == nil || !strings.Contains(err.Error(), "holds a replica of 16 GPUs") {
+		t.Errorf("replicas larger than a machine: %v", err)
+	}
+
+	itp := filepath.Join(root, "microsoft-itp-elasticflow")
+	wfile := filepath.Join(dir, "w.json")
+	out, err = runCLI(t, "tune", "--jobs", filepath.Join(itp, "cluster02.csv"), "--holdout", filepath.Join(itp, "cluster10.csv"), "--cluster", "4xdgx-h100/8",
+		"--out", wfile, "--budget", "3", "--rungs", "2", "--max-jobs", "60", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tr struct {
+		Out    string `json:"out"`
+		Result struct {
+			Method  string `json:"method"`
+			Holdout []struct {
+				Trace     string  `json:"trace"`
+				Objective float64 `json:"objective"`
+			} `json:"holdout"`
+			Evaluations int `json:"evaluations"`
+		} `json:"result"`
+	}
+	if err := json.Unmarshal([]byte(out), &tr); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if tr.Out != wfile || tr.Result.Method != "successive-halving" || len(tr.Result.Holdout) != 1 || tr.Result.Holdout[0].Trace != "cluster10.csv" ||
+		!(tr.Result.Holdout[0].Objective > 0) || tr.Result.Evaluations < 3+1 {
+		t.Fatalf("tune result %+v (want 3 candidates then at least the hand-set ones again, the holdout cluster10.csv with an objective)", tr)
+	}
+	if _, err := gang.ReadWeightsFile(wfile); err != nil {
+		t.Fatal(err)
+	}
+	// Without --holdout (the issue's command line), the jobs after those tuned on.
+	out, err = runCLI(t, "tune", "--jobs", filepath.Join(itp, "cluster02.csv"), "--cluster", "4xdgx-h100/8", "--out", wfile, "--budget", "2", "--rungs", "1", "--max-jobs", "40", "--json")
+	if err != nil || !strings.Contains(out, `"trace":"cluster02.csv jobs 41-80"`) {
+		t.Errorf("tune without --holdout: %v: %s", err, out)
+	}
+	if _, err := runCLI(t, "tune", "--jobs", jobs, "--holdout", jobs, "--cluster", "4xdgx-h100/8", "--out", wfile); err == nil || !strings.Contains(err.Error(), "not tuned on") {
+		t.Errorf("holdout among the tuning traces: %v", err)
+	}
+
+	// --weights: a file with no class preference changes the atoll policy's outcome.
+	flat := gang.WeightsOf(gang.DefaultConfig())
+	flat.ClassWeight, flat.RemainingAgingHours = 1, 0
+	if err := gang.WriteWeightsFile(wfile, gang.WeightsFile{Weights: flat}); err != nil {
+		t.Fatal(err)
+	}
+	dyn := []string{"sim", "--mode", "dynamic", "--jobs", filepath.Join(itp, "cluster02.csv"), "--cluster", "4xdgx-h100/8", "--max-jobs", "200", "--policies", "atoll", "--json"}
+	a, err := runCLI(t, dyn...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := runCLI(t, append(dyn, "--weights", wfile)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a == b {
+		t.Errorf("--weights with class weight 1 left the atoll replay unchanged")
+	}
+	if err := os.WriteFile(wfile, []byte(`{"weights":{"class_weight":0}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runCLI(t, append(dyn, "--weights", wfile)...); err == nil || !strings.Contains(err.Error(), "--weights") || !strings.Contains(err.Error(), "class_weight") {
+		t.Errorf("bad weights file: %v", err)
+	}
+	if _, err := headControllerConfig(time.Second, wfile); err == nil || !strings.Contains(err.Error(), "--scheduler-weights") {
+		t.Errorf("head with a bad weights file: %v", err)
+	}
+	if err := gang.WriteWeightsFile(wfile, gang.WeightsFile{Weights: flat}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := headControllerConfig(time.Second, wfile)
+	if err != nil || c.Scheduler.ClassWeight != 1 || c.Scheduler.RemainingAging != 0 || c.Scheduler.TopologyWait != 0 {
+		t.Errorf("head scheduler config %+v, %v: want the file's class weight 1 and aging 0 on the head's defaults (no topology wait)", c.Scheduler, err)
 	}
 }

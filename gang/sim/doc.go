@@ -3,7 +3,7 @@
 // the scheduler throughput benchmark. (The topology adapters live in gang/topoadapt;
 // SnapshotFromTopology and TopologyModel here are deprecated aliases.)
 //
-// Three experiments, each behind an `atoll` command:
+// The experiments, each behind an `atoll` command:
 //   - RunFGD: the static packing protocol of the FGD paper (ATC'23): seeded arrivals until
 //     the requested GPUs reach a share of the cluster, no departures; policies random,
 //     dotprod, clustering, packing, bestfit, fgd (re-implemented from the paper's simulator)
@@ -11,6 +11,11 @@
 //   - RunDynamic: ITP or Philly jobs arrive and finish on a topology-described cluster under
 //     fifo, volcano, kueue, tiresias, srtf (the oracle) and atoll, all configurations of the
 //     same core; optionally with elastic jobs and arrivals compressed to saturate it.
+//   - RunMixed: the same jobs beside an LLM inference service driven by the Azure LLM
+//     inference trace (LoadInference), under a static split, a Volcano-like priority
+//     policy and atoll (MixedPolicies); SLO attainment, training JCT, utilisation.
+//   - Tune: successive halving over the atoll policy's weights (gang.SchedulerWeights) on
+//     job traces, checked on a held-out trace (`atoll tune`).
 //   - RunSchedBench: placement throughput and cycle latency on 10,000 machines.
 //
 // Usage sketch:

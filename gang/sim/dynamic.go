@@ -218,6 +218,8 @@ type DynamicOptions struct {
 	// finds the queue empty during at most 1% of the window: utilisation differences
 	// between policies then show (result fields arrival_compression, queue_empty_pct).
 	SaturateLoad float64
+	// Weights, when set, replace the atoll policy's tunable weights (atoll tune).
+	Weights *gang.SchedulerWeights
 }
 
 // Bounds of the dynamic options and the trace values (checked by Validate and the
@@ -263,6 +265,9 @@ func (o DynamicOptions) Validate() error {
 		if _, _, err := PolicyConfig(p); err != nil {
 			return err
 		}
+	}
+	if o.Weights != nil {
+		return o.Weights.Validate()
 	}
 	return nil
 }
@@ -414,11 +419,49 @@ func RunDynamicFiles(ctx context.Context, jobsPath, clusterSpec string, skipBad 
 
 // RunDynamic replays jobs (arrivals and completions) on the cluster for each policy.
 func RunDynamic(ctx context.Context, jobs []Job, snap gang.Snapshot, model gang.CollectiveModel, opt DynamicOptions) ([]DynamicResult, error) {
-	if err := opt.Validate(); err != nil {
+	jobs, compression, err := prepareJobs(ctx, jobs, snap, model, opt)
+	if err != nil {
 		return nil, err
 	}
+	pols := opt.Policies
+	if pols == nil {
+		pols = DynamicPolicies
+	}
+	var out []DynamicResult
+	for _, p := range pols {
+		cfg, blind, err := opt.policyConfig(p)
+		if err != nil {
+			return nil, err
+		}
+		r, err := runConfig(ctx, p, opt.info(), cfg, blind, jobs, snap, model)
+		if err != nil {
+			return nil, err
+		}
+		r.ArrivalCompression = round2(compression)
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// policyConfig is PolicyConfig with the options' weights (Weights) set on the atoll
+// policy.
+func (o DynamicOptions) policyConfig(policy string) (gang.Config, gang.BlindPolicy, error) {
+	cfg, blind, err := PolicyConfig(policy)
+	if err == nil && policy == "atoll" && o.Weights != nil {
+		o.Weights.Apply(&cfg)
+	}
+	return cfg, blind, err
+}
+
+// prepareJobs validates the options and returns the jobs as every policy replays them:
+// the window and the first MaxJobs, priority classes, time limits (estimate setting),
+// elastic jobs, placement strategies and the saturated arrivals, with the compression.
+func prepareJobs(ctx context.Context, jobs []Job, snap gang.Snapshot, model gang.CollectiveModel, opt DynamicOptions) ([]Job, float64, error) {
+	if err := opt.Validate(); err != nil {
+		return nil, 0, err
+	}
 	if len(jobs) == 0 {
-		return nil, fmt.Errorf("sim: no jobs: %w", ErrBadSpec)
+		return nil, 0, fmt.Errorf("sim: no jobs: %w", ErrBadSpec)
 	}
 	jobs = append([]Job(nil), jobs...)
 	if opt.Window > 0 {
@@ -430,10 +473,9 @@ func RunDynamic(ctx context.Context, jobs []Job, snap gang.Snapshot, model gang.
 		jobs = jobs[:opt.MaxJobs]
 	}
 	AssignPriorities(jobs, opt.PrioritySeed)
-	info := opt.info()
-	if info == InfoEstimate {
+	if opt.info() == InfoEstimate {
 		if err := AssignTimeLimits(jobs, DefaultEstimateModel(), opt.PrioritySeed); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
 	if opt.ElasticShare > 0 {
@@ -446,23 +488,10 @@ func RunDynamic(ctx context.Context, jobs []Job, snap gang.Snapshot, model gang.
 	if opt.SaturateLoad > 0 {
 		var err error
 		if jobs, compression, err = saturateUntilBusy(ctx, jobs, snap, model, opt.SaturateLoad); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
-	pols := opt.Policies
-	if pols == nil {
-		pols = DynamicPolicies
-	}
-	var out []DynamicResult
-	for _, p := range pols {
-		r, err := runPolicy(ctx, p, info, jobs, snap, model)
-		if err != nil {
-			return nil, err
-		}
-		r.ArrivalCompression = round2(compression)
-		out = append(out, r)
-	}
-	return out, nil
+	return jobs, compression, nil
 }
 
 type evKind int
@@ -473,6 +502,10 @@ const (
 	evFinish
 	evShrink
 	evEvict
+	evTick    // the service autoscaler's interval (mixed mode)
+	evReady   // a service replica has loaded its model
+	evDrained // a draining replica's batch is empty
+	evSvcStop // a preempted replica stops
 )
 
 type event struct {
@@ -483,6 +516,7 @@ type event struct {
 	seq   int
 	to    int           // evShrink: the new size
 	pause time.Duration // evShrink: the communicator set-up of the survivors
+	rep   *replica      // evReady, evDrained, evSvcStop
 }
 
 type eventQ []event
@@ -561,6 +595,11 @@ func ReplayConfig(ctx context.Context, cfg gang.Config, blind gang.BlindPolicy, 
 
 // replayJobs is runConfig, returning the whole replay (each job's outcome in st).
 func replayJobs(ctx context.Context, policy, info string, cfg gang.Config, blind gang.BlindPolicy, jobs []Job, snap gang.Snapshot, model gang.CollectiveModel) (*replay, error) {
+	return replayJobsSvc(ctx, policy, info, cfg, blind, jobs, snap, model, nil)
+}
+
+// replayJobsSvc is replayJobs with an inference service beside the jobs (nil: none).
+func replayJobsSvc(ctx context.Context, policy, info string, cfg gang.Config, blind gang.BlindPolicy, jobs []Job, snap gang.Snapshot, model gang.CollectiveModel, svc *serviceSide) (*replay, error) {
 	if !slices.Contains(Infos, info) {
 		return nil, fmt.Errorf("sim: info %q: want one of %s: %w", info, strings.Join(Infos, ", "), ErrBadSpec)
 	}
@@ -576,11 +615,15 @@ func replayJobs(ctx context.Context, policy, info string, cfg gang.Config, blind
 	}
 	// Every job of the trace is accepted: the replay measures queueing, not backpressure.
 	cfg.MaxPending = max(cfg.MaxPending, len(jobs)+1)
+	if svc != nil {
+		cfg.MaxPending += svc.spec.MaxReplicas
+	}
 	s, err := gang.New(cfg, snap, gang.WithCollectiveModel(model), gang.WithBlindPolicy(blind))
 	if err != nil {
 		return nil, err
 	}
 	r.s = s
+	r.svc = svc
 	if err := r.run(ctx); err != nil {
 		return nil, err
 	}
@@ -609,6 +652,10 @@ type replay struct {
 	arTimes                []float64
 	machines               int
 	starts                 []Start // every placement, in order
+
+	svc      *serviceSide        // the inference service (mixed mode); nil otherwise
+	svcByID  map[string]*replica // its replicas' gangs
+	svcStart time.Duration       // replicas placed then serve at once (deployed before the trace)
 }
 
 func (r *replay) push(e event) {
@@ -646,6 +693,11 @@ func (r *replay) run(ctx context.Context) error {
 	}
 	r.last = r.jobs[0].Submit
 	r.windowEnd = r.jobs[len(r.jobs)-1].Submit
+	if r.svc != nil {
+		if err := r.startService(); err != nil {
+			return err
+		}
+	}
 	steps := 0
 	for r.q.Len() > 0 {
 		if steps++; steps%4096 == 0 {
@@ -655,6 +707,10 @@ func (r *replay) run(ctx context.Context) error {
 		}
 		now := r.q[0].at
 		r.advance(now)
+		if r.svc != nil {
+			r.svc.held(now)
+			r.svc.serve(now)
+		}
 		for r.q.Len() > 0 && r.q[0].at == now {
 			if err := r.handle(heap.Pop(&r.q).(event), now); err != nil {
 				return err
@@ -722,6 +778,8 @@ func (r *replay) handle(e event, now time.Duration) error {
 		}
 		r.resize(e.job, e.to, e.pause, now)
 		return r.s.ResizeDone(id, at)
+	case evTick, evReady, evDrained, evSvcStop:
+		return r.handleService(e, now)
 	}
 	return nil
 }
@@ -765,6 +823,10 @@ func (r *replay) resize(k, to int, pause time.Duration, now time.Duration) {
 // apply carries out a cycle's decisions.
 func (r *replay) apply(d gang.Decisions, now time.Duration) {
 	for _, p := range d.Placements {
+		if rp, ok := r.svcByID[p.Gang]; ok {
+			r.placedReplica(rp, now)
+			continue
+		}
 		k := r.idx[p.Gang]
 		j := &r.st[k]
 		if !j.started {
@@ -792,6 +854,12 @@ func (r *replay) apply(d gang.Decisions, now time.Duration) {
 	}
 	rounds := map[string]bool{}
 	for _, pr := range d.Preemptions {
+		if rp, ok := r.svcByID[pr.Victim]; ok {
+			r.res.Preemptions++
+			r.res.PreemptionsByCause["service replica ("+pr.Reason+")"]++
+			r.push(event{at: pr.Deadline.Sub(r.epoch), kind: evSvcStop, rep: rp})
+			continue
+		}
 		k := r.idx[pr.Victim]
 		r.res.Preemptions++
 		r.res.PreemptionsByCause[pr.Reason]++

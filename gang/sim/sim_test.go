@@ -436,15 +436,16 @@ func TestStrategyReplay(t *testing.T) {
 func TestCommittedTraces(t *testing.T) {
 	dir := tracesDir(t)
 	want := map[string]string{
-		"alibaba-openb-v2023/openb_node_list_gpu_node.csv":  "2beca64b4d3dfa34",
-		"alibaba-openb-v2023/openb_pod_list_default.csv":    "1ee7ed79c27a3b08",
-		"alibaba-openb-v2023/openb_pod_list_gpuspec33.csv":  "eca4f746db1e5b25",
-		"alibaba-openb-v2023/openb_pod_list_multigpu50.csv": "206f2f5959db30ec",
-		"microsoft-itp-elasticflow/cluster02.csv":           "7a5849e73aff9f9b",
-		"microsoft-itp-elasticflow/cluster04.csv":           "247850e4265f3574",
-		"microsoft-itp-elasticflow/cluster10.csv":           "139abea485b52090",
-		"philly/philly_trace_rfold.csv.gz":                  "ccd6e87c569d6b5e",
-		"philly/philly_cluster_machine_list.csv":            "5a3f3ad190fcf75b",
+		"alibaba-openb-v2023/openb_node_list_gpu_node.csv":         "2beca64b4d3dfa34",
+		"alibaba-openb-v2023/openb_pod_list_default.csv":           "1ee7ed79c27a3b08",
+		"alibaba-openb-v2023/openb_pod_list_gpuspec33.csv":         "eca4f746db1e5b25",
+		"alibaba-openb-v2023/openb_pod_list_multigpu50.csv":        "206f2f5959db30ec",
+		"microsoft-itp-elasticflow/cluster02.csv":                  "7a5849e73aff9f9b",
+		"microsoft-itp-elasticflow/cluster04.csv":                  "247850e4265f3574",
+		"microsoft-itp-elasticflow/cluster10.csv":                  "139abea485b52090",
+		"philly/philly_trace_rfold.csv.gz":                         "ccd6e87c569d6b5e",
+		"philly/philly_cluster_machine_list.csv":                   "5a3f3ad190fcf75b",
+		"azure-llm-inference-2023/AzureLLMInferenceTrace_code.csv": "54e9a6d2a4bd06ba",
 	}
 	for name, prefix := range want {
 		f, err := os.Open(filepath.Join(dir, name))

@@ -151,6 +151,7 @@ func FuzzTraceParsers(f *testing.F) {
 	f.Add([]byte("sn,cpu_milli,memory_mib,gpu,model\nn0,1000,1000,8,G1\nn1,Inf,1,1e12,G2\n"))
 	f.Add([]byte("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np0,1000,2048,1,500,\np1,1,1,1.5,nan,A|B\n"))
 	f.Add([]byte("machineId,number of GPUs\nm0,8\nm1,NaN\nm2,-1\n"))
+	f.Add([]byte("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n2023-11-16 18:17:02,-1,1e9\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if fuzzTable(data) == nil {
 			return
@@ -165,6 +166,13 @@ func FuzzTraceParsers(f *testing.F) {
 				for _, j := range js {
 					if j.GPUs < 1 || j.GPUs > MaxJobGPUs || j.Duration < 0 || j.Submit < 0 || j.Duration.Seconds() > MaxTraceSeconds+1 {
 						t.Fatalf("job out of bounds accepted: %+v", j)
+					}
+				}
+			}
+			if rs, err := LoadInference(p, true, &Skipper{}); err == nil {
+				for i, r := range rs {
+					if r.At < 0 || r.Context < 0 || r.Context > MaxRequestTokens || r.Generated < 0 || r.Generated > MaxRequestTokens || (i > 0 && r.At < rs[i-1].At) {
+						t.Fatalf("request out of bounds or order accepted: %+v", r)
 					}
 				}
 			}

@@ -89,6 +89,12 @@ type Config struct {
 	// of a checkpoint's part or a detached object written there counts as its second copy,
 	// and any machine that mounts it reads from it what it cannot pull. "": none.
 	CheckpointDir string
+	// TrustedFabric declares the network between machines trusted and isolated, as NCCL
+	// and MPI fabrics are: the collective links of this machine's workers run without
+	// TLS (the link key's challenge/response still authenticates every link, and every
+	// chunk is still checksummed); everything else keeps mutual TLS. Every machine of a
+	// cluster must say the same. Never on by default (docs/hardening.md).
+	TrustedFabric bool
 	// Launcher starts workers. Default: an ExecLauncher (one process per worker). A
 	// launcher that is a ReadyReporter (HollowLauncher) has the agent report its workers
 	// ready as they are launched.
@@ -396,6 +402,9 @@ func (a *Agent) register(ctx context.Context) error {
 	a.incarnation = got.Incarnation
 	a.mu.Unlock()
 	a.log.Info("machine registered", zap.Uint64("incarnation", got.Incarnation), zap.String("api", a.addr), zap.String("transfer", a.node.Addr))
+	if a.cfg.TrustedFabric {
+		a.log.Warn("trusted fabric declared (--trusted-fabric): this machine's workers run their collective links without TLS; only for a network between machines that is trusted and isolated")
+	}
 	return nil
 }
 
@@ -562,7 +571,7 @@ func applyGangs(gangs map[string]api.Gang, reset bool, l api.Listing, evs []meta
 
 // desiredLocked computes the workers this machine should run, by job/gang/rank.
 func (a *Agent) desiredLocked() map[string]api.WorkerSpec {
-	base := api.WorkerSpec{Machine: a.cfg.Name, Simulated: a.cfg.Simulated, Heads: a.client.Heads(), LinkKey: string(a.keys.link),
+	base := api.WorkerSpec{Machine: a.cfg.Name, Simulated: a.cfg.Simulated, TrustedFabric: a.cfg.TrustedFabric, Heads: a.client.Heads(), LinkKey: string(a.keys.link),
 		CACert: string(a.trustPEM()), Agent: a.addr, Transfer: a.node.Addr}
 	return desired(withoutEnded(a.gangs, a.ended), a.exited, base)
 }
@@ -620,7 +629,7 @@ func desired(gangs map[string]api.Gang, exited map[string]bool, base api.WorkerS
 			s := base
 			s.Heads = slices.Clone(base.Heads)
 			s.Job, s.Gang, s.Rank, s.Generation, s.GangUID, s.Kind, s.Args = g.Spec.Job, g.Spec.Name, rank, g.Generation, g.UID, g.Spec.Kind, g.Spec.Args
-			s.Member, s.Placement, s.World, s.Epoch, s.Driver = m, *g.Placement, world, epoch, g.Spec.Driver
+			s.Member, s.Placement, s.World, s.Epoch, s.Driver, s.Service = m, *g.Placement, world, epoch, g.Spec.Driver, g.Spec.Service
 			s.Holder = "worker/" + s.Key()
 			if s.Process = g.Spec.Process; s.Process != nil && !slices.Contains(world, rank) {
 				// A process gang's member added by a grow starts with the gang's next

@@ -45,6 +45,22 @@ func (a *Agent) apiHandler() http.Handler {
 	a.authn = a.authenticator()
 	m := http.NewServeMux()
 	m.HandleFunc("POST /v1/objects/put", a.put)
+	m.HandleFunc("POST /v1/objects/create", a.create)
+	m.HandleFunc("POST /v1/objects/seal", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
+		m, err := a.local.Seal(ctx, id, r.Holder)
+		if err == nil && r.Durable {
+			if m, err = a.local.Persist(ctx, id); err != nil {
+				_ = a.local.Free(context.WithoutCancel(ctx), id)
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		return info(m, r.Holder), nil
+	}))
+	m.HandleFunc("POST /v1/objects/abort", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
+		return nil, a.local.Abort(id, r.Holder)
+	}))
 	m.HandleFunc("POST /v1/objects/map", objectOp(a, func(ctx context.Context, id object.ID, r api.ObjectRef) (any, error) {
 		return a.local.Map(ctx, id, r.Holder)
 	}))
@@ -284,6 +300,36 @@ func (a *Agent) put(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, info(m, holder))
+}
+
+// create admits ?size= bytes for a new object that the calling worker process writes
+// itself, straight into this machine's shared memory (zero-copy puts: nothing crosses
+// this API but the answer), to belong to ?holder= once sealed (POST /v1/objects/seal);
+// ?lease= is the writing process's own holder, whose death aborts the write. The answer
+// says where to map it (api.ObjectWrite).
+func (a *Agent) create(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	holder, lease := q.Get("holder"), q.Get("lease")
+	if holder == "" || lease == "" {
+		a.fail(w, fmt.Errorf("%w: a create needs a holder and a lease (?holder=&lease=)", api.ErrInvalid))
+		return
+	}
+	size, err := strconv.ParseInt(q.Get("size"), 10, 64)
+	if err != nil || size < 0 {
+		a.fail(w, fmt.Errorf("%w: a create needs ?size=, a number of bytes >= 0 (got %q)", api.ErrInvalid, q.Get("size")))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Minute) // room, as a put waits for it
+	defer cancel()
+	id, m, unmap, err := a.local.Create(ctx, holder, lease, size)
+	if unmap == nil {
+		unmap = []string{}
+	}
+	if err != nil {
+		a.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.ObjectWrite{ID: id.String(), Path: m.Path, Offset: m.Offset, Size: m.Size, Unmap: unmap})
 }
 
 // LogPath is where a worker's stdout and stderr go on its agent.

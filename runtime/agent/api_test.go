@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -115,6 +116,12 @@ func TestAPIErrors(t *testing.T) {
 		{name: "a kill needs a rank", method: "POST", path: "/v1/workers/kill?job=j&gang=g&rank=x", token: testToken, code: 400, kind: "invalid", says: `rank "x"`},
 		{name: "a kill of no worker", method: "POST", path: "/v1/workers/kill?job=j&gang=g&rank=0", token: testToken, code: 404, kind: "not_found"},
 		{name: "no workers", method: "GET", path: "/v1/workers", token: testToken, code: 200},
+		{name: "a create needs a lease", method: "POST", path: "/v1/objects/create?holder=w&size=10", token: testToken, code: 400, kind: "invalid", says: "a holder and a lease"},
+		{name: "a create needs a size", method: "POST", path: "/v1/objects/create?holder=w&lease=w&size=x", token: testToken, code: 400, kind: "invalid", says: `?size=, a number of bytes >= 0 (got "x")`},
+		{name: "a create over the store's capacity", method: "POST", path: "/v1/objects/create?holder=w&lease=w&size=2097152", token: testToken,
+			code: 413, kind: api.KindTooLarge},
+		{name: "a seal of nothing being written", method: "POST", path: "/v1/objects/seal", token: testToken, body: ref(unknown, "w"), code: 404, kind: "not_found", says: "not being written here"},
+		{name: "an abort of nothing being written", method: "POST", path: "/v1/objects/abort", token: testToken, body: ref(unknown, "w"), code: 404, kind: "not_found"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -484,5 +491,74 @@ func TestEveryAgentRouteHasARule(t *testing.T) {
 	}
 	if n < 15 {
 		t.Fatalf("found %d routes: the scan is broken", n)
+	}
+}
+
+// TestAPIPutInPlace: a worker process's large put through the agent's API writes the
+// store's shared memory itself (create, write, seal): the object is what it wrote, owned
+// by the holder it named; a seal in another holder's name is refused and leaves the write
+// pending; an aborted write gives its room back; the writer's next put of the size gets
+// the segment it wrote before.
+func TestAPIPutInPlace(t *testing.T) {
+	a := newTestAgent(t, 4<<20)
+	h := a.apiHandler()
+	ref := func(id, holder string) []byte { b, _ := json.Marshal(api.ObjectRef{ID: id, Holder: holder}); return b }
+	create := func(size int) api.ObjectWrite {
+		t.Helper()
+		code, body, _ := call(t, h, "POST", fmt.Sprintf("/v1/objects/create?holder=w&lease=w&size=%d", size), testToken, nil)
+		var cw api.ObjectWrite
+		if code != 200 || json.Unmarshal(body, &cw) != nil || cw.Size != int64(size) || cw.Unmap == nil {
+			t.Fatalf("create: %d %s", code, body)
+		}
+		return cw
+	}
+	a.node.Store.Renew("w")
+	cw := create(1 << 20)
+	f, err := object.MapWritable(cw.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b, ok := f.Range(object.Mapping{Path: cw.Path, Offset: cw.Offset, Size: cw.Size})
+	if !ok {
+		t.Fatalf("the create's range is not in %s", cw.Path)
+	}
+	for i := range b {
+		b[i] = byte(i % 251)
+	}
+	if code, body, _ := call(t, h, "POST", "/v1/objects/seal", testToken, ref(cw.ID, "v")); code != 404 {
+		t.Fatalf("a seal in another holder's name: %d %s", code, body)
+	}
+	code, body, _ := call(t, h, "POST", "/v1/objects/seal", testToken, ref(cw.ID, "w"))
+	if code != 200 {
+		t.Fatalf("seal: %d %s", code, body)
+	}
+	id, _ := object.ParseID(cw.ID)
+	v, err := a.local.Get(context.Background(), id, "reader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range v.Bytes() {
+		if c != byte(i%251) {
+			t.Fatalf("byte %d of the sealed object is %d, want %d", i, c, i%251)
+		}
+	}
+	v.Release()
+	if m, err := a.node.Store.Directory().Lookup(context.Background(), id); err != nil || m.Owner != "w" {
+		t.Fatalf("the directory says %+v, %v: want owner w", m, err)
+	}
+	if err := a.local.Free(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	next := create(1 << 20)
+	if next.Path != cw.Path {
+		t.Errorf("the writer's next put is in %s, want the segment it wrote before (%s)", next.Path, cw.Path)
+	}
+	before := a.node.Store.Stats().HotBytes
+	if code, body, _ := call(t, h, "POST", "/v1/objects/abort", testToken, ref(next.ID, "w")); code/100 != 2 {
+		t.Fatalf("abort: %d %s", code, body)
+	}
+	if after := a.node.Store.Stats(); after.HotBytes-after.Recycled >= before {
+		t.Errorf("an aborted write kept its room: %+v (before: %d bytes hot)", after, before)
 	}
 }

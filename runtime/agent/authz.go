@@ -51,6 +51,15 @@ var agentRules = map[string]agentRule{
 	"POST /v1/objects/put": {decide: func(a *Agent, p authz.Principal, r *http.Request, _ *api.ObjectRef) error {
 		return a.decideHolder(p, authz.ActObjectPut, r.URL.Query().Get("holder"))
 	}},
+	"POST /v1/objects/create": {decide: func(a *Agent, p authz.Principal, r *http.Request, _ *api.ObjectRef) error {
+		q := r.URL.Query()
+		if err := a.decideHolder(p, authz.ActObjectPut, q.Get("holder")); err != nil {
+			return err
+		}
+		return a.decideHolder(p, authz.ActObjectHold, q.Get("lease"))
+	}},
+	"POST /v1/objects/seal":      {ref: true, decide: holderOf(authz.ActObjectPut)},
+	"POST /v1/objects/abort":     {ref: true, decide: holderOf(authz.ActObjectPut)},
 	"POST /v1/objects/map":       {ref: true, decide: readAndHold},
 	"POST /v1/objects/verify":    {ref: true, decide: objectOf(authz.ActObjectRead)},
 	"POST /v1/objects/persist":   {ref: true, decide: objectOf(authz.ActObjectRead)},

@@ -41,7 +41,10 @@ const (
 	EventGangPreempted EventKind = "gang_preempted"
 	// EventGangResized: an elastic gang's program took a resize (Reason: from -> to).
 	EventGangResized EventKind = "gang_resized"
-	EventGangRunning EventKind = "gang_running"
+	// EventServiceScaled: the leader changed a service's replicas (Gang: the service;
+	// Reason: from -> to, and why), or started or stopped it.
+	EventServiceScaled EventKind = "service_scaled"
+	EventGangRunning   EventKind = "gang_running"
 	// EventGangRestart: a worker failed; the gang restarts all-for-one after a backoff, or
 	// at once on the same GPUs when its agent restarted.
 	EventGangRestart EventKind = "gang_restart"

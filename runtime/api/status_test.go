@@ -30,7 +30,7 @@ func TestStatusListsAreNeverNull(t *testing.T) {
 		if err := json.Unmarshal(b, &m); err != nil {
 			t.Fatal(err)
 		}
-		for _, k := range []string{"heads", "machines", "gangs", "queues"} {
+		for _, k := range []string{"heads", "machines", "gangs", "queues", "services"} {
 			if string(m[k]) == "" || m[k][0] != '[' {
 				t.Errorf("%s: %q is %s, want a list", name, k, m[k])
 			}

@@ -250,6 +250,9 @@ type GangSpec struct {
 	// job's executable as a driver (with the cluster's address, not as a worker), and its
 	// exiting with status 0 completes the gang.
 	Driver bool `json:"driver,omitempty"`
+	// Service names the service the gang is a replica of (ServiceSpec.Replica): its worker
+	// reports its load for the leader's scaling.
+	Service string `json:"service,omitempty"`
 	// Process, when set, makes a process gang: its members run this command instead of
 	// the job's program as SDK workers (Kind is then ProcessKind; see ProcessSpec).
 	Process *ProcessSpec `json:"process,omitempty"`
@@ -959,6 +962,8 @@ type Status struct {
 	Queues []QueueStatus `json:"queues"`
 	// Objects counts the object directory's records (`atoll status` reads them).
 	Objects *ObjectsStatus `json:"objects,omitempty"`
+	// Services are the live services with their replicas and reported load.
+	Services []ServiceStatus `json:"services"`
 }
 
 // MarshalJSON writes the status with every list present: an empty list is [], never
@@ -967,6 +972,7 @@ func (s Status) MarshalJSON() ([]byte, error) {
 	type plain Status
 	p := plain(s)
 	p.Heads, p.Machines, p.Gangs, p.Queues = orEmpty(p.Heads), orEmpty(p.Machines), orEmpty(p.Gangs), orEmpty(p.Queues)
+	p.Services = orEmpty(p.Services)
 	return json.Marshal(p)
 }
 

@@ -41,10 +41,14 @@ type WorkerSpec struct {
 	Kind string   `json:"kind"`
 	Args *Payload `json:"args,omitempty"`
 	// Machine is the machine it runs on; Member its GPUs there; Placement the whole gang's.
-	Machine   string    `json:"machine"`
-	Simulated bool      `json:"simulated"`
-	Member    Member    `json:"member"`
-	Placement Placement `json:"placement"`
+	Machine   string `json:"machine"`
+	Simulated bool   `json:"simulated"`
+	// TrustedFabric: the operator declared the network between machines trusted and
+	// isolated (atoll agent --trusted-fabric): the worker's collective links run without
+	// TLS (peers still prove the link key; chunks still checksummed). Never on by default.
+	TrustedFabric bool      `json:"trusted_fabric,omitempty"`
+	Member        Member    `json:"member"`
+	Placement     Placement `json:"placement"`
 	// World is the gang's members as its program works with them when the worker starts
 	// (member indices in rank order), at world Epoch; a member added by a grow is not in it
 	// yet: its driver brings it in (Gang.Yield).
@@ -65,6 +69,9 @@ type WorkerSpec struct {
 	Transfer string `json:"transfer"`
 	// Holder names the worker to its agent's object store (its references and mappings).
 	Holder string `json:"holder"`
+	// Service is the service the worker is a replica of (GangSpec.Service): it reports its
+	// load to the leader.
+	Service string `json:"service,omitempty"`
 	// Driver says this is a submitted driver (`atoll submit`), not a worker: it runs the
 	// job's executable with the cluster's address.
 	Driver bool `json:"driver,omitempty"`
@@ -113,6 +120,19 @@ type ObjectRef struct {
 	// Shared (verify) checks the copy in the agent's shared checkpoint directory instead
 	// of its store's.
 	Shared bool `json:"shared,omitempty"`
+}
+
+// ObjectWrite is an agent's answer to a create (POST /v1/objects/create): the new
+// object's id and the range of the shared-memory file the worker maps writable and
+// writes before it asks for the seal. The file may be one the worker wrote before (the
+// store keeps a worker's segments for its next writes), so a worker may keep its
+// mappings; Unmap lists the files of its segments dropped since, to unmap.
+type ObjectWrite struct {
+	ID     string   `json:"id"`
+	Path   string   `json:"path"`
+	Offset int64    `json:"offset"`
+	Size   int64    `json:"size"`
+	Unmap  []string `json:"unmap"`
 }
 
 // CauseOwnerDied is an ObjectRef's Cause when an object's owner ended.

@@ -284,7 +284,7 @@ func ReadOf(key string) (Action, Target) {
 	table, rest, _ := strings.Cut(key, "/")
 	job, _, _ := strings.Cut(rest, "/")
 	switch table + "/" {
-	case "jobs/", "gangs/", "actors/", "checkpoints/":
+	case "jobs/", "gangs/", "actors/", "checkpoints/", "services/":
 		return ActReadJob, Target{Job: job, What: "read " + key}
 	case "events/", "owners/", "control/", "auth/":
 		return ActReadControl, Target{What: "read " + key}

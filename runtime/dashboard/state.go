@@ -19,6 +19,8 @@ type Inputs struct {
 	Gangs       []api.Gang
 	Workers     []api.Worker
 	Checkpoints []api.Checkpoint
+	// Services are the services' records (their replicas are among Gangs).
+	Services []api.Service
 	// Scheduler is the operator's scheduler configuration as the log has it (its queues,
 	// default queue and priority classes; nil: the default configuration).
 	Scheduler *api.SchedulerConfig
@@ -49,6 +51,46 @@ type State struct {
 	Gangs    []Gang         `json:"gangs"`
 	Queues   []Queue        `json:"queues"`
 	Jobs     []Job          `json:"jobs"`
+	// Services are the running services: the leader's decision and what their replicas
+	// hold.
+	Services []Service `json:"services"`
+}
+
+// Service is a running service's line: its bounds, the replicas the leader decided, the
+// cards its replica gangs hold, and its last decision.
+type Service struct {
+	Job         string `json:"job"`
+	Name        string `json:"name"`
+	MinReplicas int    `json:"min_replicas"`
+	MaxReplicas int    `json:"max_replicas"`
+	Replicas    int    `json:"replicas"`
+	GPUs        int    `json:"gpus"`
+	ScaleUps    int    `json:"scale_ups"`
+	ScaleDowns  int    `json:"scale_downs"`
+	Reason      string `json:"reason,omitempty"`
+}
+
+// buildServices lists the running services, by job and name.
+func buildServices(svcs []api.Service, gpus map[string]int) []Service {
+	out := []Service{}
+	for _, s := range svcs {
+		if s.State != api.ServiceRunning {
+			continue
+		}
+		sv := Service{Job: s.Spec.Job, Name: s.Spec.Name, MinReplicas: s.Spec.MinReplicas, MaxReplicas: s.Spec.MaxReplicas,
+			Replicas: s.Replicas, ScaleUps: s.ScaleUps, ScaleDowns: s.ScaleDowns, Reason: s.Reason}
+		for i := 0; i < s.Spec.MaxReplicas; i++ {
+			sv.GPUs += gpus[s.Spec.Job+"/"+api.ReplicaName(s.Spec.Name, i)]
+		}
+		out = append(out, sv)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Job != out[j].Job {
+			return out[i].Job < out[j].Job
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out
 }
 
 // Totals are the cluster's counts. GPUs count alive machines only.
@@ -205,6 +247,7 @@ func Build(in Inputs) State {
 	st.Gangs = buildGangs(in.Gangs, facts, &st.Totals)
 	st.Queues = buildQueues(conf, in.Gangs, st.Gangs, in.Shares)
 	st.Jobs = buildJobs(in.Jobs, st.Gangs)
+	st.Services = buildServices(in.Services, cards.perGang)
 	return st
 }
 

@@ -109,6 +109,9 @@ var routeRules = map[string]routeRule{
 	"POST /v1/gangs/checkpointed": {action: authz.ActGangWrite, target: bodyTarget(func(c api.CheckpointReport) authz.Target {
 		return authz.Target{Job: c.Job, Gang: c.Gang}
 	})},
+	"POST /v1/services":      {action: authz.ActGangWrite, target: bodyTarget(func(s api.ServiceSpec) authz.Target { return authz.Target{Job: s.Job} })},
+	"POST /v1/services/stop": {action: authz.ActGangWrite, target: queryTarget},
+	"POST /v1/services/load": {action: authz.ActProgress, target: bodyTarget(func(l api.ServiceLoad) authz.Target { return authz.Target{Job: l.Job} })},
 	"POST /v1/workers/ready": {action: authz.ActWorkerReady, target: bodyTarget(func(w api.Worker) authz.Target {
 		return authz.Target{For: authz.Worker(w.Job, w.Gang, w.Rank)}
 	})},

@@ -138,7 +138,8 @@ type Controller struct {
 	poolStatus    func() *api.PoolsStatus // the pools runner's status; nil without pools
 	poolInterrupt func(machine string, after time.Duration) error
 
-	obs *ctlObs // metrics, the event log's sequence, jobs' progress reports (observe.go)
+	obs *ctlObs     // metrics, the event log's sequence, jobs' progress reports (observe.go)
+	svc serviceBook // the services' load reports (services.go)
 
 	poke    chan struct{} // asks Run for a sweep now (gossip news)
 	declare chan struct{} // asks declareLoop to act on the sweep's verdicts (live.go)
@@ -292,6 +293,9 @@ func (c *Controller) Run() {
 	declared := make(chan struct{})
 	go func() { defer close(declared); c.declareLoop() }()
 	defer func() { <-declared }()
+	svcDone := make(chan struct{})
+	go func() { defer close(svcDone); c.serviceLoop() }()
+	defer func() { <-svcDone }()
 	var sweep *time.Ticker
 	defer func() {
 		if sweep != nil {

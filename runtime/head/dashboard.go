@@ -184,6 +184,7 @@ func (o *observer) state() dashboard.State {
 	o.gangs.decode(sm, api.TableGangs, &in.Gangs)
 	o.workers.decode(sm, api.TableWorkers, &in.Workers)
 	decode(sm, api.TableCheckpoints, &in.Checkpoints)
+	decode(sm, api.TableServices, &in.Services)
 	if kv, ok := sm.Get(api.SchedulerConfigKey); ok {
 		var conf api.SchedulerConfig
 		if json.Unmarshal(kv.Value, &conf) == nil {

@@ -103,6 +103,12 @@ func NewAPI(ctl *Controller, rep *paxos.Replica, sm *metaserver.StateMachine, to
 		q := r.URL.Query()
 		a.answer(w, r, nil, a.ctl.StopGang(a.ctx(r), q.Get("job"), q.Get("gang")))
 	})
+	m.HandleFunc("POST /v1/services", post(a, func(ctx context.Context, s api.ServiceSpec) (any, error) { return ctl.SpawnService(ctx, s) }))
+	m.HandleFunc("POST /v1/services/stop", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		a.answer(w, r, nil, a.ctl.StopService(a.ctx(r), q.Get("job"), q.Get("service")))
+	})
+	m.HandleFunc("POST /v1/services/load", post(a, func(_ context.Context, l api.ServiceLoad) (any, error) { return nil, ctl.ReportServiceLoad(l) }))
 	m.HandleFunc("POST /v1/workers/ready", post(a, func(ctx context.Context, wk api.Worker) (any, error) { return nil, ctl.WorkerReady(ctx, wk) }))
 	m.HandleFunc("POST /v1/workers/exited", post(a, func(ctx context.Context, x api.WorkerExit) (any, error) { return nil, ctl.WorkerExited(ctx, x) }))
 	m.HandleFunc("POST /v1/gangs/yield", post(a, func(ctx context.Context, y api.Yield) (any, error) { return nil, ctl.Yield(ctx, y) }))

@@ -338,6 +338,7 @@ func (c *Controller) Status() (api.Status, error) {
 		return st.Gangs[i].Name < st.Gangs[j].Name
 	})
 	st.Queues = t.queueStatus()
+	st.Services = c.serviceStatusLocked(t)
 	st.Revision = c.sm.Revision()
 	st.Term = t.id
 	if c.poolStatus != nil {

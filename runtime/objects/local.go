@@ -28,11 +28,22 @@ type Local struct {
 	// once known ("" until the first check): a get of one asks the directory whether its
 	// owner still lives.
 	borrowed map[object.ID]string
+	// writing are objects being written in place by another process of this machine
+	// (Create), until it seals or aborts them.
+	writing map[object.ID]pendingWrite
+}
+
+// pendingWrite is an object another process is writing into this store's shared memory.
+type pendingWrite struct {
+	w     *object.Writer
+	owner string // who the object will belong to (the put's holder)
+	lease string // the writing process's lease holder: its death aborts the write
 }
 
 // NewLocal wraps a running node.
 func NewLocal(n *transfer.Node) *Local {
-	return &Local{Node: n, holders: map[object.ID]map[string]int{}, borrowed: map[object.ID]string{}}
+	return &Local{Node: n, holders: map[object.ID]map[string]int{}, borrowed: map[object.ID]string{},
+		writing: map[object.ID]pendingWrite{}}
 }
 
 func (l *Local) borrow(id object.ID) {
@@ -115,6 +126,67 @@ func (l *Local) PutFrom(ctx context.Context, holder string, size int64, r io.Rea
 	}
 	l.hold(m.ID, holder)
 	return m, nil
+}
+
+// Create admits size bytes for a new object that another process of this machine (whose
+// lease holder is lease) writes straight into the store's shared memory, and returns its
+// id and where to map it (object.MapFileRW). The object belongs to owner once sealed
+// (Seal); until then it is invisible. If the writing process dies first (its lease
+// expires, or ReleaseHolder(lease)), the write is aborted and its room given back. See
+// object.Store.CreateFor.
+//
+// The segment may be one the process wrote before (the store keeps them for its next
+// writes), so the process may keep its writable mappings; unmap lists the files of its
+// segments the store has dropped since, which it should unmap.
+func (l *Local) Create(ctx context.Context, owner, lease string, size int64) (id object.ID, m object.Mapping, unmap []string, err error) {
+	id = object.NewID()
+	w, err := l.Node.Store.CreateFor(ctx, owner, lease, id, size)
+	if err != nil {
+		return object.ID{}, object.Mapping{}, nil, err
+	}
+	l.mu.Lock()
+	l.writing[id] = pendingWrite{w: w, owner: owner, lease: lease}
+	l.mu.Unlock()
+	return id, w.Mapping(), l.Node.Store.TakeUnmapped(lease), nil
+}
+
+// takeWrite removes the pending write of id for owner.
+func (l *Local) takeWrite(id object.ID, owner string) (pendingWrite, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p, ok := l.writing[id]
+	if !ok {
+		return p, fmt.Errorf("object %s is not being written here (never created, or already sealed or aborted): %w", id.Short(), object.ErrNotFound)
+	}
+	if p.owner != owner {
+		return p, fmt.Errorf("object %s is not being written for %q: %w", id.Short(), owner, object.ErrNotFound)
+	}
+	delete(l.writing, id)
+	return p, nil
+}
+
+// Seal makes an object written in place (Create) visible, owned and held by owner, its
+// metadata committed to the directory as a put's; the writer has written it (it may keep it mapped).
+func (l *Local) Seal(ctx context.Context, id object.ID, owner string) (object.Meta, error) {
+	p, err := l.takeWrite(id, owner)
+	if err != nil {
+		return object.Meta{}, err
+	}
+	if err := p.w.Seal(ctx, false); err != nil {
+		return object.Meta{}, err
+	}
+	l.hold(id, owner)
+	return object.Meta{ID: id, Size: p.w.Mapping().Size, Owner: owner, Locations: []string{l.Node.Store.Location()}, Refs: 1}, nil
+}
+
+// Abort gives back the room of an object written in place that will not be sealed.
+func (l *Local) Abort(id object.ID, owner string) error {
+	p, err := l.takeWrite(id, owner)
+	if err != nil {
+		return err
+	}
+	p.w.Abort()
+	return nil
 }
 
 // Persist makes this machine's copy of an object durable (fsync'd on disk, adopted again
@@ -262,6 +334,12 @@ func (l *Local) Drop(ctx context.Context, id object.ID, cause error) error {
 // ReleaseHolder drops every reference and mapping of a holder (a worker that stopped).
 func (l *Local) ReleaseHolder(ctx context.Context, holder string) error {
 	l.mu.Lock()
+	for id, p := range l.writing { // its writes in place end with it
+		if p.lease == holder {
+			delete(l.writing, id)
+			p.w.Abort()
+		}
+	}
 	var ids []object.ID
 	counts := map[object.ID]int{}
 	for id, hs := range l.holders {
@@ -272,6 +350,7 @@ func (l *Local) ReleaseHolder(ctx context.Context, holder string) error {
 		}
 	}
 	l.mu.Unlock()
+	l.Node.Store.ForgetWriter(holder)
 	var errs []error
 	for _, id := range ids {
 		for i := 0; i < counts[id]; i++ {

@@ -90,6 +90,12 @@ func Atoll(t testing.TB) string {
 // cluster is started with UpFlags.
 func Up(t testing.TB, agents int, machine string) *Cluster {
 	t.Helper()
+	return UpWith(t, agents, machine)
+}
+
+// UpWith is Up with more `atoll up` flags (--trusted-fabric, ...).
+func UpWith(t testing.TB, agents int, machine string, flags ...string) *Cluster {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a cluster of processes")
 	}
@@ -99,7 +105,7 @@ func Up(t testing.TB, agents int, machine string) *Cluster {
 	bin := Atoll(t)
 	dir := filepath.Join(t.TempDir(), "cluster")
 	out, err := exec.Command(bin, append([]string{"up", "--dir", dir, "--agents", fmt.Sprint(agents), "--machine", machine, "--json"},
-		UpFlags()...)...).Output()
+		append(UpFlags(), flags...)...)...).Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {

@@ -60,6 +60,9 @@ const (
 	// TableAuth holds what the heads decide authorization with: the revoked credentials
 	// (auth/revoked/<id>, the runtime's api.Revocation).
 	TableAuth Table = "auth/"
+	// TableServices holds the services' records (the runtime's api.Service: spec and the
+	// leader's scaling decisions).
+	TableServices Table = "services/"
 )
 
 // AllTables lists every table: the one place that says which key prefixes exist. Adding a
@@ -80,6 +83,7 @@ func AllTables() []Table {
 		TableOwners,
 		TableControl,
 		TableAuth,
+		TableServices,
 	}
 }
 

@@ -35,6 +35,7 @@ func (s *Store) ExpireLeases(now time.Time) []string {
 	var freed []ID
 	for _, h := range expired {
 		s.m.errors.WithLabelValues(reasonLeaseExpiry).Inc()
+		s.forgetWriterLocked(h)
 		for _, e := range s.objs {
 			if e.state == statePending && e.writer == h {
 				// It was writing an object from its own process (CreateFor):

@@ -117,8 +117,8 @@ func writerHelper(js string) int {
 
 // TestWorkerProcessWritesObject: another process writes a new object straight
 // into the store's shared memory (CreateFor, Writer.Mapping, MapFileRW); the
-// owner seals it, which computes the fingerprint; nothing was copied through
-// this process and the object is exactly what the other process wrote.
+// owner seals it (the fingerprint, computed on first need as for any put, is that of
+// the bytes written); nothing was copied through this process and the object is exactly what the other process wrote.
 func TestWorkerProcessWritesObject(t *testing.T) {
 	s := newTestStore(t, nil)
 	ctx := context.Background()
@@ -165,7 +165,7 @@ func TestWorkerProcessWritesObject(t *testing.T) {
 		}
 		v.Release()
 		meta, err := s.Directory().Lookup(ctx, id)
-		if err != nil || meta.Owner != "worker-3" || meta.Fingerprint != xxhash.Sum64(want) {
+		if err != nil || meta.Owner != "worker-3" || (meta.Fingerprint != 0 && meta.Fingerprint != xxhash.Sum64(want)) {
 			t.Fatalf("size %d: directory %+v %v", size, meta, err)
 		}
 		if err := s.Release(ctx, id, "worker-3"); err != nil {
@@ -233,5 +233,103 @@ func TestWriterProcessDies(t *testing.T) {
 	}
 	if _, err := s.Get(ctx, id); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("get of the aborted object: %v", err)
+	}
+}
+
+// TestWriterKeepsItsSegments: a freed segment that a process with a lease wrote
+// (CreateFor) is kept for that process's next object of its class, uncleared (the bytes
+// were its own), and never handed to another process (which gets a cleared or new one);
+// the kept segments are dropped when memory is needed, the dropped files reported to
+// the writer (TakeUnmapped), and all of them when its lease expires.
+func TestWriterKeepsItsSegments(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1000, 0)}
+	s := newTestStore(t, func(c *Config) { c.Clock = clk.now; c.LeaseTTL = time.Second })
+	ctx := context.Background()
+	s.Renew("worker-1")
+	s.Renew("worker-2")
+	write := func(holder string, size int, fill byte) (ID, Mapping) {
+		t.Helper()
+		id := NewID()
+		w, err := s.CreateFor(ctx, holder, holder, id, int64(size))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := w.Bytes()
+		for i := range b {
+			b[i] = fill
+		}
+		if err := w.Seal(ctx, false); err != nil {
+			t.Fatal(err)
+		}
+		return id, w.Mapping()
+	}
+	id1, m1 := write("worker-1", 3<<20, 0xA1)
+	if err := s.Release(ctx, id1, "worker-1"); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Recycled != largeClass(3<<20) {
+		t.Fatalf("recycled %d bytes after worker-1's object was freed, want its segment (%d)", st.Recycled, largeClass(3<<20))
+	}
+	// Another process never gets it.
+	id2 := NewID()
+	w2, err := s.CreateFor(ctx, "worker-2", "worker-2", id2, 3<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w2.Mapping().Path == m1.Path {
+		t.Fatal("worker-2 was handed worker-1's segment")
+	}
+	for _, c := range w2.Bytes() {
+		if c != 0 {
+			t.Fatal("worker-2's new segment is not clear")
+		}
+	}
+	w2.Abort()
+	// Its writer gets it back, as it left it.
+	id3 := NewID()
+	w3, err := s.CreateFor(ctx, "worker-1", "worker-1", id3, 3<<20-4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w3.Mapping().Path != m1.Path {
+		t.Fatalf("worker-1's next object is in %s, want its freed segment %s", w3.Mapping().Path, m1.Path)
+	}
+	if w3.Bytes()[0] != 0xA1 {
+		t.Fatal("the kept segment was cleared for the process that wrote it")
+	}
+	if err := w3.Seal(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, id3, "worker-1"); err != nil {
+		t.Fatal(err)
+	}
+	// Pressure drops it, and the writer is told.
+	s.mu.Lock()
+	dropped := s.dropCachedLocked()
+	s.mu.Unlock()
+	if !dropped {
+		t.Fatal("nothing dropped under pressure")
+	}
+	if got := s.TakeUnmapped("worker-1"); len(got) != 1 || got[0] != m1.Path {
+		t.Fatalf("unmapped %v, want [%s]", got, m1.Path)
+	}
+	if _, err := os.Stat(m1.Path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the dropped segment: %v", err)
+	}
+	// A lease that expires drops what is kept.
+	id4, m4 := write("worker-1", 1<<20, 1)
+	if err := s.Release(ctx, id4, "worker-1"); err != nil {
+		t.Fatal(err)
+	}
+	if s.Stats().Recycled == 0 {
+		t.Fatal("worker-1's second segment was not kept")
+	}
+	clk.t = clk.t.Add(2 * time.Second)
+	s.ExpireLeases(clk.t)
+	if st := s.Stats(); st.Recycled != 0 {
+		t.Fatalf("%d bytes kept for a writer whose lease expired", st.Recycled)
+	}
+	if _, err := os.Stat(m4.Path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the expired writer's segment: %v", err)
 	}
 }

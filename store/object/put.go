@@ -104,9 +104,11 @@ func (s *Store) Create(ctx context.Context, owner string, id ID, size int64, fp 
 //
 // Ownership: the caller (the agent, for its worker) holds the Writer and hands
 // holder w.Mapping(); holder maps it with MapFileRW, writes the bytes, unmaps,
-// and tells the caller, who calls w.Seal. Seal computes the fingerprint from
-// the bytes as they are then (verify is ignored), registers the object and makes
-// it visible, owned by owner with one reference. The object has a segment of
+// and tells the caller, who calls w.Seal. Seal registers the object and makes
+// it visible, owned by owner with one reference (verify is ignored); its
+// fingerprint is computed from the bytes as they are at the seal when the store
+// fingerprints puts (Config.FingerprintOnPut), on first need otherwise, as for
+// any put. The object has a segment of
 // its own (its writable mapping covers no other object's memory), cleared
 // before holder sees it.
 //
@@ -115,8 +117,9 @@ func (s *Store) Create(ctx context.Context, owner string, id ID, size int64, fp 
 // lease expires (ExpireLeases; the caller should Renew holder while it lives).
 // A later Seal then fails with ErrAborted. The aborted segment is dropped, not
 // recycled, since a process that is slow rather than dead may still map it.
-// A holder that keeps writing after Seal breaks the object's immutability:
-// transfers catch it (chunk fingerprints), same-machine readers do not.
+// A holder that keeps writing after Seal breaks the object's immutability, of
+// its own objects only: transfers catch a change after the fingerprint was taken
+// (chunk fingerprints), same-machine readers do not.
 func (s *Store) CreateFor(ctx context.Context, owner, holder string, id ID, size int64) (*Writer, error) {
 	if holder == "" {
 		return nil, fmt.Errorf("object: create %s for another process: empty holder", id.Short())
@@ -160,7 +163,7 @@ func (s *Store) create(ctx context.Context, owner string, id ID, size int64, fp 
 		writer: external, hashOnSeal: external != "",
 		progress: make(chan struct{}), settled: make(chan struct{})}
 	s.objs[id] = e // reserve the id while admitting
-	m, err := s.allocLocked(ctx, id, size, external != "")
+	m, err := s.allocLocked(ctx, id, size, external)
 	if err != nil {
 		if s.objs[id] == e {
 			delete(s.objs, id)

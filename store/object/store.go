@@ -54,7 +54,7 @@ type entry struct {
 	freePending bool          // free once the in-flight spill finishes
 	freed       bool          // finishFreeLocked ran: memory and spill file given back
 	sealing     bool          // Writer.Seal in progress
-	hashOnSeal  bool          // written by another process (CreateFor): Seal computes fp
+	hashOnSeal  bool          // written by another process (CreateFor): Seal computes fp with FingerprintOnPut
 	writer      string        // the holder writing it from another process (CreateFor), while pending
 	restoring   chan struct{}
 	lru         *list.Element
@@ -133,7 +133,14 @@ type Store struct {
 	home     *shmHome // the locked shared-memory directory (shmDir)
 	dirLock  *os.File // the store directory's marker, locked while open
 
-	pool      map[int64][]*segment // recycled large segments by class
+	pool map[int64][]*segment // recycled large segments by class
+	// writerPool: freed segments that another process mapped writable (CreateFor),
+	// by that process and class, kept for its next writes (see allocLocked); counted
+	// in poolBytes and dropped first under pressure.
+	writerPool map[string]map[int64][]*segment
+	// unmapped: by writer, its segments' files dropped since it last asked
+	// (TakeUnmapped).
+	unmapped  map[string][]string
 	poolBytes int64
 	partial   map[int64][]*slab // slabs with free slots by class
 	slabs     map[*slab]struct{}
@@ -252,21 +259,23 @@ func Open(cfg Config, dir string) (*Store, error) {
 	}
 	s := &Store{
 		cfg: cfg, log: log, m: m, capacity: capacity,
-		shmDir:    home.dir,
-		home:      home,
-		dirLock:   dirLock,
-		spill:     cfg.Spill,
-		durable:   durableDir{dir: dd, sync: (*os.File).Sync},
-		directory: cfg.Directory,
-		objs:      make(map[ID]*entry),
-		lru:       list.New(),
-		closing:   make(chan struct{}),
-		leases:    make(map[string]time.Time),
-		level:     level,
-		hooks:     cfg.hooks,
-		pool:      make(map[int64][]*segment),
-		partial:   make(map[int64][]*slab),
-		slabs:     make(map[*slab]struct{}),
+		shmDir:     home.dir,
+		home:       home,
+		dirLock:    dirLock,
+		spill:      cfg.Spill,
+		durable:    durableDir{dir: dd, sync: (*os.File).Sync},
+		directory:  cfg.Directory,
+		objs:       make(map[ID]*entry),
+		lru:        list.New(),
+		closing:    make(chan struct{}),
+		leases:     make(map[string]time.Time),
+		level:      level,
+		hooks:      cfg.hooks,
+		pool:       make(map[int64][]*segment),
+		writerPool: map[string]map[int64][]*segment{},
+		unmapped:   map[string][]string{},
+		partial:    make(map[int64][]*slab),
+		slabs:      make(map[*slab]struct{}),
 	}
 	s.life, s.stopLife = context.WithCancel(context.Background())
 	s.slabSize = cfg.SlabSize
@@ -447,6 +456,15 @@ func (s *Store) Close() error {
 		}
 	}
 	s.pool = nil
+	for _, byClass := range s.writerPool {
+		for _, segs := range byClass {
+			for _, seg := range segs {
+				_ = unmap(seg.rw)
+				_ = unmap(seg.ro)
+			}
+		}
+	}
+	s.writerPool = nil
 	for sl := range s.slabs {
 		if !busy[sl] {
 			_ = unmap(sl.rw)

@@ -123,7 +123,7 @@ func (s *Store) ensureHotLocked(ctx context.Context, e *entry) error {
 		}
 		ch := make(chan struct{})
 		e.restoring = ch
-		m, err := s.allocLocked(ctx, e.id, e.size, false)
+		m, err := s.allocLocked(ctx, e.id, e.size, "")
 		if err == nil {
 			s.mu.Unlock()
 			err = s.readCold(e, m)

@@ -132,7 +132,9 @@ func (w *Writer) seal(ctx context.Context, verify bool) error {
 }
 
 // check verifies the bytes against the expected fingerprint (verify), or
-// computes the fingerprint of bytes another process wrote (CreateFor).
+// computes the fingerprint of bytes another process wrote (CreateFor) when the
+// store fingerprints puts (Config.FingerprintOnPut; otherwise, as for any put, it
+// is computed on first need).
 func (w *Writer) check(verify bool) error {
 	s, e := w.s, w.e
 	switch {
@@ -140,7 +142,7 @@ func (w *Writer) check(verify bool) error {
 		if got := xxhash.Sum64(e.mem.rw); got != e.fp {
 			return s.fail(reasonFingerprint, fmt.Errorf("object: seal %s: fingerprint %x, want %x: %w", e.id.Short(), got, e.fp, ErrFingerprint))
 		}
-	case e.hashOnSeal:
+	case e.hashOnSeal && s.cfg.FingerprintOnPut:
 		fp := xxhash.Sum64(e.mem.ro)
 		s.mu.Lock()
 		e.fp, e.fpOK = fp, true

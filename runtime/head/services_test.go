@@ -1,0 +1,173 @@
+package head
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/store/meta"
+)
+
+// waitService watches a service's record in the log until ok holds of it.
+func waitService(t *testing.T, c *api.Client, job, name, what string, ok func(api.Service) bool) api.Service {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var last api.Service
+	found := errors.New("found")
+	check := func(v []byte) error {
+		if err := json.Unmarshal(v, &last); err != nil {
+			return err
+		}
+		if ok(last) {
+			return found
+		}
+		return nil
+	}
+	err := c.Watch(ctx, api.ServiceKey(job, name), func(_ bool, l api.Listing, evs []meta.Event) error {
+		for _, kv := range l.KVs {
+			if err := check(kv.Value); err != nil {
+				return err
+			}
+		}
+		for _, ev := range evs {
+			if err := check(ev.KV.Value); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if !errors.Is(err, found) {
+		t.Fatalf("service %s/%s: never %s (%v); last %+v", job, name, what, err, last)
+	}
+	return last
+}
+
+// TestServiceDecisionsSurviveLeaderChange scales a service up from its replicas' reported
+// load, changes the leader, and checks that the new leader holds the committed decision
+// (it has no loads yet: it does not scale down for want of reports) and scales it down
+// when the replicas report a low load for the cooldown; the replica gangs follow each
+// decision. The heads' clock is the test's.
+func TestServiceDecisionsSurviveLeaderChange(t *testing.T) {
+	clk := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	heads, c, net := heads3(t, clk)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := c.RegisterMachine(ctx, machine(t, "m0")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SubmitJob(ctx, api.Job{Name: "j"}); err != nil {
+		t.Fatal(err)
+	}
+	spec := api.ServiceSpec{Job: "j", Name: "s", Kind: "k", MinReplicas: 1, MaxReplicas: 3, Resources: api.Resources{GPUs: 1},
+		TargetInFlight: 2, ScaleUpCooldown: api.Duration(time.Second), ScaleDownCooldown: api.Duration(10 * time.Second)}
+	if _, err := c.SpawnService(ctx, spec); !errors.Is(err, api.ErrExists) && err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SpawnService(ctx, spec); !errors.Is(err, api.ErrExists) {
+		t.Fatalf("a second service of the name: %v, want ErrExists", err)
+	}
+	waitGang(t, c, "j", "s.r0", func(g api.Gang) bool { return g.State.Live() && g.Spec.Service == "s" && g.Spec.NotPreemptible })
+	report := func(inFlight int) {
+		t.Helper()
+		if err := c.ReportServiceLoad(ctx, api.ServiceLoad{Job: "j", Service: "s", Replica: 0, InFlight: inFlight}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report(5) // 5 in flight at a target of 2: 3 replicas
+	up := waitService(t, c, "j", "s", "scaled up", func(s api.Service) bool { return s.Replicas == 3 })
+	if up.ScaleUps != 1 || up.Scaled.IsZero() {
+		t.Fatalf("after the scale up: %+v", up)
+	}
+	for _, r := range []string{"s.r1", "s.r2"} {
+		g := waitGang(t, c, "j", r, func(g api.Gang) bool { return g.State.Live() })
+		if g.Spec.NotPreemptible {
+			t.Fatalf("replica %s above the minimum is not preemptible", r)
+		}
+	}
+	// The dashboard's state shows it, from the log.
+	if ds := leader(t, heads).obs.state(); len(ds.Services) != 1 || ds.Services[0].Replicas != 3 || ds.Services[0].ScaleUps != 1 {
+		t.Fatalf("the dashboard's services: %+v", ds.Services)
+	}
+	nl := changeLeader(t, heads, net)
+	// The new leader has no reports: it holds the service at 3 for sweeps on end.
+	for range 3 {
+		ch := nl.Controller().Changed()
+		tick := time.NewTimer(3 * 200 * time.Millisecond) // three of its sweeps
+		select {
+		case <-ch:
+		case <-tick.C:
+		}
+		tick.Stop()
+		st, err := c.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Services) != 1 || st.Services[0].Replicas != 3 {
+			t.Fatalf("the new leader's services: %+v, want s at 3", st.Services)
+		}
+	}
+	// A low load marks the service low; after the cooldown (and a fresh report) it goes
+	// down to its minimum, and the replicas above stop.
+	report(0)
+	marked := func() bool {
+		nl.Controller().svc.mu.Lock()
+		defer nl.Controller().svc.mu.Unlock()
+		return !nl.Controller().svc.low["j/s"].IsZero()
+	}
+	poll := time.NewTicker(20 * time.Millisecond) // the mark is the leader's memory: no change to wait on
+	defer poll.Stop()
+	for !marked() {
+		select {
+		case <-poll.C:
+		case <-ctx.Done():
+			t.Fatal("the new leader never marked the load low")
+		}
+	}
+	clk.Advance(11 * time.Second)
+	report(0)
+	down := waitService(t, c, "j", "s", "scaled down", func(s api.Service) bool { return s.Replicas == 1 })
+	if down.ScaleDowns != 1 || down.ScaleUps != 1 {
+		t.Fatalf("after the scale down: %+v", down)
+	}
+	for _, r := range []string{"s.r1", "s.r2"} {
+		waitGang(t, c, "j", r, func(g api.Gang) bool { return g.State == api.GangStopped })
+	}
+	if err := c.StopService(ctx, "j", "s"); err != nil {
+		t.Fatal(err)
+	}
+	waitGang(t, c, "j", "s.r0", func(g api.Gang) bool { return g.State == api.GangStopped })
+	if st, err := c.Status(ctx); err != nil || len(st.Services) != 0 {
+		t.Fatalf("services after the stop: %+v, %v", st.Services, err)
+	}
+}
+
+// TestServiceReplicaPreemptsTrainingByNotice: on a machine that a lower-priority training
+// gang (of fixed size) fills, a service's replica waits, and the scheduler gives the
+// training gang a stop notice for it, with the cost model's estimate: the same path as any
+// preemption.
+func TestServiceReplicaPreemptsTrainingByNotice(t *testing.T) {
+	c := setup(t, 1, api.SchedulerConfig{NoticeGrace: api.Duration(time.Minute)}, "j")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	train := island("j", "train", "")
+	train.JustInTime = true
+	if _, err := c.SpawnGang(ctx, train); err != nil {
+		t.Fatal(err)
+	}
+	awaitGang(t, c, "j", "train", "placed", placed)
+	if _, err := c.SpawnService(ctx, api.ServiceSpec{Job: "j", Name: "s", Kind: "k", MinReplicas: 1, MaxReplicas: 2,
+		Resources: api.Resources{GPUs: 1}, Priority: 1}); err != nil {
+		t.Fatal(err)
+	}
+	g := awaitGang(t, c, "j", "train", "given a stop notice", func(g api.Gang) bool { return g.Notice != nil })
+	if n := g.Notice; n.Kind != api.NoticePreempt || n.For != "j/s.r0" || n.Deadline.IsZero() || n.Costs == nil {
+		t.Fatalf("the training gang's notice %+v: want a preempt notice for j/s.r0 with a deadline and costs", n)
+	}
+	if r, _, err := c.Gang(ctx, "j", "s.r0"); err != nil || r.State != api.GangPending {
+		t.Fatalf("the replica before the training stopped: %+v, %v; want it pending", r, err)
+	}
+}
