@@ -110,6 +110,30 @@ func printLogs(t *testing.T, dir string) {
 		}
 		t.Logf("--- %s: warnings and errors\n%s\n--- %s (tail)\n%s", filepath.Base(l), strings.Join(warn, "\n"), filepath.Base(l), b)
 	}
+	// Workers' logs (agents/<machine>/logs/<job>/<gang>.<rank>.g<generation>.log): the tails
+	// of those that warned or failed (beyond the remote links dropped as processes end), at
+	// most eight.
+	workers, _ := filepath.Glob(filepath.Join(dir, "agents", "*", "logs", "*", "*.log"))
+	shown := 0
+	for _, l := range workers {
+		b, _ := os.ReadFile(l)
+		troubled := false
+		for _, line := range strings.Split(string(b), "\n") {
+			if (strings.Contains(line, `"level":"warn"`) || strings.Contains(line, `"level":"error"`)) && !strings.Contains(line, "EndpointWriter") {
+				troubled = true
+				break
+			}
+		}
+		if shown == 8 || !troubled {
+			continue
+		}
+		shown++
+		if len(b) > 2000 {
+			b = b[len(b)-2000:]
+		}
+		rel, _ := filepath.Rel(dir, l)
+		t.Logf("--- %s (tail)\n%s", rel, b)
+	}
 }
 
 // TestClusterSurvivesFailures drives a gang on a cluster of processes through a worker
