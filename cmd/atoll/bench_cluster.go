@@ -146,6 +146,30 @@ func benchCluster(ctx context.Context, dir string, agents int, machine string, i
 	return c, cf, func() { _ = c.Shutdown(context.Background()); prev() }, nil
 }
 
+// benchGang starts (or connects to) a benchmark's cluster, as benchCluster does, with the
+// agents declaring a trusted fabric when trusted, and spawns one gang of ranks workers of
+// kind (job and kind share the name) spread over every machine, its AllReduce bytes
+// declared. cleanup stops the job and the cluster.
+func benchGang(ctx context.Context, dir string, agents int, insecure, trusted bool, kind string, ranks int, bytes float64) (*sdk.Cluster, *sdk.Gang, func(), error) {
+	c, _, cleanup, err := benchCluster(ctx, dir, agents, "dgx-h100", insecure, upOptions{agent: agentOptions{trustedFabric: trusted}})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	job, err := c.Submit(ctx, sdk.JobSpec{Name: kind})
+	if err != nil {
+		cleanup()
+		return nil, nil, nil, err
+	}
+	stop := func() { _ = job.Stop(context.Background()); cleanup() }
+	perWorker := max(1, 8*agents/ranks) // spread the ranks over every machine
+	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "g", Kind: kind, Workers: ranks, GPUsPerWorker: perWorker, AllReduceBytes: int64(bytes)})
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	return c, g, stop, nil
+}
+
 func percentile(xs []float64, p float64) float64 {
 	if len(xs) == 0 {
 		return 0
@@ -249,22 +273,11 @@ func newBenchAllReduceCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("bench allreduce: the TCP ring: %w", err)
 			}
-			c, _, cleanup, err := benchCluster(ctx, dir, agents, "dgx-h100", insecure, upOptions{agent: agentOptions{trustedFabric: trusted}})
+			c, g, cleanup, err := benchGang(ctx, dir, agents, insecure, trusted, "bench-allreduce", ranks, bytes)
 			if err != nil {
 				return err
 			}
 			defer cleanup()
-			job, err := c.Submit(ctx, sdk.JobSpec{Name: "bench-allreduce"})
-			if err != nil {
-				return err
-			}
-			defer job.Stop(context.Background())
-			perWorker := max(1, 8*agents/ranks) // spread the ranks over every machine
-			g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "ar", Kind: "bench-allreduce", Workers: ranks, GPUsPerWorker: perWorker,
-				AllReduceBytes: int64(bytes)})
-			if err != nil {
-				return err
-			}
 			fs := make([]*sdk.Future[[]float64], ranks)
 			for r := range fs {
 				fs[r] = sdk.CallAsync[[]float64](ctx, c, g.Worker(r), arReq{Floats: floats, Iters: iters})

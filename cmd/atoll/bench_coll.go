@@ -128,22 +128,11 @@ func newBenchCollectivesCmd() *cobra.Command {
 			if err := throwawayIdentity(tlsDir); err != nil {
 				return err
 			}
-			c, _, cleanup, err := benchCluster(ctx, dir, agents, "dgx-h100", insecure, upOptions{agent: agentOptions{trustedFabric: trusted}})
+			c, g, cleanup, err := benchGang(ctx, dir, agents, insecure, trusted, "bench-coll", ranks, bytes)
 			if err != nil {
 				return err
 			}
 			defer cleanup()
-			job, err := c.Submit(ctx, sdk.JobSpec{Name: "bench-collectives"})
-			if err != nil {
-				return err
-			}
-			defer job.Stop(context.Background())
-			perWorker := max(1, 8*agents/ranks) // spread the ranks over every machine
-			g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "coll", Kind: "bench-coll", Workers: ranks, GPUsPerWorker: perWorker,
-				AllReduceBytes: int64(bytes)})
-			if err != nil {
-				return err
-			}
 			// Rounds alternate the three, so that a load that comes and goes on a shared
 			// machine weighs on each alike: the ring with TLS between machines, the plain
 			// ring, Atoll's gang (its cluster idles during the baselines' turns).

@@ -442,8 +442,7 @@ func MapFileRW(m Mapping) ([]byte, func() error, error) {
 	}
 	defer f.Close()
 	// MAP_POPULATE: the pages are mapped (and, for a fresh segment, allocated) in one
-	// call rather than faulted in one by one while the caller writes: about half the
-	// cost of a 256 MiB put.
+	// call rather than faulted in one by one while the caller writes.
 	b, err := unix.Mmap(int(f.Fd()), m.Offset, int(m.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
 		return nil, nil, fmt.Errorf("object: mmap %s [%d,+%d) writable: %w", m.Path, m.Offset, m.Size, err)
