@@ -229,9 +229,16 @@ func TestMachineLossMovesGangs(t *testing.T) {
 // waitGang follows the gang's record through the log's watch until ok holds.
 func waitGang(t *testing.T, c *api.Client, job, name string, ok func(api.Gang) bool) api.Gang {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	return waitRecord(t, c, api.TableGangs+job+"/"+name, 10*time.Second, "the state", ok)
+}
+
+// waitRecord follows a record (JSON of T) through the log's watch until ok holds of it,
+// for at most timeout; it fails the test naming what it waited for otherwise.
+func waitRecord[T any](t *testing.T, c *api.Client, key string, timeout time.Duration, what string, ok func(T) bool) T {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	var last api.Gang
+	var last T
 	found := errors.New("found")
 	check := func(v []byte) error {
 		if err := json.Unmarshal(v, &last); err != nil {
@@ -242,7 +249,7 @@ func waitGang(t *testing.T, c *api.Client, job, name string, ok func(api.Gang) b
 		}
 		return nil
 	}
-	err := c.Watch(ctx, api.TableGangs+job+"/"+name, func(reset bool, l api.Listing, evs []meta.Event) error {
+	err := c.Watch(ctx, key, func(_ bool, l api.Listing, evs []meta.Event) error {
 		for _, kv := range l.KVs {
 			if err := check(kv.Value); err != nil {
 				return err
@@ -256,7 +263,7 @@ func waitGang(t *testing.T, c *api.Client, job, name string, ok func(api.Gang) b
 		return nil
 	})
 	if !errors.Is(err, found) {
-		t.Fatalf("gang %s/%s never reached the state (%v); last %+v", job, name, err, last)
+		t.Fatalf("%s never reached %s (%v); last %+v", key, what, err, last)
 	}
 	return last
 }

@@ -2,48 +2,17 @@ package head
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"testing"
 	"time"
 
 	"github.com/atoll-run/atoll/runtime/api"
-	"github.com/atoll-run/atoll/store/meta"
 )
 
 // waitService watches a service's record in the log until ok holds of it.
 func waitService(t *testing.T, c *api.Client, job, name, what string, ok func(api.Service) bool) api.Service {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var last api.Service
-	found := errors.New("found")
-	check := func(v []byte) error {
-		if err := json.Unmarshal(v, &last); err != nil {
-			return err
-		}
-		if ok(last) {
-			return found
-		}
-		return nil
-	}
-	err := c.Watch(ctx, api.ServiceKey(job, name), func(_ bool, l api.Listing, evs []meta.Event) error {
-		for _, kv := range l.KVs {
-			if err := check(kv.Value); err != nil {
-				return err
-			}
-		}
-		for _, ev := range evs {
-			if err := check(ev.KV.Value); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if !errors.Is(err, found) {
-		t.Fatalf("service %s/%s: never %s (%v); last %+v", job, name, what, err, last)
-	}
-	return last
+	return waitRecord(t, c, api.ServiceKey(job, name), 20*time.Second, what, ok)
 }
 
 // TestServiceDecisionsSurviveLeaderChange scales a service up from its replicas' reported
