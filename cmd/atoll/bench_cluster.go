@@ -103,6 +103,16 @@ func benchKinds() []sdk.Option {
 	}
 }
 
+// benchWorkerMain serves a benchmark worker (this binary started by an agent), its CPU
+// profiled as envProfile says (named after its process id).
+func benchWorkerMain() int {
+	if err := envProfile(fmt.Sprintf("worker-%d", os.Getpid())); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	return sdk.WorkerMain(benchKinds()...)
+}
+
 // clusterAddr is the SDK address of a cluster file: its heads, token file and CA.
 func clusterAddr(cf *clusterFile) string {
 	addr := cf.Address + ";token-file=" + cf.TokenFile
@@ -137,7 +147,14 @@ func benchCluster(ctx context.Context, dir string, agents int, machine string, i
 	}
 	// The benchmarks' workers let sums follow the placement (coll.AlgoEnv), as a program
 	// that does not need the same bits on every placement would.
-	c, err = sdk.Connect(ctx, clusterAddr(cf), append(benchKinds(), sdk.WithEnv(coll.AlgoEnv+"=auto"))...)
+	// The profiling settings (envProfile) go to them too.
+	env := []string{coll.AlgoEnv + "=auto"}
+	for _, k := range []string{"ATOLL_CPUPROFILE_DIR", "ATOLL_CPUPROFILE_AFTER", "ATOLL_CPUPROFILE_FOR"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	c, err = sdk.Connect(ctx, clusterAddr(cf), append(benchKinds(), sdk.WithEnv(env...))...)
 	if err != nil {
 		cleanup()
 		return nil, nil, nil, err
@@ -189,7 +206,7 @@ func newBenchGangStartCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if sdk.InWorker() { // an agent started this binary as a benchmark worker: serve it
-				os.Exit(sdk.WorkerMain(benchKinds()...))
+				os.Exit(benchWorkerMain())
 			}
 			if workers < 1 || workers > 1024 || agents < 1 || agents > 64 || runs < 1 || runs > 1000 {
 				return fmt.Errorf("bench gangstart: --workers %d (1..1024), --agents %d (1..64), --runs %d (1..1000)", workers, agents, runs)
@@ -260,7 +277,7 @@ func newBenchAllReduceCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if sdk.InWorker() { // an agent started this binary as a benchmark worker: serve it
-				os.Exit(sdk.WorkerMain(benchKinds()...))
+				os.Exit(benchWorkerMain())
 			}
 			if ranks < 2 || ranks > 64 || iters < 1 || iters > 1000 || !(mib > 0 && mib <= 4096) || agents < 1 || agents > 64 {
 				return fmt.Errorf("bench allreduce: --ranks %d (2..64), --iters %d (1..1000), --mib %v (0..4096], --agents %d (1..64)", ranks, iters, mib, agents)
@@ -501,7 +518,7 @@ func newBenchFailoverCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if sdk.InWorker() { // an agent started this binary as a benchmark worker: serve it
-				os.Exit(sdk.WorkerMain(benchKinds()...))
+				os.Exit(benchWorkerMain())
 			}
 			ctx := cmd.Context()
 			c, cf, cleanup, err := benchCluster(ctx, "", 3, "dgx-h100", false)

@@ -109,7 +109,7 @@ func newBenchCollectivesCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if sdk.InWorker() { // an agent started this binary as a benchmark worker: serve it
-				os.Exit(sdk.WorkerMain(benchKinds()...))
+				os.Exit(benchWorkerMain())
 			}
 			if ranks < 2 || ranks > 64 || iters < 1 || iters > 1000 || rounds < 1 || rounds > 100 || !(mib > 0 && mib <= 4096) || agents < 1 || agents > 64 {
 				return fmt.Errorf("bench collectives: --ranks %d (2..64), --iters %d (1..1000), --rounds %d (1..100), --mib %v (0..4096], --agents %d (1..64)", ranks, iters, rounds, mib, agents)

@@ -187,7 +187,7 @@ Every process it started is stopped on the way out, on error and on Ctrl-C too.`
 		Args: noSubcommand,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if sdk.InWorker() { // an agent started this binary as a benchmark worker: serve it
-				os.Exit(sdk.WorkerMain(benchKinds()...))
+				os.Exit(benchWorkerMain())
 			}
 			if err := cfg.validate(); err != nil {
 				return fmt.Errorf("bench controlplane: %w", err)

@@ -74,7 +74,7 @@ func newBenchWorkerPutCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if sdk.InWorker() { // an agent started this binary as a benchmark worker: serve it
-				os.Exit(sdk.WorkerMain(benchKinds()...))
+				os.Exit(benchWorkerMain())
 			}
 			if iters < 1 || iters > 1000 || !(mib > 0 && mib <= 4096) {
 				return fmt.Errorf("bench workerput: --iters %d (1..1000), --mib %v (0..4096]", iters, mib)

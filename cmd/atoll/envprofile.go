@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// envProfile profiles this process's CPU for `atoll bench scale`'s heads and hollow
-// processes, which the bench starts itself: with ATOLL_CPUPROFILE_DIR set, from
+// envProfile profiles the CPU of a process a bench starts itself (`atoll bench scale`'s heads
+// and hollow processes, the cluster benches' workers): with ATOLL_CPUPROFILE_DIR set, from
 // ATOLL_CPUPROFILE_AFTER (a duration, default 10s) after the start for ATOLL_CPUPROFILE_FOR
 // (default 20s), into DIR/NAME.pprof. A bad setting is an error naming it.
 func envProfile(name string) error {

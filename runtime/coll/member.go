@@ -61,6 +61,27 @@ type member struct {
 	busy  map[int]chan struct{} // chunk index -> closed when its last send was read
 	acks  map[transfer.Key]func()
 	early map[stepKey]incoming // chunks of later steps, taken from the inbox before their turn
+	spare []float32            // the receive buffer of sums, kept between collectives (borrowScratch)
+}
+
+// borrowScratch hands the member's receive buffer to one collective, which gives it back
+// with returnScratch. It is kept between collectives: a fresh buffer each time cost the
+// first touch of its pages (page faults inside the read from the socket), as much CPU as the
+// read's own copy.
+func (m *member) borrowScratch() []float32 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.spare
+	m.spare = nil
+	return s
+}
+
+func (m *member) returnScratch(s []float32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if cap(s) > cap(m.spare) {
+		m.spare = s
+	}
 }
 
 func (m *member) deliver(in incoming) {
@@ -199,7 +220,8 @@ func (m *member) ring(ctx context.Context, seq int64, n int, data []float32, bnd
 	rank := m.key.rank
 	mod := func(x int) int { return ((x % n) + n) % n }
 	right, left := mod(rank+1), mod(rank-1)
-	var scratch []float32
+	scratch := m.borrowScratch()
+	defer func() { m.returnScratch(scratch) }()
 	for phase, op := range []int{reduceOp, gatherOp} {
 		if op == opNone {
 			continue
@@ -234,7 +256,8 @@ func (m *member) recursiveDoubling(ctx context.Context, seq int64, n int, data [
 	for p*2 <= n {
 		p *= 2
 	}
-	var scratch []float32
+	scratch := m.borrowScratch()
+	defer func() { m.returnScratch(scratch) }()
 	whole := len(data)
 	if rank >= p { // fold in, then wait for the result
 		if err := m.send(ctx, rank-p, stepKey{seq, 3, 0}, data, 0, whole, wholeVector); err != nil {
