@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -331,5 +332,41 @@ func TestWriterKeepsItsSegments(t *testing.T) {
 	}
 	if _, err := os.Stat(m4.Path); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the expired writer's segment: %v", err)
+	}
+}
+
+// recordDirectory records every registration.
+type recordDirectory struct {
+	*MemDirectory
+	mu    sync.Mutex
+	metas []Meta
+}
+
+func (d *recordDirectory) Register(ctx context.Context, m Meta) error {
+	d.mu.Lock()
+	d.metas = append(d.metas, m)
+	d.mu.Unlock()
+	return d.MemDirectory.Register(ctx, m)
+}
+
+// TestCreateForRegistersAPut: an object another process writes in place is a new object,
+// registered as a put's (Meta.Put), so a directory that writes puts' records behind the put
+// (runtime/objects.WriteBehind) does so for it too, instead of a consensus round in its seal.
+func TestCreateForRegistersAPut(t *testing.T) {
+	dir := &recordDirectory{MemDirectory: NewMemDirectory()}
+	s := newTestStore(t, func(c *Config) { c.Directory = dir })
+	ctx := context.Background()
+	s.Renew("worker-1")
+	w, err := s.CreateFor(ctx, "owner", "worker-1", NewID(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Seal(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	dir.mu.Lock()
+	defer dir.mu.Unlock()
+	if len(dir.metas) != 1 || dir.metas[0].ID != w.ID() || !dir.metas[0].Put || dir.metas[0].Owner != "owner" {
+		t.Fatalf("registrations %+v, want one put's of %s owned by owner", dir.metas, w.ID().Short())
 	}
 }

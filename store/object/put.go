@@ -124,7 +124,12 @@ func (s *Store) CreateFor(ctx context.Context, owner, holder string, id ID, size
 	if holder == "" {
 		return nil, fmt.Errorf("object: create %s for another process: empty holder", id.Short())
 	}
-	return s.create(ctx, owner, id, size, 0, false, holder)
+	w, err := s.create(ctx, owner, id, size, 0, false, holder)
+	if err != nil {
+		return nil, err
+	}
+	w.put = true // a new object, as Put's: its record is the first (a directory may write it behind)
+	return w, nil
 }
 
 // create reserves id and admits size bytes for it. external names the holder
