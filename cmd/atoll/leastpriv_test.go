@@ -598,10 +598,11 @@ func TestScopedAgentCredential(t *testing.T) {
 
 	startAgentAs(ctx, t, bin, dir, "extra", filepath.Join(cred, credTokenFile), adm, 0)
 	// Its gossip key is the heads' (a wrong one fails the join, and the agent with it).
-	logb, _ := os.ReadFile(filepath.Join(dir, "logs", "extra.log"))
-	if !strings.Contains(string(logb), "joined the cluster's gossip") {
-		t.Errorf("the scoped agent did not join the gossip:\n%s", logb)
-	}
+	// The agent registers before it joins the gossip: wait for the join.
+	waitFor(t, "the scoped agent joined the gossip", time.Minute, func() (bool, string) {
+		logb, _ := os.ReadFile(filepath.Join(dir, "logs", "extra.log"))
+		return strings.Contains(string(logb), "joined the cluster's gossip"), string(logb)
+	})
 	// Its credential is that machine's agent's: admin's writes and another machine's
 	// reports are refused.
 	heads, _ := sdk.ParseClusterAddress(addr)
