@@ -4,23 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
-	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/atoll-run/atoll/cmd/atoll/internal/clustertest"
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/sdk"
-	"github.com/atoll-run/atoll/sdk/sdktest"
 	"github.com/atoll-run/atoll/store/transfer"
 )
 
@@ -47,94 +43,17 @@ func TestMain(m *testing.M) {
 	if sdk.InWorker() { // an agent started this binary as a worker: serve it
 		os.Exit(sdk.WorkerMain(testKinds()...))
 	}
-	// The parallel tests here run clusters of processes and containers, and spend most of
-	// their time waiting on them: three run at once, not GOMAXPROCS (two on the project's
-	// machine), unless -parallel says otherwise.
-	flag.Parse()
-	parallelSet := false
-	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
-	if !parallelSet {
-		_ = flag.Set("test.parallel", "3")
-	}
-	code := m.Run()
-	if built.dir != "" {
-		_ = os.RemoveAll(built.dir) // the atoll binary built for the tests
-	}
-	os.Exit(code)
+	os.Exit(clustertest.Run(m))
 }
 
-// upCluster starts a cluster of real processes and stops it when the test ends; upArgs
-// are more flags of atoll up.
+// upCluster starts a cluster of real processes and stops it when the test ends
+// (clustertest.Up).
 func upCluster(t *testing.T, agents int, upArgs ...string) (bin, dir string) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("starts a cluster of processes")
-	}
-	tmp := t.TempDir()
-	bin = buildAtoll(t)
-	dir = filepath.Join(tmp, "cluster")
-	out, err := exec.Command(bin, append(append([]string{"up", "--dir", dir, "--agents", fmt.Sprint(agents), "--machine", "dgx-h100"},
-		sdktest.UpFlags()...), upArgs...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("atoll up: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		if t.Failed() { // before down, so that the tails show the cluster as the test left it
-			printLogs(t, filepath.Join(dir, "logs"))
-		}
-		if out, err := exec.Command(bin, "down", "--dir", dir, "--grace", "5s").CombinedOutput(); err != nil {
-			t.Errorf("atoll down: %v\n%s", err, out)
-		}
-	})
-	return bin, dir
+	return clustertest.Up(t, agents, upArgs...)
 }
 
-// printLogs prints, for each log of a cluster, its warnings and errors (a machine declared
-// dead, a lost leader: what explains a failure that started long before the end) and its
-// tail.
-func printLogs(t *testing.T, dir string) {
-	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
-	for _, l := range logs {
-		b, _ := os.ReadFile(l)
-		var warn []string
-		for _, line := range strings.Split(string(b), "\n") {
-			if strings.Contains(line, `"level":"warn"`) || strings.Contains(line, `"level":"error"`) {
-				warn = append(warn, line)
-			}
-		}
-		if len(warn) > 30 {
-			warn = append([]string{"..."}, warn[len(warn)-30:]...)
-		}
-		if len(b) > 3000 {
-			b = b[len(b)-3000:]
-		}
-		t.Logf("--- %s: warnings and errors\n%s\n--- %s (tail)\n%s", filepath.Base(l), strings.Join(warn, "\n"), filepath.Base(l), b)
-	}
-	// Workers' logs (agents/<machine>/logs/<job>/<gang>.<rank>.g<generation>.log): the tails
-	// of those that warned or failed (beyond the remote links dropped as processes end), at
-	// most eight.
-	workers, _ := filepath.Glob(filepath.Join(dir, "agents", "*", "logs", "*", "*.log"))
-	shown := 0
-	for _, l := range workers {
-		b, _ := os.ReadFile(l)
-		troubled := false
-		for _, line := range strings.Split(string(b), "\n") {
-			if (strings.Contains(line, `"level":"warn"`) || strings.Contains(line, `"level":"error"`)) && !strings.Contains(line, "EndpointWriter") {
-				troubled = true
-				break
-			}
-		}
-		if shown == 8 || !troubled {
-			continue
-		}
-		shown++
-		if len(b) > 2000 {
-			b = b[len(b)-2000:]
-		}
-		rel, _ := filepath.Rel(dir, l)
-		t.Logf("--- %s (tail)\n%s", rel, b)
-	}
-}
+// printLogs prints a cluster's logs for a failed test (clustertest.PrintLogs).
+func printLogs(t *testing.T, dir string) { clustertest.PrintLogs(t, dir) }
 
 // TestClusterSurvivesFailures drives a gang on a cluster of processes through a worker
 // SIGKILL, an agent SIGKILL and a SIGKILL of the leader head, and checks that it restarts

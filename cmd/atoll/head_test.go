@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/atoll-run/atoll/cmd/atoll/internal/clustertest"
 	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/store/meta"
 )
@@ -234,36 +235,9 @@ func (w *ackWriter) finish() map[string]string {
 	return w.acked
 }
 
-// built is the atoll binary of the package's tests.
-var built struct {
-	once     sync.Once
-	dir, bin string
-	err      error
-}
-
-// buildAtoll returns the atoll binary for the tests that run real processes: built once for
-// the package's tests, static (CGO_ENABLED=0) as the containers of deploy/ run it, so that
-// the compose test runs the same one; TestMain removes it.
-func buildAtoll(t *testing.T) string {
-	t.Helper()
-	built.once.Do(func() {
-		if built.dir, built.err = os.MkdirTemp("", "atoll-cmdtest-"); built.err != nil {
-			return
-		}
-		bin := filepath.Join(built.dir, "atoll")
-		build := exec.Command("go", "build", "-o", bin, ".")
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := build.CombinedOutput(); err != nil {
-			built.err = fmt.Errorf("go build (CGO_ENABLED=0): %v\n%s", err, out)
-			return
-		}
-		built.bin = bin
-	})
-	if built.err != nil {
-		t.Fatal(built.err)
-	}
-	return built.bin
-}
+// buildAtoll returns the atoll binary for the tests that run real processes
+// (clustertest.Atoll).
+func buildAtoll(t *testing.T) string { return clustertest.Atoll(t) }
 
 // peerList names replicas 1..n at addrs, as --peers entries "id=addr".
 func peerList(addrs []string) []string {

@@ -1,4 +1,4 @@
-package main
+package scenariotest
 
 import (
 	"encoding/json"
@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/atoll-run/atoll/cmd/atoll/internal/clustertest"
 	"github.com/atoll-run/atoll/internal/testtime"
 )
 
@@ -17,7 +18,7 @@ import (
 // with the operator's queues from a file, and returns how to run atoll on it.
 func schedCluster(t *testing.T) (bin, dir string, run func(args ...string) []byte) {
 	t.Helper()
-	bin, dir = upCluster(t, 4)
+	bin, dir = clustertest.Up(t, 4)
 	start := time.Now()
 	run = func(args ...string) []byte {
 		t.Helper()
@@ -211,7 +212,7 @@ func TestDemoAutoscaleScenario(t *testing.T) {
 		t.Skip("starts a cluster of processes")
 	}
 	t.Parallel()
-	bin := buildAtoll(t)
+	bin := clustertest.Atoll(t)
 	cmd := exec.Command(bin, "demo", "--scenario", "autoscale", "--json")
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
