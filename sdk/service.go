@@ -328,9 +328,11 @@ func (s *Service) done1(i int) {
 
 // CallService sends req to one of the service's ready replicas, the one with the fewest of
 // this process's calls in flight, and waits for its reply (as Call). It follows the
-// service's scaling: a replica added is called once ready; a replica stopped by a scale
-// down is not called again (a call in flight on it fails with ErrStale, which the caller
-// may retry). It waits while no replica is ready.
+// service's scaling: a replica added is called once ready; a replica that a scale down
+// retires is not called again once this process has seen the decision, and the leader
+// lets it finish its calls in flight before it stops it (for up to 30 s; a call still in
+// flight when it stops fails with ErrStale, which the caller may retry). It waits while
+// no replica is ready.
 func CallService[Resp any](ctx context.Context, s *Service, req any) (Resp, error) {
 	var zero Resp
 	i, ref, err := s.pick(ctx)

@@ -31,6 +31,18 @@ import (
 // serviceLoadStale is how old a replica's load report may be and still count.
 const serviceLoadStale = 3 * time.Second
 
+// A replica that a scale down retires is drained before it is stopped: callers stop
+// choosing it as soon as they see the service's new record (sdk.CallService routes to
+// replicas below Replicas), and the leader stops it once it reports no call in flight in a
+// report made serviceDrainSettle after the decision (callers have seen the record by then),
+// or once serviceDrain has passed, whatever it reports. A replica that does not report
+// (never ready, or gone quiet for serviceLoadStale) is stopped at once. So a scale down no
+// longer fails the calls in flight on the replicas it stops.
+const (
+	serviceDrain       = 30 * time.Second
+	serviceDrainSettle = time.Second
+)
+
 // serviceBook is the leader's memory of the services: the replicas' load reports and the
 // rule's low-load marks, by service key ("job/name"). Its lock is taken after the
 // controller's, never before.
@@ -231,6 +243,9 @@ func (c *Controller) reconcileService(ctx context.Context, s api.Service) error 
 				errs = append(errs, fmt.Errorf("replica %d: %w", i, err))
 			}
 		case i >= want && ok && st.Live():
+			if s.State == api.ServiceRunning && c.draining(s, i) {
+				continue // its calls in flight first; a later sweep stops it
+			}
 			if err := c.StopGang(ctx, s.Spec.Job, api.ReplicaName(s.Spec.Name, i)); err != nil && !errors.Is(err, api.ErrNotFound) {
 				errs = append(errs, fmt.Errorf("replica %d: %w", i, err))
 			}
@@ -240,6 +255,22 @@ func (c *Controller) reconcileService(ctx context.Context, s api.Service) error 
 		return fmt.Errorf("head: service %s/%s: %w", s.Spec.Job, s.Spec.Name, err)
 	}
 	return nil
+}
+
+// draining reports whether replica i, which a scale down of the running service s
+// retires, still has calls in flight to finish (see serviceDrain).
+func (c *Controller) draining(s api.Service, i int) bool {
+	now := c.cfg.Clock()
+	if now.Sub(s.Scaled) >= serviceDrain {
+		return false
+	}
+	c.svc.mu.Lock()
+	e, ok := c.svc.loads[s.Spec.Job+"/"+s.Spec.Name][i]
+	c.svc.mu.Unlock()
+	if !ok || now.Sub(e.got) > serviceLoadStale {
+		return false // not reporting: nothing to wait for
+	}
+	return e.load.InFlight > 0 || !e.got.After(s.Scaled.Add(serviceDrainSettle))
 }
 
 // serviceLoop sweeps the services every Poll while this head leads, until Stop.

@@ -140,3 +140,79 @@ func TestServiceReplicaPreemptsTrainingByNotice(t *testing.T) {
 		t.Fatalf("the replica before the training stopped: %+v, %v; want it pending", r, err)
 	}
 }
+
+// TestServiceScaleDownDrainsReplicas: a replica that a scale down retires is stopped only
+// once it reports no call in flight after the decision, or once the drain's bound has
+// passed while it still reports some; callers stop choosing it meanwhile (they route below
+// Replicas). The heads' clock is the test's.
+func TestServiceScaleDownDrainsReplicas(t *testing.T) {
+	clk := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	heads, c, _ := heads3(t, clk)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := c.RegisterMachine(ctx, machine(t, "m0")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SubmitJob(ctx, api.Job{Name: "j"}); err != nil {
+		t.Fatal(err)
+	}
+	spec := api.ServiceSpec{Job: "j", Name: "s", Kind: "k", MinReplicas: 1, MaxReplicas: 3, Resources: api.Resources{GPUs: 1},
+		TargetInFlight: 4, ScaleUpCooldown: api.Duration(time.Second), ScaleDownCooldown: api.Duration(10 * time.Second)}
+	if _, err := c.SpawnService(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	report := func(replica, inFlight int) {
+		t.Helper()
+		if err := c.ReportServiceLoad(ctx, api.ServiceLoad{Job: "j", Service: "s", Replica: replica, InFlight: inFlight}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitGang(t, c, "j", "s.r0", func(g api.Gang) bool { return g.State.Live() })
+	report(0, 9) // 9 in flight at a target of 4: 3 replicas
+	waitService(t, c, "j", "s", "scaled up", func(s api.Service) bool { return s.Replicas == 3 })
+	for _, r := range []string{"s.r1", "s.r2"} {
+		waitGang(t, c, "j", r, func(g api.Gang) bool { return g.State.Live() })
+	}
+	// 2 in flight fits one replica at half the target: after the cooldown, down to 1,
+	// with a call in flight on each of the two replicas it retires.
+	lead := leader(t, heads).Controller()
+	low := func() bool {
+		lead.svc.mu.Lock()
+		defer lead.svc.mu.Unlock()
+		return !lead.svc.low["j/s"].IsZero()
+	}
+	poll := time.NewTicker(20 * time.Millisecond) // the mark is the leader's memory: no change to wait on
+	defer poll.Stop()
+	for report(0, 0); !low(); report(0, 0) {
+		report(1, 1)
+		report(2, 1)
+		select {
+		case <-poll.C:
+		case <-ctx.Done():
+			t.Fatal("the leader never marked the load low")
+		}
+	}
+	clk.Advance(11 * time.Second)
+	report(0, 0)
+	report(1, 1)
+	report(2, 1)
+	waitService(t, c, "j", "s", "scaled down", func(s api.Service) bool { return s.Replicas == 1 })
+	// Past the settle, r2 reports its calls done and stops; r1, still busy, keeps running
+	// (the sweep that stopped r2 passed r1 first).
+	clk.Advance(serviceDrainSettle + 500*time.Millisecond)
+	report(1, 1)
+	report(2, 0)
+	waitGang(t, c, "j", "s.r2", func(g api.Gang) bool { return g.State == api.GangStopped })
+	if g, _, err := c.Gang(ctx, "j", "s.r1"); err != nil || !g.State.Live() {
+		t.Fatalf("replica 1, with a call in flight, after the sweep that stopped replica 2: %+v, %v; want it still live", g, err)
+	}
+	// Busy past the drain's bound (its reports fresh all along), it is stopped anyway.
+	for passed := serviceDrainSettle + 500*time.Millisecond; passed < serviceDrain; passed += 2 * time.Second {
+		clk.Advance(2 * time.Second)
+		report(1, 1)
+	}
+	waitGang(t, c, "j", "s.r1", func(g api.Gang) bool { return g.State == api.GangStopped })
+	if g, _, err := c.Gang(ctx, "j", "s.r0"); err != nil || !g.State.Live() {
+		t.Fatalf("replica 0 after the drain: %+v, %v", g, err)
+	}
+}
