@@ -337,6 +337,16 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Errorf("the training plot has %d series (%q), want demo/eval's two runs", n, progLabels(t, ctx))
 	}
 	timeAxis(t, ctx, "p-prog")
+
+	// A service has its line: the replicas the leader decided, its bounds, the cards its
+	// replicas hold.
+	if _, err := job.SpawnService(rctx, sdk.ServiceSpec{Name: "serve", Kind: "worker", MinReplicas: 1, MaxReplicas: 2, GPUsPerReplica: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx, chromedp.Poll[chromedp.Void](`(r => !!r && r.cells[1].textContent === "1" && r.cells[2].textContent === "1–2" && r.cells[3].textContent === "1")(document.querySelector('#services tr[data-service="demo/serve"]'))`,
+		chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
+		t.Fatalf("the service's line: %v; the table: %q", err, eval[string](t, ctx, `document.getElementById("services").textContent`))
+	}
 	pageOK(t, ctx, pe)
 }
 

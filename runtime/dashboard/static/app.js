@@ -273,6 +273,13 @@ function renderGangs(st) {
     el("td", { text: typeof q.share === "number" ? q.share.toFixed(2) : "–", title: "use over fair share (1.00: its share; above: borrowing idle capacity)" }),
     el("td", { text: String(num(q.max_priority)) }))));
   if (!queues.length) $("queues").tBodies[0].append(emptyRow(8, "no queue"));
+  const svcs = list(st.services);
+  $("services").tBodies[0].replaceChildren(...svcs.map(s => el("tr", { "data-service": s.job + "/" + s.name },
+    el("td", { text: s.job + "/" + s.name }), el("td", { text: String(num(s.replicas)) }),
+    el("td", { text: num(s.min_replicas) + "–" + num(s.max_replicas) }), el("td", { text: String(num(s.gpus)) }),
+    el("td", { text: String(num(s.scale_ups)) }), el("td", { text: String(num(s.scale_downs)) }),
+    el("td", { class: "muted", text: s.reason || "" }))));
+  if (!svcs.length) $("services").tBodies[0].append(emptyRow(7, "no service (Job.SpawnService starts one)"));
   for (const j of list(st.jobs)) ui.jobs.add(j.name);
   const sel = $("job-filter");
   const have = new Set([...sel.options].map(o => o.value));
