@@ -11,6 +11,14 @@ func (c *Config) classWeight(priority int) float64 {
 	return math.Pow(c.ClassWeight, float64(priority))
 }
 
+// starving says g is starving (Preempt.StarvationWait): of priority StarvationPriority
+// or above, it has waited StarvationWait / ClassWeight^priority since it last queued.
+func (c *Config) starving(g *QueuedGang) bool {
+	sw := c.Preempt.StarvationWait
+	return sw > 0 && c.Preemption && g.Request.Priority >= c.Preempt.StarvationPriority &&
+		g.Waited.Seconds()*c.classWeight(g.Request.Priority) >= sw.Seconds()
+}
+
 // QueueConfig declares one queue. Queues form a tree by their slash-separated paths
 // ("research/vision" is a child of "research"); parents not listed get weight 1.
 type QueueConfig struct {
@@ -295,8 +303,8 @@ func (c Config) Validate() error {
 		c.TopologyWait < 0 || c.DefaultAllReduceBytes < 0 || c.LASThreshold < 0 || c.TopologyWaitFraction < 0 || c.HoldTimeout < 0 || c.TopologyWaitUnforeseen < 0 {
 		return fmt.Errorf("gang: negative AgingStep, RemainingAging, UnknownDuration, CheckpointGrace, MinRunBeforePreempt, TopologyWait, DefaultAllReduceBytes or LASThreshold: %w", ErrInvalidConfig)
 	}
-	if p := c.Preempt; p.GainRatio < 0 || p.MaxEvictions < 0 || !(c.ClassWeight >= 1) || math.IsInf(c.ClassWeight, 0) {
-		return fmt.Errorf("gang: ClassWeight %v must be >= 1 and finite, Preempt %+v GainRatio and MaxEvictions >= 0: %w", c.ClassWeight, p, ErrInvalidConfig)
+	if p := c.Preempt; p.GainRatio < 0 || p.MaxEvictions < 0 || p.StarvationWait < 0 || !(c.ClassWeight >= 1) || math.IsInf(c.ClassWeight, 0) {
+		return fmt.Errorf("gang: ClassWeight %v must be >= 1 and finite, Preempt %+v GainRatio, MaxEvictions and StarvationWait >= 0: %w", c.ClassWeight, p, ErrInvalidConfig)
 	}
 	if p := c.Predict; p.Enabled && (p.Window < 1 || p.MinRuns < 0) {
 		return fmt.Errorf("gang: Predict %+v: Window must be >= 1 and MinRuns >= 0: %w", p, ErrInvalidConfig)

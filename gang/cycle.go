@@ -34,7 +34,7 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 		return d
 	}
 	q := s.sortPending(now)
-	c := cycleRun{d: &d, now: now, failed: map[shapeKeyModels]*Status{}, failedMin: map[shapeKeyModels]int{}}
+	c := cycleRun{d: &d, now: now, failed: map[shapeKeyModels]*Status{}, failedMin: map[shapeKeyModels]int{}, starvingTries: map[int]int{}}
 	for q.Len() > 0 && !c.stop {
 		if d.Attempts >= s.cfg.MaxGangsPerCycle || c.scanned >= s.cfg.MaxScanFactor*s.cfg.MaxGangsPerCycle {
 			break
@@ -44,12 +44,15 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 		g := qg.g
 		excl, exclKey := s.exclusionKeyed(g, now)
 		sk := shapeKeyModels{g.req.Member, strings.Join(g.req.GPUModels, "|"), exclKey, g.req.Strategy}
-		if f, ok := c.failed[sk]; ok && g.req.Min >= c.failedMin[sk] && !s.cfg.StrictFIFO {
+		// A starving gang with a preemption search left is tried even when its shape
+		// failed: its search may find victims the other's could not.
+		starving := s.cfg.starving(qg) && c.starvingTries[g.req.Priority] < s.cfg.MaxPreemptionSearches
+		if f, ok := c.failed[sk]; ok && g.req.Min >= c.failedMin[sk] && !s.cfg.StrictFIFO && !starving {
 			s.addWaiting(&d, g, f) // the reason of the gang of its shape that was tried
 			continue
 		}
 		d.Attempts++
-		t := &gangTry{excl: excl, shape: sk}
+		t := &gangTry{excl: excl, shape: sk, starving: starving}
 		s.att = s.newAttempt(qg, NewCycleState(), nil)
 		for _, st := range s.steps {
 			if t.settled || c.stop {
@@ -89,6 +92,8 @@ type gangTry struct {
 	// held: allocate found a placement a Permit plugin holds (backfill reserves compact
 	// room for it).
 	held bool
+	// starving: Config.starving, with a search of its class's starving budget left.
+	starving bool
 }
 
 // runStep runs one action for the gang of the current attempt.
@@ -148,10 +153,16 @@ func (s *Scheduler) runStep(c *cycleRun, t *gangTry, st step) {
 	case ActionPreempt: // preempt, reclaim or both (step.may)
 		// A gang with no placement, or one its topology wait holds for a compact one (the
 		// preemption then looks for compact room only), may make room by preemption.
-		if !(t.blocked || t.held) || len(s.prof.postFilter) == 0 || c.preemptTries >= s.cfg.MaxPreemptionSearches {
+		tries := &c.preemptTries
+		if t.starving {
+			n := c.starvingTries[g.req.Priority]
+			tries = &n
+			defer func() { c.starvingTries[g.req.Priority] = n }()
+		}
+		if !(t.blocked || t.held) || len(s.prof.postFilter) == 0 || *tries >= s.cfg.MaxPreemptionSearches {
 			return
 		}
-		c.preemptTries++
+		*tries++
 		res := s.runPostFilter(a, st.may, now)
 		if res == nil {
 			return
@@ -228,8 +239,11 @@ type cycleRun struct {
 	stop         bool // StrictFIFO: the first gang that did not fit ends the cycle
 	scanned      int
 	preemptTries int
-	reserveTried bool // one blocked-gang reservation search per cycle
-	compactTries int  // compact reservation searches (at most MaxReservations)
+	// starvingTries counts the preemption searches of starving gangs
+	// (Preempt.StarvationWait) per priority class, apart from preemptTries.
+	starvingTries map[int]int
+	reserveTried  bool // one blocked-gang reservation search per cycle
+	compactTries  int  // compact reservation searches (at most MaxReservations)
 	// failed remembers, per member shape, strategy and set of reservations holding nodes
 	// from it, the fewest members that found no placement this cycle: a gang of that
 	// shape, under the same reservations, asking as many or more cannot fit either and is

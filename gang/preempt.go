@@ -28,6 +28,20 @@ type PreemptConfig struct {
 	// the preemptor ≥ w(victim) / remaining GPU-seconds of the victim. A victim about to
 	// finish is then left to finish.
 	RemainingRule bool
+	// StarvationWait bounds how long the preemption search budget can pass a gang over: a
+	// gang of priority p ≥ StarvationPriority that has waited StarvationWait /
+	// ClassWeight^p since it last queued is starving. Its preemption search then does not
+	// count against MaxPreemptionSearches (the starving gangs of each class have as many
+	// again of their own), and it is tried even when a gang of its shape and no more
+	// members found no placement earlier in the cycle (its search may find victims the
+	// other's could not). Without it, a large gang whose remaining work is predicted long
+	// sorts behind a stream of smaller gangs that use up the cycle's searches, and waits
+	// for days (BENCHMARKS.md, issue 22). Victims are chosen as for any gang. Default
+	// 64 h: one hour for priority 2 with ClassWeight 8. 0 disables it.
+	StarvationWait time.Duration
+	// StarvationPriority is the lowest priority StarvationWait applies to (default 2, the
+	// simulator's high class: starving normal-class gangs measured worse, BENCHMARKS.md).
+	StarvationPriority int
 	// RetryResolution is the granularity of the time at which a preemption that does not
 	// pay for itself yet is tried again (rounded up to a multiple of it, at least one
 	// step). Default 1 s, the traces' resolution; a live cluster uses a finer one.
@@ -36,7 +50,8 @@ type PreemptConfig struct {
 
 // DefaultPreemptConfig returns the defaults above.
 func DefaultPreemptConfig() PreemptConfig {
-	return PreemptConfig{GainRatio: 1, Backoff: true, RemainingRule: true, RetryResolution: time.Second}
+	return PreemptConfig{GainRatio: 1, Backoff: true, RemainingRule: true, StarvationWait: 64 * time.Hour, StarvationPriority: 2,
+		RetryResolution: time.Second}
 }
 
 // EvictionCost implements Handle: what stopping r at now costs, with the time it will have

@@ -211,3 +211,89 @@ func TestHeldGangPreemptsForCompactRoom(t *testing.T) {
 		t.Fatalf("placements after the evictions %+v: want hi on one machine", d.Placements)
 	}
 }
+
+// TestStarvingGangPreempts: a large high-priority gang whose remaining work is long sorts
+// behind small low-priority gangs that cannot preempt anything (nothing below their
+// class) but use up the cycle's preemption searches (two shapes, two searches), so it
+// never gets a search of its own and waits for ever on a cluster full of low-priority
+// work. Once it has waited Preempt.StarvationWait / ClassWeight^2 (an hour), it is
+// starving: it searches from its class's own budget, evicts one machine of low-priority
+// gangs and starts there.
+func TestStarvingGangPreempts(t *testing.T) {
+	tests := []struct {
+		name    string
+		starve  time.Duration // Preempt.StarvationWait
+		preempt bool          // the high-priority gang gets victims within 3 h
+	}{
+		{"no starvation bound", 0, false},
+		{"default bound", DefaultPreemptConfig().StarvationWait, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Preempt.StarvationWait = tt.starve
+			s, err := New(cfg, testSnapshot(2, 8, 2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := epoch
+			ck := Checkpoint{Interval: 30 * time.Minute, Save: 30 * time.Second, Restore: time.Minute, JustInTime: true}
+			for i := 0; i < 16; i++ {
+				req := Request{ID: fmt.Sprintf("run%d", i), Min: 1, Member: Member{GPUs: 1}, Checkpoint: ck}
+				if _, err := s.Submit(req, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if d := s.Cycle(now); len(d.Placements) != 16 {
+				t.Fatalf("placed %d of the 16 low-priority gangs", len(d.Placements))
+			}
+			now = now.Add(time.Hour) // past every protection
+			submitted := now
+			for _, req := range []Request{
+				// Short low-priority gangs of two shapes: first in the urgency order, each
+				// blocked with no victim below it.
+				{ID: "small-a", Min: 1, Member: Member{GPUs: 1}, Duration: time.Minute},
+				{ID: "small-b", Min: 1, Member: Member{GPUs: 1, CPUMilli: 500}, Duration: time.Minute},
+				// 8 GPUs for 10 h at priority 2: 8 × 36,000 / 64 GPU-seconds, after theirs.
+				{ID: "big", Priority: 2, Min: 8, Member: Member{GPUs: 1}, Duration: 10 * time.Hour, Checkpoint: ck},
+			} {
+				if _, err := s.Submit(req, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var victims []string
+			for now.Sub(submitted) < 3*time.Hour && victims == nil {
+				d := s.Cycle(now)
+				for _, p := range d.Preemptions {
+					if p.For != "big" {
+						t.Fatalf("preemption for %s: the small gangs have nothing below them", p.For)
+					}
+					victims = append(victims, p.Victim)
+				}
+				now = now.Add(time.Minute)
+			}
+			if !tt.preempt {
+				if victims != nil {
+					t.Fatalf("evicted %v for the big gang without a starvation bound: the scenario no longer starves it", victims)
+				}
+				return
+			}
+			if len(victims) != 8 {
+				t.Fatalf("evicted %v for the big gang within 3 h; want one machine's 8 gangs", victims)
+			}
+			if waited := now.Sub(submitted); waited < time.Hour {
+				t.Fatalf("the big gang preempted after %s, before its starvation bound (1 h)", waited)
+			}
+			stop := now.Add(time.Minute)
+			for _, v := range victims {
+				if err := s.Evicted(v, stop, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d := s.Cycle(stop)
+			if !slices.ContainsFunc(d.Placements, func(p Placement) bool { return p.Gang == "big" && len(p.Members) == 8 && p.Machines == 1 }) {
+				t.Fatalf("the big gang not placed on one machine after its victims stopped: %+v (waiting %+v)", d.Placements, d.Waiting)
+			}
+		})
+	}
+}

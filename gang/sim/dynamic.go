@@ -371,6 +371,7 @@ func PolicyConfig(policy string) (gang.Config, gang.BlindPolicy, error) {
 		cfg.TopologyAware = false
 		cfg.Preemption, cfg.FairShareReclaim, cfg.Backfill = false, false, false
 		cfg.AgingStep, cfg.RemainingAging = 0, 0
+		cfg.Preempt.StarvationWait = 0
 	}
 	switch policy {
 	case "atoll":
