@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -272,6 +273,9 @@ type notLeader struct{ leader uint64 }
 
 func (e *notLeader) Error() string { return fmt.Sprintf("not the leader (leader is %d)", e.leader) }
 
+// maxRetryBackoff bounds Do's wait between two attempts while no head answers as leader.
+const maxRetryBackoff = 500 * time.Millisecond
+
 // Do sends a request to the leader head and decodes its answer into out, retrying (with
 // backoff, on another head when one does not answer) until ctx ends. Errors the head
 // answered (invalid, not found, ...) are returned at once.
@@ -316,14 +320,17 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: %s %s: %v (last: %v)", ErrUnavailable, method, path, ctx.Err(), last)
 		}
-		t := time.NewTimer(backoff)
+		// Half the backoff and a random part of the other half: the clients of a whole
+		// cluster that lost its leader at once (every agent's) spread their retries
+		// instead of arriving together.
+		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return fmt.Errorf("%w: %s %s: %v (last: %v)", ErrUnavailable, method, path, ctx.Err(), last)
 		case <-t.C:
 		}
-		backoff = min(2*backoff, 250*time.Millisecond)
+		backoff = min(2*backoff, maxRetryBackoff)
 	}
 }
 

@@ -14,10 +14,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"golang.org/x/net/netutil"
 
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
@@ -58,6 +60,12 @@ type Config struct {
 	ElectionTimeout time.Duration
 	// APIListen is the HTTP API's address. Default 127.0.0.1:0.
 	APIListen string
+	// MaxAPIConns bounds the API's open connections (further ones wait in the kernel's
+	// backlog until one closes). Default: half of the process's open-file limit, at least
+	// 256, so that a storm of reconnecting clients (every agent of a large cluster, when a
+	// leader dies) cannot take the descriptors the Paxos links and the log need: at 1,000
+	// machines one head ran out of its 20,000 and no leader was elected.
+	MaxAPIConns int
 	// APIAdvertise is the API's base URL as others reach it (default http://<listen address>).
 	APIAdvertise string
 	// CA, when set, turns mutual TLS on: the head issues itself a certificate of the
@@ -118,6 +126,18 @@ type Head struct {
 	obs            *observer   // the dashboard and /metrics (dashboard.go)
 	// headsMu guards cfg.Heads, which SetHeads may change while the status is read.
 	headsMu sync.Mutex
+}
+
+// maxAPIConns is Config.MaxAPIConns, or its default from the open-file limit.
+func maxAPIConns(n int) int {
+	if n > 0 {
+		return n
+	}
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > 1<<30 {
+		return 1 << 14
+	}
+	return max(256, int(lim.Cur/2))
 }
 
 // Start starts a head: it opens the WAL, starts the replica, the controller and the API.
@@ -209,6 +229,7 @@ func Start(cfg Config) (*Head, error) {
 		h.closeTransport()
 		return nil, fmt.Errorf("head %d: API listen %s: %w", cfg.ID, listen, err)
 	}
+	h.ln = netutil.LimitListener(h.ln, maxAPIConns(cfg.MaxAPIConns))
 	scheme := "http"
 	if h.id != nil {
 		h.ln = tls.NewListener(h.ln, h.id.BootstrapServer())
