@@ -288,6 +288,9 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		nc.Store.Capacity = cfg.ObjectCapacity
 	}
 	nc.Store.MaxObjectSize = cfg.MaxObjectSize
+	// An agent restarted right after its predecessor was killed waits for the kernel to
+	// release the dead one's lock on the store (its teardown of large mappings takes time).
+	nc.Store.LockWait = 30 * time.Second
 	if cfg.ShmDir != "" {
 		nc.Store.ShmDir = cfg.ShmDir
 	}

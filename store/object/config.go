@@ -53,6 +53,11 @@ type Config struct {
 	// objects at Open. Writes made for a caller use the caller's context.
 	// Default 10s.
 	DirectoryTimeout time.Duration
+	// LockWait is how long Open waits for another holder of the directory to let go
+	// before it fails with ErrDirInUse: a process restarted right after its predecessor
+	// was killed (an agent's supervisor) finds the lock held until the kernel has torn the
+	// dead process down. Default 0: fail at once.
+	LockWait time.Duration
 	// Clock returns the time; only lease bookkeeping reads it. Default time.Now.
 	Clock func() time.Time
 	// Logger, default zap.NewNop().

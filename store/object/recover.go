@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -24,8 +25,9 @@ const (
 // adoptDir makes sure dir is a store directory (creating it, or marking it if
 // it is empty) and locks its marker; the returned file holds the lock until
 // closed. It refuses a directory with foreign contents (ErrNotStoreDir) and one
-// that another open store holds (ErrDirInUse).
-func adoptDir(dir string) (*os.File, error) {
+// that another open store holds (ErrDirInUse) once wait has passed (busy, if not nil, is
+// called each time it finds the lock held).
+func adoptDir(dir string, wait time.Duration, busy func()) (*os.File, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("object: open %s: %w", dir, err)
 	}
@@ -57,14 +59,25 @@ func adoptDir(dir string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("object: open %s: %w", dir, err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("object: open %s: another open store holds it: %w", dir, ErrDirInUse)
+	deadline := time.Now().Add(wait)
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return f, nil
 		}
-		return nil, fmt.Errorf("object: open %s: lock %s: %w", dir, marker, err)
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("object: open %s: lock %s: %w", dir, marker, err)
+		}
+		if busy != nil {
+			busy()
+		}
+		if !time.Now().Before(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("object: open %s: another open store holds it (waited %v): %w", dir, wait, ErrDirInUse)
+		}
+		time.Sleep(50 * time.Millisecond) // polling a lock another process holds: flock has no timed wait
 	}
-	return f, nil
 }
 
 // recover finds what a previous instance left on disk: its durable files first

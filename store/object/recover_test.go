@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"go.uber.org/zap/zaptest"
 )
@@ -135,5 +136,46 @@ func TestOpenTwice(t *testing.T) {
 	defer s2.Close()
 	if !s2.Contains(a) {
 		t.Fatal("spilled object not recovered")
+	}
+}
+
+// TestOpenWaitsForTheHolder: with LockWait, an Open that finds the directory held waits
+// for the holder to let go (a killed predecessor the kernel has not torn down yet) and
+// then opens it; without, or past the wait, it fails with ErrDirInUse.
+func TestOpenWaitsForTheHolder(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(openCfg(t), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := openCfg(t)
+	short.LockWait = 100 * time.Millisecond
+	if s2, err := Open(short, dir); !errors.Is(err, ErrDirInUse) {
+		if err == nil {
+			s2.Close()
+		}
+		t.Fatalf("an open past its wait: %v, want ErrDirInUse", err)
+	}
+	busy := make(chan struct{}, 1)
+	cfg := openCfg(t)
+	cfg.LockWait = time.Minute
+	cfg.hooks = &hooks{lockBusy: func() {
+		select {
+		case busy <- struct{}{}:
+		default:
+		}
+	}}
+	opened := make(chan error, 1)
+	go func() {
+		s2, err := Open(cfg, dir)
+		if err == nil {
+			s2.Close()
+		}
+		opened <- err
+	}()
+	<-busy // it found the lock held and waits
+	s.Close()
+	if err := <-opened; err != nil {
+		t.Fatalf("an open waiting for the holder, after the holder closed: %v", err)
 	}
 }

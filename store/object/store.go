@@ -210,7 +210,11 @@ func Open(cfg Config, dir string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("object: open %s: register metrics: %w", dir, err)
 	}
-	dirLock, err := adoptDir(abs)
+	var busy func()
+	if cfg.hooks != nil {
+		busy = cfg.hooks.lockBusy
+	}
+	dirLock, err := adoptDir(abs, cfg.LockWait, busy)
 	if err != nil {
 		return nil, err
 	}
@@ -412,6 +416,9 @@ type hooks struct {
 	mapPair func(path string, size int64) (rw, ro []byte, err error)
 	// sync replaces (*os.File).Sync for the durable tier, to count or fail fsyncs.
 	sync func(f *os.File) error
+	// lockBusy: Open found its directory's lock held by another store (and waits, with
+	// Config.LockWait).
+	lockBusy func()
 }
 
 func (s *Store) fail(reason string, err error) error {
