@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/store/paxos"
 )
 
 // waitService watches a service's record in the log until ok holds of it.
@@ -15,12 +16,11 @@ func waitService(t *testing.T, c *api.Client, job, name, what string, ok func(ap
 	return waitRecord(t, c, api.ServiceKey(job, name), 20*time.Second, what, ok)
 }
 
-// TestServiceDecisionsSurviveLeaderChange scales a service up from its replicas' reported
-// load, changes the leader, and checks that the new leader holds the committed decision
-// (it has no loads yet: it does not scale down for want of reports) and scales it down
-// when the replicas report a low load for the cooldown; the replica gangs follow each
-// decision. The heads' clock is the test's.
-func TestServiceDecisionsSurviveLeaderChange(t *testing.T) {
+// serviceHeads starts three heads on the test's clock, with machine m0 and job j, and
+// returns the spec of service j/s: 1 to 3 replicas of one GPU, target in flight per
+// replica, cooldowns 1 s up and 10 s down.
+func serviceHeads(t *testing.T, target int) (*fakeClock, []*Head, *api.Client, *paxos.MemNetwork, api.ServiceSpec) {
+	t.Helper()
 	clk := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	heads, c, net := heads3(t, clk)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -31,8 +31,19 @@ func TestServiceDecisionsSurviveLeaderChange(t *testing.T) {
 	if _, err := c.SubmitJob(ctx, api.Job{Name: "j"}); err != nil {
 		t.Fatal(err)
 	}
-	spec := api.ServiceSpec{Job: "j", Name: "s", Kind: "k", MinReplicas: 1, MaxReplicas: 3, Resources: api.Resources{GPUs: 1},
-		TargetInFlight: 2, ScaleUpCooldown: api.Duration(time.Second), ScaleDownCooldown: api.Duration(10 * time.Second)}
+	return clk, heads, c, net, api.ServiceSpec{Job: "j", Name: "s", Kind: "k", MinReplicas: 1, MaxReplicas: 3, Resources: api.Resources{GPUs: 1},
+		TargetInFlight: target, ScaleUpCooldown: api.Duration(time.Second), ScaleDownCooldown: api.Duration(10 * time.Second)}
+}
+
+// TestServiceDecisionsSurviveLeaderChange scales a service up from its replicas' reported
+// load, changes the leader, and checks that the new leader holds the committed decision
+// (it has no loads yet: it does not scale down for want of reports) and scales it down
+// when the replicas report a low load for the cooldown; the replica gangs follow each
+// decision. The heads' clock is the test's.
+func TestServiceDecisionsSurviveLeaderChange(t *testing.T) {
+	clk, heads, c, net, spec := serviceHeads(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	if _, err := c.SpawnService(ctx, spec); !errors.Is(err, api.ErrExists) && err != nil {
 		t.Fatal(err)
 	}
@@ -146,18 +157,9 @@ func TestServiceReplicaPreemptsTrainingByNotice(t *testing.T) {
 // passed while it still reports some; callers stop choosing it meanwhile (they route below
 // Replicas). The heads' clock is the test's.
 func TestServiceScaleDownDrainsReplicas(t *testing.T) {
-	clk := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	heads, c, _ := heads3(t, clk)
+	clk, heads, c, _, spec := serviceHeads(t, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := c.RegisterMachine(ctx, machine(t, "m0")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.SubmitJob(ctx, api.Job{Name: "j"}); err != nil {
-		t.Fatal(err)
-	}
-	spec := api.ServiceSpec{Job: "j", Name: "s", Kind: "k", MinReplicas: 1, MaxReplicas: 3, Resources: api.Resources{GPUs: 1},
-		TargetInFlight: 4, ScaleUpCooldown: api.Duration(time.Second), ScaleDownCooldown: api.Duration(10 * time.Second)}
 	if _, err := c.SpawnService(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
