@@ -293,6 +293,10 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		if err == nil {
 			return nil
 		}
+		if ctx.Err() != nil && last != nil {
+			// The caller's deadline cut this attempt short: the last answer says more.
+			return fmt.Errorf("%w: %s %s: %v (last: %v)", ErrUnavailable, method, path, ctx.Err(), last)
+		}
 		var nl *notLeader
 		retry := false
 		switch {
