@@ -83,7 +83,7 @@ func TestREADMECluster(t *testing.T) {
 	t.Cleanup(func() { // whatever a failed line left running
 		if _, err := os.Stat(filepath.Join(cluster, clusterFileName)); err == nil {
 			if t.Failed() {
-				printLogs(t, filepath.Join(cluster, "logs"))
+				printLogs(t, cluster)
 			}
 			_ = exec.Command(bin, "down", "--dir", cluster, "--grace", "5s").Run()
 		}

@@ -82,7 +82,7 @@ func Up(t testing.TB, agents int, upArgs ...string) (bin, dir string) {
 	}
 	t.Cleanup(func() {
 		if t.Failed() { // before down, so that the tails show the cluster as the test left it
-			PrintLogs(t, filepath.Join(dir, "logs"))
+			PrintLogs(t, dir)
 		}
 		if out, err := exec.Command(bin, "down", "--dir", dir, "--grace", "5s").CombinedOutput(); err != nil {
 			t.Errorf("atoll down: %v\n%s", err, out)
@@ -91,11 +91,11 @@ func Up(t testing.TB, agents int, upArgs ...string) (bin, dir string) {
 	return bin, dir
 }
 
-// PrintLogs prints, for each log of a cluster, its warnings and errors (a machine declared
+// PrintLogs prints, for each log of the cluster in dir (its logs/), its warnings and errors (a machine declared
 // dead, a lost leader: what explains a failure that started long before the end) and its
 // tail.
 func PrintLogs(t testing.TB, dir string) {
-	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
 	for _, l := range logs {
 		b, _ := os.ReadFile(l)
 		var warn []string
