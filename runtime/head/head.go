@@ -64,7 +64,9 @@ type Config struct {
 	// backlog until one closes). Default: half of the process's open-file limit, at least
 	// 256, so that a storm of reconnecting clients (every agent of a large cluster, when a
 	// leader dies) cannot take the descriptors the Paxos links and the log need: at 1,000
-	// machines one head ran out of its 20,000 and no leader was elected.
+	// machines one head ran out of its 20,000 (BENCHMARKS.md, "Scale envelope"; no leader
+	// was elected then, nor in the runs with this bound, which did not run out: that is
+	// another cause, still open).
 	MaxAPIConns int
 	// APIAdvertise is the API's base URL as others reach it (default http://<listen address>).
 	APIAdvertise string
