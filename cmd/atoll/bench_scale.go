@@ -45,6 +45,8 @@ type scaleConfig struct {
 	setupTimeout time.Duration
 	skipLost     bool
 	skipFailover bool
+	// keep keeps the run's directory (the heads' and agents' logs) when it succeeds too.
+	keep bool
 	// nice is the hollow processes' scheduling niceness: on a real cluster the agents do
 	// not share the heads' cores, here they yield them.
 	nice int
@@ -126,7 +128,10 @@ type scaleResult struct {
 	// leader admits (its term committed, its scheduler rebuilt from the log with every
 	// machine and gang). LostMachineDetectS: one hollow machine's process SIGKILLed, to the
 	// leader's status showing it dead.
-	FailoverS          *float64 `json:"failover_s"`
+	FailoverS *float64 `json:"failover_s"`
+	// FailoverElectedS: the same kill to a surviving head's replica saying it leads (the
+	// Paxos election; the rest of failover_s is the new leader loading its term).
+	FailoverElectedS   *float64 `json:"failover_elected_s"`
 	LostMachineDetectS *float64 `json:"lost_machine_detect_s"`
 	Notes              []string `json:"notes"`
 
@@ -212,6 +217,7 @@ and running_tasks and queued_tasks are null with a note.`,
 	f.DurationVar(&cfg.election, "election-timeout", 0, "the heads' Paxos election timeout (0: their default, atoll head --election-timeout): a longer one rides out a starved head's pauses, and bounds failover from below")
 	f.BoolVar(&cfg.skipLost, "skip-lost", false, "do not kill a hollow machine")
 	f.BoolVar(&cfg.skipFailover, "skip-failover", false, "do not kill the leader head")
+	f.BoolVar(&cfg.keep, "keep", false, "keep the run's directory (the heads' and agents' logs) even when the run succeeds")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
 }
@@ -271,7 +277,7 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 		return nil, err
 	}
 	defer func() {
-		if err == nil {
+		if err == nil && !cfg.keep {
 			os.RemoveAll(tmp)
 		} else {
 			say("the run's directory (logs) is kept: %s", tmp)
@@ -881,11 +887,11 @@ func (b *scaleBench) failover(ctx context.Context) error {
 		return err
 	}
 	b.say("failover: killing leader head %d", leader)
-	_, inOffice, _, err := cp.killAndProbe(ctx, leader, p)
+	elected, inOffice, _, err := cp.killAndProbe(ctx, leader, p)
 	if err != nil {
 		return err
 	}
-	s := round2(inOffice.Seconds())
-	b.res.FailoverS = &s
+	s, e := round2(inOffice.Seconds()), round2(elected.Seconds())
+	b.res.FailoverS, b.res.FailoverElectedS = &s, &e
 	return nil
 }

@@ -428,8 +428,9 @@ func (c *Client) watchOnce(ctx context.Context, prefix, machine string, rev int6
 }
 
 // Watch lists prefix and then follows its changes: fn sees the whole listing first (reset
-// true), then each batch of events; after a gap (compaction, a head that failed) it sees a
-// fresh listing again. It returns when ctx ends or fn returns an error.
+// true), then each batch of events; a watch a head interrupted (it failed, it was
+// restarting) resumes from its revision on any head, and only after a gap (the events
+// since were compacted) does fn see a fresh listing again. It returns when ctx ends or fn returns an error.
 func (c *Client) Watch(ctx context.Context, prefix string, fn func(reset bool, l Listing, events []meta.Event) error) error {
 	return c.watch(ctx, prefix, "", fn)
 }
@@ -456,22 +457,35 @@ func (c *Client) watch(ctx context.Context, prefix, machine string, fn func(rese
 			return err
 		}
 		rev := l.Revision
+		backoff := 20 * time.Millisecond
 		for {
 			a, err := c.watchOnce(ctx, prefix, machine, rev, wait)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if err != nil || a.Compacted {
-				if err != nil {
-					c.log.Debug("watch interrupted; listing again", zap.String("prefix", prefix), zap.Error(err))
-					select {
-					case <-ctx.Done():
-						return ctx.Err()
-					case <-time.After(20 * time.Millisecond):
-					}
-				}
-				break
+			if err == nil && a.Compacted {
+				break // the events after rev are gone: list again
 			}
+			if err != nil {
+				if !watchRetryable(err) {
+					return err
+				}
+				// A revision is the log's, the same on every head: the watch resumes
+				// from it (on the next head if this one did not answer) instead of
+				// listing the table again. A whole cluster's agents relisting at once
+				// when a head dies was the new leader's first minute at scale.
+				c.log.Debug("watch interrupted; resuming", zap.String("prefix", prefix), zap.Int64("rev", rev), zap.Error(err))
+				t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return ctx.Err()
+				case <-t.C:
+				}
+				backoff = min(2*backoff, maxRetryBackoff)
+				continue
+			}
+			backoff = 20 * time.Millisecond
 			if a.Revision > rev {
 				rev = a.Revision
 			}
@@ -482,6 +496,13 @@ func (c *Client) watch(ctx context.Context, prefix, machine string, fn func(rese
 			}
 		}
 	}
+}
+
+// watchRetryable says whether a watch that failed with err may be resumed: a head that
+// did not answer or could not answer now, yes; a refusal of the request itself (a bad
+// prefix, a credential the heads refuse), no.
+func watchRetryable(err error) bool {
+	return !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrUnauthenticated) && !errors.Is(err, ErrForbidden) && !errors.Is(err, ErrNotFound)
 }
 
 // Get reads one key linearizably.

@@ -413,7 +413,8 @@ func TestParseAddress(t *testing.T) {
 }
 
 // TestWatch plays a head through a watch's life: the listing, events, an empty wait, a
-// compaction (listed again), a failed wait (listed again), and fn's error ending it.
+// compaction (listed again), a failed wait and a head that does not answer (each resumed
+// from its revision: no listing), and fn's error ending it.
 func TestWatch(t *testing.T) {
 	kv := func(k string) meta.KeyValue { return meta.KeyValue{Key: TableGangs + k, Value: []byte(`{}`)} }
 	type answer struct {
@@ -429,7 +430,9 @@ func TestWatch(t *testing.T) {
 		{path: "/v1/watch", rev: "9", code: 200, body: WatchAnswer{Revision: 9, Compacted: true}},
 		{path: "/v1/list", code: 200, body: Listing{Revision: 12, KVs: []meta.KeyValue{kv("j/a"), kv("j/b")}}},
 		{path: "/v1/watch", rev: "12", code: 500, body: ErrorBody{Error: "head restarting"}},
-		{path: "/v1/list", code: 200, body: Listing{Revision: 13}},
+		{path: "/v1/watch", rev: "12", code: 503, body: ErrorBody{Error: "no leader", Kind: "unavailable"}},
+		{path: "/v1/watch", rev: "12", code: -1}, // the connection drops: no answer
+		{path: "/v1/watch", rev: "12", code: 200, body: WatchAnswer{Revision: 14, Events: []meta.Event{{Type: meta.EventDelete, Revision: 14, KV: kv("j/a")}}}},
 	}
 	f := newFakeHeads(t, 1, 1)
 	var mu sync.Mutex
@@ -448,6 +451,16 @@ func TestWatch(t *testing.T) {
 			q := r.URL.Query()
 			if r.URL.Path != a.path || q.Get("prefix") != TableGangs || a.rev != "" && (q.Get("rev") != a.rev || q.Get("wait_ms") != "10000") {
 				t.Errorf("step %d: %s, want %s rev %s", step, r.URL, a.path, a.rev)
+			}
+			if a.code < 0 {
+				hj, ok := w.(http.Hijacker)
+				if !ok {
+					t.Errorf("step %d: cannot drop the connection", step)
+					return
+				}
+				conn, _, _ := hj.Hijack()
+				conn.Close()
+				return
 			}
 			writeTestJSON(w, a.code, a.body)
 		}
@@ -474,7 +487,7 @@ func TestWatch(t *testing.T) {
 	if !errors.Is(err, stop) {
 		t.Fatalf("Watch returned %v, want fn's error", err)
 	}
-	want := []call{{true, 5, 1}, {false, 7, 1}, {true, 12, 2}, {true, 13, 0}}
+	want := []call{{true, 5, 1}, {false, 7, 1}, {true, 12, 2}, {false, 14, 1}}
 	if !reflect.DeepEqual(calls, want) {
 		t.Errorf("fn saw %+v, want %+v", calls, want)
 	}

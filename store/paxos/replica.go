@@ -618,6 +618,11 @@ func (r *Replica) handleReady() error {
 			close(ch)
 		}
 		r.watchers = nil
+		// Elections are rare and an operator's first question after a failover: log each
+		// change of role or leader with what this replica knew then.
+		r.log.Info("leadership changed", zap.Stringer("role", st.Role), zap.Uint64("leader", st.Leader),
+			zap.Uint64("ballot", st.Promised), zap.Uint64("commit", st.Commit), zap.Uint64("applied", st.Applied),
+			zap.Stringer("was", r.status.Role), zap.Uint64("was_leader", r.status.Leader))
 	}
 	r.status = st
 	r.leaseUntil = until

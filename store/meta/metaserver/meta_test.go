@@ -18,6 +18,49 @@ import (
 	"go.uber.org/zap/zaptest"
 )
 
+// TestRangeOrdersItsPrefix: Range answers exactly the keys under its prefix, in order,
+// after puts, deletes and a restore (the ordered index stays the map's twin).
+func TestRangeOrdersItsPrefix(t *testing.T) {
+	sm := NewStateMachine(0)
+	keys := []string{"gangs/j/b", "gangs/", "gangs0", "gang", "gangs/j/a", "gangs/k", "jobs/j", "gangs/j/c"}
+	for _, k := range keys {
+		sm.ApplyRequest(&meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: k, Value: []byte(k)}}})
+	}
+	sm.ApplyRequest(&meta.Request{Ops: []meta.Op{{Type: meta.OpDelete, Key: "gangs/j/c"}, {Type: meta.OpPut, Key: "gangs/j/a", Value: []byte("v2")}}})
+	names := func(kvs []meta.KeyValue) []string {
+		var out []string
+		for _, kv := range kvs {
+			out = append(out, kv.Key)
+		}
+		return out
+	}
+	want := map[string][]string{
+		"gangs/":   {"gangs/", "gangs/j/a", "gangs/j/b", "gangs/k"},
+		"gangs/j/": {"gangs/j/a", "gangs/j/b"},
+		"gangs":    {"gangs/", "gangs/j/a", "gangs/j/b", "gangs/k", "gangs0"},
+		"gangs/x":  nil,
+		"":         {"gang", "gangs/", "gangs/j/a", "gangs/j/b", "gangs/k", "gangs0", "jobs/j"},
+	}
+	snap, _, err := sm.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := NewStateMachine(0)
+	if err := restored.Restore(snap); err != nil {
+		t.Fatal(err)
+	}
+	for name, m := range map[string]*StateMachine{"live": sm, "restored": restored} {
+		for prefix, w := range want {
+			if got := names(m.Range(prefix)); !slices.Equal(got, w) {
+				t.Errorf("%s: Range(%q) = %q, want %q", name, prefix, got, w)
+			}
+		}
+		if kvs := m.Range("gangs/j/a"); len(kvs) != 1 || string(kvs[0].Value) != "v2" || kvs[0].Version != 2 {
+			t.Errorf("%s: Range(gangs/j/a) = %+v, want the second version", name, kvs)
+		}
+	}
+}
+
 func TestStateMachineTxn(t *testing.T) {
 	sm := NewStateMachine(0)
 	steps := []struct {

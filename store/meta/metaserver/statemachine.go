@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/google/btree"
+
 	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/paxos"
 )
@@ -25,9 +27,13 @@ type clientState struct {
 // history and whole-state snapshots. Apply is called by the paxos replica; the read
 // methods are safe for concurrent use (linearizable after paxos.Replica.Read returns).
 type StateMachine struct {
-	mu       sync.Mutex
-	cond     *sync.Cond
-	kv       map[string]*meta.KeyValue
+	mu   sync.Mutex
+	cond *sync.Cond
+	kv   map[string]*meta.KeyValue
+	// keys orders kv's keys, so that a Range visits its prefix's keys only, already
+	// sorted (a table of 10,000 gangs listed by every agent after a failover scanned
+	// and sorted the whole store each time, under mu).
+	keys     *btree.BTreeG[string]
 	revision int64
 	applied  uint64
 	clients  map[string]*clientState
@@ -44,7 +50,7 @@ func NewStateMachine(historyLimit int) *StateMachine {
 	if historyLimit <= 0 {
 		historyLimit = DefaultHistoryLimit
 	}
-	s := &StateMachine{kv: map[string]*meta.KeyValue{}, clients: map[string]*clientState{}, limit: historyLimit}
+	s := &StateMachine{kv: map[string]*meta.KeyValue{}, keys: newKeyIndex(), clients: map[string]*clientState{}, limit: historyLimit}
 	s.cond = sync.NewCond(&s.mu)
 	return s
 }
@@ -122,6 +128,7 @@ func (s *StateMachine) applyTxn(req *meta.Request) meta.Response {
 			if kv == nil {
 				kv = &meta.KeyValue{Key: op.Key, CreateRevision: rev}
 				s.kv[op.Key] = kv
+				s.keys.ReplaceOrInsert(op.Key)
 			}
 			kv.Value = append([]byte(nil), op.Value...)
 			kv.ModRevision = rev
@@ -133,6 +140,7 @@ func (s *StateMachine) applyTxn(req *meta.Request) meta.Response {
 				continue
 			}
 			delete(s.kv, op.Key)
+			s.keys.Delete(op.Key)
 			s.history = append(s.history, meta.Event{Type: meta.EventDelete, Revision: rev, KV: meta.KeyValue{Key: op.Key, ModRevision: rev}})
 		}
 	}
@@ -163,20 +171,26 @@ func (s *StateMachine) Get(key string) (meta.KeyValue, bool) {
 	return out, true
 }
 
-// Range returns every key with the prefix, sorted by key.
+// Range returns every key with the prefix, sorted by key. The values are shared with the
+// state machine, as a watch's events are: a put replaces a key's value, never changes it,
+// and callers must not change them either.
 func (s *StateMachine) Range(prefix string) []meta.KeyValue {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []meta.KeyValue
-	for k, kv := range s.kv {
-		if strings.HasPrefix(k, prefix) {
-			c := *kv
-			c.Value = append([]byte(nil), kv.Value...)
-			out = append(out, c)
+	s.keys.AscendGreaterOrEqual(prefix, func(k string) bool {
+		if !strings.HasPrefix(k, prefix) {
+			return false
 		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+		out = append(out, *s.kv[k])
+		return true
+	})
 	return out
+}
+
+// newKeyIndex returns an empty ordered index of keys.
+func newKeyIndex() *btree.BTreeG[string] {
+	return btree.NewOrderedG[string](32)
 }
 
 // Revision returns the current store revision.
@@ -252,11 +266,11 @@ type snapshot struct {
 func (s *StateMachine) Snapshot() ([]byte, uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	snap := snapshot{Revision: s.revision, Applied: s.applied, Clients: s.clients}
-	for _, kv := range s.kv {
-		snap.KV = append(snap.KV, *kv)
-	}
-	sort.Slice(snap.KV, func(i, j int) bool { return snap.KV[i].Key < snap.KV[j].Key })
+	snap := snapshot{Revision: s.revision, Applied: s.applied, Clients: s.clients, KV: make([]meta.KeyValue, 0, len(s.kv))}
+	s.keys.Ascend(func(k string) bool {
+		snap.KV = append(snap.KV, *s.kv[k])
+		return true
+	})
 	b, err := json.Marshal(snap)
 	if err != nil {
 		return nil, 0, fmt.Errorf("meta: snapshot encode: %w", err)
@@ -274,9 +288,11 @@ func (s *StateMachine) Restore(b []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.kv = map[string]*meta.KeyValue{}
+	s.keys = newKeyIndex()
 	for i := range snap.KV {
 		kv := snap.KV[i]
 		s.kv[kv.Key] = &kv
+		s.keys.ReplaceOrInsert(kv.Key)
 	}
 	s.revision, s.applied, s.compact = snap.Revision, snap.Applied, snap.Revision
 	s.clients = map[string]*clientState{}
