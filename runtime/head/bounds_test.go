@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -18,7 +19,7 @@ import (
 // counts; a gang placed counts that share per member; the per-job and per-cluster bounds
 // refuse a gang naming the bound, and ended gangs do not count.
 func TestZeroResourceGangsAreBounded(t *testing.T) {
-	c := setup(t, 1, api.SchedulerConfig{}, "j", "k") // one dgx-h100: 224 cores
+	heads, c := setupHeads(t, 1, api.SchedulerConfig{}, "j", "k") // one dgx-h100: 224 cores
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	huge := api.GangSpec{Job: "j", Name: "huge", Kind: "k", Workers: 100000}
@@ -74,6 +75,42 @@ func TestZeroResourceGangsAreBounded(t *testing.T) {
 	}
 	if err := spawn("k", "d", 11); err != nil { // k: 16 with c; cluster: 16 (a ended)
 		t.Fatalf("after a gang ended: %v", err)
+	}
+	checkWorkerCount(t, heads)
+	if err := c.StopGang(ctx, "k", "d"); err != nil {
+		t.Fatal(err)
+	}
+	if err := spawn("k", "d", 11); err != nil { // spawned again under the ended gang's name
+		t.Fatalf("a gang spawned again: %v", err)
+	}
+	checkWorkerCount(t, heads)
+	if err := spawn("j", "e", 5); !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), "max_cluster_workers") {
+		t.Fatalf("5 more workers beside 16, past the cluster's 20: %v; want a refusal naming max_cluster_workers", err)
+	}
+}
+
+// checkWorkerCount: the leader's running count of live workers is what counting every
+// gang gives.
+func checkWorkerCount(t *testing.T, heads []*Head) {
+	t.Helper()
+	led := 0
+	for _, h := range heads {
+		c := h.Controller()
+		c.mu.Lock()
+		if c.t != nil {
+			led++
+			var want workerCount
+			for _, e := range c.t.gangs {
+				want.add(e.rec, 1)
+			}
+			if got := c.t.workers; got.all != want.all || !maps.Equal(got.jobs, want.jobs) {
+				t.Errorf("head %d's ledger counts %d workers %v; counting every gang gives %d %v", h.ID(), got.all, got.jobs, want.all, want.jobs)
+			}
+		}
+		c.mu.Unlock()
+	}
+	if led == 0 {
+		t.Fatal("no head leads: no count to check")
 	}
 }
 

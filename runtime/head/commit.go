@@ -366,7 +366,7 @@ func (c *Controller) reconcile(t *term, keys map[string]bool) {
 		t.stopGangTimers(k)
 	}
 	for _, k := range keysOf {
-		delete(t.gangs, k)
+		t.dropGang(k)
 		kv, ok := c.sm.Get(api.TableGangs + k)
 		if !ok {
 			continue
@@ -385,7 +385,7 @@ func (c *Controller) reconcile(t *term, keys map[string]bool) {
 		if rec.Sched != nil {
 			t.seq = max(t.seq, rec.Sched.Seq)
 		}
-		t.gangs[k] = e
+		t.putGang(k, e)
 		work = append(work, c.loadGangLocked(t, e, now)...)
 	}
 	if membership {

@@ -189,6 +189,8 @@ type ledger struct {
 	// seq is the highest gang submission sequence given out.
 	seq    int64
 	timers map[string]*time.Timer
+	// workers counts the live gangs' workers (bounds.go).
+	workers workerCount
 }
 
 // core is the scheduler core, the operator's configuration it runs under and its next
@@ -523,7 +525,7 @@ func (c *Controller) buildTerm() error {
 		if err := json.Unmarshal(kv.Value, &g); err != nil {
 			return fmt.Errorf("head: gang %s: %w", kv.Key, err)
 		}
-		t.gangs[g.Spec.Key()] = &gangEntry{rec: g, ver: kv.Version, ready: map[int]api.Worker{}}
+		t.putGang(g.Spec.Key(), &gangEntry{rec: g, ver: kv.Version, ready: map[int]api.Worker{}})
 	}
 	for _, kv := range c.sm.Range(api.TableWorkers) {
 		var w api.Worker
@@ -647,7 +649,7 @@ func (t *term) gangCommit(e *gangEntry, rec api.Gang, what string, extra ...meta
 	cmp := []meta.Compare{{Key: key, Version: e.ver}}
 	rec.Sched = t.schedRecord(rec.Spec.Key(), rec.Sched)
 	evs := events.FromGang(&e.rec, rec)
-	e.rec = rec
+	t.setRec(e, rec)
 	e.ver++
 	return commitFn{what: what, cmp: cmp, ops: append([]meta.Op{putJSON(key, rec)}, extra...), events: evs}
 }

@@ -205,7 +205,7 @@ func (c *Controller) SpawnGang(ctx context.Context, spec api.GangSpec) (api.Gang
 		e.ver = old.ver
 		rec.Generation = old.rec.Generation + 1
 	}
-	t.gangs[key] = e
+	t.putGang(key, e)
 	// The gang is committed pending first, then the cycle (which may place it at once).
 	work := []commitFn{t.gangCommit(e, rec, "admission of "+key, learned...)}
 	work = append(work, pre...)

@@ -45,7 +45,14 @@ func pending(g api.Gang) bool { return g.State == api.GangPending }
 
 func setup(t *testing.T, machines int, conf api.SchedulerConfig, jobs ...string) *api.Client {
 	t.Helper()
-	_, c := group(t)
+	_, c := setupHeads(t, machines, conf, jobs...)
+	return c
+}
+
+// setupHeads is setup, with the heads.
+func setupHeads(t *testing.T, machines int, conf api.SchedulerConfig, jobs ...string) ([]*Head, *api.Client) {
+	t.Helper()
+	heads, c := group(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for i := range machines {
@@ -61,7 +68,7 @@ func setup(t *testing.T, machines int, conf api.SchedulerConfig, jobs ...string)
 			t.Fatal(err)
 		}
 	}
-	return c
+	return heads, c
 }
 
 func island(job, name, queue string) api.GangSpec {
@@ -195,7 +202,7 @@ func TestStopNoticeAnsweredOrNot(t *testing.T) {
 // stopped, for a high-priority gang; once its driver takes the smaller world the freed
 // GPUs go to the preemptor; when that ends, the gang grows back with new members.
 func TestElasticShrinkThenGrow(t *testing.T) {
-	c := setup(t, 2, api.SchedulerConfig{NoticeGrace: api.Duration(10 * time.Second)}, "el", "high")
+	heads, c := setupHeads(t, 2, api.SchedulerConfig{NoticeGrace: api.Duration(10 * time.Second)}, "el", "high")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	el := api.GangSpec{Job: "el", Name: "dp", Kind: "k", Workers: 16, MinWorkers: 8, Resources: api.Resources{GPUs: 1}, JustInTime: true}
@@ -241,6 +248,7 @@ func TestElasticShrinkThenGrow(t *testing.T) {
 	if g.Generation != 0 || len(g.Ranks()) != 16 || g.Restarts != 0 {
 		t.Fatalf("after the grow: generation %d, ranks %v, restarts %d; want 16 ranks, no restart", g.Generation, g.Ranks(), g.Restarts)
 	}
+	checkWorkerCount(t, heads)
 }
 
 // TestTimeLimit: a gang is held to its TimeLimit (Slurm's --time): one with JustInTime
