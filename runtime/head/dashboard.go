@@ -30,6 +30,9 @@ import (
 const (
 	// SampleInterval is how often a head samples the cluster for the dashboard's plots.
 	SampleInterval = time.Second
+	// sampleBudget: a head builds a new state for its plots once the last one's cost is
+	// at most 1/sampleBudget of the time since it was built.
+	sampleBudget = 20
 	// SeriesLength is how many samples a head keeps (an hour).
 	SeriesLength = 3600
 	// forwardedHeader marks a dashboard read a follower forwarded to the leader (never
@@ -310,6 +313,8 @@ func (o *observer) sampleLoop() {
 	var prevState dashboard.State // the last state built, at log revision prevRev
 	var prevRev int64
 	var sampled bool
+	var builtAt time.Time // when the last state was built, and what it took
+	var buildTook time.Duration
 	for {
 		select {
 		case <-o.stop:
@@ -319,12 +324,19 @@ func (o *observer) sampleLoop() {
 		// A follower's figures come from the log alone: while its revision stands still,
 		// the last sample holds (decoding the tables every second was most of an idle
 		// follower's work).
+		// On a large cluster a state costs its tens of milliseconds: a new one is built
+		// only once the last one's cost is a twentieth of the time since (the dashboard
+		// takes at most 5% of a core; 14% of a leader's CPU while 10,000 gangs were
+		// submitted to 300 machines), and the last one holds between them.
 		var st dashboard.State
-		if rev := o.h.sm.Revision(); !o.h.ctl.Leading() && sampled && rev == prevRev {
+		rev := o.h.sm.Revision()
+		if sampled && ((!o.h.ctl.Leading() && rev == prevRev) || time.Since(builtAt) < sampleBudget*buildTook) {
 			st = prevState
 			st.Time = time.Now()
 		} else {
+			builtAt = time.Now()
 			st, prevRev, sampled = o.state(), rev, true
+			buildTook = time.Since(builtAt)
 			prevState = st
 		}
 		s := dashboard.SampleOf(st)
