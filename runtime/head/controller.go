@@ -34,6 +34,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -128,6 +129,10 @@ type Controller struct {
 
 	mu sync.Mutex
 	t  *term
+	// inTerm is whether t is set, for Run's loop, which must not wait for mu: a sweep
+	// delayed by the controller's lock (registrations by the thousand) read as the
+	// leader's own pause, and every machine got a fresh grace period, again and again.
+	inTerm atomic.Bool
 	// liveMu guards live, the machines' load reports and liveness evidence (live.go); taken
 	// after mu, never before it.
 	liveMu   sync.Mutex
@@ -308,9 +313,7 @@ func (c *Controller) Run() {
 		changed := c.rep.Changed()
 		st := c.rep.Status()
 		c.obs.sawLeader(st.Leader)
-		c.mu.Lock()
-		have := c.t != nil
-		c.mu.Unlock()
+		have := c.inTerm.Load()
 		switch {
 		case st.Role == paxos.Leader && !have:
 			if err := c.buildTerm(); err != nil {
@@ -416,6 +419,7 @@ func (c *Controller) dropTermLocked(why string) {
 	c.setLive(nil)
 	c.log.Info("control plane term ends", zap.Int64("term", t.id), zap.String("why", why))
 	c.t = nil
+	c.inTerm.Store(false)
 	c.notifyLocked()
 }
 
@@ -555,6 +559,7 @@ func (c *Controller) buildTerm() error {
 		return nil
 	}
 	c.t = t
+	c.inTerm.Store(true)
 	go c.commitLoop(t)
 	var dead map[string]bool
 	if c.membership != nil {

@@ -61,6 +61,36 @@ func TestRangeOrdersItsPrefix(t *testing.T) {
 	}
 }
 
+// TestHistoryCutInSteps: the watch history stays between its limit and an eighth over
+// it, and is cut back once per eighth of its limit, not at every transaction (each cut
+// copies what it keeps).
+func TestHistoryCutInSteps(t *testing.T) {
+	const limit = 800
+	sm := NewStateMachine(limit)
+	cuts, last := 0, int64(0)
+	for i := range 10000 {
+		sm.ApplyRequest(&meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: "jobs/" + strconv.Itoa(i%7)}}})
+		sm.mu.Lock()
+		n, compact := len(sm.history), sm.compact
+		sm.mu.Unlock()
+		if compact != last {
+			cuts, last = cuts+1, compact
+		}
+		if i >= limit && (n < limit || n > limit+limit/8) {
+			t.Fatalf("after %d transactions the history holds %d events: want %d..%d", i+1, n, limit, limit+limit/8)
+		}
+	}
+	if want := (10000 - limit) / (limit / 8); cuts > want+1 {
+		t.Fatalf("the history was cut %d times in 10,000 transactions: want at most %d", cuts, want+1)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	evs, _, err := sm.EventsSince(ctx, "jobs/", sm.Revision()-limit, 0)
+	if err != nil || len(evs) != limit {
+		t.Fatalf("the last %d revisions: %d events, %v; want all of them", limit, len(evs), err)
+	}
+}
+
 func TestStateMachineTxn(t *testing.T) {
 	sm := NewStateMachine(0)
 	steps := []struct {

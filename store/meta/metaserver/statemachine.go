@@ -144,7 +144,10 @@ func (s *StateMachine) applyTxn(req *meta.Request) meta.Response {
 			s.history = append(s.history, meta.Event{Type: meta.EventDelete, Revision: rev, KV: meta.KeyValue{Key: op.Key, ModRevision: rev}})
 		}
 	}
-	if over := len(s.history) - s.limit; over > 0 {
+	// The history runs up to an eighth over its limit before it is cut back to it: cut at
+	// every transaction, each would copy the whole history (100,000 events) under the
+	// lock that the replica's apply and every reader wait for.
+	if over := len(s.history) - s.limit; over > 0 && over > s.limit/8 {
 		// Drop whole revisions only, so a watcher never sees half a transaction.
 		cut := s.history[over-1].Revision
 		i := over
