@@ -1,8 +1,15 @@
 package head
 
 import (
+	"net/http"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/atoll-run/atoll/store/paxos"
 )
 
 // TestMaxAPIConns: the API's connection bound is the configured one, or half of the
@@ -22,5 +29,46 @@ func TestMaxAPIConns(t *testing.T) {
 	}
 	if got := maxAPIConns(0); got != want || uint64(got) > max(256, lim.Cur) {
 		t.Fatalf("default: %d, want %d (open-file limit %d)", got, want, lim.Cur)
+	}
+}
+
+// TestMaxInflight: over its bound of requests in flight, the API makes a request wait for a
+// slot (served once one frees), or answers 503 naming the bound after its wait; long polls
+// are not counted.
+func TestMaxInflight(t *testing.T) {
+	h, err := Start(Config{ID: 1, Initial: []uint64{1}, Transport: paxos.NewMemNetwork(1).Transport(1), DataDir: t.TempDir(),
+		NoSync: true, Token: testToken, Logger: zaptest.NewLogger(t), MaxInflight: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = h.Close() }()
+	if cap(h.api.inflight) != 1 {
+		t.Fatalf("bound %d, want the configured 1", cap(h.api.inflight))
+	}
+	h.api.inflightWait = 50 * time.Millisecond
+	h.api.inflight <- struct{}{} // a request in flight holds the only slot
+	if code, body := getHead(t, h, "/v1/status"); code != http.StatusServiceUnavailable || !strings.Contains(body, "max_inflight") || !strings.Contains(body, `"kind":"unavailable"`) {
+		t.Fatalf("over the bound: %d %s; want 503 unavailable naming max_inflight", code, body)
+	}
+	if code, body := getHead(t, h, "/v1/watch?prefix=jobs/&rev=0&wait_ms=10"); code != http.StatusOK {
+		t.Fatalf("a long poll over the bound: %d %s; want it served", code, body)
+	}
+	h.api.inflightWait = time.Minute
+	served := make(chan int, 1)
+	go func() {
+		code, _ := getHead(t, h, "/v1/status")
+		served <- code
+	}()
+	select {
+	case code := <-served:
+		t.Fatalf("a request was served (%d) while the slot was held", code)
+	case <-time.After(100 * time.Millisecond): // still waiting: proves nothing alone, the next step does
+	}
+	<-h.api.inflight // the request in flight ends
+	if code := <-served; code != http.StatusOK {
+		t.Fatalf("the waiting request, once the slot freed: %d; want 200", code)
+	}
+	if n := DefaultMaxInflight(2); n != 32 {
+		t.Fatalf("default for 2 cores: %d, want 32", n)
 	}
 }

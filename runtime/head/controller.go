@@ -133,6 +133,8 @@ type Controller struct {
 	// delayed by the controller's lock (registrations by the thousand) read as the
 	// leader's own pause, and every machine got a fresh grace period, again and again.
 	inTerm atomic.Bool
+	// schedLat is the Go scheduler's run waits since the last sweep (schedlat.go).
+	schedLat schedLatency
 	// liveMu guards live, the machines' load reports and liveness evidence (live.go); taken
 	// after mu, never before it.
 	liveMu   sync.Mutex

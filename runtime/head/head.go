@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -68,6 +69,10 @@ type Config struct {
 	// was elected then, nor in the runs with this bound, which did not run out: that is
 	// another cause, still open).
 	MaxAPIConns int
+	// MaxInflight bounds the API's requests served at once, long polls aside (default
+	// DefaultMaxInflight(GOMAXPROCS); negative: no bound). One over the bound waits up to a
+	// second for a slot, then is answered 503 with a retry hint.
+	MaxInflight int
 	// APIAdvertise is the API's base URL as others reach it (default http://<listen address>).
 	APIAdvertise string
 	// CA, when set, turns mutual TLS on: the head issues itself a certificate of the
@@ -112,6 +117,7 @@ type Head struct {
 	rep  *paxos.Replica
 	sm   *metaserver.StateMachine
 	ctl  *Controller
+	api  *API
 	srv  *http.Server
 	ln   net.Listener
 	tr   paxos.Transport
@@ -246,8 +252,12 @@ func Start(cfg Config) (*Head, error) {
 	}
 	h.ctl = NewController(cfg.Controller, h.rep, h.sm)
 	apiH := NewAPI(h.ctl, h.rep, h.sm, string(cfg.Token), h.groupHeads, log)
+	h.api = apiH
 	if h.au != nil {
 		apiH.au = h.au
+	}
+	if n := cmp.Or(cfg.MaxInflight, DefaultMaxInflight(runtime.GOMAXPROCS(0))); n > 0 {
+		apiH.inflight, apiH.inflightWait = make(chan struct{}, n), time.Second
 	}
 	base, cancelBase := context.WithCancel(context.Background())
 	h.cancelRequests = cancelBase

@@ -61,6 +61,10 @@ type API struct {
 	// placed filters the gangs table for one machine's agent (machine=NAME on /v1/list and
 	// /v1/watch of gangs/: api.GangConcerns).
 	placed *api.GangFilter
+	// inflight bounds the requests served at once (nil: no bound); one over it waits up
+	// to inflightWait for a slot, then is answered 503 (ServeHTTP, admit).
+	inflight     chan struct{}
+	inflightWait time.Duration
 }
 
 // RequireClientCerts turns mutual TLS on for the API: a process holding the token gets a
@@ -143,7 +147,48 @@ func NewAPI(ctl *Controller, rep *paxos.Replica, sm *metaserver.StateMachine, to
 
 // ServeHTTP implements http.Handler: each request is authenticated and decided against
 // runtime/authz's table before it is served (authz.go).
-func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.serveAuthorized(w, r) }
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if a.inflight != nil && r.URL.Path != "/v1/watch" {
+		if !a.admit(r) {
+			if r.Context().Err() == nil {
+				writeJSON(w, http.StatusServiceUnavailable, api.ErrorBody{Kind: "unavailable", RetryAfterMS: 100,
+					Error: fmt.Sprintf("this head is busy: %d requests in flight, the bound (max_inflight); retry", cap(a.inflight))})
+			}
+			return
+		}
+		defer func() { <-a.inflight }()
+	}
+	a.serveAuthorized(w, r)
+}
+
+// admit takes one of the API's in-flight slots, waiting up to inflightWait for one.
+// Requests over the bound wait blocked, not runnable: a head serving thousands of agents
+// keeps its goroutines' run queue short, so that its Paxos replica's goroutines run when
+// due (at 2,000 machines, with every request served at once, wakeups waited up to 1.9 s to
+// run and the leader lost its followers' acknowledgments, over and over). Long polls
+// (/v1/watch) wait on the log, not the CPU, and are not counted.
+func (a *API) admit(r *http.Request) bool {
+	select {
+	case a.inflight <- struct{}{}:
+		return true
+	default:
+	}
+	t := time.NewTimer(a.inflightWait)
+	defer t.Stop()
+	select {
+	case a.inflight <- struct{}{}:
+		return true
+	case <-t.C:
+		a.ctl.obs.busy()
+		return false
+	case <-r.Context().Done():
+		return false
+	}
+}
+
+// DefaultMaxInflight is the API's bound on requests served at once (long polls aside), for
+// GOMAXPROCS procs: 16 per core, at least 32.
+func DefaultMaxInflight(procs int) int { return max(32, 16*procs) }
 
 type ctxKey struct{}
 

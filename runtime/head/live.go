@@ -199,10 +199,14 @@ func (c *Controller) sweep() {
 		v.verdicts[d.machine] = liveVerdict{verdict: d, inc: v.inc[d.machine], heard: v.detect.watch(d.machine).heard}
 	}
 	c.liveMu.Unlock()
+	worst, over := c.schedLat.since()
 	if paused > 0 {
 		c.obs.pauses.Inc()
+		// The scheduler's figures tell a starved process (its goroutines waited to run)
+		// from a blocked one.
 		c.log.Warn("this leader was paused or starved; every machine gets a fresh grace period",
-			zap.Duration("gap", paused), zap.Int("machines", len(alive)))
+			zap.Duration("gap", paused), zap.Int("machines", len(alive)),
+			zap.Duration("worst_run_wait", worst), zap.Uint64("run_waits_over_100ms", over))
 	}
 	select {
 	case c.declare <- struct{}{}:

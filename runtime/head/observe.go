@@ -34,6 +34,7 @@ type ctlObs struct {
 	preemptCost   prometheus.Counter
 	resizes       *prometheus.CounterVec
 	saturations   prometheus.Counter
+	busyRefusals  prometheus.Counter
 	eventsTotal   *prometheus.CounterVec
 	restarts      *prometheus.CounterVec
 	lastLeader    atomic.Uint64
@@ -91,6 +92,8 @@ func newCtlObs() *ctlObs {
 			Help: "Elastic gangs' resizes taken, by direction."}, []string{"direction"}),
 		saturations: prometheus.NewCounter(prometheus.CounterOpts{Name: "atoll_submissions_saturated_total",
 			Help: "Gang submissions refused because the queue was at its bound (backpressure)."}),
+		busyRefusals: prometheus.NewCounter(prometheus.CounterOpts{Name: "atoll_api_busy_refusals_total",
+			Help: "Requests this head answered 503 because it served its bound of requests at once (max_inflight) for a second."}),
 		preemptCost: prometheus.NewCounter(prometheus.CounterOpts{Name: "atoll_preemption_cost_gpu_seconds_total",
 			Help: "GPU-seconds of work lost to preemptions (since the preempted gangs' last checkpoints)."}),
 		eventsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "atoll_events_total",
@@ -108,7 +111,7 @@ func newCtlObs() *ctlObs {
 }
 
 func (o *ctlObs) collectors() []prometheus.Collector {
-	return []prometheus.Collector{o.cycle, o.wait, o.commit, o.commitErrors, o.leaderChanges, o.pauses, o.preemptions, o.preemptCost, o.eventsTotal, o.restarts, o.resizes, o.saturations}
+	return []prometheus.Collector{o.cycle, o.wait, o.commit, o.commitErrors, o.leaderChanges, o.pauses, o.preemptions, o.preemptCost, o.eventsTotal, o.restarts, o.resizes, o.saturations, o.busyRefusals}
 }
 
 func (o *ctlObs) sawLeader(id uint64) {
@@ -122,6 +125,7 @@ func (o *ctlObs) sawLeader(id uint64) {
 
 func (o *ctlObs) cycleTook(d time.Duration) { o.cycle.Observe(d.Seconds()) }
 func (o *ctlObs) saturated()                { o.saturations.Inc() }
+func (o *ctlObs) busy()                     { o.busyRefusals.Inc() }
 func (o *ctlObs) gangWaited(d time.Duration) {
 	if d >= 0 {
 		o.wait.Observe(d.Seconds())
