@@ -261,6 +261,8 @@ func Start(cfg Config) (*Head, error) {
 	}
 	base, cancelBase := context.WithCancel(context.Background())
 	h.cancelRequests = cancelBase
+	apiH.hub = newPlacedHub(h.sm)
+	go apiH.hub.run(base)
 	h.srv = &http.Server{Handler: apiH, ReadHeaderTimeout: 5 * time.Second, ErrorLog: zap.NewStdLog(log.Named("http")),
 		BaseContext: func(net.Listener) context.Context { return base }}
 	if cfg.Gossip != "" {

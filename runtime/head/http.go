@@ -65,6 +65,9 @@ type API struct {
 	// to inflightWait for a slot, then is answered 503 (ServeHTTP, admit).
 	inflight     chan struct{}
 	inflightWait time.Duration
+	// hub wakes the agents' filtered watches (placedhub.go; nil: they wait on the state
+	// machine like any watch).
+	hub *placedHub
 }
 
 // RequireClientCerts turns mutual TLS on for the API: a process holding the token gets a
@@ -401,7 +404,25 @@ func (a *API) watch(w http.ResponseWriter, r *http.Request) {
 	var events []meta.Event
 	var covered int64
 	for {
-		events, covered, err = a.sm.EventsSince(ctx, prefix, rev, maxWatchEvents)
+		if machine != "" && a.hub != nil {
+			// An agent's watch scans when an event may concern its machine (placedHub),
+			// not at every commit.
+			events, covered, err = a.sm.EventsAfter(prefix, rev, maxWatchEvents)
+			if err == nil && len(events) == 0 {
+				woken, stop := a.hub.wait(machine, covered)
+				select {
+				case <-woken:
+				case <-ctx.Done():
+				}
+				stop()
+				if ctx.Err() == nil {
+					rev = covered
+					continue
+				}
+			}
+		} else {
+			events, covered, err = a.sm.EventsSince(ctx, prefix, rev, maxWatchEvents)
+		}
 		if errors.Is(err, meta.ErrCompacted) {
 			writeJSON(w, http.StatusOK, api.WatchAnswer{Revision: rev, Compacted: true})
 			return

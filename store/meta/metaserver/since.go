@@ -26,28 +26,44 @@ func (s *StateMachine) EventsSince(ctx context.Context, prefix string, fromRev i
 	defer s.mu.Unlock()
 	next := fromRev
 	for {
-		if next < s.compact {
-			return nil, next, fmt.Errorf("meta: events after revision %d (history starts after %d): %w", next, s.compact, meta.ErrCompacted)
-		}
-		i := sort.Search(len(s.history), func(i int) bool { return s.history[i].Revision > next })
-		var out []meta.Event
-		covered := s.revision
-		for ; i < len(s.history); i++ {
-			ev := s.history[i]
-			if max > 0 && len(out) >= max && ev.Revision != out[len(out)-1].Revision {
-				covered = out[len(out)-1].Revision
-				break
-			}
-			if strings.HasPrefix(ev.KV.Key, prefix) {
-				out = append(out, ev)
-			}
-		}
-		if len(out) > 0 || ctx.Err() != nil {
-			return out, covered, nil
+		out, covered, err := s.eventsAfterLocked(prefix, next, max)
+		if err != nil || len(out) > 0 || ctx.Err() != nil {
+			return out, covered, err
 		}
 		next = covered
 		for ctx.Err() == nil && s.revision <= next {
 			s.cond.Wait()
 		}
 	}
+}
+
+// EventsAfter is EventsSince without the wait: what the history holds after fromRev now
+// (perhaps nothing, covering the current revision). A caller that learns of new revisions
+// otherwise (a dispatcher that wakes only the watchers an event concerns) scans with it.
+func (s *StateMachine) EventsAfter(prefix string, fromRev int64, max int) ([]meta.Event, int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eventsAfterLocked(prefix, fromRev, max)
+}
+
+func (s *StateMachine) eventsAfterLocked(prefix string, next int64, limit int) ([]meta.Event, int64, error) {
+	if next < s.compact {
+		return nil, next, fmt.Errorf("meta: events after revision %d (history starts after %d): %w", next, s.compact, meta.ErrCompacted)
+	}
+	i := sort.Search(len(s.history), func(i int) bool { return s.history[i].Revision > next })
+	var out []meta.Event
+	// A replica behind the revision asked for (a watch resumed on a head that lags) covers
+	// that revision, never an older one: reading again from there repeats nothing.
+	covered := max(s.revision, next)
+	for ; i < len(s.history); i++ {
+		ev := s.history[i]
+		if limit > 0 && len(out) >= limit && ev.Revision != out[len(out)-1].Revision {
+			covered = out[len(out)-1].Revision
+			break
+		}
+		if strings.HasPrefix(ev.KV.Key, prefix) {
+			out = append(out, ev)
+		}
+	}
+	return out, covered, nil
 }

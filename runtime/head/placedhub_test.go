@@ -1,0 +1,146 @@
+package head
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/store/meta"
+)
+
+// TestPlacedWatchWakesItsMachine: an agent's filtered watch of the gangs table is answered
+// as soon as a gang is placed on its machine, within a second (its long poll waits 10 s:
+// a watch the placedHub failed to wake would answer late), never with a gang placed on
+// another machine, and sees a gang that ended anywhere (it may have run here).
+func TestPlacedWatchWakesItsMachine(t *testing.T) {
+	c := setup(t, 2, api.SchedulerConfig{}, "j")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	type seen struct {
+		reset bool
+		gang  api.Gang
+	}
+	got := make(chan seen, 64)
+	go func() {
+		_ = c.WatchPlaced(ctx, "m1", func(reset bool, l api.Listing, evs []meta.Event) error {
+			if reset {
+				got <- seen{reset: true}
+			}
+			for _, ev := range evs {
+				var g api.Gang
+				if ev.Type == meta.EventPut && json.Unmarshal(ev.KV.Value, &g) == nil {
+					got <- seen{gang: g}
+				}
+			}
+			return nil
+		})
+	}()
+	select {
+	case s := <-got:
+		if !s.reset {
+			t.Fatalf("first call %+v, want the listing", s)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no listing")
+	}
+	next := func(what string) api.Gang {
+		t.Helper()
+		select {
+		case s := <-got:
+			return s.gang
+		case <-time.After(time.Second):
+			t.Fatalf("%s: no event within a second", what)
+		}
+		return api.Gang{}
+	}
+	onM1 := func(g api.Gang) bool {
+		if g.Placement == nil {
+			return false
+		}
+		for _, m := range g.Placement.Members {
+			if m.Machine == "m1" {
+				return true
+			}
+		}
+		return false
+	}
+	var here string
+	for _, name := range []string{"a", "b"} { // one island each: one lands on m1
+		spec := island("j", name, "")
+		if _, err := c.SpawnGang(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := next("a gang placed on m1")
+	if !onM1(g) {
+		t.Fatalf("m1's watch saw %s placed on %v", g.Spec.Key(), g.Placement)
+	}
+	here = g.Spec.Name
+	elsewhere := map[string]string{"a": "b", "b": "a"}[here]
+	select {
+	case s := <-got:
+		if s.gang.Spec.Name == elsewhere && s.gang.State.Live() {
+			t.Fatalf("m1's watch saw %s, placed on another machine", elsewhere)
+		}
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := c.StopGang(ctx, "j", elsewhere); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		g := next("the other machine's gang stopped")
+		if g.Spec.Name == elsewhere && g.State == api.GangStopped {
+			break
+		}
+		if g.Spec.Name == elsewhere {
+			t.Fatalf("m1's watch saw %s %s, placed on another machine", elsewhere, g.State)
+		}
+	}
+}
+
+// TestPlacedHubDispatch: the hub wakes the machines a record places a member on, every
+// machine for a record that may concern any, and a waiter that comes after a concerning
+// event at once.
+func TestPlacedHubDispatch(t *testing.T) {
+	h := newPlacedHub(nil)
+	put := func(v string) meta.Event {
+		return meta.Event{Type: meta.EventPut, KV: meta.KeyValue{Key: api.TableGangs + "j/g", Value: []byte(v)}}
+	}
+	woken := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	a, stopA := h.wait("a", 0)
+	b, stopB := h.wait("b", 0)
+	defer stopA()
+	defer stopB()
+	h.dispatch([]meta.Event{put(`{"state":"starting","placement":{"members":[{"machine":"a"}]}}`)}, 5, false)
+	if !woken(a) || woken(b) {
+		t.Fatalf("a placement on a: a woken %v, b woken %v; want a only", woken(a), woken(b))
+	}
+	if late, stop := h.wait("a", 4); !woken(late) {
+		t.Fatal("a waiter from before the event's revision was not woken at once")
+	} else {
+		stop()
+	}
+	h.dispatch([]meta.Event{put(`{"state":"pending","generation":0}`)}, 6, false)
+	if woken(b) {
+		t.Fatal("a new pending gang woke b")
+	}
+	h.dispatch([]meta.Event{put(`{"state":"stopped"}`)}, 7, false)
+	if !woken(b) {
+		t.Fatal("a gang that ended did not wake b")
+	}
+	c, stopC := h.wait("c", 7)
+	defer stopC()
+	h.dispatch([]meta.Event{{Type: meta.EventDelete, KV: meta.KeyValue{Key: api.TableGangs + "j/g"}}}, 8, false)
+	if !woken(c) {
+		t.Fatal("a delete did not wake c")
+	}
+}
