@@ -70,8 +70,9 @@ type Config struct {
 	// another cause, still open).
 	MaxAPIConns int
 	// MaxInflight bounds the API's requests served at once, long polls aside (default
-	// DefaultMaxInflight(GOMAXPROCS); negative: no bound). One over the bound waits up to a
-	// second for a slot, then is answered 503 with a retry hint.
+	// DefaultMaxInflight(GOMAXPROCS); negative: no bound); the machines' load reports have
+	// as many slots again of their own. One over the bound waits up to a second for a
+	// slot, then is answered 503 with a retry hint.
 	MaxInflight int
 	// APIAdvertise is the API's base URL as others reach it (default http://<listen address>).
 	APIAdvertise string
@@ -257,7 +258,7 @@ func Start(cfg Config) (*Head, error) {
 		apiH.au = h.au
 	}
 	if n := cmp.Or(cfg.MaxInflight, DefaultMaxInflight(runtime.GOMAXPROCS(0))); n > 0 {
-		apiH.inflight, apiH.inflightWait = make(chan struct{}, n), time.Second
+		apiH.inflight, apiH.reportSlots, apiH.inflightWait = make(chan struct{}, n), make(chan struct{}, n), time.Second
 	}
 	base, cancelBase := context.WithCancel(context.Background())
 	h.cancelRequests = cancelBase

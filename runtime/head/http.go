@@ -65,6 +65,8 @@ type API struct {
 	// to inflightWait for a slot, then is answered 503 (ServeHTTP, admit).
 	inflight     chan struct{}
 	inflightWait time.Duration
+	// reportSlots are the machines' load reports' own (as many as inflight's).
+	reportSlots chan struct{}
 	// hub wakes the agents' filtered watches (placedhub.go; nil: they wait on the state
 	// machine like any watch).
 	hub *placedHub
@@ -152,34 +154,41 @@ func NewAPI(ctl *Controller, rep *paxos.Replica, sm *metaserver.StateMachine, to
 // runtime/authz's table before it is served (authz.go).
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if a.inflight != nil && r.URL.Path != "/v1/watch" {
-		if !a.admit(r) {
+		// Machines' load reports, their heartbeats, have slots of their own: shed behind a
+		// burst of other requests, they would have the leader declare live machines dead
+		// (as the Kubernetes API server's priority levels keep node leases apart).
+		slots := a.inflight
+		if r.URL.Path == "/v1/machines/load" {
+			slots = a.reportSlots
+		}
+		if !a.admit(r, slots) {
 			if r.Context().Err() == nil {
 				writeJSON(w, http.StatusServiceUnavailable, api.ErrorBody{Kind: "unavailable", RetryAfterMS: 100,
-					Error: fmt.Sprintf("this head is busy: %d requests in flight, the bound (max_inflight); retry", cap(a.inflight))})
+					Error: fmt.Sprintf("this head is busy: %d requests in flight, the bound (max_inflight); retry", cap(slots))})
 			}
 			return
 		}
-		defer func() { <-a.inflight }()
+		defer func() { <-slots }()
 	}
 	a.serveAuthorized(w, r)
 }
 
-// admit takes one of the API's in-flight slots, waiting up to inflightWait for one.
+// admit takes one of slots, waiting up to inflightWait for one.
 // Requests over the bound wait blocked, not runnable: a head serving thousands of agents
 // keeps its goroutines' run queue short, so that its Paxos replica's goroutines run when
 // due (at 2,000 machines, with every request served at once, wakeups waited up to 1.9 s to
 // run and the leader lost its followers' acknowledgments, over and over). Long polls
 // (/v1/watch) wait on the log, not the CPU, and are not counted.
-func (a *API) admit(r *http.Request) bool {
+func (a *API) admit(r *http.Request, slots chan struct{}) bool {
 	select {
-	case a.inflight <- struct{}{}:
+	case slots <- struct{}{}:
 		return true
 	default:
 	}
 	t := time.NewTimer(a.inflightWait)
 	defer t.Stop()
 	select {
-	case a.inflight <- struct{}{}:
+	case slots <- struct{}{}:
 		return true
 	case <-t.C:
 		a.ctl.obs.busy()
