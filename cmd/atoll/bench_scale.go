@@ -50,6 +50,9 @@ type scaleConfig struct {
 	// nice is the hollow processes' scheduling niceness: on a real cluster the agents do
 	// not share the heads' cores, here they yield them.
 	nice int
+	// groupNice is the niceness of the hollow processes' scheduling groups (the kernel's
+	// autogroups: each process of its own session is one, and nice counts only inside it).
+	groupNice int
 	// election is the heads' Paxos election timeout (0: the heads' default).
 	election time.Duration
 }
@@ -72,6 +75,8 @@ func (c scaleConfig) validate() error {
 		return fmt.Errorf("--window %v: want 1s..10m", c.window)
 	case c.nice < 0 || c.nice > 19:
 		return fmt.Errorf("--hollow-nice %d: want 0..19", c.nice)
+	case c.groupNice < 0 || c.groupNice > 19:
+		return fmt.Errorf("--hollow-group-nice %d: want 0..19", c.groupNice)
 	case c.election != 0 && checkTiming(head.DefaultTick, c.election) != nil:
 		return fmt.Errorf("--election-timeout: %w", checkTiming(head.DefaultTick, c.election))
 	case c.setupTimeout <= 0 || c.setupTimeout > 2*time.Hour:
@@ -146,6 +151,7 @@ type scaleResult struct {
 	HollowProcesses int     `json:"hollow_processes"`
 	GossipMembers   int     `json:"gossip_members"`
 	HollowNice      int     `json:"hollow_nice"`
+	HollowGroupNice int     `json:"hollow_group_nice"`
 	// ElectionTimeoutS is the heads' Paxos election timeout (--election-timeout; their
 	// default when 0 was asked).
 	ElectionTimeoutS float64 `json:"election_timeout_s"`
@@ -214,6 +220,7 @@ and running_tasks and queued_tasks are null with a note.`,
 	f.DurationVar(&cfg.window, "window", cfg.window, "how long each steady state is measured")
 	f.DurationVar(&cfg.setupTimeout, "setup-timeout", cfg.setupTimeout, "how long registration and each submission phase may take")
 	f.IntVar(&cfg.nice, "hollow-nice", 10, "the hollow processes' niceness (0..19): they yield the CPU to the heads, whose machines they would not share on a real cluster")
+	f.IntVar(&cfg.groupNice, "hollow-group-nice", 0, "the niceness of the hollow processes' scheduling groups where the kernel groups processes by session (autogroup: --hollow-nice then counts only inside each process; 0..19): 10 gives the heads the CPU first, which at 1,000 machines on two cores starves the hollow agents' reports instead")
 	f.DurationVar(&cfg.election, "election-timeout", 0, "the heads' Paxos election timeout (0: their default, atoll head --election-timeout): a longer one rides out a starved head's pauses, and bounds failover from below")
 	f.BoolVar(&cfg.skipLost, "skip-lost", false, "do not kill a hollow machine")
 	f.BoolVar(&cfg.skipFailover, "skip-failover", false, "do not kill the leader head")
@@ -261,7 +268,7 @@ type scaleBench struct {
 func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ *scaleResult, err error) {
 	began := time.Now()
 	res := &scaleResult{Started: began.UTC().Format(time.RFC3339), Machines: cfg.machines, Heads: 3, TLS: true, CPUs: runtime.NumCPU(),
-		GossipMembers: cfg.gossip, HollowNice: cfg.nice, WindowS: cfg.window.Seconds(), Notes: []string{},
+		GossipMembers: cfg.gossip, HollowNice: cfg.nice, HollowGroupNice: cfg.groupNice, WindowS: cfg.window.Seconds(), Notes: []string{},
 		ElectionTimeoutS: cmp.Or(cfg.election, head.DefaultElectionTimeout).Seconds(),
 		Targets: map[string]float64{"machines": 2000, "actors": 20000, "running_tasks": 15000, "running_gangs": 1000, "head_cpu_cores": 1,
 			"sched_p99_ms": 100, "failover_s": 3, "lost_machine_detect_s": 10},
@@ -406,7 +413,7 @@ func (b *scaleBench) register(ctx context.Context) error {
 	start := time.Now()
 	for i, bt := range batches {
 		p := procInfo{Name: fmt.Sprintf("hollow-agents-%d", i), Log: filepath.Join(b.dir, fmt.Sprintf("hollow-%d.log", i))}
-		pid, err := spawnNice(b.cfg.nice, p.Log, env, "bench", "hollow-agents", "--join", b.cf.Address, "--dir", hdir, "--first", strconv.Itoa(bt.first),
+		pid, err := spawnNice(b.cfg.nice, b.cfg.groupNice, p.Log, env, "bench", "hollow-agents", "--join", b.cf.Address, "--dir", hdir, "--first", strconv.Itoa(bt.first),
 			"--count", strconv.Itoa(bt.count), "--gossip", strconv.Itoa(bt.gossip))
 		if err != nil {
 			return fmt.Errorf("start %s: %w", p.Name, err)
@@ -467,8 +474,8 @@ func (e errNotRegistered) Error() string {
 
 // spawnNice is spawn at a niceness (nice(1) runs the executable: every thread of the
 // process has it).
-func spawnNice(nice int, logPath string, env []string, args ...string) (int, error) {
-	if nice == 0 {
+func spawnNice(nice, groupNice int, logPath string, env []string, args ...string) (int, error) {
+	if nice == 0 && groupNice == 0 {
 		return spawn(logPath, env, args...)
 	}
 	exe, err := os.Executable()
@@ -492,12 +499,14 @@ func spawnNice(nice int, logPath string, env []string, args ...string) (int, err
 	pid := cmd.Process.Pid
 	// With the kernel's autogroup scheduling (sched_autogroup_enabled, Linux's default on
 	// desktops and many VMs), a process of its own session (Setsid) is a scheduling group
-	// of its own, and niceness counts only inside the group: each hollow process took as
-	// much of the CPU as each head whatever its niceness (the leader got 0.35 cores at
-	// 2,000 machines and its goroutines waited seconds to run). The group's niceness is
-	// set too, where the kernel has it.
-	if err := os.WriteFile(fmt.Sprintf("/proc/%d/autogroup", pid), []byte(strconv.Itoa(nice)), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return 0, fmt.Errorf("nice %d for the autogroup of pid %d: %w", nice, pid, err)
+	// of its own, and niceness counts only inside the group: each hollow process takes as
+	// much of the CPU as each head whatever its niceness (at 2,000 machines the leader got
+	// 0.35 cores and its goroutines waited seconds to run). groupNice sets the group's,
+	// where the kernel has them.
+	if groupNice != 0 {
+		if err := os.WriteFile(fmt.Sprintf("/proc/%d/autogroup", pid), []byte(strconv.Itoa(groupNice)), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return 0, fmt.Errorf("nice %d for the autogroup of pid %d: %w", groupNice, pid, err)
+		}
 	}
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && strings.HasPrefix(string(b), exe+"\x00") {
