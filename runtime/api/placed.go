@@ -59,6 +59,23 @@ func (g gangPlacement) concerns(machine string) bool {
 	return true
 }
 
+// GangConcernedMachines is GangConcerns turned around: the machines a record of the gangs
+// table places a member on, and whether it concerns every machine as well (a gang ended
+// or requeued, which may have run anywhere; a record that does not decode). A head that
+// wakes each agent's watch only for the records that concern it reads it once per record.
+func GangConcernedMachines(value []byte) (machines []string, every bool) {
+	var g gangPlacement
+	if json.Unmarshal(value, &g) != nil {
+		return nil, true
+	}
+	if g.Placement != nil {
+		for _, m := range g.Placement.Members {
+			machines = append(machines, m.Machine)
+		}
+	}
+	return machines, g.concerns("")
+}
+
 // GangFilter is GangConcerns with the records' summaries kept by key and version, for a
 // head that filters the same events for thousands of agents: each record is decoded once.
 // It is safe for concurrent use.

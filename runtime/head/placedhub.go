@@ -2,7 +2,6 @@ package head
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"sync"
 
@@ -25,9 +24,8 @@ type placedHub struct {
 	sm *metaserver.StateMachine
 
 	mu sync.Mutex
-	// seen is the revision up to which the hub has dispatched; last the newest revision
-	// that concerned a machine, all the newest that concerned every machine.
-	seen    int64
+	// last is the newest revision that concerned a machine, all the newest that
+	// concerned every machine.
 	last    map[string]int64
 	all     int64
 	waiters map[string][]chan struct{}
@@ -40,9 +38,6 @@ func newPlacedHub(sm *metaserver.StateMachine) *placedHub {
 // run follows the gangs table until ctx ends.
 func (h *placedHub) run(ctx context.Context) {
 	rev := h.sm.Revision()
-	h.mu.Lock()
-	h.seen = rev
-	h.mu.Unlock()
 	for ctx.Err() == nil {
 		evs, covered, err := h.sm.EventsSince(ctx, api.TableGangs, rev, 4096)
 		if errors.Is(err, meta.ErrCompacted) {
@@ -70,36 +65,14 @@ func (h *placedHub) dispatch(evs []meta.Event, covered int64, everyone bool) {
 			everyone = true
 			break
 		}
-		var g struct {
-			State      api.GangState `json:"state"`
-			Generation int           `json:"generation"`
-			Placement  *struct {
-				Members []struct {
-					Machine string `json:"machine"`
-				} `json:"members"`
-			} `json:"placement"`
+		machines, every := api.GangConcernedMachines(ev.KV.Value)
+		for _, m := range machines {
+			concerned[m] = true
 		}
-		if json.Unmarshal(ev.KV.Value, &g) != nil {
-			everyone = true
-			break
-		}
-		if g.Placement != nil {
-			for _, m := range g.Placement.Members {
-				concerned[m.Machine] = true
-			}
-		}
-		// The records GangConcerns shows to machines that hold no member of theirs.
-		switch g.State {
-		case api.GangStarting, api.GangRunning, api.GangRestarting:
-		case api.GangPending:
-			everyone = everyone || g.Generation > 0
-		default:
-			everyone = true
-		}
+		everyone = everyone || every
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.seen = max(h.seen, covered)
 	if everyone {
 		h.all = covered
 		for m, ws := range h.waiters {
