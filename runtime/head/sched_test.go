@@ -135,7 +135,14 @@ func TestStopNoticeAnsweredOrNot(t *testing.T) {
 	for _, answer := range []bool{true, false} {
 		name := map[bool]string{true: "answered", false: "deadline missed"}[answer]
 		t.Run(name, func(t *testing.T) {
-			c := setup(t, 1, api.SchedulerConfig{NoticeGrace: api.Duration(300 * time.Millisecond)}, "low", "high")
+			// The notice stands for its grace: unanswered, it is gone at the deadline, so the
+			// grace must outlast a poll on a loaded machine (CI, under the race detector: a
+			// 300 ms grace ended before the 10 ms poll saw the notice).
+			grace := 300 * time.Millisecond
+			if !answer {
+				grace = 3 * time.Second
+			}
+			c := setup(t, 1, api.SchedulerConfig{NoticeGrace: api.Duration(grace)}, "low", "high")
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			low := island("low", "dp", "")
