@@ -420,8 +420,19 @@ func (c *Client) watchOnce(ctx context.Context, prefix, machine string, rev int6
 	c.mu.Unlock()
 	actx, cancel := context.WithTimeout(ctx, wait+c.cfg.AttemptTimeout)
 	defer cancel()
-	status, err := c.once(actx, c.cfg.Heads[idx], http.MethodGet, path, nil, &a)
-	if err != nil && status == 0 {
+	_, err := c.once(actx, c.cfg.Heads[idx], http.MethodGet, path, nil, &a)
+	var nl *notLeader
+	switch {
+	case err == nil:
+	case errors.As(err, &nl):
+		// A head that sends the watch to the leader: the next attempt goes there (a
+		// resumed watch that asked the same head again would never move).
+		if u, ok := c.urlOf(nl.leader); ok && nl.leader != 0 {
+			c.setTarget(idx, u)
+		} else {
+			c.rotate(idx)
+		}
+	default: // no answer, or a head that cannot answer now: the next head
 		c.rotate(idx)
 	}
 	return a, err
