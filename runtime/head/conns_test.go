@@ -1,7 +1,6 @@
 package head
 
 import (
-	"io"
 	"net/http"
 	"strings"
 	"syscall"
@@ -54,7 +53,7 @@ func TestMaxInflight(t *testing.T) {
 	if code, body := getHead(t, h, "/v1/watch?prefix=jobs/&rev=0&wait_ms=10"); code != http.StatusOK {
 		t.Fatalf("a long poll over the bound: %d %s; want it served", code, body)
 	}
-	if code, body := postHead(t, h, "/v1/machines/load", `{"machine":"nowhere"}`); strings.Contains(body, "max_inflight") {
+	if code, body := requestHead(t, h, http.MethodPost, "/v1/machines/load", `{"machine":"nowhere"}`); strings.Contains(body, "max_inflight") {
 		t.Fatalf("a load report while the other slots are taken: %d %s; want it past the bound (its own slots)", code, body)
 	}
 	h.api.inflightWait = time.Minute
@@ -75,18 +74,4 @@ func TestMaxInflight(t *testing.T) {
 	if n := DefaultMaxInflight(2); n != 32 {
 		t.Fatalf("default for 2 cores: %d, want 32", n)
 	}
-}
-
-func postHead(t *testing.T, h *Head, path, body string) (int, string) {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, h.Address()+path, strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+string(testToken))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }

@@ -59,8 +59,18 @@ func fillDisk(t *testing.T, dir string) string {
 // getHead answers a GET on one head with the cluster token: its status and body.
 func getHead(t *testing.T, h *Head, path string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, h.Address()+path, nil)
+	return requestHead(t, h, http.MethodGet, path, "")
+}
+
+// requestHead sends one request (a JSON body when body is not empty) to a head with the
+// cluster token and answers its status and body.
+func requestHead(t *testing.T, h *Head, method, path, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, h.Address()+path, strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+string(testToken))
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
