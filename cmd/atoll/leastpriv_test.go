@@ -648,9 +648,12 @@ func TestScopedAgentCredential(t *testing.T) {
 		t.Fatalf("atoll token create --role agent --machine '*': %v\n%s", err, out)
 	}
 	startAgentAs(ctx, t, bin, dir, "wild-1", filepath.Join(wild, credTokenFile), adm, 0)
-	if logb, _ := os.ReadFile(filepath.Join(dir, "logs", "wild-1.log")); !strings.Contains(string(logb), "joined the cluster's gossip") {
-		t.Errorf("the agent on agent/* did not join the gossip:\n%s", logb)
-	}
+	// It registers before it joins the gossip: wait for the join (read once, the log
+	// missed it under load in CI).
+	waitFor(t, "the agent on agent/* joined the gossip", time.Minute, func() (bool, string) {
+		logb, _ := os.ReadFile(filepath.Join(dir, "logs", "wild-1.log"))
+		return strings.Contains(string(logb), "joined the cluster's gossip"), string(logb)
+	})
 	wc := credCaller(ctx, t, heads.Heads, wild)
 	checkRefused(t, "agent/*", "agent", []attempt{
 		wc.do(ctx, "", "POST", "/v1/propose", meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: api.TableConfig + "x", Value: []byte("{}")}}}, "a raw log entry", authz.ActPropose),
