@@ -153,7 +153,7 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	tr.MaxIdleConnsPerHost = 64
 	c := &Client{cfg: cfg, hc: &http.Client{Transport: tr}, log: cfg.Logger.Named("api-client"), ids: map[uint64]string{}}
 	for {
-		if err := c.learnIDs(ctx); err == nil {
+		if err := c.learnIDs(ctx, false); err == nil {
 			break
 		} else if errors.Is(err, ErrUnauthenticated) {
 			return nil, err
@@ -167,9 +167,10 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	}
 	conns := map[uint64]meta.Conn{}
 	for id, u := range c.ids {
-		conns[id] = meta.HTTPConn{BaseURL: u, Token: cfg.Token, HTTP: c.hc}
+		conns[id] = c.metaConn(u)
 	}
-	mc, err := meta.NewClient(meta.ClientConfig{AttemptTimeout: cfg.AttemptTimeout, MinBackoff: 2 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Logger: cfg.Logger}, conns)
+	mc, err := meta.NewClient(meta.ClientConfig{AttemptTimeout: cfg.AttemptTimeout, MinBackoff: 2 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Logger: cfg.Logger,
+		Resolve: c.resolve}, conns)
 	if err != nil {
 		return nil, err
 	}
@@ -179,10 +180,13 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 
 // learnIDs asks every head for its id; it succeeds when at least one answers, and stops at
 // the first head that refuses the client (ErrUnauthenticated: no retry can help).
-func (c *Client) learnIDs(ctx context.Context) error {
+func (c *Client) learnIDs(ctx context.Context, onlyUnknown bool) error {
 	var last error
 	found := false
 	for i, h := range c.cfg.Heads {
+		if onlyUnknown && c.knows(h) {
+			continue
+		}
 		var st struct {
 			ID     uint64 `json:"id"`
 			Leader uint64 `json:"leader"`
@@ -209,6 +213,37 @@ func (c *Client) learnIDs(ctx context.Context) error {
 		return last
 	}
 	return nil
+}
+
+// metaConn is the metadata client's conn to the head at base URL u.
+func (c *Client) metaConn(u string) meta.Conn {
+	return meta.HTTPConn{BaseURL: u, Token: c.cfg.Token, HTTP: c.hc}
+}
+
+// knows reports whether the client has learned the replica id of the head at u.
+func (c *Client) knows(u string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, v := range c.ids {
+		if v == u {
+			return true
+		}
+	}
+	return false
+}
+
+// resolve finds the head of replica id, asking the heads whose ids the client has not
+// learned (those that did not answer when it was made): the metadata client's conn to it.
+func (c *Client) resolve(ctx context.Context, id uint64) (meta.Conn, bool) {
+	u, ok := c.urlOf(id)
+	if !ok {
+		_ = c.learnIDs(ctx, true)
+		u, ok = c.urlOf(id)
+	}
+	if !ok {
+		return nil, false
+	}
+	return c.metaConn(u), true
 }
 
 // Meta is a client of the metadata log (reads, writes, transactions) over the heads.
@@ -302,7 +337,7 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		switch {
 		case errors.As(err, &nl):
 			retry = true
-			if u, ok := c.urlOf(nl.leader); ok && nl.leader != 0 {
+			if u, ok := c.leaderURL(ctx, nl.leader); ok {
 				c.setTarget(idx, u)
 				last = err
 				continue
@@ -336,6 +371,19 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		}
 		backoff = min(2*backoff, maxRetryBackoff)
 	}
+}
+
+// leaderURL is the URL of the head of replica id that a redirect named, asking the heads
+// the client has not heard from yet when it does not know it.
+func (c *Client) leaderURL(ctx context.Context, id uint64) (string, bool) {
+	if id == 0 {
+		return "", false
+	}
+	if u, ok := c.urlOf(id); ok {
+		return u, true
+	}
+	_ = c.learnIDs(ctx, true)
+	return c.urlOf(id)
 }
 
 func (c *Client) urlOf(id uint64) (string, bool) {
@@ -427,7 +475,7 @@ func (c *Client) watchOnce(ctx context.Context, prefix, machine string, rev int6
 	case errors.As(err, &nl):
 		// A head that sends the watch to the leader: the next attempt goes there (a
 		// resumed watch that asked the same head again would never move).
-		if u, ok := c.urlOf(nl.leader); ok && nl.leader != 0 {
+		if u, ok := c.leaderURL(ctx, nl.leader); ok {
 			c.setTarget(idx, u)
 		} else {
 			c.rotate(idx)

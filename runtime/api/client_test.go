@@ -31,11 +31,12 @@ type fakeHeads struct {
 	leader uint64              // the replica id that leads (heads are 1..n)
 	hint   map[uint64]uint64   // a head's hint of the leader, when not the leader itself
 	hits   map[uint64][]string // the paths each head was asked, but /v1/status
+	mute   map[uint64]bool     // heads that answer /v1/status 503 (not up yet)
 	answer func(id uint64, w http.ResponseWriter, r *http.Request)
 }
 
 func newFakeHeads(t *testing.T, n int, leader uint64) *fakeHeads {
-	f := &fakeHeads{t: t, leader: leader, hint: map[uint64]uint64{}, hits: map[uint64][]string{},
+	f := &fakeHeads{t: t, leader: leader, hint: map[uint64]uint64{}, hits: map[uint64][]string{}, mute: map[uint64]bool{},
 		answer: func(uint64, http.ResponseWriter, *http.Request) {}}
 	for i := 1; i <= n; i++ {
 		id := uint64(i)
@@ -68,8 +69,11 @@ func (f *fakeHeads) serve(id uint64, w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != "/v1/status" {
 		f.hits[id] = append(f.hits[id], r.URL.Path)
 	}
+	mute := f.mute[id]
 	f.mu.Unlock()
 	switch {
+	case r.URL.Path == "/v1/status" && mute:
+		writeTestJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: "starting", Kind: "unavailable"})
 	case r.URL.Path == "/v1/status":
 		writeTestJSON(w, http.StatusOK, map[string]uint64{"id": id, "leader": leader})
 	case id != leader:
@@ -625,5 +629,33 @@ func TestDecodeEvents(t *testing.T) {
 				t.Errorf("events %v, %v; want %v", got, err, c.want)
 			}
 		})
+	}
+}
+
+// TestMetaFindsALeaderItDidNotLearn: a client made while the leader did not answer its
+// status knows only the followers' replica ids; its metadata writes, which the followers
+// send to the leader by id, must still reach it (CI: a worker's registration went from
+// one follower to the other for a minute, "not the leader (replica 1 leads)").
+func TestMetaFindsALeaderItDidNotLearn(t *testing.T) {
+	f := newFakeHeads(t, 3, 1)
+	f.set(func() {
+		f.mute[1] = true
+		f.answer = func(_ uint64, w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/v1/txn" {
+				writeTestJSON(w, http.StatusOK, meta.Response{Succeeded: true, Revision: 7})
+			}
+		}
+	})
+	c := newTestClient(t, f.urls())
+	if _, ok := c.urlOf(1); ok {
+		t.Fatal("the client learned the muted leader's id: the case did not happen")
+	}
+	f.set(func() { f.mute[1] = false })
+	rev, err := c.Meta().Put(ctxT(t, 5*time.Second), TableConfig+"k", []byte("v"))
+	if err != nil || rev != 7 {
+		t.Fatalf("a put through the followers: revision %d, %v; want 7 from the leader", rev, err)
+	}
+	if n := f.asked()[1]; n != 1 {
+		t.Fatalf("the leader was asked %d times, want 1", n)
 	}
 }

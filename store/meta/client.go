@@ -37,6 +37,10 @@ type ClientConfig struct {
 	MinBackoff, MaxBackoff time.Duration
 	// Logger (default zap.NewNop()).
 	Logger *zap.Logger
+	// Resolve, when set, finds the conn of a replica the client was not given, when a
+	// replica's redirect names it (a client built while a head did not answer knows only
+	// the others, and two followers would otherwise send it back and forth between them).
+	Resolve func(ctx context.Context, id uint64) (Conn, bool)
 }
 
 // DefaultClientConfig returns a config with a random client id.
@@ -56,12 +60,12 @@ func (c ClientConfig) Validate() error {
 // transient failures until the ctx deadline, and tags every write with (ID, Seq) so a
 // retried write takes effect at most once. Safe for concurrent use.
 type Client struct {
-	cfg   ClientConfig
-	log   *zap.Logger
-	conns map[uint64]Conn
-	ids   []uint64
+	cfg ClientConfig
+	log *zap.Logger
 
 	mu       sync.Mutex
+	conns    map[uint64]Conn // grown by cfg.Resolve
+	ids      []uint64        // conns' keys, sorted
 	leader   uint64
 	seq      uint64
 	inflight map[uint64]bool
@@ -83,8 +87,9 @@ func NewClient(cfg ClientConfig, conns map[uint64]Conn) (*Client, error) {
 		rand.Read(b)
 		cfg.ID = hex.EncodeToString(b)
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger.Named("meta-client"), conns: conns, inflight: map[uint64]bool{}}
-	for id := range conns {
+	c := &Client{cfg: cfg, log: cfg.Logger.Named("meta-client"), conns: map[uint64]Conn{}, inflight: map[uint64]bool{}}
+	for id, conn := range conns {
+		c.conns[id] = conn
 		c.ids = append(c.ids, id)
 	}
 	slices.Sort(c.ids)
@@ -100,9 +105,10 @@ func (c *Client) do(ctx context.Context, fn func(ctx context.Context, conn Conn)
 	for attempt := 0; ; attempt++ {
 		c.mu.Lock()
 		target := c.leader
+		conn := c.conns[target]
 		c.mu.Unlock()
 		actx, cancel := context.WithTimeout(ctx, c.cfg.AttemptTimeout)
-		err := fn(actx, c.conns[target])
+		err := fn(actx, conn)
 		cancel()
 		if err == nil {
 			return nil
@@ -113,14 +119,12 @@ func (c *Client) do(ctx context.Context, fn func(ctx context.Context, conn Conn)
 		last = err
 		var nl *NotLeaderError
 		hinted := false
-		if errors.As(err, &nl) && nl.Leader != 0 && nl.Leader != target {
-			if _, ok := c.conns[nl.Leader]; ok {
-				c.setLeader(target, nl.Leader)
-				hinted = true
-			}
+		if errors.As(err, &nl) && nl.Leader != 0 && nl.Leader != target && c.known(ctx, nl.Leader) {
+			c.setLeader(target, nl.Leader)
+			hinted = true
 		}
 		if !hinted {
-			c.setLeader(target, c.ids[(slices.Index(c.ids, target)+1)%len(c.ids)])
+			c.setLeader(target, c.next(target))
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("meta: gave up after %d attempts: %w (last: %v)", attempt+1, ErrNoReplica, last)
@@ -137,6 +141,37 @@ func (c *Client) do(ctx context.Context, fn func(ctx context.Context, conn Conn)
 		}
 		backoff = min(2*backoff, c.cfg.MaxBackoff)
 	}
+}
+
+// known reports whether the client has a conn to replica id, resolving it when it has
+// not and can.
+func (c *Client) known(ctx context.Context, id uint64) bool {
+	c.mu.Lock()
+	_, ok := c.conns[id]
+	c.mu.Unlock()
+	if ok || c.cfg.Resolve == nil {
+		return ok
+	}
+	conn, ok := c.cfg.Resolve(ctx, id)
+	if !ok {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, had := c.conns[id]; !had {
+		c.conns[id] = conn
+		c.ids = append(c.ids, id)
+		slices.Sort(c.ids)
+		c.log.Info("replica resolved", zap.Uint64("replica", id))
+	}
+	return true
+}
+
+// next is the replica after id in the client's order.
+func (c *Client) next(id uint64) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ids[(slices.Index(c.ids, id)+1)%len(c.ids)]
 }
 
 func (c *Client) setLeader(from, to uint64) {
