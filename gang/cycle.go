@@ -298,9 +298,13 @@ func (s *Scheduler) sortPending(now time.Time) *queuedHeap {
 	s.queues.computeFair()
 	infos := make([]QueuedGang, len(s.pending))
 	h := &queuedHeap{gs: make([]*QueuedGang, len(s.pending)), less: s.prof.queueSort.Less}
+	ks, keyed := s.prof.queueSort.(keyedSort)
 	for i, g := range s.pending {
 		g.accountWait(now)
 		infos[i] = s.queuedView(g, now)
+		if keyed {
+			infos[i].sortKey, infos[i].keyed = ks.key(&infos[i]), true
+		}
 		h.gs[i] = &infos[i]
 	}
 	heap.Init(h)

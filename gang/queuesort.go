@@ -81,11 +81,25 @@ func (u urgencySort) key(g *QueuedGang) float64 {
 	return r
 }
 
+// keyedSort is a QueueSort that orders by a key of each gang (then by its own ties): the
+// cycle computes the key once per gang (QueuedGang.sortKey) instead of at every comparison.
+type keyedSort interface {
+	key(g *QueuedGang) float64
+}
+
+// cachedKey is g's key, computed once per cycle where the cycle did.
+func (u urgencySort) cachedKey(g *QueuedGang) float64 {
+	if g.keyed {
+		return g.sortKey
+	}
+	return u.key(g)
+}
+
 func (u urgencySort) Less(a, b *QueuedGang) bool {
 	if a.Class != b.Class && !u.weighted {
 		return a.Class > b.Class
 	}
-	if ka, kb := u.key(a), u.key(b); ka != kb {
+	if ka, kb := u.cachedKey(a), u.cachedKey(b); ka != kb {
 		return ka < kb
 	}
 	return a.Dynamic > b.Dynamic
