@@ -69,6 +69,9 @@ def check_env(gpus):
     return rank, world
 
 
+HELLO = "sumranks-peer"
+
+
 def allreduce_ranks(rank, world, deadline):
     """Sums the ranks: every rank sends its own to rank 0, which answers the sum."""
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
@@ -78,12 +81,25 @@ def allreduce_ranks(rank, world, deadline):
         srv.bind((addr, port))
         srv.listen(world)
         srv.settimeout(max(1.0, deadline - time.time()))
-        peers, total = [], 0
+        peers, total = {}, 0
         while len(peers) < world - 1:
             conn, _ = srv.accept()
             conn.settimeout(30)
-            total += int(conn.makefile().readline())
-            peers.append(conn)
+            # A peer says who it is; anything else on the port (a stray client of a port
+            # that was another process's a moment ago) is dropped, as a rendezvous store
+            # drops what is not its protocol.
+            try:
+                magic, peer = conn.makefile().readline().split()
+                peer = int(peer)
+            except (OSError, ValueError):
+                magic, peer = "", -1
+            if magic != HELLO or not 0 < peer < world or peer in peers:
+                print("rank 0: dropped a connection that is not a peer's", flush=True)
+                conn.close()
+                continue
+            total += peer
+            peers[peer] = conn
+        peers = list(peers.values())
         total += rank
         for conn in peers:
             conn.sendall(b"%d\n" % total)
@@ -99,7 +115,7 @@ def allreduce_ranks(rank, world, deadline):
                 raise
             time.sleep(0.1)
     conn.settimeout(max(1.0, deadline - time.time()))
-    conn.sendall(b"%d\n" % rank)
+    conn.sendall(b"%s %d\n" % (HELLO.encode(), rank))
     total = int(conn.makefile().readline())
     conn.close()
     return total
