@@ -513,6 +513,9 @@ func TestDurableClusterRestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// A driver left connected renews its owner record against the dead heads' ports
+		// after the test, which other tests' processes may hold by then.
+		t.Cleanup(func() { _ = c.Shutdown(context.Background()) })
 		return c, d
 	}
 	up := func() {
