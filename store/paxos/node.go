@@ -607,6 +607,10 @@ func (n *Node) onPrepare(m Message) {
 	}
 	n.setPromised(m.Ballot)
 	n.leader = 0
+	// A pre-vote of this replica's own still out is stale now: it promised a candidate.
+	// Campaigning on its grants would refuse that candidate's Accepts, deposing the leader
+	// this promise helps elect (two followers that time out close together).
+	n.preBallot, n.preGrants = 0, nil
 	n.resetElectionTimeout()
 	n.send(Message{Type: MsgPromise, To: m.From, Ballot: m.Ballot, Slot: m.Slot, Commit: n.log.commit, Last: n.log.snap, Entries: n.log.acceptedFrom(m.Slot)})
 }

@@ -259,3 +259,68 @@ func TestFollowersLearnCommitWithoutWaitingForHeartbeat(t *testing.T) {
 		}
 	}
 }
+
+// Two followers time out close together after the leader dies (at 1,000 machines, 44 ms
+// apart): node 2's Prepare reaches node 3 after node 3 sent its own pre-vote, and node 2,
+// a candidate by then, grants that pre-vote. Node 3 promised node 2 in between, so the
+// grant is stale: acting on it, node 3 campaigned at a higher ballot, refused node 2's
+// Accepts, and deposed the leader it had just elected; the next election came an election
+// timeout later (3.87 s to fail over, where one timeout and a round trip suffice).
+func TestPreVoteGrantAfterPromiseIsStale(t *testing.T) {
+	h := newHarness(t, 3, nil)
+	h.elect(1)
+	h.cut[1] = true // the leader dies
+	for _, id := range []uint64{2, 3} {
+		h.nodes[id].now += uint64(h.nodes[id].cfg.ElectionTicks) // neither hears it for a timeout
+	}
+	// out takes what node id has to send, in order.
+	out := func(id uint64) []Message {
+		var ms []Message
+		n := h.nodes[id]
+		for n.HasReady() {
+			rd := n.Ready()
+			ms = append(ms, rd.SendFirst...)
+			ms = append(ms, rd.Messages...)
+			n.Advance(rd)
+		}
+		return ms
+	}
+	// take returns the one message of type typ from ms to node to.
+	take := func(ms []Message, typ MsgType, to uint64) Message {
+		t.Helper()
+		for _, m := range ms {
+			if m.Type == typ && m.To == to {
+				return m
+			}
+		}
+		t.Fatalf("no %v to node %d in %v", typ, to, ms)
+		return Message{}
+	}
+	h.nodes[2].preCampaign()
+	h.nodes[3].Step(take(out(2), MsgPreVote, 3))
+	h.nodes[2].Step(take(out(3), MsgPreVoteResp, 2)) // granted: node 2 campaigns
+	prepare := take(out(2), MsgPrepare, 3)
+	if h.nodes[2].role != Candidate {
+		t.Fatalf("node 2 is %v after a granted pre-vote, want a candidate", h.nodes[2].role)
+	}
+	h.nodes[3].preCampaign() // node 3's own timeout, before node 2's Prepare arrives
+	preVote := take(out(3), MsgPreVote, 2)
+	h.nodes[3].Step(prepare) // node 3 promises node 2
+	promise := take(out(3), MsgPromise, 2)
+	if promise.Reject {
+		t.Fatalf("node 3 refused node 2's Prepare: %+v", promise)
+	}
+	h.nodes[2].Step(preVote) // node 2, a candidate, grants node 3's pre-vote
+	h.nodes[3].Step(take(out(2), MsgPreVoteResp, 3))
+	h.nodes[2].Step(promise)
+	if h.nodes[2].role != Leader {
+		t.Fatalf("node 2 is %v with node 3's promise, want the leader", h.nodes[2].role)
+	}
+	ballot := h.nodes[2].promised
+	h.settle()
+	h.tick(3 * h.nodes[2].cfg.HeartbeatTicks)
+	if l := h.leader(); l != 2 || h.nodes[2].promised != ballot {
+		t.Fatalf("leader %d at ballot %x after node 3's stale pre-vote grant, want node 2 at %x (node 3 %v, promised %x)",
+			l, h.nodes[2].promised, ballot, h.nodes[3].role, h.nodes[3].promised)
+	}
+}
