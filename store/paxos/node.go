@@ -91,6 +91,9 @@ type Node struct {
 	// voters that said it could win.
 	preBallot uint64
 	preGrants map[uint64]bool
+	// preRounds counts the pre-votes asked; preRefused the refusals the latest one heard
+	// (the driver logs them: an election that takes several timeouts says why).
+	preRounds, preRefused uint64
 
 	// leader
 	stopAt     uint64 // slot of the configuration entry in flight: nothing is proposed past it
@@ -255,6 +258,12 @@ func (n *Node) TicksUntilTimer() int {
 	}
 }
 
+// PreVotes returns how many pre-votes this replica has asked, how many refusals the latest
+// heard, and how many ticks ago it last heard a leader (for a driver's logs).
+func (n *Node) PreVotes() (rounds, refused, sinceHeard uint64) {
+	return n.preRounds, n.preRefused, n.now - n.lastHeard
+}
+
 // Campaign starts phase 1 now, without a pre-vote (tests and leadership transfer use it).
 func (n *Node) Campaign() { n.campaign() }
 
@@ -268,6 +277,8 @@ func (n *Node) preCampaign() {
 	n.resetElectionTimeout()
 	n.preBallot = MakeBallot(max(n.maxRound, BallotRound(n.promised))+1, n.cfg.ID)
 	n.preGrants = map[uint64]bool{n.cfg.ID: true}
+	n.preRounds++
+	n.preRefused = 0
 	if len(n.preGrants) >= n.trk.quorum {
 		n.campaign()
 		return
@@ -289,6 +300,9 @@ func (n *Node) onPreVote(m Message) {
 func (n *Node) onPreVoteResp(m Message) {
 	if r := BallotRound(m.Promised); r > n.maxRound {
 		n.maxRound = r
+	}
+	if n.preBallot != 0 && m.Ballot == n.preBallot && m.Reject {
+		n.preRefused++
 	}
 	if n.preBallot == 0 || m.Ballot != n.preBallot || n.role == Leader || m.Reject {
 		return

@@ -162,7 +162,9 @@ type Replica struct {
 
 	mu     sync.Mutex
 	status Status
-	err    error
+	// preLogged is the last pre-vote round logged, preRefused the refusals its round heard.
+	preLogged, preRefused uint64
+	err                   error
 	// fault is the storage failure the replica is waiting out (a full disk), nil when
 	// none; faultSince when it began (diskfull.go).
 	fault      error
@@ -624,6 +626,16 @@ func (r *Replica) handleReady() error {
 			zap.Uint64("ballot", st.Promised), zap.Uint64("commit", st.Commit), zap.Uint64("applied", st.Applied),
 			zap.Stringer("was", r.status.Role), zap.Uint64("was_leader", r.status.Leader))
 	}
+	rounds, refused, since := r.node.PreVotes()
+	if rounds != r.preLogged {
+		// Each pre-vote asked (rare: once per election timeout without a leader), with
+		// the refusals the one before heard: an election that takes several timeouts
+		// says why in the logs.
+		r.log.Info("pre-vote asked", zap.Uint64("round", rounds), zap.Uint64("ballot", st.Promised),
+			zap.Duration("since_leader_heard", time.Duration(since)*r.cfg.TickInterval), zap.Uint64("previous_refusals", r.preRefused))
+		r.preLogged = rounds
+	}
+	r.preRefused = refused
 	r.status = st
 	r.leaseUntil = until
 	r.mu.Unlock()
