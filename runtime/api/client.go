@@ -315,6 +315,14 @@ const maxRetryBackoff = 500 * time.Millisecond
 // backoff, on another head when one does not answer) until ctx ends. Errors the head
 // answered (invalid, not found, ...) are returned at once.
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
+	return c.do(ctx, method, path, in, out, false)
+}
+
+// do is Do; periodic says the request is sent again on its own schedule (a load report):
+// a head that answers "unavailable" (no leader elected yet, or one shedding load) is not
+// asked again, the next request comes in its place. Heads that do not answer, and
+// redirects, are followed as for any request.
+func (c *Client) do(ctx context.Context, method, path string, in, out any, periodic bool) error {
 	backoff := 5 * time.Millisecond
 	var last error
 	for attempt := 0; ; attempt++ {
@@ -346,6 +354,12 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		case status == 0: // the head did not answer
 			retry = true
 			c.rotate(idx)
+		case errors.Is(err, ErrUnavailable) && periodic:
+			// Every agent of a cluster whose leader died retried its report two or three
+			// times a second until a new leader took office: at 1,000 machines, thousands
+			// of requests a second on the two heads left, whose election and taking
+			// office waited behind them.
+			return err
 		case errors.Is(err, ErrUnavailable):
 			retry = true
 			if attempt%4 == 3 {
@@ -586,9 +600,10 @@ func (c *Client) RegisterMachine(ctx context.Context, m Machine) (Machine, error
 	return out, err
 }
 
-// ReportLoad sends a machine's load sample to the leader.
+// ReportLoad sends a machine's load sample to the leader. Reports are periodic: one that a
+// head answers "unavailable" is not retried (the next report takes its place).
 func (c *Client) ReportLoad(ctx context.Context, r LoadReport) error {
-	return c.Do(ctx, http.MethodPost, "/v1/machines/load", r, nil)
+	return c.do(ctx, http.MethodPost, "/v1/machines/load", r, nil, true)
 }
 
 // SubmitJob creates a job.

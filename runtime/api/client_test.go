@@ -659,3 +659,34 @@ func TestMetaFindsALeaderItDidNotLearn(t *testing.T) {
 		t.Fatalf("the leader was asked %d times, want 1", n)
 	}
 }
+
+// A load report is periodic: a head that answers "unavailable" (no leader elected yet) is
+// not asked again, the next report takes its place. Retried like any request, every
+// agent's reports multiplied the requests the heads left after a leader's death served
+// while they elected a new one.
+func TestReportLoadIsNotRetriedWhileUnavailable(t *testing.T) {
+	f := newFakeHeads(t, 2, 1)
+	c := newTestClient(t, f.urls())
+	f.set(func() {
+		f.answer = func(_ uint64, w http.ResponseWriter, _ *http.Request) {
+			writeTestJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: "no leader", Kind: "unavailable"})
+		}
+	})
+	err := c.ReportLoad(ctxT(t, 5*time.Second), LoadReport{Machine: "m"})
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("report: %v, want ErrUnavailable", err)
+	}
+	if got := f.asked(); got[1]+got[2] != 1 {
+		t.Fatalf("requests %v: want one, not retried", got)
+	}
+	// Any other request retries while the heads are unavailable.
+	f.set(func() { f.hits = map[uint64][]string{} })
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := c.Do(ctx, http.MethodPost, "/v1/jobs", Job{Name: "j"}, nil); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("do: %v, want ErrUnavailable", err)
+	}
+	if got := f.asked(); got[1]+got[2] < 2 {
+		t.Fatalf("requests %v: want retries", got)
+	}
+}
