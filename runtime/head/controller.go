@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -505,12 +506,13 @@ func (c *Controller) buildTerm() error {
 		}
 		t.confVer = kv.Version
 	}
-	for _, kv := range c.sm.Range(api.TableMachines) {
-		var m api.Machine
-		if err := json.Unmarshal(kv.Value, &m); err != nil {
-			return fmt.Errorf("head: machine %s: %w", kv.Key, err)
-		}
-		t.machines[m.Name] = &machineEntry{rec: m, ver: kv.Version}
+	mkvs := c.sm.Range(api.TableMachines)
+	machines, err := decodeAll[api.Machine](mkvs, "machine")
+	if err != nil {
+		return err
+	}
+	for i, m := range machines {
+		t.machines[m.Name] = &machineEntry{rec: m, ver: mkvs[i].Version}
 	}
 	for _, kv := range c.sm.Range(api.CordonsPrefix) {
 		var cd api.Cordon
@@ -526,18 +528,19 @@ func (c *Controller) buildTerm() error {
 		}
 		t.jobs[j.Name] = &jobEntry{rec: j, ver: kv.Version}
 	}
-	for _, kv := range c.sm.Range(api.TableGangs) {
-		var g api.Gang
-		if err := json.Unmarshal(kv.Value, &g); err != nil {
-			return fmt.Errorf("head: gang %s: %w", kv.Key, err)
-		}
-		t.putGang(g.Spec.Key(), &gangEntry{rec: g, ver: kv.Version, ready: map[int]api.Worker{}})
+	gkvs := c.sm.Range(api.TableGangs)
+	gangs, err := decodeAll[api.Gang](gkvs, "gang")
+	if err != nil {
+		return err
 	}
-	for _, kv := range c.sm.Range(api.TableWorkers) {
-		var w api.Worker
-		if err := json.Unmarshal(kv.Value, &w); err != nil {
-			return fmt.Errorf("head: worker %s: %w", kv.Key, err)
-		}
+	for i, g := range gangs {
+		t.putGang(g.Spec.Key(), &gangEntry{rec: g, ver: gkvs[i].Version, ready: map[int]api.Worker{}})
+	}
+	workers, err := decodeAll[api.Worker](c.sm.Range(api.TableWorkers), "worker")
+	if err != nil {
+		return err
+	}
+	for _, w := range workers {
 		if e := t.gangs[w.Job+"/"+w.Gang]; e != nil && e.rec.Generation == w.Generation && w.GangUID == e.rec.UID {
 			e.ready[w.Rank] = w
 		}
@@ -599,6 +602,42 @@ func (c *Controller) buildTerm() error {
 		return fmt.Errorf("head: commit the new term's first decisions (%d): %w", len(work), err)
 	}
 	return nil
+}
+
+// decodeAll decodes the JSON records of a table (what names one record, in errors) on
+// several goroutines. A new leader decodes every record at once while every agent
+// reconnects to it: at 1,000 machines, 13,701 gangs and 10,000 workers took 1.6 s of the
+// takeover on one goroutine among hundreds of runnable ones.
+func decodeAll[T any](kvs []meta.KeyValue, what string) ([]T, error) {
+	out := make([]T, len(kvs))
+	const per = 512 // records per goroutine at least
+	n := min(runtime.GOMAXPROCS(0)*4, (len(kvs)+per-1)/per)
+	errs := make([]error, max(n, 1))
+	decode := func(part, lo, hi int) {
+		for i := lo; i < hi; i++ {
+			if err := json.Unmarshal(kvs[i].Value, &out[i]); err != nil {
+				errs[part] = fmt.Errorf("head: %s %s: %w", what, kvs[i].Key, err)
+				return
+			}
+		}
+	}
+	if n <= 1 {
+		decode(0, 0, len(kvs))
+	} else {
+		var wg sync.WaitGroup
+		size := (len(kvs) + n - 1) / n
+		for part := range n {
+			lo, hi := part*size, min((part+1)*size, len(kvs))
+			wg.Go(func() { decode(part, lo, hi) })
+		}
+		wg.Wait()
+	}
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // assignSeqs gives the gangs of a log written before submission sequences existed one,
