@@ -39,18 +39,26 @@ func newHarness(t *testing.T, n int, restore map[uint64][]Entry) *harness {
 	return h
 }
 
+// outbox advances node id past its Readies (recording what it committed) and returns the
+// messages they send, in order.
+func (h *harness) outbox(id uint64) []Message {
+	var msgs []Message
+	n := h.nodes[id]
+	for n.HasReady() {
+		rd := n.Ready()
+		msgs = append(msgs, rd.SendFirst...)
+		msgs = append(msgs, rd.Messages...)
+		n.Advance(rd)
+		h.log[id] = append(h.log[id], rd.Committed...)
+	}
+	return msgs
+}
+
 func (h *harness) settle() {
 	for round := 0; round < 1000; round++ {
 		var msgs []Message
 		for _, id := range h.ids {
-			n := h.nodes[id]
-			for n.HasReady() {
-				rd := n.Ready()
-				msgs = append(msgs, rd.SendFirst...)
-				msgs = append(msgs, rd.Messages...)
-				n.Advance(rd)
-				h.log[id] = append(h.log[id], rd.Committed...)
-			}
+			msgs = append(msgs, h.outbox(id)...)
 		}
 		h.sent = append(h.sent, msgs...)
 		if len(msgs) == 0 {

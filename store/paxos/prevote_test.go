@@ -273,18 +273,7 @@ func TestPreVoteGrantAfterPromiseIsStale(t *testing.T) {
 	for _, id := range []uint64{2, 3} {
 		h.nodes[id].now += uint64(h.nodes[id].cfg.ElectionTicks) // neither hears it for a timeout
 	}
-	// out takes what node id has to send, in order.
-	out := func(id uint64) []Message {
-		var ms []Message
-		n := h.nodes[id]
-		for n.HasReady() {
-			rd := n.Ready()
-			ms = append(ms, rd.SendFirst...)
-			ms = append(ms, rd.Messages...)
-			n.Advance(rd)
-		}
-		return ms
-	}
+	out := h.outbox
 	// take returns the one message of type typ from ms to node to.
 	take := func(ms []Message, typ MsgType, to uint64) Message {
 		t.Helper()
