@@ -356,9 +356,9 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any, perio
 			c.rotate(idx)
 		case errors.Is(err, ErrUnavailable) && periodic:
 			// Every agent of a cluster whose leader died retried its report two or three
-			// times a second until a new leader took office: at 1,000 machines, thousands
-			// of requests a second on the two heads left, whose election and taking
-			// office waited behind them.
+			// times a second until a new leader took office: at 1,000 machines, by that
+			// schedule, thousands of requests a second on the two heads left, whose
+			// election and taking office waited behind them.
 			return err
 		case errors.Is(err, ErrUnavailable):
 			retry = true
