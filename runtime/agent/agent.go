@@ -547,13 +547,16 @@ func (a *Agent) watchLoop() {
 
 // applyGangs applies what a watch of the gangs table saw to gangs (by job/gang) and
 // returns it: a reset replaces it with the listing, events put and delete records.
-// Records that do not decode are skipped.
+// Records that do not decode are skipped. A gang that ended (stopped or failed: neither
+// runs again, a later gang of the same names has another UID) is dropped as a deleted one
+// is: the table keeps every gang that ever ran, and the agent goes over what it holds at
+// every change.
 func applyGangs(gangs map[string]api.Gang, reset bool, l api.Listing, evs []meta.Event) map[string]api.Gang {
 	if reset {
 		gangs = map[string]api.Gang{}
 		for _, kv := range l.KVs {
 			var g api.Gang
-			if json.Unmarshal(kv.Value, &g) == nil {
+			if json.Unmarshal(kv.Value, &g) == nil && g.State.Live() {
 				gangs[g.Spec.Key()] = g
 			}
 		}
@@ -565,7 +568,12 @@ func applyGangs(gangs map[string]api.Gang, reset bool, l api.Listing, evs []meta
 			continue
 		}
 		var g api.Gang
-		if json.Unmarshal(ev.KV.Value, &g) == nil {
+		if json.Unmarshal(ev.KV.Value, &g) != nil {
+			continue
+		}
+		if !g.State.Live() {
+			delete(gangs, k)
+		} else {
 			gangs[k] = g
 		}
 	}
@@ -597,6 +605,9 @@ func withoutEnded(gangs map[string]api.Gang, ended map[string]bool) map[string]a
 // forgetEnded forgets the ended incarnations the watch has caught up with (it shows them
 // ended, or another incarnation): only those it still shows starting or running matter.
 func forgetEnded(ended map[string]bool, gangs map[string]api.Gang) {
+	if len(ended) == 0 {
+		return // the common case: a reconcile runs at every change of the whole table
+	}
 	current := map[string]bool{}
 	for _, g := range gangs {
 		if g.State == api.GangStarting || g.State == api.GangRunning {
@@ -659,12 +670,16 @@ func exitKey(s api.WorkerSpec) string { return s.GangUID + "/" + s.Key() }
 // forgetExits drops the exits remembered of gangs that are no longer in the table (by UID
 // and names).
 func forgetExits(exited map[string]bool, gangs map[string]api.Gang) {
-	live := map[string]bool{}
-	for _, g := range gangs {
-		live[fmt.Sprintf("%s/%s/%s/", g.UID, g.Spec.Job, g.Spec.Name)] = true
-	}
+	// Looked up one remembered exit at a time: the table holds every gang that ever ran
+	// (ended ones too), and a reconcile runs at every change of it.
 	for k := range exited {
-		if i := strings.LastIndexByte(k, '/'); i < 0 || !live[k[:i+1]] {
+		uid, rest, ok := strings.Cut(k, "/") // a UID is hex: the first slash ends it
+		i := strings.LastIndexByte(rest, '/')
+		if !ok || i < 0 {
+			delete(exited, k)
+			continue
+		}
+		if g, live := gangs[rest[:i]]; !live || g.UID != uid {
 			delete(exited, k)
 		}
 	}

@@ -56,6 +56,10 @@ func TestApplyGangs(t *testing.T) {
 			want: map[string]int{"j/a": 1}},
 		{name: "a put that does not decode keeps the old record", start: map[string]api.Gang{"j/bad": a},
 			evs: []meta.Event{{Type: meta.EventPut, KV: bad}}, want: map[string]int{"j/bad": 0}},
+		{name: "ended gangs are dropped, from a listing and from puts", start: map[string]api.Gang{"j/a": a}, reset: true,
+			l:    api.Listing{KVs: []meta.KeyValue{kvOf(t, a), kvOf(t, gangRecord("j", "s", "u4", api.GangStopped, 0))}},
+			evs:  []meta.Event{{Type: meta.EventPut, KV: kvOf(t, gangRecord("j", "a", "u1", api.GangFailed, 0))}, {Type: meta.EventPut, KV: kvOf(t, b)}},
+			want: map[string]int{"j/b": 0}},
 		{name: "a reset with events after it", start: nil, reset: true, l: api.Listing{KVs: []meta.KeyValue{kvOf(t, a)}},
 			evs: []meta.Event{{Type: meta.EventPut, KV: kvOf(t, b)}}, want: map[string]int{"j/a": 0, "j/b": 0}},
 	}

@@ -115,12 +115,12 @@ func TestStoppedJobsWorkersAreNotLaunched(t *testing.T) {
 		t.Fatal(err)
 	}
 	var running api.Gang
-	waitAgent(t, a, "the agent sees the gang stopped", func() bool {
-		got := a.gangs["j/g"]
+	waitAgent(t, a, "the agent sees the gang stopped (it drops ended gangs)", func() bool {
+		got, ok := a.gangs["j/g"]
 		if got.State == api.GangStarting {
 			running = got
 		}
-		return got.State == api.GangStopped
+		return !ok
 	})
 	close(l.release)
 	waitAgent(t, a, "every worker is gone", func() bool { return len(a.workers) == 0 })
@@ -158,7 +158,7 @@ func TestStoppedJobsWorkersAreNotLaunched(t *testing.T) {
 	if err := c.StopGang(ctx, "j2", "g"); err != nil {
 		t.Fatal(err)
 	}
-	waitAgent(t, a, "the agent sees the second gang stopped", func() bool { return a.gangs["j2/g"].State == api.GangStopped })
+	waitAgent(t, a, "the agent sees the second gang stopped", func() bool { _, ok := a.gangs["j2/g"]; return !ok })
 	waitAgent(t, a, "every worker is gone again", func() bool { return len(a.workers) == 0 })
 	a.mu.Lock()
 	a.gangs["j2/g"] = g2
