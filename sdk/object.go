@@ -508,7 +508,7 @@ func (s *agentStore) putDirect(ctx context.Context, holder string, data []byte) 
 	if err != nil {
 		return abort(fmt.Errorf("sdk: put %d bytes in place: %w", len(data), err))
 	}
-	copy(b, data)
+	object.Copy(b, data)
 	if err := s.call(ctx, "/v1/objects/seal", bytes.NewReader(ref), nil); err != nil {
 		return abort(err)
 	}

@@ -27,7 +27,7 @@ func (s *Store) PutID(ctx context.Context, owner string, id ID, b []byte) error 
 	if s.cfg.FingerprintOnPut {
 		w.e.fp, w.e.fpOK = copyHash(w.e.mem.rw, b), true
 	} else {
-		copy(w.e.mem.rw, b)
+		Copy(w.e.mem.rw, b)
 	}
 	w.put = true
 	return w.seal(ctx, false)
