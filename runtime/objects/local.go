@@ -24,6 +24,9 @@ type Local struct {
 
 	mu      sync.Mutex
 	holders map[object.ID]map[string]int
+	// held indexes holders by holder: a worker's end releases what it holds without
+	// going over every object of the machine.
+	held map[string]map[object.ID]struct{}
 	// borrowed are the copies this store pulled of objects others own, with their owner
 	// once known ("" until the first check): a get of one asks the directory whether its
 	// owner still lives.
@@ -42,7 +45,7 @@ type pendingWrite struct {
 
 // NewLocal wraps a running node.
 func NewLocal(n *transfer.Node) *Local {
-	return &Local{Node: n, holders: map[object.ID]map[string]int{}, borrowed: map[object.ID]string{},
+	return &Local{Node: n, holders: map[object.ID]map[string]int{}, held: map[string]map[object.ID]struct{}{}, borrowed: map[object.ID]string{},
 		writing: map[object.ID]pendingWrite{}}
 }
 
@@ -102,7 +105,30 @@ func (l *Local) hold(id object.ID, holder string) {
 		l.holders[id] = map[string]int{}
 	}
 	l.holders[id][holder]++
+	if l.held[holder] == nil {
+		l.held[holder] = map[object.ID]struct{}{}
+	}
+	l.held[holder][id] = struct{}{}
 	l.mu.Unlock()
+}
+
+// unholdLocked forgets holder's references to id (all of them).
+func (l *Local) unholdLocked(id object.ID, holder string) {
+	delete(l.holders[id], holder)
+	if ids := l.held[holder]; ids != nil {
+		delete(ids, id)
+		if len(ids) == 0 {
+			delete(l.held, holder)
+		}
+	}
+}
+
+// forgetLocked forgets every holder's references to id.
+func (l *Local) forgetLocked(id object.ID) {
+	for h := range l.holders[id] {
+		l.unholdLocked(id, h)
+	}
+	delete(l.holders, id)
 }
 
 // Put stores data as a new object held (and owned) by holder; its metadata is committed
@@ -288,7 +314,7 @@ func (l *Local) Release(ctx context.Context, id object.ID, holder string) error 
 	if l.holders[id][holder] > 0 {
 		l.holders[id][holder]--
 		if l.holders[id][holder] == 0 {
-			delete(l.holders[id], holder)
+			l.unholdLocked(id, holder)
 		}
 	}
 	l.mu.Unlock()
@@ -322,7 +348,7 @@ func (l *Local) Free(ctx context.Context, id object.ID) error {
 // ended).
 func (l *Local) Drop(ctx context.Context, id object.ID, cause error) error {
 	l.mu.Lock()
-	delete(l.holders, id)
+	l.forgetLocked(id)
 	delete(l.borrowed, id)
 	l.mu.Unlock()
 	if err := l.Node.Store.Drop(ctx, id, cause); err != nil && !errors.Is(err, object.ErrNotFound) {
@@ -342,13 +368,14 @@ func (l *Local) ReleaseHolder(ctx context.Context, holder string) error {
 	}
 	var ids []object.ID
 	counts := map[object.ID]int{}
-	for id, hs := range l.holders {
-		if n := hs[holder]; n > 0 {
+	for id := range l.held[holder] {
+		if n := l.holders[id][holder]; n > 0 {
 			ids = append(ids, id)
 			counts[id] = n
-			delete(hs, holder)
 		}
+		delete(l.holders[id], holder)
 	}
+	delete(l.held, holder)
 	l.mu.Unlock()
 	l.Node.Store.ForgetWriter(holder)
 	var errs []error
