@@ -362,7 +362,7 @@ func (s *Store) adoptDurable(ctx context.Context) (map[ID]bool, error) {
 		}
 		e := &entry{id: id, size: h.size, fp: h.fp, fpOK: true, owner: h.owner, state: stateCold, durable: true,
 			refs: map[string]int{h.owner: 1}, progress: make(chan struct{})}
-		s.objs[id] = e
+		s.putLocked(e)
 		adopted[id] = true
 		m := Meta{ID: id, Size: h.size, Fingerprint: h.fp, Owner: h.owner, Locations: []string{s.cfg.Location}, Refs: 1, Durable: true}
 		s.adopted = append(s.adopted, m)

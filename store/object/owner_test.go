@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -154,4 +155,53 @@ func FuzzParseShmOwner(f *testing.F) {
 			t.Fatalf("accepted pid %d", o.PID)
 		}
 	})
+}
+
+// TestOwnedListsAnOwnersLiveObjects: Owned names exactly the owner's sealed objects that
+// are not freed, not another owner's, not one being written, and an owner with none
+// (all freed) has none; the index forgets what was freed.
+func TestOwnedListsAnOwnersLiveObjects(t *testing.T) {
+	s := newTestStore(t, nil)
+	ctx := context.Background()
+	put := func(owner string) ID {
+		id, err := s.Put(ctx, owner, []byte("bytes of "+owner))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	a1, a2, freed, b1 := put("a"), put("a"), put("a"), put("b")
+	if err := s.Release(ctx, freed, "a"); err != nil {
+		t.Fatal(err)
+	}
+	w, err := s.Create(ctx, "a", NewID(), 10, 0) // being written: not listed
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Abort()
+	got := s.Owned("a")
+	slices.SortFunc(got, func(x, y ID) int { return strings.Compare(x.String(), y.String()) })
+	want := []ID{a1, a2}
+	slices.SortFunc(want, func(x, y ID) int { return strings.Compare(x.String(), y.String()) })
+	if !slices.Equal(got, want) {
+		t.Fatalf("Owned(a) = %v, want %v", got, want)
+	}
+	if got := s.Owned("b"); !slices.Equal(got, []ID{b1}) {
+		t.Fatalf("Owned(b) = %v, want [%v]", got, b1)
+	}
+	for _, id := range []ID{a1, a2} {
+		if err := s.Release(ctx, id, "a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Abort()
+	if got := s.Owned("a"); len(got) != 0 {
+		t.Fatalf("Owned(a) after every release = %v", got)
+	}
+	s.mu.Lock()
+	_, indexed := s.owned["a"]
+	s.mu.Unlock()
+	if indexed {
+		t.Error("the owner index still names a, whose objects are all gone")
+	}
 }

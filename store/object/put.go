@@ -155,7 +155,7 @@ func (s *Store) create(ctx context.Context, owner string, id ID, size int64, fp 
 		case old.state == stateAborted:
 			// An aborted copy still pinned by a reader (a relay's region): it is
 			// freed when that reader lets go; the id is free now.
-			delete(s.objs, id)
+			s.removeLocked(old)
 		case old.state == statePending || old.freePending || old.dropped != nil:
 			// Being written, or being freed once its spill ends or its last view goes
 			// (dropped): Await waits for the writer, or says it is gone.
@@ -167,12 +167,10 @@ func (s *Store) create(ctx context.Context, owner string, id ID, size int64, fp 
 	e := &entry{id: id, size: size, fp: fp, fpOK: fpOK, owner: owner, state: statePending,
 		writer: external, hashOnSeal: external != "",
 		progress: make(chan struct{}), settled: make(chan struct{})}
-	s.objs[id] = e // reserve the id while admitting
+	s.putLocked(e) // reserve the id while admitting
 	m, err := s.allocLocked(ctx, id, size, external)
 	if err != nil {
-		if s.objs[id] == e {
-			delete(s.objs, id)
-		}
+		s.removeLocked(e)
 		e.state, e.freed = stateAborted, true
 		e.settleLocked()
 		return nil, fmt.Errorf("object: create %s: %w", id.Short(), err)

@@ -124,7 +124,7 @@ func (s *Store) recover() error {
 		}
 		e := &entry{id: id, size: h.size, fp: h.fp, fpOK: true, owner: h.owner, state: stateCold, spilled: true,
 			refs: map[string]int{h.owner: 1}, progress: make(chan struct{})}
-		s.objs[id] = e
+		s.putLocked(e)
 		s.adopted = append(s.adopted, Meta{ID: id, Size: h.size, Fingerprint: h.fp, Owner: h.owner, Locations: []string{s.cfg.Location}, Refs: 1})
 		if err := s.directory.Register(ctx, Meta{ID: id, Size: h.size, Fingerprint: h.fp,
 			Owner: h.owner, Locations: []string{s.cfg.Location}, Refs: 1}); err != nil {

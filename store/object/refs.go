@@ -178,8 +178,8 @@ func (s *Store) Owned(owner string) []ID {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var ids []ID
-	for id, e := range s.objs {
-		if e.owner == owner && (e.state == stateHot || e.state == stateCold) && e.dropped == nil && !e.freePending {
+	for id, e := range s.owned[owner] {
+		if (e.state == stateHot || e.state == stateCold) && e.dropped == nil && !e.freePending {
 			ids = append(ids, id)
 		}
 	}
@@ -235,9 +235,7 @@ func (s *Store) finishFreeLocked(e *entry, freed []ID) []ID {
 	e.state = stateAborted
 	close(e.progress)
 	e.progress = make(chan struct{})
-	if s.objs[e.id] == e { // an aborted entry may have been replaced by a new Create
-		delete(s.objs, e.id)
-	}
+	s.removeLocked(e) // unless an aborted entry was replaced by a new Create meanwhile
 	s.notifyLocked()
 	s.m.frees.Inc()
 	if wasSealed {
@@ -270,4 +268,28 @@ func (s *Store) forgetBackground(ids []ID) {
 	ctx, cancel := s.background()
 	defer cancel()
 	s.forget(ctx, ids)
+}
+
+// putLocked adds e to the store's table and its owner's index.
+func (s *Store) putLocked(e *entry) {
+	s.objs[e.id] = e
+	if s.owned[e.owner] == nil {
+		s.owned[e.owner] = map[ID]*entry{}
+	}
+	s.owned[e.owner][e.id] = e
+}
+
+// removeLocked takes e out of the table and its owner's index, unless another entry of
+// the same id has taken its place.
+func (s *Store) removeLocked(e *entry) {
+	if s.objs[e.id] != e {
+		return
+	}
+	delete(s.objs, e.id)
+	if ids := s.owned[e.owner]; ids != nil {
+		delete(ids, e.id)
+		if len(ids) == 0 {
+			delete(s.owned, e.owner)
+		}
+	}
 }

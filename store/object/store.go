@@ -111,8 +111,11 @@ type Store struct {
 	recycleBytes int64
 	maxObject    int64
 
-	mu       sync.Mutex
-	objs     map[ID]*entry
+	mu   sync.Mutex
+	objs map[ID]*entry
+	// owned indexes objs by owner (Owned: a worker's end must not go over every object
+	// of the machine). Kept by putLocked and removeLocked.
+	owned    map[string]map[ID]*entry
 	used     int64
 	lru      *list.List    // of *entry, front = most recently used; hot sealed entries only
 	changed  chan struct{} // nil unless someone waits; see notifyLocked
@@ -270,6 +273,7 @@ func Open(cfg Config, dir string) (*Store, error) {
 		durable:    durableDir{dir: dd, sync: (*os.File).Sync},
 		directory:  cfg.Directory,
 		objs:       make(map[ID]*entry),
+		owned:      make(map[string]map[ID]*entry),
 		lru:        list.New(),
 		closing:    make(chan struct{}),
 		leases:     make(map[string]time.Time),
