@@ -79,7 +79,8 @@ type Config struct {
 	// naming the limit). Default: the store's capacity.
 	MaxObjectSize int64
 	// ReconcileInterval is how often the reconciling agent (the alive machine whose name
-	// sorts first) checks the objects table against the live stores and owners. Default 10 s.
+	// sorts first) checks the objects table against the live stores and owners. Default 10 s;
+	// longer after a pass that took more than a twentieth of it (a large table).
 	ReconcileInterval time.Duration
 	// DeadObjectKeep is how long the record of a lost object, or of one whose owner ended,
 	// is kept (so a reader learns why it is gone) before it is collected. Default 10 min.
