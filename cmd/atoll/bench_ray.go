@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -442,7 +443,7 @@ func runRayBench(ctx context.Context, c *sdk.Cluster, timing rayTiming, only str
 	b := &rayBench{c: c, job: job, timing: timing, nCPU: max(1, runtime.NumCPU()/2)}
 	var rows []rayRow
 	for _, rc := range rayCases() {
-		if only != "" && !strings.Contains(rc.name, only) {
+		if only != "" && !slices.ContainsFunc(strings.Split(only, ","), func(o string) bool { return strings.Contains(rc.name, o) }) {
 			continue
 		}
 		start := time.Now()
@@ -610,7 +611,7 @@ ratio. On the embedded default (the default) the target of every row is Ray's fi
 	}
 	f := cmd.Flags()
 	f.StringVar(&dir, "dir", "", "run against the cluster in `DIR`, as atoll up --dir DIR started it (default: the embedded default)")
-	f.StringVar(&only, "only", "", "run only the rows whose name contains this (Ray's TESTS_TO_RUN)")
+	f.StringVar(&only, "only", "", "run only the rows whose name contains this (Ray's TESTS_TO_RUN), or one of these, comma-separated")
 	f.DurationVar(&timing.Warmup, "warmup", 500*time.Millisecond, "warm-up of each row (at least one operation)")
 	f.DurationVar(&timing.Round, "round", time.Second, "length of each measured round (at least one operation)")
 	f.IntVar(&timing.Rounds, "rounds", 3, "measured rounds per row")
