@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -687,5 +688,69 @@ func TestAGangSpawnedAgainGetsNewWorkers(t *testing.T) {
 		if err := g.Stop(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// meet is where the rendezvous tasks of TestTaskPoolGrowsForTasksThatWaitOnEachOther meet.
+var meet struct {
+	mu      sync.Mutex
+	arrived int
+	all     chan struct{}
+}
+
+var (
+	// rendezvous returns once n rendezvous tasks run at once.
+	rendezvous = sdk.Task("rendezvous", func(c *sdk.Context, n int) (int, error) {
+		meet.mu.Lock()
+		meet.arrived++
+		if meet.arrived == n {
+			close(meet.all)
+		}
+		all := meet.all
+		meet.mu.Unlock()
+		select {
+		case <-all:
+			return n, nil
+		case <-c.Done():
+			return 0, c.Err()
+		}
+	})
+	// fanOut runs n rendezvous tasks from inside a task (never pipelined) and awaits them.
+	fanOut = sdk.Task("fan-out", func(c *sdk.Context, n int) (int, error) {
+		fs := make([]*sdk.Future[int], n)
+		for i := range fs {
+			fs[i] = rendezvous.Remote(c, c.Job(), n)
+		}
+		for _, f := range fs {
+			if _, err := f.Await(c); err != nil {
+				return 0, err
+			}
+		}
+		return n, nil
+	})
+)
+
+// TestTaskPoolGrowsForTasksThatWaitOnEachOther: once the pool has learned that its tasks
+// take microseconds, a queue of tasks that can only finish together (each waits until all
+// run) still gets the workers it needs: a queue that has not moved for a worker's cold
+// start is taken to be slow, and the pool grows.
+func TestTaskPoolGrowsForTasksThatWaitOnEachOther(t *testing.T) {
+	c := newCluster(t)
+	ctx := testContext(t)
+	job, err := c.Submit(ctx, sdk.JobSpec{Name: "meet"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 50; i++ { // one at a time: quick tasks, measured
+		if _, err := fanOut.Remote(ctx, job, 0).Await(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	meet.mu.Lock()
+	meet.arrived, meet.all = 0, make(chan struct{})
+	meet.mu.Unlock()
+	const n = 12
+	if v, err := fanOut.Remote(ctx, job, n).Await(ctx); err != nil || v != n {
+		t.Fatalf("fan-out of %d tasks that wait on each other: %d, %v", n, v, err)
 	}
 }
