@@ -60,27 +60,3 @@ func TestPipelineTo(t *testing.T) {
 		})
 	}
 }
-
-// TestSpawnPays: a task worker is started while the queue would take the workers there are
-// longer to work off than a new one takes to start; before anything is measured it is
-// started (as Ray leases); a queue that has not moved for a cold start counts as slow.
-func TestSpawnPays(t *testing.T) {
-	ms := time.Millisecond
-	for _, tc := range []struct {
-		name                  string
-		waiting, workers      int
-		service, cold, oldest time.Duration
-		want                  bool
-	}{
-		{"no worker yet", 1000, 0, ms, 300 * ms, 0, true},
-		{"nothing measured yet", 1000, 16, 0, 0, 0, true},
-		{"a burst of tiny tasks: 1,000 × 0.3 ms over 16 workers is 19 ms, a start 300 ms", 1000, 16, 300 * time.Microsecond, 300 * ms, 0, false},
-		{"long tasks: 10 × 1 s over 4 workers", 10, 4, time.Second, 300 * ms, 0, true},
-		{"tasks that wait on each other: the queue has not moved for a cold start", 100, 16, 300 * time.Microsecond, 300 * ms, 300 * ms, true},
-		{"few left", 2, 16, 300 * time.Microsecond, 300 * ms, 250 * ms, false},
-	} {
-		if got := spawnPays(tc.waiting, tc.workers, tc.service, tc.cold, tc.oldest); got != tc.want {
-			t.Errorf("%s: spawnPays(%d, %d, %v, %v, %v) = %v, want %v", tc.name, tc.waiting, tc.workers, tc.service, tc.cold, tc.oldest, got, tc.want)
-		}
-	}
-}

@@ -310,12 +310,6 @@ type shape struct {
 	spawning int
 	retry    *time.Timer
 	backoff  time.Duration
-	// coldStart is how long a new task worker of the shape took to be ready, service how
-	// long one of its workers takes per task (moving averages; 0 until measured); recheck
-	// re-weighs growing while tasks wait and none was started (see spawnPays).
-	coldStart time.Duration
-	service   time.Duration
-	recheck   *time.Timer
 }
 
 // slot is one task worker.
@@ -334,7 +328,6 @@ type slot struct {
 type waiter struct {
 	ch        chan grant
 	pipelined bool
-	since     time.Time
 }
 
 type grant struct {
@@ -389,9 +382,6 @@ func (c *conn) closePool(job string) {
 		sh.waiting = nil
 		if sh.retry != nil {
 			sh.retry.Stop()
-		}
-		if sh.recheck != nil {
-			sh.recheck.Stop()
 		}
 	}
 	p.mu.Unlock()
@@ -452,7 +442,7 @@ func (p *taskPool) acquire(ctx context.Context, res Resources, pipelined bool) (
 			return s, nil
 		}
 	}
-	w := &waiter{ch: make(chan grant, 1), pipelined: pipelined, since: time.Now()}
+	w := &waiter{ch: make(chan grant, 1), pipelined: pipelined}
 	sh.waiting = append(sh.waiting, w)
 	p.growLocked(sh)
 	p.mu.Unlock()
@@ -496,56 +486,14 @@ func (sh *shape) pipelineToLocked(now time.Time) *slot {
 	return best
 }
 
-// growLocked starts task workers for the tasks that wait and will get none, while a new
-// worker pays (spawnPays); when it does not and tasks wait, it weighs again after a cold
-// start's time.
+// growLocked starts task workers for the tasks that wait and will get none.
 func (p *taskPool) growLocked(sh *shape) {
 	if p.closed || sh.retry != nil {
 		return
 	}
-	now := time.Now()
 	for need := len(sh.waiting) - sh.spawning; need > 0 && sh.spawning < maxSpawning; need-- {
-		if !spawnPays(len(sh.waiting), len(sh.slots)+sh.spawning, sh.service, sh.coldStart, now.Sub(sh.waiting[0].since)) {
-			if sh.recheck == nil {
-				sh.recheck = time.AfterFunc(max(sh.coldStart, time.Millisecond), func() {
-					p.mu.Lock()
-					sh.recheck = nil
-					p.growLocked(sh)
-					p.mu.Unlock()
-				})
-			}
-			return
-		}
 		p.spawnLocked(sh)
 	}
-}
-
-// spawnPays reports whether one more task worker of a shape shortens the wait of the
-// tasks queued for it: whether the workers it has (and those starting) would take longer
-// to work the queue off than a new worker takes to start. Ray leases workers for as long
-// as tasks are queued and the cluster has room; on a machine whose declared CPUs are far
-// more than it has (simulated machines on one host) that started hundreds of processes
-// for a burst of tiny tasks, each costing more to start than all the tasks took.
-//
-// waiting tasks are queued, the oldest for oldest; workers are the shape's workers,
-// starting ones included; service is a worker's time per task and coldStart a new
-// worker's time to be ready (0: not measured yet, and a worker is started as Ray would).
-// A queue that has not moved for a cold start's time (tasks that wait on each other, or
-// an estimate gone stale) is taken to run at least that slowly, so the pool grows then.
-func spawnPays(waiting, workers int, service, coldStart, oldest time.Duration) bool {
-	if workers == 0 || service <= 0 || coldStart <= 0 {
-		return true
-	}
-	perTask := max(service, oldest)
-	return time.Duration(waiting)*perTask/time.Duration(workers) > coldStart
-}
-
-// ewma folds a new sample into a moving average (0: none yet).
-func ewma(avg, sample time.Duration) time.Duration {
-	if avg <= 0 {
-		return sample
-	}
-	return (avg*7 + sample) / 8
 }
 
 // spawnLocked starts one more task worker of the shape.
@@ -559,15 +507,11 @@ func (p *taskPool) spawnLocked(sh *shape) {
 }
 
 func (p *taskPool) spawn(sh *shape, name string) {
-	start := time.Now()
 	g, err := (&Job{c: p.c, name: p.job}).SpawnGang(p.life, GangSpec{Name: name, Kind: taskKind, Workers: 1, Resources: sh.res,
 		MaxRestarts: 3, Backoff: 10 * time.Millisecond})
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	sh.spawning--
-	if err == nil {
-		sh.coldStart = ewma(sh.coldStart, time.Since(start))
-	}
 	switch {
 	case err == nil && p.closed:
 		go func() { _ = g.Stop(context.Background()) }()
@@ -620,12 +564,8 @@ func (p *taskPool) giveLocked(s *slot) {
 func (p *taskPool) release(s *slot, failed bool, gen int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	now := time.Now()
 	s.inflight--
-	if !failed {
-		s.sh.service = ewma(s.sh.service, now.Sub(s.progress))
-	}
-	s.progress = now
+	s.progress = time.Now()
 	if failed {
 		s.minGen = max(s.minGen, gen+1)
 		s.failing = true

@@ -730,10 +730,10 @@ var (
 	})
 )
 
-// TestTaskPoolGrowsForTasksThatWaitOnEachOther: once the pool has learned that its tasks
-// take microseconds, a queue of tasks that can only finish together (each waits until all
-// run) still gets the workers it needs: a queue that has not moved for a worker's cold
-// start is taken to be slow, and the pool grows.
+// TestTaskPoolGrowsForTasksThatWaitOnEachOther: once the pool has workers that answered
+// quick tasks, a queue of tasks that can only finish together (each waits until all run)
+// still gets the workers it needs: a pool that grows only when a new worker seems to pay
+// (a rule tried and not kept: see BENCHMARKS.md) must not starve them.
 func TestTaskPoolGrowsForTasksThatWaitOnEachOther(t *testing.T) {
 	c := newCluster(t)
 	ctx := testContext(t)
