@@ -572,6 +572,13 @@ func (c *conn) agentDo(ctx context.Context, agentURL, path string, body, out any
 // Its record may still be on its way (an owned object's is committed behind its put):
 // this process's stores are flushed first, another's is waited for up to a second.
 func (c *conn) freeEverywhere(ctx context.Context, own objectHost, id object.ID) error {
+	if u, ok := own.(interface{ unwritten(object.ID) bool }); ok && u.unwritten(id) {
+		// Put and freed before its record left the group-commit queue: this store's copy
+		// is the only one, and the record is never written (Ray's put whose ref is dropped
+		// at once costs no round of the log either). Should the record be proposed
+		// meanwhile, the free waits for its commit and deletes it.
+		return own.free(ctx, id)
+	}
 	c.flushDirectories(ctx)
 	var rec objects.Record
 	deadline := time.Now().Add(time.Second)

@@ -415,6 +415,13 @@ func (s localStore) get(ctx context.Context, id object.ID) ([]byte, func(), erro
 func (s localStore) free(ctx context.Context, id object.ID) error { return s.l.Free(ctx, id) }
 func (s localStore) location() string                             { return s.l.Node.Addr }
 
+// unwritten reports whether id's record still waits in this store's group-commit queue
+// with this store as its only location.
+func (s localStore) unwritten(id object.ID) bool {
+	d, ok := s.l.Node.Store.Directory().(*objects.Directory)
+	return ok && d.Unwritten(id, s.location())
+}
+
 // agentStore is a worker process's access to its machine's store, through its agent: a
 // small put sends the bytes to the agent, a large one writes them straight into the
 // store's shared memory (putDirect; one copy either way, as into any store), a get maps

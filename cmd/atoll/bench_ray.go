@@ -250,9 +250,15 @@ func rayCases() []rayCase {
 		return fs
 	}
 	return []rayCase{
-		{"single_client_put_calls", "puts/s", "sdk.Put of the int 0, one at a time (ray.put(0))",
+		{"single_client_put_calls", "puts/s", "sdk.Put of the int 0, one at a time, dropped after (ray.put(0): Ray frees it when its ref goes)",
 			func(ctx context.Context, b *rayBench) (func(context.Context) error, float64, error) {
-				return func(ctx context.Context) error { _, err := sdk.Put(ctx, b.c, 0); return err }, 1, nil
+				return func(ctx context.Context) error {
+					ref, err := sdk.Put(ctx, b.c, 0)
+					if err != nil {
+						return err
+					}
+					return sdk.Free(ctx, b.c, ref)
+				}, 1, nil
 			}},
 		{"single_client_get_calls", "gets/s", "sdk.Get of one object holding the int 0 (ray.get(value))",
 			func(ctx context.Context, b *rayBench) (func(context.Context) error, float64, error) {

@@ -144,6 +144,20 @@ func (d *Directory) queued(id object.ID) (object.Meta, bool) {
 	return object.Meta{}, false
 }
 
+// Unwritten reports whether id's record is still queued, not yet proposed, with location
+// as its only location: nobody outside this directory's process can have found the
+// object yet (a reader elsewhere waits for the record), so freeing it there frees it
+// everywhere, and its record is never written (RemoveLocation).
+func (d *Directory) Unwritten(id object.ID, location string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.wb == nil {
+		return false
+	}
+	m, ok := d.wb.pending[id]
+	return ok && len(m.Locations) == 1 && m.Locations[0] == location
+}
+
 // Flush waits until every registration queued before it is committed.
 func (d *Directory) Flush(ctx context.Context) error {
 	d.mu.Lock()

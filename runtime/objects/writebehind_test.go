@@ -53,8 +53,18 @@ func TestWriteBehindGroupCommit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Unwritten: queued and not proposed, with the store as its only location (the SDK's
+	// Free then frees the store's copy alone); not a record being committed, nor another
+	// store's.
+	if !d.Unwritten(newID(4), "store-a") || d.Unwritten(newID(4), "store-b") || d.Unwritten(newID(1), "store-a") {
+		t.Fatalf("Unwritten: queued %v, another location %v, being committed %v; want true, false, false",
+			d.Unwritten(newID(4), "store-a"), d.Unwritten(newID(4), "store-b"), d.Unwritten(newID(1), "store-a"))
+	}
 	if err := d.RemoveLocation(ctx, newID(4), "store-a"); err != nil {
 		t.Fatal(err)
+	}
+	if d.Unwritten(newID(4), "store-a") {
+		t.Fatal("Unwritten after its free")
 	}
 	if m, err := d.Lookup(ctx, newID(2)); err != nil || m.Owner != "driver/d1" {
 		t.Fatalf("the queueing directory's lookup of a queued record: %+v, %v", m, err)

@@ -257,7 +257,7 @@ func (s *Store) persistLocked(ctx context.Context, e *entry) (Meta, error) {
 	e.persisting = nil
 	close(ch)
 	if err == nil {
-		e.durable = true
+		s.setDurableLocked(e)
 		s.m.persists.Inc()
 		s.m.bytesPersisted.Add(float64(e.size))
 	}

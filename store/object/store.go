@@ -117,6 +117,7 @@ type Store struct {
 	// of the machine). Kept by putLocked and removeLocked.
 	owned    map[string]map[ID]*entry
 	used     int64
+	tally    tally         // Stats' counts, kept by putLocked, removeLocked, setStateLocked, setDurableLocked
 	lru      *list.List    // of *entry, front = most recently used; hot sealed entries only
 	changed  chan struct{} // nil unless someone waits; see notifyLocked
 	spilling int
@@ -370,21 +371,9 @@ func (s *Store) Directory() Directory { return s.directory }
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := Stats{Objects: len(s.objs), HotBytes: s.used, Recycled: s.poolBytes, Capacity: s.capacity}
-	for _, e := range s.objs {
-		switch e.state {
-		case stateHot:
-			st.HotObjects++
-		case stateCold:
-			st.ColdObjects++
-			st.ColdBytes += e.size
-		}
-		if e.durable {
-			st.DurableObjects++
-			st.DurableBytes += e.size
-		}
-	}
-	return st
+	t := s.tally
+	return Stats{Objects: len(s.objs), HotObjects: t.hot, ColdObjects: t.cold, ColdBytes: t.coldBytes,
+		DurableObjects: t.durable, DurableBytes: t.durableBytes, HotBytes: s.used, Recycled: s.poolBytes, Capacity: s.capacity}
 }
 
 // notifyLocked wakes everyone waiting for a change (room freed, a pin dropped,

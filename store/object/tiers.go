@@ -68,7 +68,7 @@ func (s *Store) spillLocked(ctx context.Context, e *entry) error {
 	}
 	s.releaseMemLocked(e.mem, true)
 	e.mem = mem{}
-	e.state = stateCold
+	s.setStateLocked(e, stateCold)
 	s.lru.Remove(e.lru)
 	e.lru = nil
 	s.notifyLocked()
@@ -132,7 +132,7 @@ func (s *Store) ensureHotLocked(ctx context.Context, e *entry) error {
 				s.releaseMemLocked(m, false)
 			} else {
 				e.mem = m
-				e.state = stateHot
+				s.setStateLocked(e, stateHot)
 				e.lru = s.lru.PushFront(e)
 				s.m.restores.Inc()
 			}

@@ -111,7 +111,7 @@ func (w *Writer) seal(ctx context.Context, verify bool) error {
 		err = fmt.Errorf("object: seal %s: aborted while sealing: %w", e.id.Short(), ErrAborted)
 	}
 	if err != nil {
-		e.state = stateAborted
+		s.setStateLocked(e, stateAborted)
 		e.settleLocked()
 		freed := s.maybeFreeLocked(e)
 		e.wakeLocked()
@@ -122,7 +122,7 @@ func (w *Writer) seal(ctx context.Context, verify bool) error {
 		}
 		return err
 	}
-	e.state = stateHot
+	s.setStateLocked(e, stateHot)
 	e.refs = map[string]int{e.owner: 1}
 	e.lru = s.lru.PushFront(e)
 	e.wakeLocked()
@@ -169,7 +169,7 @@ func (w *Writer) Abort() {
 // abortLocked aborts the pending object e: waiters and relays are told, and its
 // memory is freed now, or when the last region (or a seal in progress) lets go.
 func (s *Store) abortLocked(e *entry) {
-	e.state = stateAborted
+	s.setStateLocked(e, stateAborted)
 	e.settleLocked()
 	s.maybeFreeLocked(e)
 	e.wakeLocked()
