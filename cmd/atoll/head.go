@@ -142,6 +142,7 @@ func newHeadCmd() *cobra.Command {
 		gossipJoin   string
 		gossipProbe  time.Duration
 		heartbeat    time.Duration
+		keepEnded    int
 		schedWeights string
 		advertise    string
 		caDir        string
@@ -259,6 +260,7 @@ func newHeadCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			ctl.KeepEndedGangs = keepEnded
 			h, err := head.Start(head.Config{ID: id, Peers: peers, Initial: ids, Join: join, DataDir: dataDir, NoSync: noFsync, Tick: tick, ElectionTimeout: election,
 				APIListen: clientListen, APIAdvertise: apiAdv, Token: token, CA: ca, CADir: caDir, Gossip: gossip, GossipJoin: gj, GossipAdvertise: gossipAdv,
 				GossipProbe: gossipProbe, Controller: ctl, Logger: logger})
@@ -297,6 +299,7 @@ func newHeadCmd() *cobra.Command {
 	poolsOpt.flags(cmd)
 	f.StringVar(&schedWeights, "scheduler-weights", "", "scheduler weights file written by atoll tune (priority, score, class and preemption weights of the gang scheduler; default: the hand-set ones)")
 	f.DurationVar(&heartbeat, "heartbeat-timeout", 10*time.Second, "declare a machine dead after this long without its agent's load reports (a backstop to gossip)")
+	f.IntVar(&keepEnded, "keep-ended-gangs", head.DefaultKeepEndedGangs, "ended (stopped or failed) gangs whose records the leader keeps; it deletes the oldest beyond them, with their worker records (checkpoints stay); -1 keeps every one, 0 the default")
 	return cmd
 }
 

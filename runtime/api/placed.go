@@ -63,17 +63,18 @@ func (g gangPlacement) concerns(machine string) bool {
 // table places a member on, and whether it concerns every machine as well (a gang ended
 // or requeued, which may have run anywhere; a record that does not decode). A head that
 // wakes each agent's watch only for the records that concern it reads it once per record.
-func GangConcernedMachines(value []byte) (machines []string, every bool) {
+// ended says the record is of an ended gang (stopped or failed).
+func GangConcernedMachines(value []byte) (machines []string, every, ended bool) {
 	var g gangPlacement
 	if json.Unmarshal(value, &g) != nil {
-		return nil, true
+		return nil, true, false
 	}
 	if g.Placement != nil {
 		for _, m := range g.Placement.Members {
 			machines = append(machines, m.Machine)
 		}
 	}
-	return machines, g.concerns("")
+	return machines, g.concerns(""), g.State != "" && !g.State.Live()
 }
 
 // GangFilter is GangConcerns with the records' summaries kept by key and version, for a

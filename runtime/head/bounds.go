@@ -62,12 +62,17 @@ func (l *ledger) putGang(key string, e *gangEntry) {
 	l.dropGang(key)
 	l.gangs[key] = e
 	l.workers.add(e.rec, 1)
+	l.endedGangs.count(e.rec, 1)
+	if !e.rec.State.Live() {
+		l.endedGangs.push(e.rec)
+	}
 }
 
 // dropGang removes the ledger's entry of key.
 func (l *ledger) dropGang(key string) {
 	if old := l.gangs[key]; old != nil {
 		l.workers.add(old.rec, -1)
+		l.endedGangs.count(old.rec, -1)
 		delete(l.gangs, key)
 	}
 }
@@ -79,6 +84,11 @@ func (l *ledger) setRec(e *gangEntry, rec api.Gang) {
 		return
 	}
 	l.workers.add(e.rec, -1)
+	l.endedGangs.count(e.rec, -1)
+	if e.rec.State.Live() && !rec.State.Live() {
+		l.endedGangs.push(rec)
+	}
 	e.rec = rec
 	l.workers.add(rec, 1)
+	l.endedGangs.count(rec, 1)
 }

@@ -57,6 +57,9 @@ func (c *Controller) enqueueLocked(t *term, work []commitFn) <-chan error {
 		return ch
 	}
 	t.queue = append(t.queue, &queuedWork{work: work, done: ch})
+	if prune := c.pruneEndedLocked(t); len(prune) > 0 {
+		t.queue = append(t.queue, &queuedWork{work: prune, done: make(chan error, 1)})
+	}
 	select {
 	case t.kick <- struct{}{}:
 	default:

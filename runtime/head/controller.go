@@ -71,6 +71,10 @@ type ControllerConfig struct {
 	// FlapMemory is how long a machine that gossip had down and that came back keeps its
 	// longer GossipConfirm (doubled per comeback). Default 1 min.
 	FlapMemory time.Duration
+	// KeepEndedGangs is how many ended (stopped or failed) gangs' records the leader
+	// keeps; it deletes the oldest beyond them (retention.go). Default
+	// DefaultKeepEndedGangs; negative: keep every one.
+	KeepEndedGangs int
 	// CostFlush bounds how long a learned restart cost waits before it is committed: the
 	// measurements of that time go in one commit. Default 1 s.
 	CostFlush time.Duration
@@ -199,6 +203,8 @@ type ledger struct {
 	timers map[string]*time.Timer
 	// workers counts the live gangs' workers (bounds.go).
 	workers workerCount
+	// endedGangs is the ended gangs, oldest first, for their retention (retention.go).
+	endedGangs endedGangs
 }
 
 // core is the scheduler core, the operator's configuration it runs under and its next
@@ -260,6 +266,9 @@ func NewController(cfg ControllerConfig, rep *paxos.Replica, sm *metaserver.Stat
 	}
 	if cfg.Poll == 0 {
 		cfg.Poll = 200 * time.Millisecond
+	}
+	if cfg.KeepEndedGangs == 0 {
+		cfg.KeepEndedGangs = DefaultKeepEndedGangs
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
@@ -536,6 +545,7 @@ func (c *Controller) buildTerm() error {
 	for i, g := range gangs {
 		t.putGang(g.Spec.Key(), &gangEntry{rec: g, ver: gkvs[i].Version, ready: map[int]api.Worker{}})
 	}
+	t.endedGangs.sortByEnd()
 	workers, err := decodeAll[api.Worker](c.sm.Range(api.TableWorkers), "worker")
 	if err != nil {
 		return err

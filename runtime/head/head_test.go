@@ -22,13 +22,23 @@ var testToken = []byte("head-test-token-0123456789")
 // group starts three heads on an in-memory Paxos network, each with its own API.
 func group(t *testing.T) ([]*Head, *api.Client) {
 	t.Helper()
+	return groupWith(t, nil)
+}
+
+// groupWith is group with each head's configuration changed by mut.
+func groupWith(t *testing.T, mut func(*Config)) ([]*Head, *api.Client) {
+	t.Helper()
 	net := paxos.NewMemNetwork(1)
 	var heads []*Head
 	var urls []string
 	dir := t.TempDir()
 	for id := uint64(1); id <= 3; id++ {
-		h, err := Start(Config{ID: id, Initial: []uint64{1, 2, 3}, Transport: net.Transport(id), DataDir: fmt.Sprintf("%s/h%d", dir, id),
-			NoSync: true, Token: testToken, Logger: zaptest.NewLogger(t)})
+		cfg := Config{ID: id, Initial: []uint64{1, 2, 3}, Transport: net.Transport(id), DataDir: fmt.Sprintf("%s/h%d", dir, id),
+			NoSync: true, Token: testToken, Logger: zaptest.NewLogger(t)}
+		if mut != nil {
+			mut(&cfg)
+		}
+		h, err := Start(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

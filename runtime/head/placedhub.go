@@ -29,10 +29,14 @@ type placedHub struct {
 	last    map[string]int64
 	all     int64
 	waiters map[string][]chan struct{}
+	// ended is the keys whose last record seen was an ended gang: every machine was woken
+	// for that record, and agents drop an ended gang, so its deletion (the retention of
+	// ended gangs, retention.go) concerns none. Only the dispatcher touches it.
+	ended map[string]bool
 }
 
 func newPlacedHub(sm *metaserver.StateMachine) *placedHub {
-	return &placedHub{sm: sm, last: map[string]int64{}, waiters: map[string][]chan struct{}{}}
+	return &placedHub{sm: sm, last: map[string]int64{}, waiters: map[string][]chan struct{}{}, ended: map[string]bool{}}
 }
 
 // run follows the gangs table until ctx ends.
@@ -58,14 +62,19 @@ func (h *placedHub) run(ctx context.Context) {
 func (h *placedHub) dispatch(evs []meta.Event, covered int64, everyone bool) {
 	concerned := map[string]bool{}
 	for _, ev := range evs {
-		if everyone {
-			break
-		}
 		if ev.Type == meta.EventDelete {
-			everyone = true
-			break
+			if !h.ended[ev.KV.Key] {
+				everyone = true // a gang deleted while it may have held machines
+			}
+			delete(h.ended, ev.KV.Key)
+			continue
 		}
-		machines, every := api.GangConcernedMachines(ev.KV.Value)
+		machines, every, ended := api.GangConcernedMachines(ev.KV.Value)
+		if ended {
+			h.ended[ev.KV.Key] = true
+		} else {
+			delete(h.ended, ev.KV.Key)
+		}
 		for _, m := range machines {
 			concerned[m] = true
 		}

@@ -139,8 +139,55 @@ func TestPlacedHubDispatch(t *testing.T) {
 	}
 	c, stopC := h.wait("c", 7)
 	defer stopC()
-	h.dispatch([]meta.Event{{Type: meta.EventDelete, KV: meta.KeyValue{Key: api.TableGangs + "j/g"}}}, 8, false)
+	// The deletion of a gang the hub did not see end (j/g's is in the test below).
+	h.dispatch([]meta.Event{{Type: meta.EventDelete, KV: meta.KeyValue{Key: api.TableGangs + "j/h"}}}, 8, false)
 	if !woken(c) {
 		t.Fatal("a delete did not wake c")
+	}
+}
+
+// TestPlacedHubDeleteOfAnEndedGangWakesNobody: the deletion of a gang whose last record
+// was ended (the retention of ended gangs) wakes no machine's watch; the deletion of one
+// the hub did not see end wakes every machine.
+func TestPlacedHubDeleteOfAnEndedGangWakesNobody(t *testing.T) {
+	h := newPlacedHub(nil)
+	rec := func(g api.Gang) []byte {
+		b, err := json.Marshal(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	put := func(key string, g api.Gang) meta.Event {
+		return meta.Event{Type: meta.EventPut, KV: meta.KeyValue{Key: key, Value: rec(g)}}
+	}
+	del := func(key string) meta.Event { return meta.Event{Type: meta.EventDelete, KV: meta.KeyValue{Key: key}} }
+	woken := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	ended := api.Gang{Spec: api.GangSpec{Job: "j", Name: "a"}, State: api.GangStopped}
+	h.dispatch([]meta.Event{put(api.TableGangs+"j/a", ended)}, 1, false)
+	w, stop := h.wait("m1", 1)
+	defer stop()
+	h.dispatch([]meta.Event{del(api.TableGangs + "j/a")}, 2, false)
+	if woken(w) {
+		t.Fatal("the deletion of an ended gang woke m1's watch")
+	}
+	h.dispatch([]meta.Event{del(api.TableGangs + "j/b")}, 3, false)
+	if !woken(w) {
+		t.Fatal("the deletion of a gang the hub did not see end did not wake m1's watch")
+	}
+	// A gang of the name that lives again is no longer taken for ended.
+	h.dispatch([]meta.Event{put(api.TableGangs+"j/a", ended), put(api.TableGangs+"j/a", api.Gang{State: api.GangPending})}, 4, false)
+	w2, stop2 := h.wait("m1", 4)
+	defer stop2()
+	h.dispatch([]meta.Event{del(api.TableGangs + "j/a")}, 5, false)
+	if !woken(w2) {
+		t.Fatal("the deletion of a gang whose last record was live did not wake m1's watch")
 	}
 }
