@@ -505,7 +505,7 @@ func loadAverage() string {
 }
 
 func newBenchRayCmd() *cobra.Command {
-	var dir, only, cpuProfile string
+	var dir, only, cpuProfile, memProfile string
 	var timing rayTiming
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -573,6 +573,11 @@ ratio. On the embedded default (the default) the target of every row is Ray's fi
 				fmt.Fprintf(w, "%-32s %12.1f ± %-9.1f %-8s Ray %10s  ratio %s\n", r.Name, r.Atoll, r.AtollSD, r.Unit, ray, ratio)
 			}
 			rows, err := runRayBench(ctx, c, timing, only, cluster, progress)
+			if memProfile != "" {
+				if perr := writeHeapProfile(memProfile); perr != nil {
+					return fmt.Errorf("bench ray: %w", perr)
+				}
+			}
 			if err != nil {
 				return fmt.Errorf("bench ray: %w", err)
 			}
@@ -622,6 +627,21 @@ ratio. On the embedded default (the default) the target of every row is Ray's fi
 	f.DurationVar(&timing.Round, "round", time.Second, "length of each measured round (at least one operation)")
 	f.IntVar(&timing.Rounds, "rounds", 3, "measured rounds per row")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the rows (this process: the driver, and on the embedded default the whole cluster) to `FILE`")
+	f.StringVar(&memProfile, "memprofile", "", "write a heap profile of this process after the rows (on the embedded default the whole cluster's) to `FILE`")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
+}
+
+// writeHeapProfile writes the heap's live objects (after a collection) to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
