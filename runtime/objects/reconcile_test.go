@@ -25,6 +25,11 @@ func (m memKV) Get(_ context.Context, key string) (meta.KeyValue, bool, error) {
 	return kv, ok, nil
 }
 
+func (m memKV) RangePage(_ context.Context, prefix, after string, limit int) (meta.Page, error) {
+	kvs, next := m.sm.RangePage(prefix, after, limit)
+	return meta.Page{KVs: kvs, Next: next}, nil
+}
+
 func (m memKV) Range(_ context.Context, prefix string) ([]meta.KeyValue, error) {
 	return m.sm.Range(prefix), nil
 }
@@ -190,5 +195,45 @@ func TestEndKeepsFirstCause(t *testing.T) {
 	_ = json.Unmarshal(kvv.Value, &rec)
 	if rec.State != StateOwnerDied || len(rec.Locations) != 0 || !rec.Ended.Equal(time.Unix(5, 0)) {
 		t.Fatalf("record %+v", rec)
+	}
+}
+
+// pagedKV counts the pages read and the largest.
+type pagedKV struct {
+	memKV
+	pages, largest int
+}
+
+func (p *pagedKV) RangePage(ctx context.Context, prefix, after string, limit int) (meta.Page, error) {
+	pg, err := p.memKV.RangePage(ctx, prefix, after, limit)
+	p.pages++
+	p.largest = max(p.largest, len(pg.KVs))
+	return pg, err
+}
+
+// TestReconcileReadsInPages: a pass reads the objects table a page at a time and plans
+// every record of every page: 7 records by 3 are three pages, the owner-died objects of
+// each page marked.
+func TestReconcileReadsInPages(t *testing.T) {
+	defer func(n int) { reconcilePage = n }(reconcilePage)
+	reconcilePage = 3
+	ctx := context.Background()
+	kv := &pagedKV{memKV: newMemKV()}
+	d := NewDirectory(kv.memKV)
+	for range 7 {
+		if err := d.Register(ctx, object.Meta{ID: object.NewID(), Size: 10, Owner: "worker/j/g/0.g0", Locations: []string{"b:1"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := World{Live: map[string]bool{"b:1": true}, OwnerEnded: func(string) bool { return true }, Now: time.Unix(1000, 0), Keep: time.Minute}
+	rep, acts, err := Reconcile(ctx, kv, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Records != 7 || rep.MarkedOwnerDied != 7 || len(acts) != 7 {
+		t.Fatalf("report %+v, %d actions; want 7 records, all marked owner-died", rep, len(acts))
+	}
+	if kv.pages != 3 || kv.largest != 3 {
+		t.Fatalf("%d pages, the largest of %d records; want 3 of at most 3", kv.pages, kv.largest)
 	}
 }

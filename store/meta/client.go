@@ -24,6 +24,17 @@ type Conn interface {
 	Get(ctx context.Context, key string) (KeyValue, bool, error)
 	// Range reads every key with the prefix linearizably at this replica.
 	Range(ctx context.Context, prefix string) ([]KeyValue, error)
+	// RangePage reads up to limit keys with the prefix after after, linearizably at this
+	// replica (Page.Next: where the next page starts, "" at the end).
+	RangePage(ctx context.Context, prefix, after string, limit int) (Page, error)
+}
+
+// Page is one page of a range read: its keys, and the key the next page starts after (""
+// when the prefix has no more). Pages are read at different revisions: a key written
+// between two pages is seen or not, as in any sequence of reads.
+type Page struct {
+	KVs  []KeyValue `json:"kvs"`
+	Next string     `json:"next,omitempty"`
 }
 
 // ClientConfig configures a Client.
@@ -260,6 +271,18 @@ func (c *Client) Range(ctx context.Context, prefix string) ([]KeyValue, error) {
 	err := c.do(ctx, func(ctx context.Context, conn Conn) error {
 		var err error
 		out, err = conn.Range(ctx, prefix)
+		return err
+	})
+	return out, err
+}
+
+// RangePage reads one page of the keys with the prefix (up to limit, after after),
+// linearizably.
+func (c *Client) RangePage(ctx context.Context, prefix, after string, limit int) (Page, error) {
+	var out Page
+	err := c.do(ctx, func(ctx context.Context, conn Conn) error {
+		var err error
+		out, err = conn.RangePage(ctx, prefix, after, limit)
 		return err
 	})
 	return out, err

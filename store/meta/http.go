@@ -175,6 +175,20 @@ func (c HTTPConn) Range(ctx context.Context, prefix string) ([]KeyValue, error) 
 	return kvs, nil
 }
 
+// RangePage implements Conn (GET /v1/range with limit and after).
+func (c HTTPConn) RangePage(ctx context.Context, prefix, after string, limit int) (Page, error) {
+	q := url.Values{"prefix": {prefix}, "after": {after}, "limit": {strconv.Itoa(limit)}}
+	out, _, err := c.call(ctx, http.MethodGet, "/v1/range?"+q.Encode(), nil)
+	if err != nil {
+		return Page{}, err
+	}
+	var p Page
+	if err := json.Unmarshal(out, &p); err != nil {
+		return Page{}, fmt.Errorf("meta: decode a page of %q: %w", prefix, err)
+	}
+	return p, nil
+}
+
 // MembershipResult answers a membership change: the configuration now in effect.
 type MembershipResult struct {
 	// Epoch is the configuration epoch.

@@ -40,7 +40,7 @@ const (
 // Handler is the head's client API over HTTP: POST /v1/propose and POST /v1/txn (body: JSON
 // Request; the same here: a head checks the keys of /v1/txn against the caller's role and
 // keeps /v1/propose for admin),
-// GET /v1/get?key=K, GET /v1/range?prefix=P, GET /v1/status (this replica's role, commit and
+// GET /v1/get?key=K, GET /v1/range?prefix=P (with &limit=N&after=K: one page, {"kvs", "next"}), GET /v1/status (this replica's role, commit and
 // applied slots, and "disk_full" and "error" while its storage fails), and membership changes
 // through the log, at the leader: POST /v1/members/add?id=N&addr=HOST:PORT (the new
 // replica runs with `atoll head --join`) and POST /v1/members/remove?id=N, each answering
@@ -209,7 +209,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			json.NewEncoder(w).Encode(kv)
 			return
 		}
-		json.NewEncoder(w).Encode(Keep(h.SM.Range(r.URL.Query().Get("prefix")), keep))
+		q := r.URL.Query()
+		if l := q.Get("limit"); l != "" { // one page: {"kvs": [...], "next": KEY}
+			n, err := strconv.Atoi(l)
+			if err != nil || n < 1 || n > MaxPage {
+				h.fail(w, fmt.Errorf("%w: range limit %q: want 1 to %d", meta.ErrBadRequest, l, MaxPage))
+				return
+			}
+			kvs, next := h.SM.RangePage(q.Get("prefix"), q.Get("after"), n)
+			json.NewEncoder(w).Encode(meta.Page{KVs: Keep(kvs, keep), Next: next})
+			return
+		}
+		json.NewEncoder(w).Encode(Keep(h.SM.Range(q.Get("prefix")), keep))
 	case "/v1/status":
 		st := h.Replica.Status()
 		out := map[string]any{"id": st.ID, "role": st.Role.String(), "leader": st.Leader,
@@ -260,6 +271,9 @@ func NewHTTPServer(h http.Handler, tlsConfig *tls.Config) *http.Server {
 	}
 	return srv
 }
+
+// MaxPage bounds the keys of one page of /v1/range.
+const MaxPage = 10000
 
 // Keep returns the pairs whose keys keep accepts (all of them when keep is nil).
 func Keep(kvs []meta.KeyValue, keep func(key string) bool) []meta.KeyValue {

@@ -68,6 +68,26 @@ func TestHTTPHandlerBadInputAndRedirect(t *testing.T) {
 	if err != nil || !ok || kv.Version != 1 {
 		t.Fatalf("get a: %+v %v %v", kv, ok, err)
 	}
+	// A range read in pages over HTTP: nodes/a (above) and nodes/c, nodes/d, by two.
+	conn := meta.HTTPConn{BaseURL: srv[l].URL, Token: "tok"}
+	for _, k := range []string{"nodes/c", "nodes/d"} {
+		if _, err := conn.Propose(ctx, []byte(`{"ops":[{"t":"put","k":"`+k+`"}]}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p1, err := conn.RangePage(ctx, "nodes/", "", 2)
+	if err != nil || len(p1.KVs) != 2 || p1.KVs[0].Key != "nodes/a" || p1.Next != "nodes/c" {
+		t.Fatalf("first page: %+v, %v; want nodes/a and nodes/c, next after nodes/c", p1, err)
+	}
+	p2, err := conn.RangePage(ctx, "nodes/", p1.Next, 2)
+	if err != nil || len(p2.KVs) != 1 || p2.KVs[0].Key != "nodes/d" || p2.Next != "" {
+		t.Fatalf("second page: %+v, %v; want nodes/d and no more", p2, err)
+	}
+	for _, limit := range []int{0, MaxPage + 1} {
+		if _, err := conn.RangePage(ctx, "nodes/", "", limit); !errors.Is(err, meta.ErrBadRequest) {
+			t.Fatalf("a page of %d keys: %v, want ErrBadRequest", limit, err)
+		}
+	}
 }
 
 // Methods, deadlines and tokens (issue 14, finding 8): a write is never a GET; a request

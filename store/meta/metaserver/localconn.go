@@ -39,6 +39,15 @@ func (c LocalConn) Range(ctx context.Context, prefix string) ([]meta.KeyValue, e
 	return c.SM.Range(prefix), nil
 }
 
+// RangePage implements Conn.
+func (c LocalConn) RangePage(ctx context.Context, prefix, after string, limit int) (meta.Page, error) {
+	if err := c.Replica.Read(ctx); err != nil {
+		return meta.Page{}, notLeader(err)
+	}
+	kvs, next := c.SM.RangePage(prefix, after, limit)
+	return meta.Page{KVs: kvs, Next: next}, nil
+}
+
 // notLeader turns the replica's not-leader answer into the client's (meta.NotLeaderError),
 // so that a meta.Client follows its hint.
 func notLeader(err error) error {

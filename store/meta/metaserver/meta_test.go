@@ -377,3 +377,46 @@ func startTestCluster(t *testing.T, mod func(*ClusterConfig)) (c *Cluster, leade
 	}
 	return c, leader, ctx
 }
+
+// TestRangePagesWalkThePrefix: the pages of a prefix, each read after the last key of the
+// one before, are its Range in order and in whole, at every page size; only the last page
+// says there is no more, and a page is empty only when the prefix is.
+func TestRangePagesWalkThePrefix(t *testing.T) {
+	sm := NewStateMachine(0)
+	for _, k := range []string{"gangs/j/b", "gangs/", "gangs0", "gang", "gangs/j/a", "gangs/k", "jobs/j", "gangs/j/c", "gangs/j/d"} {
+		sm.ApplyRequest(&meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: k, Value: []byte(k)}}})
+	}
+	for _, prefix := range []string{"gangs/", "gangs/j/", "gangs", "gangs/x", "", "jobs/"} {
+		whole := sm.Range(prefix)
+		for _, limit := range []int{1, 2, 3, 4, 100} {
+			var got []meta.KeyValue
+			after, pages := "", 0
+			for {
+				kvs, next := sm.RangePage(prefix, after, limit)
+				pages++
+				if len(kvs) > limit || (len(kvs) == 0 && len(whole) > 0) {
+					t.Fatalf("RangePage(%q, %q, %d) = %d keys", prefix, after, limit, len(kvs))
+				}
+				got = append(got, kvs...)
+				if next == "" {
+					break
+				}
+				if pages > len(whole) {
+					t.Fatalf("RangePage(%q, limit %d) does not end", prefix, limit)
+				}
+				after = next
+			}
+			if len(got) != len(whole) {
+				t.Fatalf("pages of %q by %d: %d keys, Range has %d", prefix, limit, len(got), len(whole))
+			}
+			for i := range got {
+				if got[i].Key != whole[i].Key {
+					t.Fatalf("pages of %q by %d: key %d is %q, Range's %q", prefix, limit, i, got[i].Key, whole[i].Key)
+				}
+			}
+			if want := max(1, (len(whole)+limit-1)/limit); pages != want {
+				t.Fatalf("pages of %q (%d keys) by %d: %d pages, want %d", prefix, len(whole), limit, pages, want)
+			}
+		}
+	}
+}

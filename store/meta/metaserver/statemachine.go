@@ -191,6 +191,30 @@ func (s *StateMachine) Range(prefix string) []meta.KeyValue {
 	return out
 }
 
+// RangePage returns up to limit keys with the prefix that sort after after ("" from the
+// first), in key order, and the last key it visited when keys remain past the page (""
+// when the prefix is done): the next page starts after it.
+func (s *StateMachine) RangePage(prefix, after string, limit int) (kvs []meta.KeyValue, next string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	start := max(prefix, after)
+	s.keys.AscendGreaterOrEqual(start, func(k string) bool {
+		if !strings.HasPrefix(k, prefix) {
+			return false
+		}
+		if k == after {
+			return true
+		}
+		if len(kvs) == limit {
+			next = kvs[len(kvs)-1].Key
+			return false
+		}
+		kvs = append(kvs, *s.kv[k])
+		return true
+	})
+	return kvs, next
+}
+
 // newKeyIndex returns an empty ordered index of keys.
 func newKeyIndex() *btree.BTreeG[string] {
 	return btree.NewOrderedG[string](32)
