@@ -83,6 +83,20 @@ func machine(t *testing.T, name string) api.Machine {
 	return api.Machine{Name: name, Spec: tc.Machines[0].Spec, Simulated: true}
 }
 
+// failOver closes the leading head and waits until another leads.
+func failOver(t *testing.T, heads []*Head) {
+	t.Helper()
+	old := leader(t, heads)
+	_ = old.Close()
+	var rest []*Head
+	for _, h := range heads {
+		if h != old {
+			rest = append(rest, h)
+		}
+	}
+	leader(t, rest)
+}
+
 func leader(t *testing.T, heads []*Head) *Head {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -169,18 +183,7 @@ func TestGangLifecycleThroughTheLog(t *testing.T) {
 	}
 	// The leader goes away: another head takes over, rebuilds the scheduler from the log,
 	// and sees the gang's GPUs as taken.
-	old := leader(t, heads)
-	_ = old.Close()
-	var rest []*Head
-	for _, h := range heads {
-		if h != old {
-			rest = append(rest, h)
-		}
-	}
-	nl := leader(t, rest)
-	if nl == old {
-		t.Fatal("the closed head still leads")
-	}
+	failOver(t, heads)
 	st, err := c.Status(ctx)
 	if err != nil {
 		t.Fatal(err)

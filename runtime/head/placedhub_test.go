@@ -108,40 +108,32 @@ func TestPlacedHubDispatch(t *testing.T) {
 	put := func(v string) meta.Event {
 		return meta.Event{Type: meta.EventPut, KV: meta.KeyValue{Key: api.TableGangs + "j/g", Value: []byte(v)}}
 	}
-	woken := func(ch <-chan struct{}) bool {
-		select {
-		case <-ch:
-			return true
-		default:
-			return false
-		}
-	}
 	a, stopA := h.wait("a", 0)
 	b, stopB := h.wait("b", 0)
 	defer stopA()
 	defer stopB()
 	h.dispatch([]meta.Event{put(`{"state":"starting","placement":{"members":[{"machine":"a"}]}}`)}, 5, false)
-	if !woken(a) || woken(b) {
-		t.Fatalf("a placement on a: a woken %v, b woken %v; want a only", woken(a), woken(b))
+	if !closed(a) || closed(b) {
+		t.Fatalf("a placement on a: a woken %v, b woken %v; want a only", closed(a), closed(b))
 	}
-	if late, stop := h.wait("a", 4); !woken(late) {
+	if late, stop := h.wait("a", 4); !closed(late) {
 		t.Fatal("a waiter from before the event's revision was not woken at once")
 	} else {
 		stop()
 	}
 	h.dispatch([]meta.Event{put(`{"state":"pending","generation":0}`)}, 6, false)
-	if woken(b) {
+	if closed(b) {
 		t.Fatal("a new pending gang woke b")
 	}
 	h.dispatch([]meta.Event{put(`{"state":"stopped"}`)}, 7, false)
-	if !woken(b) {
+	if !closed(b) {
 		t.Fatal("a gang that ended did not wake b")
 	}
 	c, stopC := h.wait("c", 7)
 	defer stopC()
 	// The deletion of a gang the hub did not see end (j/g's is in the test below).
 	h.dispatch([]meta.Event{{Type: meta.EventDelete, KV: meta.KeyValue{Key: api.TableGangs + "j/h"}}}, 8, false)
-	if !woken(c) {
+	if !closed(c) {
 		t.Fatal("a delete did not wake c")
 	}
 }
@@ -162,24 +154,16 @@ func TestPlacedHubDeleteOfAnEndedGangWakesNobody(t *testing.T) {
 		return meta.Event{Type: meta.EventPut, KV: meta.KeyValue{Key: key, Value: rec(g)}}
 	}
 	del := func(key string) meta.Event { return meta.Event{Type: meta.EventDelete, KV: meta.KeyValue{Key: key}} }
-	woken := func(ch <-chan struct{}) bool {
-		select {
-		case <-ch:
-			return true
-		default:
-			return false
-		}
-	}
 	ended := api.Gang{Spec: api.GangSpec{Job: "j", Name: "a"}, State: api.GangStopped}
 	h.dispatch([]meta.Event{put(api.TableGangs+"j/a", ended)}, 1, false)
 	w, stop := h.wait("m1", 1)
 	defer stop()
 	h.dispatch([]meta.Event{del(api.TableGangs + "j/a")}, 2, false)
-	if woken(w) {
+	if closed(w) {
 		t.Fatal("the deletion of an ended gang woke m1's watch")
 	}
 	h.dispatch([]meta.Event{del(api.TableGangs + "j/b")}, 3, false)
-	if !woken(w) {
+	if !closed(w) {
 		t.Fatal("the deletion of a gang the hub did not see end did not wake m1's watch")
 	}
 	// A gang of the name that lives again is no longer taken for ended.
@@ -187,7 +171,17 @@ func TestPlacedHubDeleteOfAnEndedGangWakesNobody(t *testing.T) {
 	w2, stop2 := h.wait("m1", 4)
 	defer stop2()
 	h.dispatch([]meta.Event{del(api.TableGangs + "j/a")}, 5, false)
-	if !woken(w2) {
+	if !closed(w2) {
 		t.Fatal("the deletion of a gang whose last record was live did not wake m1's watch")
+	}
+}
+
+// closed reports whether ch is closed now.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }

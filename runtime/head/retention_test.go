@@ -97,15 +97,7 @@ func TestEndedGangsBeyondTheBoundAreDeleted(t *testing.T) {
 		t.Fatalf("a checkpoint record: found %v, %v", ok, err)
 	}
 	// A new leader reads g0, g1 and g2 in name order; g2 ended first of them.
-	old := leader(t, heads)
-	_ = old.Close()
-	var rest []*Head
-	for _, h := range heads {
-		if h != old {
-			rest = append(rest, h)
-		}
-	}
-	leader(t, rest)
+	failOver(t, heads)
 	spawn("g6")
 	if err := c.StopGang(ctx, "j", "g6"); err != nil {
 		t.Fatal(err)
