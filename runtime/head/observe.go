@@ -37,6 +37,7 @@ type ctlObs struct {
 	busyRefusals  prometheus.Counter
 	eventsTotal   *prometheus.CounterVec
 	restarts      *prometheus.CounterVec
+	endedDeleted  prometheus.Counter
 	lastLeader    atomic.Uint64
 
 	mu      sync.Mutex
@@ -100,6 +101,8 @@ func newCtlObs() *ctlObs {
 			Help: "Events committed to the event log by this head while it led, by kind."}, []string{"kind"}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "atoll_gang_restarts_total",
 			Help: "Gang restarts decided by this head while it led: after a worker failed, or elsewhere after a machine was lost."}, []string{"cause"}),
+		endedDeleted: prometheus.NewCounter(prometheus.CounterOpts{Name: "atoll_ended_gangs_deleted_total",
+			Help: "Ended gangs' records this head deleted while it led, past the newest --keep-ended-gangs."}),
 	}
 	for _, k := range []api.EventKind{api.EventGangPlaced, api.EventGangRunning, api.EventGangRestart, api.EventGangWaiting, api.EventGangFailed,
 		api.EventGangStopped, api.EventGangRefused, api.EventMachineUp, api.EventMachineDown, api.EventMachineCordoned, api.EventMachineUncordoned, api.EventJobSubmitted, api.EventJobStopped} {
@@ -111,7 +114,7 @@ func newCtlObs() *ctlObs {
 }
 
 func (o *ctlObs) collectors() []prometheus.Collector {
-	return []prometheus.Collector{o.cycle, o.wait, o.commit, o.commitErrors, o.leaderChanges, o.pauses, o.preemptions, o.preemptCost, o.eventsTotal, o.restarts, o.resizes, o.saturations, o.busyRefusals}
+	return []prometheus.Collector{o.cycle, o.wait, o.commit, o.commitErrors, o.leaderChanges, o.pauses, o.preemptions, o.preemptCost, o.eventsTotal, o.restarts, o.resizes, o.saturations, o.busyRefusals, o.endedDeleted}
 }
 
 func (o *ctlObs) sawLeader(id uint64) {

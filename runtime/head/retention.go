@@ -76,8 +76,11 @@ func (g *endedGangs) sortByEnd() {
 // out of the ledger.
 func (c *Controller) pruneEndedLocked(t *term) []commitFn {
 	keep := c.cfg.KeepEndedGangs
-	if keep < 0 {
+	switch {
+	case keep < 0:
 		return nil
+	case keep == 0: // a Controller not made by NewController
+		keep = DefaultKeepEndedGangs
 	}
 	var work []commitFn
 	for t.endedGangs.n > keep {
@@ -96,6 +99,9 @@ func (c *Controller) pruneEndedLocked(t *term) []commitFn {
 		}
 		work = append(work, commitFn{what: "retention: ended gang " + r.key, cmp: []meta.Compare{{Key: key, Version: e.ver}}, ops: ops})
 		t.dropGang(r.key)
+		if c.obs != nil {
+			c.obs.endedDeleted.Inc()
+		}
 	}
 	return work
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/atoll-run/atoll/runtime/api"
 )
 
@@ -95,6 +97,9 @@ func TestEndedGangsBeyondTheBoundAreDeleted(t *testing.T) {
 	}
 	if _, ok, err := c.Meta().Get(ctx, ckpt); err != nil || !ok {
 		t.Fatalf("a checkpoint record: found %v, %v", ok, err)
+	}
+	if n := testutil.ToFloat64(leader(t, heads).Controller().obs.endedDeleted); n != 3 {
+		t.Fatalf("atoll_ended_gangs_deleted_total %v on the leader, want 3", n)
 	}
 	// A new leader reads g0, g1 and g2 in name order; g2 ended first of them.
 	failOver(t, heads)
