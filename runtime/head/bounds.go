@@ -64,7 +64,7 @@ func (l *ledger) putGang(key string, e *gangEntry) {
 	l.workers.add(e.rec, 1)
 	l.endedGangs.count(e.rec, 1)
 	if !e.rec.State.Live() {
-		l.endedGangs.push(e.rec)
+		l.pushEnded(e.rec)
 	}
 }
 
@@ -85,10 +85,11 @@ func (l *ledger) setRec(e *gangEntry, rec api.Gang) {
 	}
 	l.workers.add(e.rec, -1)
 	l.endedGangs.count(e.rec, -1)
-	if e.rec.State.Live() && !rec.State.Live() {
-		l.endedGangs.push(rec)
-	}
+	ended := e.rec.State.Live() && !rec.State.Live()
 	e.rec = rec
 	l.workers.add(rec, 1)
 	l.endedGangs.count(rec, 1)
+	if ended {
+		l.pushEnded(rec)
+	}
 }

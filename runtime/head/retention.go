@@ -49,6 +49,36 @@ func (g *endedGangs) push(rec api.Gang) {
 	g.queue = append(g.queue, endedRef{key: rec.Spec.Key(), uid: rec.UID, at: rec.Updated})
 }
 
+// pushEnded queues rec, which just ended and is the ledger's entry of its gang. Refs of
+// gangs replaced since (a name reused: task workers, a driver that respawns a gang of one
+// name) are only skipped when popped, and pops happen only past the bound: when they are
+// most of the queue, they are dropped, so the queue stays within twice the ended gangs
+// (amortized O(1) a push).
+func (l *ledger) pushEnded(rec api.Gang) {
+	g := &l.endedGangs
+	g.push(rec)
+	if len(g.queue)-g.head <= 2*g.n+1024 {
+		return
+	}
+	kept := make([]endedRef, 0, g.n)
+	for _, r := range g.queue[g.head:] {
+		if l.endedEntry(r) != nil {
+			kept = append(kept, r)
+		}
+	}
+	g.queue, g.head = kept, 0
+}
+
+// endedEntry is the ledger's entry of r's gang while it is the ended gang r names, nil
+// once it was replaced or deleted.
+func (l *ledger) endedEntry(r endedRef) *gangEntry {
+	e := l.gangs[r.key]
+	if e == nil || e.rec.UID != r.uid || e.rec.State.Live() || !e.rec.Updated.Equal(r.at) {
+		return nil
+	}
+	return e
+}
+
 // pop takes the oldest ref, ok false when none is left.
 func (g *endedGangs) pop() (endedRef, bool) {
 	if g.head == len(g.queue) {
@@ -88,8 +118,8 @@ func (c *Controller) pruneEndedLocked(t *term) []commitFn {
 		if !ok {
 			break
 		}
-		e := t.gangs[r.key]
-		if e == nil || e.rec.UID != r.uid || e.rec.State.Live() || !e.rec.Updated.Equal(r.at) {
+		e := t.endedEntry(r)
+		if e == nil {
 			continue // replaced or deleted since it ended
 		}
 		key := api.TableGangs + r.key

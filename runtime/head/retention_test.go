@@ -112,3 +112,33 @@ func TestEndedGangsBeyondTheBoundAreDeleted(t *testing.T) {
 		t.Fatalf("gangs in the log after a failover and one more end %v, want %v (g2 ended first)", got, want)
 	}
 }
+
+// TestEndedRefsDoNotPileUp: a gang name reused 20,000 times (each gang ended before the
+// next of the name) leaves the queue of ended gangs within twice the ended gangs plus its
+// slack, though no ref is popped below the bound; refs of the gangs still ended stay.
+func TestEndedRefsDoNotPileUp(t *testing.T) {
+	l := ledger{gangs: map[string]*gangEntry{}}
+	at := time.Unix(0, 0)
+	for i := range 20000 {
+		at = at.Add(time.Second)
+		name := "reused"
+		if i%1000 == 0 {
+			name = fmt.Sprintf("kept-%d", i) // 20 gangs that stay ended
+		}
+		rec := api.Gang{Spec: api.GangSpec{Job: "j", Name: name}, UID: fmt.Sprint(i), State: api.GangStopped, Updated: at}
+		l.putGang(rec.Spec.Key(), &gangEntry{rec: rec})
+	}
+	g := l.endedGangs
+	if g.n != 21 || len(g.queue)-g.head > 2*g.n+1024 {
+		t.Fatalf("%d ended gangs, %d refs queued; want 21 and at most %d", g.n, len(g.queue)-g.head, 2*g.n+1024)
+	}
+	valid := 0
+	for _, r := range g.queue[g.head:] {
+		if l.endedEntry(r) != nil {
+			valid++
+		}
+	}
+	if valid != 21 {
+		t.Fatalf("%d refs name a gang still ended, want 21", valid)
+	}
+}
