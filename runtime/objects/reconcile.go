@@ -148,10 +148,8 @@ func Reconcile(ctx context.Context, t Table, w World) (Report, []Action, error) 
 		if err != nil {
 			return rep, done, fmt.Errorf("objects: reconcile: %w", err)
 		}
-		var err2 error
-		done, err2 = reconcilePageOf(ctx, t, w, page.KVs, &rep, done)
-		if err2 != nil || page.Next == "" {
-			return rep, done, err2
+		if done, err = reconcilePageOf(ctx, t, w, page.KVs, &rep, done); err != nil || page.Next == "" {
+			return rep, done, err
 		}
 		after = page.Next
 	}

@@ -323,25 +323,19 @@ func (s *Store) tallyLocked(e *entry, sign int) {
 	}
 }
 
-// setStateLocked changes e's state, keeping the tally when e is in the table.
-func (s *Store) setStateLocked(e *entry, st state) {
-	in := s.objs[e.id] == e
-	if in {
-		s.tallyLocked(e, -1)
-	}
-	e.state = st
-	if in {
-		s.tallyLocked(e, 1)
-	}
-}
+// setStateLocked changes e's state, keeping the tally.
+func (s *Store) setStateLocked(e *entry, st state) { s.updateLocked(e, st, e.durable) }
 
-// setDurableLocked marks e durable, keeping the tally when e is in the table.
-func (s *Store) setDurableLocked(e *entry) {
+// setDurableLocked marks e durable, keeping the tally.
+func (s *Store) setDurableLocked(e *entry) { s.updateLocked(e, e.state, true) }
+
+// updateLocked sets e's state and durability, keeping the tally when e is in the table.
+func (s *Store) updateLocked(e *entry, st state, durable bool) {
 	in := s.objs[e.id] == e
 	if in {
 		s.tallyLocked(e, -1)
 	}
-	e.durable = true
+	e.state, e.durable = st, durable
 	if in {
 		s.tallyLocked(e, 1)
 	}

@@ -117,7 +117,7 @@ type Store struct {
 	// of the machine). Kept by putLocked and removeLocked.
 	owned    map[string]map[ID]*entry
 	used     int64
-	tally    tally         // Stats' counts, kept by putLocked, removeLocked, setStateLocked, setDurableLocked
+	tally    tally         // Stats' counts, kept by putLocked, removeLocked and updateLocked
 	lru      *list.List    // of *entry, front = most recently used; hot sealed entries only
 	changed  chan struct{} // nil unless someone waits; see notifyLocked
 	spilling int
