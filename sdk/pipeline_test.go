@@ -60,3 +60,106 @@ func TestPipelineTo(t *testing.T) {
 		})
 	}
 }
+
+// TestTaskPoolGrowsWhileItPays walks the pool's growth rule (wantLocked) through a clock
+// of its own: one worker first; doubling while each step raises the rate at which tasks
+// end; a ceiling where a step did not pay, then one worker at a time past it; nothing
+// while the workers keep up, while workers start, or before a window has passed; and a
+// worker for every task run from inside a task.
+func TestTaskPoolGrowsWhileItPays(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	sh := &shape{slots: map[*slot]bool{}}
+	wait := func(n int, pipelined bool) {
+		sh.waiting = nil
+		for range n {
+			sh.waiting = append(sh.waiting, &waiter{pipelined: pipelined})
+		}
+	}
+	workers := func(n int) {
+		for len(sh.slots) < n {
+			sh.slots[&slot{sh: sh, inflight: taskPipeline}] = true
+		}
+	}
+	// window runs the tasks for d from now, all of it with tasks waiting, done of them
+	// ending, and returns the time at its end.
+	window := func(now time.Time, d time.Duration, done int) time.Time {
+		sh.account(now)
+		sh.done += done
+		return now.Add(d)
+	}
+	want := func(now time.Time, w int, why string) {
+		t.Helper()
+		if got := sh.wantLocked(now); got != w {
+			t.Fatalf("%s: want %d more workers, the rule says %d (ceiling %d, last rate %.0f)", why, w, got, sh.ceiling, sh.lastRate)
+		}
+	}
+
+	wait(1000, true)
+	want(t0, 1, "no worker yet: one, to learn what one costs")
+	sh.spawning = 1
+	want(t0, 0, "the first is starting: no other")
+	sh.spawning, sh.startup = 0, 100*time.Millisecond
+	workers(1)
+	sh.decided = t0
+	sh.restartWindow(t0)
+	want(t0.Add(50*time.Millisecond), 0, "judged before a window passed")
+
+	now := window(t0, 200*time.Millisecond, 200) // 1,000 tasks/s with one worker
+	want(now, 1, "tasks waited all the window: double to 2")
+	workers(2)
+	sh.decided = now
+	sh.restartWindow(now)
+	now = window(now, 200*time.Millisecond, 400) // 2,000/s: it paid
+	want(now, 2, "the step paid: double to 4")
+	workers(4)
+	sh.decided = now
+	sh.restartWindow(now)
+	now = window(now, 200*time.Millisecond, 420) // 2,100/s: 4 workers bought 5%
+	want(now, 0, "the step did not pay")
+	if sh.ceiling != 2 {
+		t.Fatalf("ceiling %d after a step from 2 that did not pay, want 2", sh.ceiling)
+	}
+	now = window(now, 200*time.Millisecond, 420)
+	want(now, 0, "at the ceiling")
+	now = now.Add(ceilingHold)
+	sh.decided = now.Add(-200 * time.Millisecond)
+	sh.restartWindow(sh.decided)
+	now = window(sh.decided, 200*time.Millisecond, 420)
+	want(now, 1, "the ceiling's hold is over: probe one worker")
+
+	// The workers keep up: tasks waited for a tenth of the window.
+	sh.decided = now
+	sh.restartWindow(now)
+	sh.account(now.Add(20 * time.Millisecond)) // tasks waited 20 ms
+	wait(0, true)
+	now = now.Add(200 * time.Millisecond)
+	sh.account(now) // and none for 180 ms
+	wait(1000, true)
+	want(now, 0, "tasks waited a tenth of the time")
+	if sh.busy != 0 || !sh.window.Equal(now) {
+		t.Fatalf("a window where the workers kept up was not closed: busy %v, window at %v", sh.busy, sh.window)
+	}
+
+	// Long tasks: none ends; the pool keeps growing.
+	sh = &shape{slots: map[*slot]bool{}, startup: 100 * time.Millisecond}
+	wait(100, true)
+	workers(1)
+	sh.decided = t0
+	sh.restartWindow(t0)
+	now = window(t0, 200*time.Millisecond, 0)
+	want(now, 1, "long tasks: double")
+	workers(2)
+	sh.decided = now
+	sh.restartWindow(now)
+	now = window(now, 200*time.Millisecond, 0)
+	want(now, 2, "long tasks: double again (a rate of 0 is no step that failed)")
+
+	// Tasks run from inside tasks get a worker each, whatever the judgement.
+	sh = &shape{slots: map[*slot]bool{}, startup: 100 * time.Millisecond}
+	workers(3)
+	wait(5, false)
+	sh.decided = t0
+	want(t0.Add(time.Millisecond), 5, "five tasks from inside tasks")
+	sh.spawning = 5
+	want(t0.Add(2*time.Millisecond), 0, "their workers are starting")
+}

@@ -310,6 +310,25 @@ type shape struct {
 	spawning int
 	retry    *time.Timer
 	backoff  time.Duration
+
+	// How the pool decides to start workers (see wantLocked): startup is a moving average
+	// of the time from asking for a worker to its running; busy is how long tasks waited
+	// since the window began at window (marked at mark), done how many tasks ended
+	// meanwhile; decided is when the pool last judged, lastRate the rate it saw then, grew
+	// how many workers it then started beside grewFrom; ceiling is a number of workers
+	// that growth did not pay beyond, held since ceilingAt.
+	startup   time.Duration
+	window    time.Time
+	mark      time.Time
+	busy      time.Duration
+	done      int
+	decided   time.Time
+	lastRate  float64
+	grew      int
+	grewFrom  int
+	ceiling   int
+	ceilingAt time.Time
+	recheck   *time.Timer // armed while tasks wait for workers it did not start
 }
 
 // slot is one task worker.
@@ -321,6 +340,7 @@ type slot struct {
 	inflight  int       // tasks pushed to it and not yet answered
 	progress  time.Time // when it last answered a task, or took one while idle
 	failing   bool      // a run on it failed: it takes no pipelined task until it is idle again
+	starting  bool      // not yet running (counted in its shape's spawning)
 }
 
 // waiter is a task waiting for a task worker; pipelined says it may share one (see
@@ -346,7 +366,7 @@ const maxSpawning = 16
 // waits for the first worker free instead, and the pool leases more (as without
 // pipelining).
 const (
-	taskPipeline   = 4
+	taskPipeline   = 16
 	pipelineWindow = 5 * time.Millisecond
 )
 
@@ -382,6 +402,9 @@ func (c *conn) closePool(job string) {
 		sh.waiting = nil
 		if sh.retry != nil {
 			sh.retry.Stop()
+		}
+		if sh.recheck != nil {
+			sh.recheck.Stop()
 		}
 	}
 	p.mu.Unlock()
@@ -443,6 +466,7 @@ func (p *taskPool) acquire(ctx context.Context, res Resources, pipelined bool) (
 		}
 	}
 	w := &waiter{ch: make(chan grant, 1), pipelined: pipelined}
+	sh.account(time.Now())
 	sh.waiting = append(sh.waiting, w)
 	p.growLocked(sh)
 	p.mu.Unlock()
@@ -453,6 +477,7 @@ func (p *taskPool) acquire(ctx context.Context, res Resources, pipelined bool) (
 		p.mu.Lock()
 		for i, o := range sh.waiting {
 			if o == w {
+				sh.account(time.Now())
 				sh.waiting = append(sh.waiting[:i], sh.waiting[i+1:]...)
 				break
 			}
@@ -486,14 +511,123 @@ func (sh *shape) pipelineToLocked(now time.Time) *slot {
 	return best
 }
 
-// growLocked starts task workers for the tasks that wait and will get none.
+// growLocked starts the task workers that the tasks waiting need (see wantLocked), and
+// looks again later while tasks wait that it started none for: a worker's task that runs
+// longer than it looked makes more workers worth starting.
 func (p *taskPool) growLocked(sh *shape) {
 	if p.closed || sh.retry != nil {
 		return
 	}
-	for need := len(sh.waiting) - sh.spawning; need > 0 && sh.spawning < maxSpawning; need-- {
+	for want := sh.wantLocked(time.Now()); want > 0 && sh.spawning < maxSpawning; want-- {
 		p.spawnLocked(sh)
 	}
+	if len(sh.waiting) > sh.spawning && sh.recheck == nil {
+		sh.recheck = time.AfterFunc(min(max(sh.startup, pipelineWindow), time.Second), func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			sh.recheck = nil
+			p.growLocked(sh)
+		})
+	}
+}
+
+// wantLocked is how many more task workers of the shape the tasks waiting need at now.
+//
+// More workers help only while the workers are what the tasks wait for; where the driver,
+// the network or the machine is the bottleneck they only add processes (each start costs
+// a process's start on a machine's cores), and the cluster's declared CPUs do not say
+// which it is. So the pool grows by steps, each judged by the rate it brought, as TCP's
+// congestion control and a thread pool's hill climbing do. It starts one worker when it
+// has none. After that it judges at most once per max(sh.startup, minJudge), once the
+// workers it started last run, and only when tasks waited for workers at least half of
+// the time since it last judged; it then measures the rate at which tasks ended while
+// tasks waited. It starts as many workers as run (doubling, as Ray's autoscaler bounds its
+// pending nodes by upscaling_speed) until a step does not pay: a step after which the
+// rate did not rise by half the new workers' share sets a ceiling at the size before it,
+// held for ceilingHold; past it, the pool probes one worker at a time. A task run from
+// inside a task always gets a worker (bounded by maxSpawning only): its caller may hold a
+// worker while it waits for it.
+func (sh *shape) wantLocked(now time.Time) int {
+	sh.account(now)
+	greedy := len(sh.waiting) - sh.spawning
+	if greedy <= 0 {
+		return 0
+	}
+	floor := -sh.spawning
+	for _, w := range sh.waiting {
+		if !w.pipelined {
+			floor++
+		}
+	}
+	workers := 0
+	for s := range sh.slots {
+		if !s.failing && !s.starting {
+			workers++
+		}
+	}
+	if workers == 0 && sh.spawning == 0 {
+		return min(max(floor, 1), greedy)
+	}
+	if sh.spawning > 0 || sh.startup <= 0 || now.Sub(sh.decided) < max(sh.startup, minJudge) {
+		return min(max(floor, 0), greedy)
+	}
+	if waited := sh.busy; waited < now.Sub(sh.window)/2 {
+		// Tasks waited less than half the time: the workers keep up. Judge again later,
+		// over a new window.
+		sh.decided = now
+		sh.restartWindow(now)
+		return min(max(floor, 0), greedy)
+	}
+	rate := 0.0 // tasks a second while tasks waited
+	if sh.busy > 0 {
+		rate = float64(sh.done) / sh.busy.Seconds()
+	}
+	if sh.grew > 0 && rate < sh.lastRate*(1+0.5*float64(sh.grew)/float64(max(sh.grewFrom, 1))) {
+		sh.ceiling, sh.ceilingAt = sh.grewFrom, now
+	}
+	sh.grew, sh.lastRate, sh.decided = 0, rate, now
+	sh.restartWindow(now)
+	if sh.ceiling > 0 && workers >= sh.ceiling && now.Sub(sh.ceilingAt) < ceilingHold {
+		return min(max(floor, 0), greedy)
+	}
+	grow := workers // slow start
+	if sh.ceiling > 0 {
+		grow = 1 // a ceiling was found once: probe past it a worker at a time
+	}
+	n := min(max(floor, grow), greedy, maxSpawning)
+	sh.grew, sh.grewFrom = n, workers
+	return n
+}
+
+// minJudge is the shortest window the pool judges its rate over: a few milliseconds of
+// tasks (what a worker in the driver's process takes to start) say little.
+const minJudge = 100 * time.Millisecond
+
+// ceilingHold is how long the pool holds a ceiling that growth did not pay beyond.
+const ceilingHold = 10 * time.Second
+
+// account adds the time since its last mark to the window's busy time while tasks wait.
+// Call it before the waiting list changes.
+func (sh *shape) account(now time.Time) {
+	if len(sh.waiting) > 0 && !sh.mark.IsZero() {
+		sh.busy += now.Sub(sh.mark)
+	}
+	sh.mark = now
+}
+
+// restartWindow begins a new window of measurement at now.
+func (sh *shape) restartWindow(now time.Time) {
+	sh.window, sh.mark, sh.busy, sh.done = now, now, 0, 0
+}
+
+// measureAlpha is the weight of a new sample in the shape's moving averages.
+const measureAlpha = 0.125
+
+func movingAverage(avg, sample time.Duration) time.Duration {
+	if avg <= 0 {
+		return sample
+	}
+	return avg + time.Duration(measureAlpha*float64(sample-avg))
 }
 
 // spawnLocked starts one more task worker of the shape.
@@ -507,19 +641,40 @@ func (p *taskPool) spawnLocked(sh *shape) {
 }
 
 func (p *taskPool) spawn(sh *shape, name string) {
+	start := time.Now()
 	g, err := (&Job{c: p.c, name: p.job}).SpawnGang(p.life, GangSpec{Name: name, Kind: taskKind, Workers: 1, Resources: sh.res,
 		MaxRestarts: 3, Backoff: 10 * time.Millisecond})
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	sh.spawning--
+	if err != nil || p.closed {
+		sh.spawning--
+	}
 	switch {
 	case err == nil && p.closed:
 		go func() { _ = g.Stop(context.Background()) }()
 	case err == nil:
 		sh.backoff = 0
-		s := &slot{sh: sh, g: g}
+		// The worker is handed out at once (its task waits for it to run); it counts as
+		// starting until it runs.
+		s := &slot{sh: sh, g: g, starting: true}
 		sh.slots[s] = true
 		p.giveLocked(s)
+		go func() {
+			_, err := g.AwaitRunning(p.life, 0)
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			s.starting = false
+			sh.spawning--
+			now := time.Now()
+			if err == nil {
+				sh.startup = movingAverage(sh.startup, now.Sub(start))
+			}
+			if sh.spawning == 0 { // what it started runs: judge it from here
+				sh.decided = now
+				sh.restartWindow(now)
+			}
+			p.growLocked(sh)
+		}()
 	case p.closed:
 	case errors.Is(err, ErrNoCapacity) || errors.Is(err, ErrExists) || errors.Is(err, api.ErrUnavailable):
 		// Not now: the workers it has serve the queue, and it tries to grow again later.
@@ -548,6 +703,7 @@ func (p *taskPool) giveLocked(s *slot) {
 	s.failing = false
 	if len(sh.waiting) > 0 {
 		w := sh.waiting[0]
+		sh.account(time.Now())
 		sh.waiting = sh.waiting[1:]
 		s.inflight++
 		s.progress = time.Now()
@@ -564,8 +720,15 @@ func (p *taskPool) giveLocked(s *slot) {
 func (p *taskPool) release(s *slot, failed bool, gen int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	now := time.Now()
 	s.inflight--
-	s.progress = time.Now()
+	if sh := s.sh; !failed {
+		sh.account(now)
+		if len(sh.waiting) > 0 {
+			sh.done++
+		}
+	}
+	s.progress = now
 	if failed {
 		s.minGen = max(s.minGen, gen+1)
 		s.failing = true
@@ -585,6 +748,7 @@ func (p *taskPool) release(s *slot, failed bool, gen int) {
 	if sh := s.sh; !s.failing && s.inflight < taskPipeline {
 		for i, w := range sh.waiting {
 			if w.pipelined {
+				sh.account(now)
 				sh.waiting = append(sh.waiting[:i], sh.waiting[i+1:]...)
 				s.inflight++
 				w.ch <- grant{s: s}
