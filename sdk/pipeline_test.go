@@ -70,7 +70,10 @@ func TestTaskPoolGrowsWhileItPays(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	sh := &shape{slots: map[*slot]bool{}}
 	wait := func(n int, pipelined bool) {
-		sh.waiting = nil
+		sh.waiting, sh.nested = nil, 0
+		if !pipelined {
+			sh.nested = n
+		}
 		for range n {
 			sh.waiting = append(sh.waiting, &waiter{pipelined: pipelined})
 		}

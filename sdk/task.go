@@ -307,6 +307,7 @@ type shape struct {
 	idle     []*slot // oldest first
 	slots    map[*slot]bool
 	waiting  []*waiter
+	nested   int // of waiting, the tasks run from inside tasks (not pipelined)
 	spawning int
 	retry    *time.Timer
 	backoff  time.Duration
@@ -399,7 +400,7 @@ func (c *conn) closePool(job string) {
 		for _, w := range sh.waiting {
 			w.ch <- grant{err: fmt.Errorf("%w: job %s", ErrStopped, job)}
 		}
-		sh.waiting = nil
+		sh.waiting, sh.nested = nil, 0
 		if sh.retry != nil {
 			sh.retry.Stop()
 		}
@@ -466,8 +467,7 @@ func (p *taskPool) acquire(ctx context.Context, res Resources, pipelined bool) (
 		}
 	}
 	w := &waiter{ch: make(chan grant, 1), pipelined: pipelined}
-	sh.account(time.Now())
-	sh.waiting = append(sh.waiting, w)
+	sh.enqueue(w, time.Now())
 	p.growLocked(sh)
 	p.mu.Unlock()
 	select {
@@ -477,8 +477,7 @@ func (p *taskPool) acquire(ctx context.Context, res Resources, pipelined bool) (
 		p.mu.Lock()
 		for i, o := range sh.waiting {
 			if o == w {
-				sh.account(time.Now())
-				sh.waiting = append(sh.waiting[:i], sh.waiting[i+1:]...)
+				sh.dequeue(i, time.Now())
 				break
 			}
 		}
@@ -553,12 +552,7 @@ func (sh *shape) wantLocked(now time.Time) int {
 	if greedy <= 0 {
 		return 0
 	}
-	floor := -sh.spawning
-	for _, w := range sh.waiting {
-		if !w.pipelined {
-			floor++
-		}
-	}
+	floor := sh.nested - sh.spawning
 	workers := 0
 	for s := range sh.slots {
 		if !s.failing && !s.starting {
@@ -613,6 +607,30 @@ func (sh *shape) account(now time.Time) {
 		sh.busy += now.Sub(sh.mark)
 	}
 	sh.mark = now
+}
+
+// enqueue adds a task that waits for a worker at now.
+func (sh *shape) enqueue(w *waiter, now time.Time) {
+	sh.account(now)
+	sh.waiting = append(sh.waiting, w)
+	if !w.pipelined {
+		sh.nested++
+	}
+}
+
+// dequeue removes the i-th task waiting, at now.
+func (sh *shape) dequeue(i int, now time.Time) *waiter {
+	w := sh.waiting[i]
+	sh.account(now)
+	if i == 0 {
+		sh.waiting = sh.waiting[1:]
+	} else {
+		sh.waiting = append(sh.waiting[:i], sh.waiting[i+1:]...)
+	}
+	if !w.pipelined {
+		sh.nested--
+	}
+	return w
 }
 
 // restartWindow begins a new window of measurement at now.
@@ -692,7 +710,7 @@ func (p *taskPool) spawn(sh *shape, name string) {
 			for _, w := range sh.waiting {
 				w.ch <- grant{err: fmt.Errorf("a task worker with %+v: %w", sh.res, err)}
 			}
-			sh.waiting = nil
+			sh.waiting, sh.nested = nil, 0
 		}
 	}
 }
@@ -702,9 +720,7 @@ func (p *taskPool) giveLocked(s *slot) {
 	sh := s.sh
 	s.failing = false
 	if len(sh.waiting) > 0 {
-		w := sh.waiting[0]
-		sh.account(time.Now())
-		sh.waiting = sh.waiting[1:]
+		w := sh.dequeue(0, time.Now())
 		s.inflight++
 		s.progress = time.Now()
 		w.ch <- grant{s: s}
@@ -748,8 +764,7 @@ func (p *taskPool) release(s *slot, failed bool, gen int) {
 	if sh := s.sh; !s.failing && s.inflight < taskPipeline {
 		for i, w := range sh.waiting {
 			if w.pipelined {
-				sh.account(now)
-				sh.waiting = append(sh.waiting[:i], sh.waiting[i+1:]...)
+				sh.dequeue(i, now)
 				s.inflight++
 				w.ch <- grant{s: s}
 				return
