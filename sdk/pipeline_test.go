@@ -130,6 +130,17 @@ func TestTaskPoolGrowsWhileItPays(t *testing.T) {
 	now = window(sh.decided, 200*time.Millisecond, 420)
 	want(now, 1, "the ceiling's hold is over: probe one worker")
 
+	// Long tasks after short ones: no task ends in a window while tasks wait. The ceiling
+	// learned on the short ones does not hold, and no step is judged a failure.
+	sh.ceiling, sh.ceilingAt = 2, now // 4 run
+	sh.decided = now
+	sh.restartWindow(now)
+	now = window(now, 200*time.Millisecond, 0)
+	want(now, 4, "no task ended: double past the ceiling")
+	if sh.ceilingAt.Equal(now) {
+		t.Fatal("a window in which no task ended set a ceiling")
+	}
+
 	// The workers keep up: tasks waited for a tenth of the window.
 	sh.decided = now
 	sh.restartWindow(now)

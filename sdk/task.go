@@ -543,7 +543,9 @@ func (p *taskPool) growLocked(sh *shape) {
 // tasks waited. It starts as many workers as run (doubling, as Ray's autoscaler bounds its
 // pending nodes by upscaling_speed) until a step does not pay: a step after which the
 // rate did not rise by half the new workers' share sets a ceiling at the size before it,
-// held for ceilingHold; past it, the pool probes one worker at a time. A task run from
+// held for ceilingHold; past it, the pool probes one worker at a time. A window in which
+// no task ended (every worker on a task longer than it) judges no step and holds no
+// ceiling: the pool doubles. A task run from
 // inside a task always gets a worker (bounded by maxSpawning only): its caller may hold a
 // worker while it waits for it.
 func (sh *shape) wantLocked(now time.Time) int {
@@ -576,16 +578,20 @@ func (sh *shape) wantLocked(now time.Time) int {
 	if sh.busy > 0 {
 		rate = float64(sh.done) / sh.busy.Seconds()
 	}
-	if sh.grew > 0 && rate < sh.lastRate*(1+0.5*float64(sh.grew)/float64(max(sh.grewFrom, 1))) {
+	if sh.grew > 0 && rate > 0 && rate < sh.lastRate*(1+0.5*float64(sh.grew)/float64(max(sh.grewFrom, 1))) {
 		sh.ceiling, sh.ceilingAt = sh.grewFrom, now
 	}
 	sh.grew, sh.lastRate, sh.decided = 0, rate, now
 	sh.restartWindow(now)
-	if sh.ceiling > 0 && workers >= sh.ceiling && now.Sub(sh.ceilingAt) < ceilingHold {
+	// No task ended while tasks waited: every worker is on a task longer than the window,
+	// and only more workers serve the waiting ones (a ceiling learned on short tasks does
+	// not hold).
+	long := rate == 0
+	if sh.ceiling > 0 && workers >= sh.ceiling && now.Sub(sh.ceilingAt) < ceilingHold && !long {
 		return min(max(floor, 0), greedy)
 	}
 	grow := workers // slow start
-	if sh.ceiling > 0 {
+	if sh.ceiling > 0 && !long {
 		grow = 1 // a ceiling was found once: probe past it a worker at a time
 	}
 	n := min(max(floor, grow), greedy, maxSpawning)
