@@ -341,7 +341,6 @@ type slot struct {
 	inflight  int       // tasks pushed to it and not yet answered
 	progress  time.Time // when it last answered a task, or took one while idle
 	failing   bool      // a run on it failed: it takes no pipelined task until it is idle again
-	starting  bool      // not yet running (counted in its shape's spawning)
 }
 
 // waiter is a task waiting for a task worker; pipelined says it may share one (see
@@ -545,9 +544,8 @@ func (p *taskPool) growLocked(sh *shape) {
 // rate did not rise by half the new workers' share sets a ceiling at the size before it,
 // held for ceilingHold; past it, the pool probes one worker at a time. A window in which
 // no task ended (every worker on a task longer than it) judges no step and holds no
-// ceiling: the pool doubles. A task run from
-// inside a task always gets a worker (bounded by maxSpawning only): its caller may hold a
-// worker while it waits for it.
+// ceiling: the pool doubles. A task run from inside a task always gets a worker (bounded
+// by maxSpawning only): its caller may hold a worker while it waits for it.
 func (sh *shape) wantLocked(now time.Time) int {
 	sh.account(now)
 	greedy := len(sh.waiting) - sh.spawning
@@ -557,7 +555,7 @@ func (sh *shape) wantLocked(now time.Time) int {
 	floor := sh.nested - sh.spawning
 	workers := 0
 	for s := range sh.slots {
-		if !s.failing && !s.starting {
+		if !s.failing {
 			workers++
 		}
 	}
@@ -670,35 +668,21 @@ func (p *taskPool) spawn(sh *shape, name string) {
 		MaxRestarts: 3, Backoff: 10 * time.Millisecond})
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err != nil || p.closed {
-		sh.spawning--
-	}
+	sh.spawning--
 	switch {
 	case err == nil && p.closed:
 		go func() { _ = g.Stop(context.Background()) }()
 	case err == nil:
 		sh.backoff = 0
-		// The worker is handed out at once (its task waits for it to run); it counts as
-		// starting until it runs.
-		s := &slot{sh: sh, g: g, starting: true}
+		now := time.Now() // SpawnGang returns once the worker runs
+		sh.startup = movingAverage(sh.startup, now.Sub(start))
+		if sh.spawning == 0 { // what the pool started runs: judge it from here
+			sh.decided = now
+			sh.restartWindow(now)
+		}
+		s := &slot{sh: sh, g: g}
 		sh.slots[s] = true
 		p.giveLocked(s)
-		go func() {
-			_, err := g.AwaitRunning(p.life, 0)
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			s.starting = false
-			sh.spawning--
-			now := time.Now()
-			if err == nil {
-				sh.startup = movingAverage(sh.startup, now.Sub(start))
-			}
-			if sh.spawning == 0 { // what it started runs: judge it from here
-				sh.decided = now
-				sh.restartWindow(now)
-			}
-			p.growLocked(sh)
-		}()
 	case p.closed:
 	case errors.Is(err, ErrNoCapacity) || errors.Is(err, ErrExists) || errors.Is(err, api.ErrUnavailable):
 		// Not now: the workers it has serve the queue, and it tries to grow again later.
