@@ -614,9 +614,16 @@ func (g *Gang) Kill(ctx context.Context, rank int) error {
 func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 	c := g.c
 	start := time.Now()
-	futures := make([]*Future[string], g.Size())
-	for r := range futures {
-		futures[r] = CallAsync[string](ctx, c, g.Worker(r), checkpointReq{Step: step})
+	refs := make([]ActorRef, g.Size())
+	for r := range refs {
+		refs[r] = g.Worker(r)
+		if refs[r].gen != refs[0].gen {
+			return fmt.Errorf("sdk: checkpoint of gang %q at step %d: %w: its workers are of generations %d and %d (it is restarting)", g.name, step, ErrStale, refs[0].gen, refs[r].gen)
+		}
+	}
+	futures := make([]*Future[string], len(refs))
+	for r, to := range refs {
+		futures[r] = CallAsync[string](ctx, c, to, checkpointReq{Step: step})
 	}
 	ids := make([]string, g.Size())
 	var errs []error
@@ -654,8 +661,16 @@ func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 		cp.SharedDir = shared[0]
 	}
 	b, _ := json.Marshal(cp)
-	if _, err := c.client.Meta().Put(ctx, api.TableCheckpoints+api.CheckpointKey(cp.Job, cp.Gang, step), b); err != nil {
-		return fmt.Errorf("sdk: commit checkpoint of gang %q at step %d: %w", g.name, step, err)
+	if checkpointCommitHook != nil {
+		checkpointCommitHook(g)
+	}
+	if len(refs) > 0 {
+		if err := g.commitCheckpoint(ctx, refs[0].gen, step, b); err != nil {
+			if errors.Is(err, ErrStale) {
+				freeParts() // never committed: nothing restores from them
+			}
+			return err
+		}
 	}
 	g.mu.Lock()
 	g.lastCkpt, g.lastStep = cp.Time, step
@@ -672,6 +687,49 @@ func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 		c.log.Warn("older checkpoints not all freed", zap.String("gang", g.key), zap.Int64("step", step), zap.Error(err))
 	}
 	return nil
+}
+
+// checkpointCommitHook, when set (tests), runs in Checkpoint once the parts are durable,
+// before the commit.
+var checkpointCommitHook func(*Gang)
+
+// commitCheckpoint commits a checkpoint whose parts the gang's workers of generation gen
+// gave, only while the gang is still in that generation: its record is read and the
+// checkpoint written in one transaction guarded by the record's version. A gang that
+// restarted meanwhile has had its workers restore, each on its own, from the newest
+// committed checkpoint; a commit landing among their restores would leave ranks at
+// different steps (a stop on notice whose deadline passed while the parts were being
+// saved did this), so it is refused with ErrStale and the new generation keeps the
+// checkpoint it restored. A change of the record within the generation (a notice, a
+// resize) is read again.
+func (g *Gang) commitCheckpoint(ctx context.Context, gen int, step int64, cp []byte) error {
+	m := g.c.client.Meta()
+	gangKey := api.TableGangs + g.job + "/" + g.name
+	for {
+		kv, found, err := m.Get(ctx, gangKey)
+		if err != nil {
+			return fmt.Errorf("sdk: commit checkpoint of gang %q at step %d: %w", g.name, step, err)
+		}
+		var rec api.Gang
+		if found {
+			if err := json.Unmarshal(kv.Value, &rec); err != nil {
+				return fmt.Errorf("sdk: commit checkpoint of gang %q at step %d: its record: %w", g.name, step, err)
+			}
+		}
+		if !found || rec.Generation != gen || !rec.State.Live() {
+			return fmt.Errorf("sdk: checkpoint of gang %q at step %d not committed: %w: the gang left generation %d while its parts were saved (now generation %d, %s); it resumes from an earlier checkpoint",
+				g.name, step, ErrStale, gen, rec.Generation, rec.State)
+		}
+		r, err := m.Txn(ctx, []meta.Compare{{Key: gangKey, Version: kv.Version}},
+			[]meta.Op{{Type: meta.OpPut, Key: api.TableCheckpoints + api.CheckpointKey(g.job, g.name, step), Value: cp}})
+		if err != nil {
+			return fmt.Errorf("sdk: commit checkpoint of gang %q at step %d: %w", g.name, step, err)
+		}
+		if r.Succeeded {
+			return nil
+		}
+		// The record changed between the read and the commit: read it again.
+	}
 }
 
 // replicate makes every part of a checkpoint durable twice: the copy its worker put is

@@ -393,6 +393,66 @@ func TestRestartRestoresFromTheCommittedCheckpoint(t *testing.T) {
 	}
 }
 
+// TestCheckpointOfAnEndedGenerationIsNotCommitted: a checkpoint whose parts the workers of
+// one generation gave is not committed once the gang has restarted (its new workers have
+// restored from the checkpoint before it, each on its own: a commit among their restores
+// would leave ranks at different steps). The hook restarts the gang between the parts and
+// the commit.
+func TestCheckpointOfAnEndedGenerationIsNotCommitted(t *testing.T) {
+	c := newCluster(t)
+	ctx := testContext(t)
+	job, err := c.Submit(ctx, sdk.JobSpec{Name: "late"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "k", Kind: "keeper", Workers: 2, GPUsPerWorker: 1, MaxRestarts: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tickAll := func(want int) {
+		t.Helper()
+		for r := 0; r < 2; r++ {
+			if n, err := sdk.Call[int](ctx, c, g.Worker(r), tick{}); err != nil || n != want {
+				t.Fatalf("rank %d: tick gives %d, %v; want %d", r, n, err, want)
+			}
+		}
+	}
+	tickAll(1)
+	if err := g.Checkpoint(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	tickAll(2)
+	restarted := false
+	defer sdk.SetCheckpointCommitHook(func(h *sdk.Gang) {
+		if h != g || restarted {
+			return
+		}
+		restarted = true
+		if err := g.Kill(ctx, 0); err != nil {
+			t.Error(err)
+			return
+		}
+		if _, err := g.AwaitRunning(ctx, 1); err != nil {
+			t.Error(err)
+		}
+	})()
+	err = g.Checkpoint(ctx, 2)
+	if !restarted {
+		t.Fatal("the hook did not run")
+	}
+	if !errors.Is(err, sdk.ErrStale) {
+		t.Fatalf("a checkpoint of generation 0 committed after the restart: %v, want ErrStale", err)
+	}
+	step, ok, err := g.LatestCheckpoint(ctx)
+	if err != nil || !ok || step != 1 {
+		t.Fatalf("the latest checkpoint: step %d, %v, %v; want step 1", step, ok, err)
+	}
+	tickAll(2) // both ranks restored from step 1
+	if err := g.Checkpoint(ctx, 3); err != nil {
+		t.Fatalf("a checkpoint of the new generation: %v", err)
+	}
+}
+
 type greeting struct{ Name string }
 
 type greeter struct{ g greeting }
