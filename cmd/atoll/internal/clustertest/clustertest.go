@@ -114,9 +114,19 @@ func PrintLogs(t testing.TB, dir string) {
 	}
 	// Workers' logs (agents/<machine>/logs/<job>/<gang>.<rank>.g<generation>.log): the tails
 	// of those that warned or failed (beyond the remote links dropped as processes end), at
-	// most eight.
+	// most eight; then, up to eight in all, those of a restarted gang's workers (generation
+	// above 0), whose restore and first steps a failure after a restart turns on.
 	workers, _ := filepath.Glob(filepath.Join(dir, "agents", "*", "logs", "*", "*.log"))
 	shown := 0
+	show := func(l string, b []byte) {
+		shown++
+		if len(b) > 2000 {
+			b = b[len(b)-2000:]
+		}
+		rel, _ := filepath.Rel(dir, l)
+		t.Logf("--- %s (tail)\n%s", rel, b)
+	}
+	var restarted []string
 	for _, l := range workers {
 		b, _ := os.ReadFile(l)
 		troubled := false
@@ -126,14 +136,18 @@ func PrintLogs(t testing.TB, dir string) {
 				break
 			}
 		}
-		if shown == 8 || !troubled {
-			continue
+		switch {
+		case troubled && shown < 8:
+			show(l, b)
+		case !troubled && !strings.HasSuffix(l, ".g0.log"):
+			restarted = append(restarted, l)
 		}
-		shown++
-		if len(b) > 2000 {
-			b = b[len(b)-2000:]
+	}
+	for _, l := range restarted {
+		if shown == 8 {
+			break
 		}
-		rel, _ := filepath.Rel(dir, l)
-		t.Logf("--- %s (tail)\n%s", rel, b)
+		b, _ := os.ReadFile(l)
+		show(l, b)
 	}
 }
