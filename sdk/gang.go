@@ -614,18 +614,21 @@ func (g *Gang) Kill(ctx context.Context, rank int) error {
 func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 	c := g.c
 	start := time.Now()
+	gen := g.Generation()
 	refs := make([]ActorRef, g.Size())
 	for r := range refs {
 		refs[r] = g.Worker(r)
-		if refs[r].gen != refs[0].gen {
-			return fmt.Errorf("sdk: checkpoint of gang %q at step %d: %w: its workers are of generations %d and %d (it is restarting)", g.name, step, ErrStale, refs[0].gen, refs[r].gen)
+		if r == 0 {
+			gen = refs[0].gen
+		} else if refs[r].gen != gen {
+			return fmt.Errorf("sdk: checkpoint of gang %q at step %d: %w: its workers are of generations %d and %d (it is restarting)", g.name, step, ErrStale, gen, refs[r].gen)
 		}
 	}
 	futures := make([]*Future[string], len(refs))
 	for r, to := range refs {
 		futures[r] = CallAsync[string](ctx, c, to, checkpointReq{Step: step})
 	}
-	ids := make([]string, g.Size())
+	ids := make([]string, len(refs))
 	var errs []error
 	for r, f := range futures {
 		id, err := f.Await(ctx)
@@ -664,13 +667,11 @@ func (g *Gang) Checkpoint(ctx context.Context, step int64) error {
 	if checkpointCommitHook != nil {
 		checkpointCommitHook(g)
 	}
-	if len(refs) > 0 {
-		if err := g.commitCheckpoint(ctx, refs[0].gen, step, b); err != nil {
-			if errors.Is(err, ErrStale) {
-				freeParts() // never committed: nothing restores from them
-			}
-			return err
+	if err := g.commitCheckpoint(ctx, gen, step, b); err != nil {
+		if errors.Is(err, ErrStale) {
+			freeParts() // never committed: nothing restores from them
 		}
+		return err
 	}
 	g.mu.Lock()
 	g.lastCkpt, g.lastStep = cp.Time, step
@@ -704,7 +705,7 @@ var checkpointCommitHook func(*Gang)
 // resize) is read again.
 func (g *Gang) commitCheckpoint(ctx context.Context, gen int, step int64, cp []byte) error {
 	m := g.c.client.Meta()
-	gangKey := api.TableGangs + g.job + "/" + g.name
+	gangKey := api.TableGangs + g.key
 	for {
 		kv, found, err := m.Get(ctx, gangKey)
 		if err != nil {
