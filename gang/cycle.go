@@ -1,7 +1,6 @@
 package gang
 
 import (
-	"container/heap"
 	"fmt"
 	"slices"
 	"sort"
@@ -40,10 +39,10 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 			break
 		}
 		c.scanned++
-		qg := heap.Pop(q).(*QueuedGang)
+		qg := q.pop()
 		g := qg.g
 		excl, exclKey := s.exclusionKeyed(g, now)
-		sk := shapeKeyModels{g.req.Member, strings.Join(g.req.GPUModels, "|"), exclKey, g.req.Strategy}
+		sk := shapeKeyModels{g.req.Member, g.placeInputs(), exclKey, g.req.Strategy}
 		// A starving gang with a preemption search left is tried even when its shape
 		// failed: its search may find victims the other's could not.
 		starving := s.cfg.starving(qg) && c.starvingTries[g.req.Priority] < s.cfg.MaxPreemptionSearches
@@ -256,72 +255,136 @@ type cycleRun struct {
 
 type shapeKeyModels struct {
 	m        Member
-	models   string
+	models   string // gangState.placeInputs: models, pinned machines, one island
 	excl     string // the reservations that exclude nodes from the gang
 	strategy Strategy
 }
 
 // queuedHeap yields pending gangs in QueueSort order, ties by arrival. A heap, not a sort:
-// a cycle usually takes a few hundred of many thousands.
+// a cycle usually takes a few hundred of many thousands. Its entries carry what the order
+// compares, so that a comparison reads one small entry and not two gangs' views: with
+// 10,000 pending a cycle pops thousands (MaxScanFactor × MaxGangsPerCycle), each a dozen
+// levels down. It is container/heap's algorithm on a typed slice: the same comparisons in
+// the same order, so the same gangs come out in the same order.
 type queuedHeap struct {
-	gs   []*QueuedGang
+	es   []heapEntry
 	less func(a, b *QueuedGang) bool
+	// urgency is the "urgency" sort, whose order the entries' fields give without a
+	// call (nil for any other QueueSort, which is asked through less).
+	urgency *urgencySort
 }
 
-func (h *queuedHeap) Len() int { return len(h.gs) }
-func (h *queuedHeap) Less(i, j int) bool {
-	a, b := h.gs[i], h.gs[j]
-	if a.UnderShare != b.UnderShare && a.Class == b.Class {
+type heapEntry struct {
+	key, dyn   float64 // QueuedGang.sortKey (urgency) and Dynamic
+	class, seq int
+	under      bool
+	qg         *QueuedGang
+}
+
+func (h *queuedHeap) Len() int { return len(h.es) }
+
+// lessEntries is queuedHeap's order: within a class, a gang under its queue's fair share
+// first, then the QueueSort, then arrival.
+func (h *queuedHeap) lessEntries(a, b *heapEntry) bool {
+	if a.under != b.under && a.class == b.class {
 		// Fair share between queues: within a class, a gang whose queue holds less than
 		// its fair share goes before one whose queue would borrow (Volcano's proportion,
 		// Kueue's fair sharing). One queue alone is never over its share.
-		return a.UnderShare
+		return a.under
 	}
-	if h.less(a, b) {
-		return true
+	if u := h.urgency; u != nil {
+		if u.lessEntries(a, b) {
+			return true
+		}
+		if u.lessEntries(b, a) {
+			return false
+		}
+	} else {
+		if h.less(a.qg, b.qg) {
+			return true
+		}
+		if h.less(b.qg, a.qg) {
+			return false
+		}
 	}
-	if h.less(b, a) {
-		return false
-	}
-	return a.Seq < b.Seq
+	return a.seq < b.seq
 }
-func (h *queuedHeap) Swap(i, j int) { h.gs[i], h.gs[j] = h.gs[j], h.gs[i] }
-func (h *queuedHeap) Push(x any)    { h.gs = append(h.gs, x.(*QueuedGang)) }
-func (h *queuedHeap) Pop() any {
-	x := h.gs[len(h.gs)-1]
-	h.gs = h.gs[:len(h.gs)-1]
-	return x
+
+// init heaps the entries (container/heap.Init).
+func (h *queuedHeap) init() {
+	n := len(h.es)
+	for i := n/2 - 1; i >= 0; i-- {
+		h.down(i, n)
+	}
+}
+
+// pop removes and returns the first gang (container/heap.Pop).
+func (h *queuedHeap) pop() *QueuedGang {
+	n := len(h.es) - 1
+	h.es[0], h.es[n] = h.es[n], h.es[0]
+	h.down(0, n)
+	qg := h.es[n].qg
+	h.es = h.es[:n]
+	return qg
+}
+
+func (h *queuedHeap) down(i0, n int) {
+	i := i0
+	for {
+		j1 := 2*i + 1
+		if j1 >= n || j1 < 0 { // j1 < 0 after int overflow
+			break
+		}
+		j := j1 // left child
+		if j2 := j1 + 1; j2 < n && h.lessEntries(&h.es[j2], &h.es[j1]) {
+			j = j2 // = 2*i + 2  // right child
+		}
+		if !h.lessEntries(&h.es[j], &h.es[i]) {
+			break
+		}
+		h.es[i], h.es[j] = h.es[j], h.es[i]
+		i = j
+	}
 }
 
 // sortPending fills the per-cycle view of every pending gang and heaps them.
 func (s *Scheduler) sortPending(now time.Time) *queuedHeap {
 	s.queues.computeFair()
 	infos := make([]QueuedGang, len(s.pending))
-	h := &queuedHeap{gs: make([]*QueuedGang, len(s.pending)), less: s.prof.queueSort.Less}
+	h := &queuedHeap{es: make([]heapEntry, len(s.pending)), less: s.prof.queueSort.Less}
+	if u, ok := s.prof.queueSort.(urgencySort); ok {
+		h.urgency = &u
+	}
 	ks, keyed := s.prof.queueSort.(keyedSort)
 	for i, g := range s.pending {
 		g.accountWait(now)
-		infos[i] = s.queuedView(g, now)
+		v := &infos[i]
+		*v = s.queuedView(g, now)
 		if keyed {
-			infos[i].sortKey, infos[i].keyed = ks.key(&infos[i]), true
+			v.sortKey, v.keyed = ks.key(v), true
 		}
-		h.gs[i] = &infos[i]
+		h.es[i] = heapEntry{key: v.sortKey, dyn: v.Dynamic, class: v.Class, seq: v.Seq, under: v.UnderShare, qg: v}
 	}
-	heap.Init(h)
+	h.init()
 	return h
 }
 
 func (s *Scheduler) queuedView(g *gangState, now time.Time) QueuedGang {
+	// What dynamicPriority reads, computed once for the view: it runs for every pending
+	// gang at every cycle.
+	age := s.age(g, now)
+	left, known := s.expectedLeftAt(g, age)
+	ratio := g.q.ratio(s.c)
 	v := QueuedGang{
 		Request: &g.req, Seq: g.seq, Submitted: g.submit,
-		Class: s.effClass(g, now), Dynamic: s.dynamicPriority(g, now),
+		Class: s.effClass(g, now), Dynamic: s.dynamicPriorityOf(g, age, left, known, ratio),
 		Attained: g.attained, Evictions: g.evictions, FitSince: g.fitSince, g: g,
-		UnderShare: g.q.ratio(s.c) < 1,
+		UnderShare: ratio < 1,
 	}
 	if !g.queued.IsZero() && now.After(g.queued) {
 		v.Waited = now.Sub(g.queued)
 	}
-	if left, ok := s.expectedLeft(g, now); ok && left > 0 {
+	if known && left > 0 {
 		v.RemainingGPUSeconds = left.Seconds() * float64(g.req.Min) * float64(g.req.Member.TotalMilli()) / Milli
 	}
 	return v

@@ -71,6 +71,16 @@ func (s *Scheduler) place(g *gangState, members int, excl map[int]bool) *candida
 		}
 		cands = kept
 	}
+	if g.req.SameIsland {
+		// Request.SameIsland: every member's cards in one NVLink island, or the gang waits.
+		kept := cands[:0]
+		for _, c := range cands {
+			if c.in.Islands <= 1 {
+				kept = append(kept, c)
+			}
+		}
+		cands = kept
+	}
 	if len(cands) == 0 {
 		return nil
 	}
@@ -110,6 +120,9 @@ func (s *Scheduler) unfit(g *gangState, members int, excl map[int]bool) *Status 
 	}
 	if s.compactOnly {
 		return NewStatus(Unschedulable, WaitTopology, fmt.Sprintf("no placement for %s on the fewest machines", what))
+	}
+	if g.req.SameIsland && m.GPUs > 0 {
+		return NewStatus(Unschedulable, WaitTopology, fmt.Sprintf("no placement for %s in one NVLink island (the gang asks for one); %s GPUs free in the cluster", what, gpus(free)))
 	}
 	if r := s.att.rejected; r != nil {
 		// A Filter plugin refused nodes that had room: its rule is the reason.

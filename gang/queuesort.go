@@ -95,6 +95,18 @@ func (u urgencySort) cachedKey(g *QueuedGang) float64 {
 	return u.key(g)
 }
 
+// lessEntries is Less on the cycle's heap entries, which hold the views' class, key
+// and dynamic priority.
+func (u *urgencySort) lessEntries(a, b *heapEntry) bool {
+	if a.class != b.class && !u.weighted {
+		return a.class > b.class
+	}
+	if a.key != b.key {
+		return a.key < b.key
+	}
+	return a.dyn > b.dyn
+}
+
 func (u urgencySort) Less(a, b *QueuedGang) bool {
 	if a.Class != b.Class && !u.weighted {
 		return a.Class > b.Class

@@ -207,7 +207,11 @@ func (l *runtimeLearner) predict(r *Request, age time.Duration, cfg PredictConfi
 // (negative once it overran it); else the learnt prediction at its age, capped by its
 // time limit; else what is left of its time limit (at least a second).
 func (s *Scheduler) expectedLeft(g *gangState, now time.Time) (time.Duration, bool) {
-	age := s.age(g, now)
+	return s.expectedLeftAt(g, s.age(g, now))
+}
+
+// expectedLeftAt is expectedLeft for a gang whose age (Scheduler.age) is known.
+func (s *Scheduler) expectedLeftAt(g *gangState, age time.Duration) (time.Duration, bool) {
 	if d := g.req.Duration; d > 0 {
 		return d - age, true
 	}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -111,6 +112,29 @@ type gangState struct {
 	waited    [numWaitKinds]time.Duration
 	fitSince  time.Time // first cycle, since it queued, that found it a placement
 	pred      predCache // its latest run-time prediction
+	// placeIn is what, beside its member, decides where the gang may go (placeInputs),
+	// computed at its first cycle: the request does not change it afterwards.
+	placeIn    string
+	placeInSet bool
+}
+
+// placeInputs returns what of the gang's request, beside its member, strategy and
+// minimum, its placement search depends on: the GPU models it allows, the machines it is
+// pinned to, and whether it needs one NVLink island. A cycle that found no placement for
+// one gang skips the gangs whose shape (these, the member and the strategy) is the same;
+// a gang pinned to a full machine must not make an unpinned one of its size wait.
+func (g *gangState) placeInputs() string {
+	if !g.placeInSet {
+		var b strings.Builder
+		b.WriteString(strings.Join(g.req.GPUModels, "|"))
+		b.WriteByte(0)
+		b.WriteString(strings.Join(g.req.Machines, "|"))
+		if g.req.SameIsland {
+			b.WriteString("\x00island")
+		}
+		g.placeIn, g.placeInSet = b.String(), true
+	}
+	return g.placeIn
 }
 
 // accountWait adds the time since the gang's last look to its latest reason.
@@ -714,13 +738,21 @@ func (s *Scheduler) effClass(g *gangState, now time.Time) int {
 // fair share) of its queue (under-served queues first); queue sensitivity is the queue's
 // declared sensitivity, or 1 for a latency-sensitive request.
 func (s *Scheduler) dynamicPriority(g *gangState, now time.Time) float64 {
+	age := s.age(g, now)
+	left, ok := s.expectedLeftAt(g, age)
+	return s.dynamicPriorityOf(g, age, left, ok, g.q.ratio(s.c))
+}
+
+// dynamicPriorityOf is dynamicPriority from g's age, its expected time left (when known)
+// and its queue's share ratio.
+func (s *Scheduler) dynamicPriorityOf(g *gangState, age, left time.Duration, known bool, ratio float64) float64 {
 	rem := 1.0
-	if left, ok := s.expectedLeft(g, now); ok {
-		if total := s.age(g, now) + left; total > 0 {
+	if known {
+		if total := age + left; total > 0 {
 			rem = clamp01(float64(left) / float64(total))
 		}
 	}
-	sat := 1 - min(1, g.q.ratio(s.c))
+	sat := 1 - min(1, ratio)
 	sens := g.q.sens
 	if g.req.LatencySensitive {
 		sens = 1

@@ -174,7 +174,9 @@ type Request struct {
 	Member    Member
 	GPUModels []string // allowed GPU models (gpu_spec); empty = any
 	// SameIsland requires all members in one NVLink island (rejected at submission when
-	// larger than the largest island).
+	// larger than the largest island): a placement across islands is refused and the gang
+	// waits. Placements are proposed as the strategy makes them, so with StrategySpread
+	// only an island that spans machines (an NVL72 rack) can hold it.
 	SameIsland bool
 	// Strategy spreads or packs the members over machines; empty: StrategyPack.
 	Strategy Strategy
