@@ -469,3 +469,68 @@ func TestLearnedCostsSurviveLeaderChange(t *testing.T) {
 		t.Fatalf("the new leader estimates %v, the old one %v", got, want)
 	}
 }
+
+// TestTakeOfficeWithAStaleTermRecord: a new leader commits its term without a read
+// barrier first, guarded by the term record's version as its own replica last applied it.
+// When that view is stale (here a hook commits another term record just before), the
+// guard refuses the commit, and the head reads the log and takes the next term after the
+// one it had not seen, in the same takeover (a takeover started again would run the hook
+// a second time).
+func TestTakeOfficeWithAStaleTermRecord(t *testing.T) {
+	clk := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	heads, _, net := heads3(t, clk)
+	var old *Head
+	awaitHeads(t, heads, "a head leads", func() bool { old = leading(heads); return old != nil })
+
+	var mu sync.Mutex
+	var hooked []int64 // the term the hook wrote, at each call
+	hook := func(c *Controller) {
+		if c == old.Controller() {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(hooked) > 0 { // a second attempt from scratch: counted, nothing written
+			hooked = append(hooked, 0)
+			return
+		}
+		kv, ok := c.sm.Get(api.TermKey)
+		if !ok {
+			t.Error("no term record before a takeover")
+			return
+		}
+		var prev api.ControlTerm
+		if err := json.Unmarshal(kv.Value, &prev); err != nil {
+			t.Error(err)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := c.logw.commit(ctx, []meta.Compare{{Key: api.TermKey, Version: kv.Version}},
+			[]meta.Op{putJSON(api.TermKey, api.ControlTerm{Term: prev.Term + 1, Leader: 99, Since: clk.Now()})}); err != nil {
+			t.Errorf("the hook's term record: %v", err)
+			return
+		}
+		hooked = append(hooked, prev.Term+1)
+	}
+	termCommitHook.Store(&hook)
+	t.Cleanup(func() { termCommitHook.Store(nil) })
+
+	nl := changeLeader(t, heads, net)
+	term := func() api.ControlTerm {
+		var cur api.ControlTerm
+		if kv, ok := nl.Controller().sm.Get(api.TermKey); ok {
+			_ = json.Unmarshal(kv.Value, &cur)
+		}
+		return cur
+	}
+	awaitHeads(t, heads, "the new leader takes office", func() bool { return term().Leader == nl.ID() })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(hooked) != 1 {
+		t.Fatalf("the takeover ran the hook %d times, want once (%v): it was started again", len(hooked), hooked)
+	}
+	if got := term().Term; got != hooked[0]+1 {
+		t.Fatalf("the new leader took term %d, want %d: the one after the record it had not seen", got, hooked[0]+1)
+	}
+}
