@@ -122,6 +122,16 @@ type scaleResult struct {
 	SchedP50MS   *float64 `json:"sched_p50_ms"`
 	SchedP99MS   *float64 `json:"sched_p99_ms"`
 	PendingGangs int      `json:"pending_gangs"`
+	// SchedMaxMS is the slowest probe; ProbesPlacedInAnswer the probes whose submission's
+	// answer already held their placement (the rest were read back until placed);
+	// ProbeCycles and ProbeCycleMeanMS the leader's scheduling cycles while the probes ran
+	// and their mean length, ProbeCommits and ProbeCommitMeanMS its log commits and theirs.
+	SchedMaxMS           float64 `json:"sched_max_ms"`
+	ProbesPlacedInAnswer int     `json:"probes_placed_in_answer"`
+	ProbeCycles          int     `json:"probe_cycles"`
+	ProbeCycleMeanMS     float64 `json:"probe_cycle_mean_ms"`
+	ProbeCommits         int     `json:"probe_commits"`
+	ProbeCommitMeanMS    float64 `json:"probe_commit_mean_ms"`
 	// RunningGangs: multi-machine gangs running (2 workers of 4 GPUs each); Actors: placed
 	// actors running (gangs of one worker without GPUs, Ray's actors); counted in the
 	// leader's status after the workload was submitted.
@@ -837,12 +847,18 @@ func (b *scaleBench) schedLatency(ctx context.Context) error {
 	b.res.PendingGangs = waiting
 	b.say("scheduling latency: %d probes with %d gangs pending", b.cfg.probes, waiting)
 	var lat []float64
+	cp := &cpBench{cf: b.cf, d: b.d}
+	before := cp.scrapeMetrics(ctx)
+	inAnswer := 0
 	for i := range b.cfg.probes {
 		spec := api.GangSpec{Job: scaleJob, Name: fmt.Sprintf("probe%05d", i), Kind: "hollow", Workers: 1, Resources: api.Resources{GPUs: 1}}
 		start := time.Now()
 		g, err := b.d.SpawnGang(ctx, spec)
 		if err != nil {
 			return fmt.Errorf("probe %d: %w", i, err)
+		}
+		if g.Placement != nil && g.State != api.GangPending {
+			inAnswer++
 		}
 		for g.Placement == nil || g.State == api.GangPending {
 			if time.Since(start) > time.Minute {
@@ -857,9 +873,23 @@ func (b *scaleBench) schedLatency(ctx context.Context) error {
 		}
 		lat = append(lat, float64(time.Since(start).Microseconds())/1e3)
 	}
+	after := cp.scrapeMetrics(ctx)
 	slices.Sort(lat)
 	p50, p99 := round2(percentile(lat, 0.50)), round2(percentile(lat, 0.99))
 	b.res.SchedP50MS, b.res.SchedP99MS = &p50, &p99
+	b.res.SchedMaxMS = round2(lat[len(lat)-1])
+	b.res.ProbesPlacedInAnswer = inAnswer
+	// What the heads did meanwhile (a follower counts nothing): cycles run and their mean,
+	// commits and their mean, from the histograms' sums and counts.
+	diff := func(name string) float64 { return after[name] - before[name] }
+	if n := diff("atoll_schedule_cycle_seconds_count"); n > 0 {
+		b.res.ProbeCycles = int(n)
+		b.res.ProbeCycleMeanMS = round2(diff("atoll_schedule_cycle_seconds_sum") / n * 1e3)
+	}
+	if n := diff("atoll_paxos_commit_seconds_count"); n > 0 {
+		b.res.ProbeCommits = int(n)
+		b.res.ProbeCommitMeanMS = round2(diff("atoll_paxos_commit_seconds_sum") / n * 1e3)
+	}
 	return nil
 }
 
