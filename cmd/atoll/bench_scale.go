@@ -55,6 +55,10 @@ type scaleConfig struct {
 	groupNice int
 	// election is the heads' Paxos election timeout (0: the heads' default).
 	election time.Duration
+	// probeProfile, when set, is where the leader's CPU profile taken while the probes
+	// run is written (its /debug/pprof/profile, probeProfileFor long).
+	probeProfile    string
+	probeProfileFor time.Duration
 }
 
 func (c scaleConfig) validate() error {
@@ -234,6 +238,8 @@ and running_tasks and queued_tasks are null with a note.`,
 	f.DurationVar(&cfg.election, "election-timeout", 0, "the heads' Paxos election timeout (0: their default, atoll head --election-timeout): a longer one rides out a starved head's pauses, and bounds failover from below")
 	f.BoolVar(&cfg.skipLost, "skip-lost", false, "do not kill a hollow machine")
 	f.BoolVar(&cfg.skipFailover, "skip-failover", false, "do not kill the leader head")
+	f.StringVar(&cfg.probeProfile, "probe-cpuprofile", "", "write the leader head's CPU profile, taken while the scheduling probes run, to this file")
+	f.DurationVar(&cfg.probeProfileFor, "probe-cpuprofile-for", 10*time.Second, "how long the probes' CPU profile runs (give enough --probes to cover it)")
 	f.BoolVar(&cfg.keep, "keep", false, "keep the run's directory (the heads' and agents' logs) even when the run succeeds")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
@@ -849,6 +855,12 @@ func (b *scaleBench) schedLatency(ctx context.Context) error {
 	var lat []float64
 	cp := &cpBench{cf: b.cf, d: b.d}
 	before := cp.scrapeMetrics(ctx)
+	profiled := make(chan error, 1)
+	if b.cfg.probeProfile != "" {
+		go func() { profiled <- b.leaderProfile(ctx, cp, b.cfg.probeProfile, b.cfg.probeProfileFor) }()
+	} else {
+		profiled <- nil
+	}
 	inAnswer := 0
 	for i := range b.cfg.probes {
 		spec := api.GangSpec{Job: scaleJob, Name: fmt.Sprintf("probe%05d", i), Kind: "hollow", Workers: 1, Resources: api.Resources{GPUs: 1}}
@@ -874,6 +886,9 @@ func (b *scaleBench) schedLatency(ctx context.Context) error {
 		lat = append(lat, float64(time.Since(start).Microseconds())/1e3)
 	}
 	after := cp.scrapeMetrics(ctx)
+	if err := <-profiled; err != nil {
+		b.res.Notes = append(b.res.Notes, "probe-cpuprofile: "+err.Error())
+	}
 	slices.Sort(lat)
 	p50, p99 := round2(percentile(lat, 0.50)), round2(percentile(lat, 0.99))
 	b.res.SchedP50MS, b.res.SchedP99MS = &p50, &p99
@@ -891,6 +906,40 @@ func (b *scaleBench) schedLatency(ctx context.Context) error {
 		b.res.ProbeCommitMeanMS = round2(diff("atoll_paxos_commit_seconds_sum") / n * 1e3)
 	}
 	return nil
+}
+
+// leaderProfile writes the leader head's CPU profile over span to file (its
+// /debug/pprof/profile, with the bench's admin credential).
+func (b *scaleBench) leaderProfile(ctx context.Context, cp *cpBench, file string, span time.Duration) error {
+	id, _, err := cp.leaderNow(ctx)
+	if err != nil {
+		return err
+	}
+	var api string
+	for _, h := range b.cf.Heads {
+		if h.ID == id {
+			api = h.API
+		}
+	}
+	url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", api, max(1, int(span.Seconds())))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+b.d.token)
+	resp, err := b.d.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, data, 0o644)
 }
 
 // loseMachine SIGKILLs the process of the last hollow machine and times its death in the
