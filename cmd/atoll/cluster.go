@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/atoll-run/atoll/internal/freeport"
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/pools"
 	"github.com/atoll-run/atoll/runtime/api"
@@ -389,12 +389,8 @@ Existing files are kept.`,
 }
 
 // freeAddrs picks n loopback addresses free now for a new cluster's processes, which bind
-// them a moment later. The ports come from below the kernel's ephemeral range
-// (ip_local_port_range, 32768 and up by default), picked at random: a port from the
-// ephemeral range (":0") can be taken in between as the source port of any outgoing
-// connection on the machine (CI saw a head fail to bind so), a port below it only by
-// another program that binds it explicitly. After 64 tries in that range it falls back to
-// an ephemeral port.
+// them a moment later (freeport: below the kernel's ephemeral range, where no outgoing
+// connection takes them in between).
 func freeAddrs(n int) ([]string, error) {
 	var lns []net.Listener
 	var out []string
@@ -404,15 +400,9 @@ func freeAddrs(n int) ([]string, error) {
 		}
 	}()
 	for i := 0; i < n; i++ {
-		var ln net.Listener
-		for try := 0; try < 64 && ln == nil; try++ {
-			ln, _ = net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+mrand.IntN(12000)))
-		}
-		if ln == nil {
-			var err error
-			if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
-				return nil, err
-			}
+		ln, err := freeport.Listen("127.0.0.1")
+		if err != nil {
+			return nil, err
 		}
 		lns = append(lns, ln)
 		out = append(out, ln.Addr().String())

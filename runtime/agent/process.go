@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/atoll-run/atoll/internal/freeport"
 	"github.com/atoll-run/atoll/runtime/api"
 )
 
@@ -30,8 +31,8 @@ var errNotWanted = errors.New("agent: worker no longer wanted")
 const rendezvousPoll = 100 * time.Millisecond
 
 // rendezvous returns the MASTER_ADDR:MASTER_PORT of w's gang generation: for the member
-// that is rank 0 (the first of the world), a port free on this machine now (the kernel's
-// choice of an ephemeral port, released at once for the program to bind) at the host
+// that is rank 0 (the first of the world), a port free on this machine now (freeport:
+// below the kernel's ephemeral range, released at once for the program to bind) at the host
 // other machines reach this agent by; for the others, what rank 0's agent announced in
 // its ready record (Worker.Address), waited for. It returns "" when w is no longer wanted
 // while it waits.
@@ -49,12 +50,10 @@ func (a *Agent) rendezvous(w *worker) (string, error) {
 		return "", fmt.Errorf("agent: process gang %s/%s has no member", s.Job, s.Gang)
 	}
 	if world[0] == s.Rank {
-		ln, err := net.Listen("tcp", ":0")
+		port, err := freeport.Port("")
 		if err != nil {
 			return "", fmt.Errorf("agent: a rendezvous port for %s: %w", s.Key(), err)
 		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		_ = ln.Close()
 		return net.JoinHostPort(a.masterHost(), fmt.Sprint(port)), nil
 	}
 	key := api.TableWorkers + api.WorkerKey(s.Job, s.Gang, world[0])
