@@ -461,6 +461,11 @@ func awaitJSON(ctx context.Context, t *testing.T, c *dialed, dir, job, name stri
 		if g.State == api.GangFailed {
 			t.Fatalf("waiting for %s: the gang failed: %s", name, g.Reason)
 		}
+		if g.Restarts > 0 {
+			// A member failed and the gang started again: the file of the generation it
+			// left will never come (these tests' gangs never fail).
+			t.Fatalf("waiting for %s: the gang restarted (%d restarts, now generation %d, %s): %s", name, g.Restarts, g.Generation, g.State, g.Reason)
+		}
 		select {
 		case <-ctx.Done():
 			t.Fatalf("waiting for %s: %v (gang %s: %s)", name, ctx.Err(), g.State, g.Reason)
