@@ -350,8 +350,18 @@ func (h *queuedHeap) down(i0, n int) {
 // sortPending fills the per-cycle view of every pending gang and heaps them.
 func (s *Scheduler) sortPending(now time.Time) *queuedHeap {
 	s.queues.computeFair()
-	infos := make([]QueuedGang, len(s.pending))
-	h := &queuedHeap{es: make([]heapEntry, len(s.pending)), less: s.prof.queueSort.Less}
+	// The views and the heap's entries reuse the last cycle's arrays: with 10,000 pending a
+	// cycle allocated 1.7 MB for them, and a leader running a cycle per admission spent
+	// 13% of its CPU collecting garbage. A view is valid for its cycle only (plugins are
+	// given it for the cycle's calls).
+	n := len(s.pending)
+	if cap(s.viewBuf) < n {
+		s.viewBuf, s.heapBuf = make([]QueuedGang, n, n+n/4), make([]heapEntry, n, n+n/4)
+	}
+	clear(s.viewBuf[n:cap(s.viewBuf)]) // no gang kept alive by an old view
+	clear(s.heapBuf[n:cap(s.heapBuf)])
+	infos, es := s.viewBuf[:n], s.heapBuf[:n]
+	h := &queuedHeap{es: es, less: s.prof.queueSort.Less}
 	if u, ok := s.prof.queueSort.(urgencySort); ok {
 		h.urgency = &u
 	}

@@ -185,15 +185,19 @@ type Scheduler struct {
 	holds    map[string]*reservation // preemptors' holds, by gang, until placed
 
 	maxIslandGPUs, maxRackGPUs int
-	compactOnly                bool     // place: accept only placements on the fewest machines
-	att                        *attempt // the gang whose placement is searched, with its plugins
-	caps                       map[string]*capStats
-	maxCPU, maxMem             int64
-	totalCPU, totalMem         int64     // every node's, for gangs over the whole cluster
-	cycles                     int       // cycles run
-	rate                       float64   // placements per second (EWMA), for RetryAfter
-	rateSince                  time.Time // start of the current rate window
-	rateCount                  int       // placements in it
+	compactOnly                bool // place: accept only placements on the fewest machines
+	// viewBuf and heapBuf are the cycle's pending views and heap entries, reused from
+	// cycle to cycle (sortPending).
+	viewBuf            []QueuedGang
+	heapBuf            []heapEntry
+	att                *attempt // the gang whose placement is searched, with its plugins
+	caps               map[string]*capStats
+	maxCPU, maxMem     int64
+	totalCPU, totalMem int64     // every node's, for gangs over the whole cluster
+	cycles             int       // cycles run
+	rate               float64   // placements per second (EWMA), for RetryAfter
+	rateSince          time.Time // start of the current rate window
+	rateCount          int       // placements in it
 }
 
 // New builds a scheduler over a snapshot of the cluster.
