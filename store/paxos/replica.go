@@ -179,8 +179,11 @@ type Replica struct {
 	t0 time.Time
 
 	// loop-owned
-	waiting    map[uint64]*proposal
-	readWait   map[uint64]*readReq
+	waiting  map[uint64]*proposal
+	readWait map[uint64]*readReq
+	// caughtUp is how many ticks the last catchUp applied at once (logged with a change
+	// of leadership).
+	caughtUp   uint64
 	readReady  []ReadState
 	nextReadID uint64
 	snap       SnapshotData
@@ -310,6 +313,7 @@ func (r *Replica) catchUp() {
 		r.t0 = r.t0.Add(time.Duration(n-limit) * r.cfg.TickInterval)
 		n = limit
 	}
+	r.caughtUp = n
 	for ; n > 0; n-- {
 		r.node.Tick()
 	}
@@ -622,9 +626,14 @@ func (r *Replica) handleReady() error {
 		r.watchers = nil
 		// Elections are rare and an operator's first question after a failover: log each
 		// change of role or leader with what this replica knew then.
+		// caught_up_ticks and queued_messages tell a replica that was starved from one that
+		// was not heard: the ticks its last catch-up applied at once (a starved loop ticks
+		// the time it missed before it reads what arrived meanwhile), and the messages
+		// then waiting to be read.
 		r.log.Info("leadership changed", zap.Stringer("role", st.Role), zap.Uint64("leader", st.Leader),
 			zap.Uint64("ballot", st.Promised), zap.Uint64("commit", st.Commit), zap.Uint64("applied", st.Applied),
-			zap.Stringer("was", r.status.Role), zap.Uint64("was_leader", r.status.Leader))
+			zap.Stringer("was", r.status.Role), zap.Uint64("was_leader", r.status.Leader),
+			zap.Uint64("caught_up_ticks", r.caughtUp), zap.Int("queued_messages", len(r.tr.Recv())))
 	}
 	rounds, refused, since := r.node.PreVotes()
 	if rounds != r.preLogged {
