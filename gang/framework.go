@@ -114,7 +114,8 @@ type Plugin interface {
 }
 
 // QueuedGang is what plugins see of a pending gang. The framework fills it once per cycle;
-// plugins must treat it as read-only.
+// plugins must treat it as read-only, and keep no pointer to it past the cycle: the next
+// cycle reuses its memory for another gang's view.
 type QueuedGang struct {
 	Request   *Request
 	Seq       int       // arrival order (unique)
