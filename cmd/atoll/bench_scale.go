@@ -915,13 +915,16 @@ func (b *scaleBench) leaderProfile(ctx context.Context, cp *cpBench, file string
 	if err != nil {
 		return err
 	}
-	var api string
+	var base string
 	for _, h := range b.cf.Heads {
 		if h.ID == id {
-			api = h.API
+			base = h.API
 		}
 	}
-	url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", api, max(1, int(span.Seconds())))
+	if base == "" {
+		return fmt.Errorf("the leader, head %d, is not in the cluster's file", id)
+	}
+	url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, max(1, int(span.Seconds())))
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err

@@ -5,8 +5,9 @@
 // up by default), picked at random: a port from the ephemeral range (":0") can be taken in
 // between as the source port of any outgoing connection on the machine, a port below it
 // only by another program that binds it explicitly. torchrun's MASTER_PORT default (29500)
-// sits there for the same reason. CI saw both a head and a process gang's rank 0 fail to
-// bind an ephemeral port it had been given.
+// sits there for the same reason. CI saw a head fail to bind an ephemeral port it had been
+// given, and a process gang's rank 0 exit at once in a way this explains (its log was not
+// kept).
 package freeport
 
 import (
