@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/atoll-run/atoll/cmd/atoll/internal/clustertest"
+	"github.com/atoll-run/atoll/internal/freeport"
 	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/store/meta"
 )
@@ -25,7 +26,7 @@ func freePorts(t *testing.T, n int) []string {
 	var lns []net.Listener
 	var out []string
 	for i := 0; i < n; i++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		ln, err := freeport.Listen("127.0.0.1") // below the ephemeral range: see freeport
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,13 +3,13 @@ package agent
 import (
 	"context"
 	"fmt"
-	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/atoll-run/atoll/internal/freeport"
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/authz"
@@ -20,7 +20,7 @@ import (
 
 func freeTCP(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := freeport.Listen("127.0.0.1") // below the ephemeral range: see freeport
 	if err != nil {
 		t.Fatal(err)
 	}

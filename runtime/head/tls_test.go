@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,13 +12,14 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/atoll-run/atoll/internal/freeport"
 	"github.com/atoll-run/atoll/internal/pki"
 	"github.com/atoll-run/atoll/runtime/api"
 )
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := freeport.Listen("127.0.0.1") // below the ephemeral range: see freeport
 	if err != nil {
 		t.Fatal(err)
 	}

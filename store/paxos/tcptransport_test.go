@@ -12,13 +12,14 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/atoll-run/atoll/internal/freeport"
 	"github.com/atoll-run/atoll/proto/paxospb"
 )
 
 func freeAddrs(t *testing.T, n int) []string {
 	var out []string
 	for i := 0; i < n; i++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		ln, err := freeport.Listen("127.0.0.1") // below the ephemeral range: see freeport
 		if err != nil {
 			t.Fatal(err)
 		}
