@@ -494,6 +494,14 @@ func TestTakeOfficeWithAStaleTermRecord(t *testing.T) {
 			hooked = append(hooked, 0)
 			return
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		// The hook's own view must be current (the takeover's need not be: that is the
+		// case under test), or its commit would be refused as the takeover's is.
+		if err := c.rep.Read(ctx); err != nil {
+			t.Errorf("the hook's read: %v", err)
+			return
+		}
 		kv, ok := c.sm.Get(api.TermKey)
 		if !ok {
 			t.Error("no term record before a takeover")
@@ -504,8 +512,6 @@ func TestTakeOfficeWithAStaleTermRecord(t *testing.T) {
 			t.Error(err)
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
 		if err := c.logw.commit(ctx, []meta.Compare{{Key: api.TermKey, Version: kv.Version}},
 			[]meta.Op{putJSON(api.TermKey, api.ControlTerm{Term: prev.Term + 1, Leader: 99, Since: clk.Now()})}); err != nil {
 			t.Errorf("the hook's term record: %v", err)
