@@ -62,6 +62,12 @@ func startHead(t *testing.T, bin string, id int, peers, clientAddr, dir, token s
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// Killed at the test's end whatever happens: a test that fails before it set up its
+	// own stop (a later head that did not start) must not leave this one running.
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil || !strings.HasPrefix(line, "client-api http://") {
 		t.Fatalf("head %d first line %q: %v", id, line, err)
