@@ -175,6 +175,13 @@ func TestSimMixedAndTuneContract(t *testing.T) {
 		if a := r["inference_slo_attainment_pct"].(float64); !(a > 0 && a <= 100) || r["requests"].(float64) < 1000 {
 			t.Errorf("%v: attainment %v%% of %v requests", r["policy"], a, r["requests"])
 		}
+		// The run's bound on a utilisation gain: what the static split leaves idle.
+		if b, ok := r["utilisation_gain_bound_pts"].(float64); !ok || math.Abs(b-(100-got.Results[0]["utilisation_pct"].(float64))) > 0.011 {
+			t.Errorf("%v: utilisation_gain_bound_pts %v, want 100 - the static split's utilisation %v", r["policy"], r["utilisation_gain_bound_pts"], got.Results[0]["utilisation_pct"])
+		}
+		if u := r["utilisation_pct"].(float64); u-got.Results[0]["utilisation_pct"].(float64) > r["utilisation_gain_bound_pts"].(float64)+0.011 {
+			t.Errorf("%v: utilisation %v passes the static split's by more than the bound", r["policy"], u)
+		}
 	}
 	if _, err := runCLI(t, "sim", "--mode", "mixed", "--jobs", jobs, "--cluster", "4xdgx-h100/8"); err == nil || !strings.Contains(err.Error(), "--inference") {
 		t.Errorf("mixed without --inference: %v", err)

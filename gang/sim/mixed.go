@@ -106,7 +106,13 @@ type MixedResult struct {
 	Shrinks            int            `json:"shrinks"`
 	LostGPUHours       float64        `json:"lost_gpu_hours"`
 	ArrivalCompression float64        `json:"arrival_compression"`
-	Jobs               int            `json:"jobs"`
+	// UtilisationGainBoundPts is the run's bound on any policy's utilisation gain over the
+	// static split, 100 minus the static split's UtilisationPct (every policy serves the
+	// same inference work, so a gain can only fill what the split leaves idle: its
+	// replicas' free batch slots and its training partition's unallocated GPUs); the same
+	// in every result, and absent when the static policy did not run.
+	UtilisationGainBoundPts *float64 `json:"utilisation_gain_bound_pts,omitempty"`
+	Jobs                    int      `json:"jobs"`
 }
 
 // RunMixed replays jobs beside the inference service driven by reqs (mapped onto the
@@ -153,6 +159,14 @@ func RunMixed(ctx context.Context, jobs []Job, reqs []InferenceRequest, snap gan
 		}
 		res.ArrivalCompression = round2(compression)
 		out = append(out, res)
+	}
+	for _, r := range out {
+		if r.Policy == "static" {
+			b := round2(100 - r.UtilisationPct)
+			for i := range out {
+				out[i].UtilisationGainBoundPts = &b
+			}
+		}
 	}
 	return out, nil
 }
