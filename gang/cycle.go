@@ -44,8 +44,11 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 		excl, exclKey := s.exclusionKeyed(g, now)
 		sk := shapeKeyModels{g.req.Member, g.placeInputs(), exclKey, g.req.Strategy}
 		// A starving gang with a preemption search left is tried even when its shape
-		// failed: its search may find victims the other's could not.
-		starving := s.cfg.starving(qg) && c.starvingTries[g.req.Priority] < s.cfg.MaxPreemptionSearches
+		// failed: its search may find victims the other's could not. One whose last such
+		// search found none waits StarvationRetry before the next, leaving its class's
+		// budget to the starving gangs behind it.
+		starving := s.cfg.starving(qg) && c.starvingTries[g.req.Priority] < s.cfg.MaxPreemptionSearches &&
+			(g.starveFruitless.IsZero() || now.Sub(g.starveFruitless) >= s.cfg.Preempt.StarvationRetry)
 		if f, ok := c.failed[sk]; ok && g.req.Min >= c.failedMin[sk] && !s.cfg.StrictFIFO && !starving {
 			s.addWaiting(&d, g, f) // the reason of the gang of its shape that was tried
 			continue
@@ -163,6 +166,12 @@ func (s *Scheduler) runStep(c *cycleRun, t *gangTry, st step) {
 		}
 		*tries++
 		res := s.runPostFilter(a, st.may, now)
+		if t.starving {
+			g.starveFruitless = time.Time{}
+			if res == nil || len(res.Preemptions)+len(res.Resizes) == 0 {
+				g.starveFruitless = now
+			}
+		}
 		if res == nil {
 			return
 		}

@@ -36,12 +36,25 @@ type PreemptConfig struct {
 	// members found no placement earlier in the cycle (its search may find victims the
 	// other's could not). Without it, a large gang whose remaining work is predicted long
 	// sorts behind a stream of smaller gangs that use up the cycle's searches, and waits
-	// for days (BENCHMARKS.md, issue 22). Victims are chosen as for any gang. Default
+	// for days (BENCHMARKS.md, issue 22). Victims are chosen as for any gang, and a
+	// starving gang may also evict gangs of its own class that were running when it
+	// queued, so have run at least as long as it has waited (cause "starvation"; Smith's
+	// rule and the protections still apply): once the bound has passed, service within
+	// the class goes to the gang that has had none for longer, as Tiresias'
+	// least-attained-service order gives it. Without that, a class whose small gangs sit
+	// on every machine leaves its large gangs no machine to clear (on the Philly slice,
+	// 8- and 16-GPU gangs waited days beside 77 running gangs of their class). Default
 	// 64 h: one hour for priority 2 with ClassWeight 8. 0 disables it.
 	StarvationWait time.Duration
 	// StarvationPriority is the lowest priority StarvationWait applies to (default 2, the
 	// simulator's high class: starving normal-class gangs measured worse, BENCHMARKS.md).
 	StarvationPriority int
+	// StarvationRetry is how long a starving gang whose search found no victims waits
+	// before it searches from its class's starving budget again (default 10 min): the
+	// budget then goes round the class's starving gangs instead of being spent, cycle
+	// after cycle, by the first ones in the order that cannot be helped. Until then it is
+	// tried as any gang is.
+	StarvationRetry time.Duration
 	// RetryResolution is the granularity of the time at which a preemption that does not
 	// pay for itself yet is tried again (rounded up to a multiple of it, at least one
 	// step). Default 1 s, the traces' resolution; a live cluster uses a finer one.
@@ -51,7 +64,7 @@ type PreemptConfig struct {
 // DefaultPreemptConfig returns the defaults above.
 func DefaultPreemptConfig() PreemptConfig {
 	return PreemptConfig{GainRatio: 1, Backoff: true, RemainingRule: true, StarvationWait: 64 * time.Hour, StarvationPriority: 2,
-		RetryResolution: time.Second}
+		StarvationRetry: 10 * time.Minute, RetryResolution: time.Second}
 }
 
 // EvictionCost implements Handle: what stopping r at now costs, with the time it will have
@@ -67,7 +80,9 @@ func (s *Scheduler) EvictionCost(r *RunningGang, now time.Time) EvictionCost {
 //     no more important than it ("fair-share reclaim", action reclaim);
 //     not NotPreemptible, past their protection (MinRunBeforePreempt, doubled per earlier
 //     eviction with Backoff), within their eviction budget, and, when durations are
-//     known, not more urgent than the preemptor by Smith's rule (RemainingRule);
+//     known, not more urgent than the preemptor by Smith's rule (RemainingRule); a
+//     starving preemptor (PreemptConfig.StarvationWait) may also take gangs of its own
+//     class that were running when it queued (cause "starvation");
 //   - chosen cheapest first by weighted cost (the cost model: lost work or the
 //     just-in-time save, restore, CUDA context, communicator set-up, times GPUs, times the
 //     class weight), added until the preemptor fits, then pruned of any that turn out
@@ -97,7 +112,8 @@ func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Vic
 	pc := cfg.Preempt
 	under := cfg.FairShareReclaim && h.QueueRatio(g.Request.Queue) < 1
 	wp := cfg.classWeight(g.Request.Priority)
-	if s, ok := h.(*Scheduler); ok && !s.mayHaveVictims(g, may, under, pc.RemainingRatio > 0 && g.RemainingGPUSeconds > 0) {
+	starving := may.Priority && cfg.starving(g)
+	if s, ok := h.(*Scheduler); ok && !s.mayHaveVictims(g, may, under, pc.RemainingRatio > 0 && g.RemainingGPUSeconds > 0 || starving) {
 		return nil // what the loop below would find: no candidate, no victim
 	}
 	running := h.RunningGangs(now)
@@ -121,6 +137,8 @@ func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Vic
 			reason = "fair-share reclaim"
 		case may.Priority && pc.RemainingRatio > 0 && known && v.Priority <= g.Request.Priority && wp*rv >= pc.RemainingRatio*wv*g.RemainingGPUSeconds:
 			reason = "remaining"
+		case starving && v.Priority == g.Request.Priority && now.Sub(v.Started) >= g.Waited:
+			reason = "starvation"
 		default:
 			continue
 		}
@@ -192,17 +210,17 @@ func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Vic
 // mayHaveVictims reports whether any running gang could be a victim of g in the
 // preemption plugin: a preemptible gang, whole (not stopping, not shrinking), of g's class
 // or below, and either below it (a priority preemption), of another queue (a reclaim for
-// a queue under its share), or any such when the remaining-work rule may apply (g's
-// remaining work is known). A superset of the plugin's candidates, read from the gangs'
+// a queue under its share), or any such when the remaining-work rule or g's starvation
+// may apply (g's remaining work is known, or g is starving). A superset of the plugin's candidates, read from the gangs'
 // state without their views: with thousands running and none a candidate (one class, one
 // queue, durations unknown), viewing every running gang was 18% of a leader's CPU.
-func (s *Scheduler) mayHaveVictims(g *QueuedGang, may Victims, under, remaining bool) bool {
+func (s *Scheduler) mayHaveVictims(g *QueuedGang, may Victims, under, ownClass bool) bool {
 	p := g.Request.Priority
 	for _, v := range s.running {
 		if v.status != stRunning || v.shrinkTo != 0 || v.req.NotPreemptible || v.req.Priority > p {
 			continue
 		}
-		if may.Priority && (v.req.Priority < p || remaining) {
+		if may.Priority && (v.req.Priority < p || ownClass) {
 			return true
 		}
 		if may.Reclaim && under && v.req.Queue != g.Request.Queue {

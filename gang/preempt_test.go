@@ -3,6 +3,7 @@ package gang
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -293,6 +294,150 @@ func TestStarvingGangPreempts(t *testing.T) {
 			d := s.Cycle(stop)
 			if !slices.ContainsFunc(d.Placements, func(p Placement) bool { return p.Gang == "big" && len(p.Members) == 8 && p.Machines == 1 }) {
 				t.Fatalf("the big gang not placed on one machine after its victims stopped: %+v (waiting %+v)", d.Placements, d.Waiting)
+			}
+		})
+	}
+}
+
+// TestStarvingGangEvictsItsOwnClass: a cluster full of one-GPU gangs of the high class;
+// an eight-GPU gang of that class waits. Without a starvation bound it waits for ever (no
+// gang is below it); with the default bound, once it has waited an hour, it evicts one
+// machine's gangs of its own class that were running when it queued (n0's), not those
+// that started after it, ahead of it in the order (n1's).
+func TestStarvingGangEvictsItsOwnClass(t *testing.T) {
+	for _, starve := range []time.Duration{0, DefaultPreemptConfig().StarvationWait} {
+		t.Run(fmt.Sprint("bound ", starve), func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Preempt.StarvationWait = starve
+			s, err := New(cfg, testSnapshot(2, 8, 2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ck := Checkpoint{Interval: 30 * time.Minute, Save: 30 * time.Second, Restore: time.Minute, JustInTime: true}
+			submit := func(at time.Time, reqs ...Request) {
+				t.Helper()
+				for _, r := range reqs {
+					if _, err := s.Submit(r, at); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			class2 := func(node string, d time.Duration) []Request {
+				var out []Request
+				for i := range 8 {
+					out = append(out, Request{ID: fmt.Sprintf("%s-%d", node, i), Priority: 2, Min: 1, Member: Member{GPUs: 1}, Machines: []string{node}, Duration: d, Checkpoint: ck})
+				}
+				return out
+			}
+			now := epoch
+			submit(now, class2("n0", 0)...)
+			submit(now, Request{ID: "holder", Min: 8, Member: Member{GPUs: 1}, Machines: []string{"n1"}, NotPreemptible: true})
+			if d := s.Cycle(now); len(d.Placements) != 9 {
+				t.Fatalf("placed %+v; want n0's 8 gangs and the holder of n1", d.Placements)
+			}
+			now = now.Add(time.Hour)
+			submitted := now
+			submit(now, Request{ID: "big", Priority: 2, Min: 8, Member: Member{GPUs: 1}, Duration: 10 * time.Hour, Checkpoint: ck})
+			s.Cycle(now)
+			// n1 frees; its new gangs (short: first in the order) take it before big.
+			now = now.Add(10 * time.Minute)
+			if err := s.Finish("holder", now); err != nil {
+				t.Fatal(err)
+			}
+			submit(now, class2("n1", time.Hour)...)
+			if d := s.Cycle(now); len(d.Placements) != 8 || slices.ContainsFunc(d.Placements, func(p Placement) bool { return p.Gang == "big" }) {
+				t.Fatalf("placed %+v; want n1's 8 new gangs ahead of big", d.Placements)
+			}
+			var victims []Preemption
+			for now.Sub(submitted) < 3*time.Hour && victims == nil {
+				now = now.Add(time.Minute)
+				victims = s.Cycle(now).Preemptions
+			}
+			if starve == 0 {
+				if victims != nil {
+					t.Fatalf("evicted %+v without a starvation bound: a gang of the class above none", victims)
+				}
+				return
+			}
+			if len(victims) != 8 {
+				t.Fatalf("evicted %+v for the starving gang within 3 h; want one machine's 8 gangs", victims)
+			}
+			for _, p := range victims {
+				if p.For != "big" || p.Reason != "starvation" || !strings.HasPrefix(p.Victim, "n0-") {
+					t.Fatalf("preemption %+v: want n0's gangs (running when it queued), cause starvation", p)
+				}
+			}
+			if waited := now.Sub(submitted); waited < time.Hour {
+				t.Fatalf("evicted after %s, before the starvation bound (1 h)", waited)
+			}
+		})
+	}
+}
+
+// TestStarvingBudgetGoesRound: two starving high-priority gangs pinned to a machine whose
+// gangs nobody may evict come first in the order and, searching every cycle, would spend
+// their class's starving budget (MaxPreemptionSearches, 2) before the third starving gang,
+// which low-priority work could make room for. After a fruitless search a starving gang
+// waits StarvationRetry before it searches from that budget again, so the third is
+// searched and evicts; with the retry at zero (every cycle) it never is.
+func TestStarvingBudgetGoesRound(t *testing.T) {
+	for _, retry := range []time.Duration{0, DefaultPreemptConfig().StarvationRetry} {
+		t.Run(fmt.Sprint("retry ", retry), func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Preempt.StarvationRetry = retry
+			s, err := New(cfg, testSnapshot(2, 8, 2))
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := epoch
+			ck := Checkpoint{Interval: 30 * time.Minute, Save: 30 * time.Second, Restore: time.Minute, JustInTime: true}
+			for i := range 8 {
+				for _, r := range []Request{
+					{ID: fmt.Sprint("held-", i), Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n0"}, NotPreemptible: true},
+					{ID: fmt.Sprint("low-", i), Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n1"}, Checkpoint: ck},
+				} {
+					if _, err := s.Submit(r, now); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if d := s.Cycle(now); len(d.Placements) != 16 {
+				t.Fatalf("placed %d of the 16 gangs", len(d.Placements))
+			}
+			now = now.Add(time.Hour) // past every protection
+			submitted := now
+			for _, r := range []Request{
+				// Short low-priority gangs of two shapes, first in the order, with nothing
+				// below them: they spend the cycle's own searches.
+				{ID: "small-a", Min: 1, Member: Member{GPUs: 1}, Duration: time.Minute},
+				{ID: "small-b", Min: 1, Member: Member{GPUs: 1, CPUMilli: 500}, Duration: time.Minute},
+				// Starving high-priority gangs pinned to n0, shorter than "big": before it.
+				{ID: "pinned-a", Priority: 2, Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n0"}, Duration: time.Hour},
+				{ID: "pinned-b", Priority: 2, Min: 1, Member: Member{GPUs: 1, CPUMilli: 500}, Machines: []string{"n0"}, Duration: time.Hour},
+				{ID: "big", Priority: 2, Min: 8, Member: Member{GPUs: 1}, Duration: 10 * time.Hour, Checkpoint: ck},
+			} {
+				if _, err := s.Submit(r, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var victims []string
+			for now.Sub(submitted) < 3*time.Hour && victims == nil {
+				for _, p := range s.Cycle(now).Preemptions {
+					if p.For != "big" {
+						t.Fatalf("preemption %+v: only big has victims", p)
+					}
+					victims = append(victims, p.Victim)
+				}
+				now = now.Add(time.Minute)
+			}
+			if retry == 0 {
+				if victims != nil {
+					t.Fatalf("big evicted %v with the budget spent by the pinned gangs every cycle: the scenario no longer blocks it", victims)
+				}
+				return
+			}
+			if len(victims) != 8 || !strings.HasPrefix(victims[0], "low-") {
+				t.Fatalf("big evicted %v within 3 h; want n1's 8 low-priority gangs", victims)
 			}
 		})
 	}

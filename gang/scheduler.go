@@ -111,7 +111,10 @@ type gangState struct {
 	waitCycle int
 	waited    [numWaitKinds]time.Duration
 	fitSince  time.Time // first cycle, since it queued, that found it a placement
-	pred      predCache // its latest run-time prediction
+	// starveFruitless: its last search from its class's starving budget found no victims
+	// then (zero: none, or one found some); PreemptConfig.StarvationRetry counts from it.
+	starveFruitless time.Time
+	pred            predCache // its latest run-time prediction
 	// placeIn is what, beside its member, decides where the gang may go (placeInputs),
 	// computed at its first cycle: the request does not change it afterwards.
 	placeIn    string

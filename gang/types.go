@@ -370,7 +370,7 @@ type Preemption struct {
 	// set-up, times the victim's GPUs.
 	Cost   float64
 	Costs  EvictionCost
-	Reason string // "priority" or "fair-share reclaim"
+	Reason string // "priority", "fair-share reclaim", "remaining" or "starvation" (PreemptConfig)
 }
 
 // Resize changes the size of a running elastic gang (Request.Min..Max). A grow is bound
