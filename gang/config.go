@@ -303,8 +303,8 @@ func (c Config) Validate() error {
 		c.TopologyWait < 0 || c.DefaultAllReduceBytes < 0 || c.LASThreshold < 0 || c.TopologyWaitFraction < 0 || c.HoldTimeout < 0 || c.TopologyWaitUnforeseen < 0 {
 		return fmt.Errorf("gang: negative AgingStep, RemainingAging, UnknownDuration, CheckpointGrace, MinRunBeforePreempt, TopologyWait, DefaultAllReduceBytes or LASThreshold: %w", ErrInvalidConfig)
 	}
-	if p := c.Preempt; p.GainRatio < 0 || p.MaxEvictions < 0 || p.StarvationWait < 0 || p.StarvationRetry < 0 || !(c.ClassWeight >= 1) || math.IsInf(c.ClassWeight, 0) {
-		return fmt.Errorf("gang: ClassWeight %v must be >= 1 and finite, Preempt %+v GainRatio, MaxEvictions, StarvationWait and StarvationRetry >= 0: %w", c.ClassWeight, p, ErrInvalidConfig)
+	if p := c.Preempt; p.GainRatio < 0 || p.MaxEvictions < 0 || p.StarvationWait < 0 || p.StarvationRetry < 0 || p.OwnClassAfter < 0 || !(c.ClassWeight >= 1) || math.IsInf(c.ClassWeight, 0) {
+		return fmt.Errorf("gang: ClassWeight %v must be >= 1 and finite, Preempt %+v GainRatio, MaxEvictions, StarvationWait, StarvationRetry and OwnClassAfter >= 0: %w", c.ClassWeight, p, ErrInvalidConfig)
 	}
 	if p := c.Predict; p.Enabled && (p.Window < 1 || p.MinRuns < 0) {
 		return fmt.Errorf("gang: Predict %+v: Window must be >= 1 and MinRuns >= 0: %w", p, ErrInvalidConfig)

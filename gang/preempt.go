@@ -38,7 +38,8 @@ type PreemptConfig struct {
 	// sorts behind a stream of smaller gangs that use up the cycle's searches, and waits
 	// for days (BENCHMARKS.md, issue 22). Victims are chosen as for any gang, and a
 	// starving gang may also evict gangs of its own class that were running when it
-	// queued, so have run at least as long as it has waited (cause "starvation"; Smith's
+	// queued, so have run at least as long as it has waited, once it has waited
+	// OwnClassAfter (cause "starvation"; Smith's
 	// rule and the protections still apply): once the bound has passed, service within
 	// the class goes to the gang that has had none for longer, as Tiresias'
 	// least-attained-service order gives it. Without that, a class whose small gangs sit
@@ -49,6 +50,13 @@ type PreemptConfig struct {
 	// StarvationPriority is the lowest priority StarvationWait applies to (default 2, the
 	// simulator's high class: starving normal-class gangs measured worse, BENCHMARKS.md).
 	StarvationPriority int
+	// OwnClassAfter is the least a starving gang waits before it may evict gangs of its
+	// own class (default 1 h, the simulator's high class's starvation bound): a live
+	// cluster's priority values are whatever its operator chose, and ClassWeight^p of a
+	// priority of 10 makes every gang of it starving at once; equal-priority work is never
+	// evicted sooner than this. Latency-sensitive gangs (a service's replicas) neither
+	// evict their own class nor are evicted by it.
+	OwnClassAfter time.Duration
 	// StarvationRetry is how long a starving gang whose search found no victims waits
 	// before it searches from its class's starving budget again (default 10 min): the
 	// budget then goes round the class's starving gangs instead of being spent, cycle
@@ -64,7 +72,7 @@ type PreemptConfig struct {
 // DefaultPreemptConfig returns the defaults above.
 func DefaultPreemptConfig() PreemptConfig {
 	return PreemptConfig{GainRatio: 1, Backoff: true, RemainingRule: true, StarvationWait: 64 * time.Hour, StarvationPriority: 2,
-		StarvationRetry: 10 * time.Minute, RetryResolution: time.Second}
+		OwnClassAfter: time.Hour, StarvationRetry: 10 * time.Minute, RetryResolution: time.Second}
 }
 
 // EvictionCost implements Handle: what stopping r at now costs, with the time it will have
@@ -112,8 +120,8 @@ func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Vic
 	pc := cfg.Preempt
 	under := cfg.FairShareReclaim && h.QueueRatio(g.Request.Queue) < 1
 	wp := cfg.classWeight(g.Request.Priority)
-	starving := may.Priority && cfg.starving(g)
-	if s, ok := h.(*Scheduler); ok && !s.mayHaveVictims(g, may, under, pc.RemainingRatio > 0 && g.RemainingGPUSeconds > 0 || starving) {
+	ownClass := may.Priority && cfg.starving(g) && g.Waited >= pc.OwnClassAfter && !g.Request.LatencySensitive
+	if s, ok := h.(*Scheduler); ok && !s.mayHaveVictims(g, may, under, pc.RemainingRatio > 0 && g.RemainingGPUSeconds > 0 || ownClass) {
 		return nil // what the loop below would find: no candidate, no victim
 	}
 	running := h.RunningGangs(now)
@@ -137,7 +145,7 @@ func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Vic
 			reason = "fair-share reclaim"
 		case may.Priority && pc.RemainingRatio > 0 && known && v.Priority <= g.Request.Priority && wp*rv >= pc.RemainingRatio*wv*g.RemainingGPUSeconds:
 			reason = "remaining"
-		case starving && v.Priority == g.Request.Priority && now.Sub(v.Started) >= g.Waited:
+		case ownClass && v.Priority == g.Request.Priority && now.Sub(v.Started) >= g.Waited && (v.Request == nil || !v.Request.LatencySensitive):
 			reason = "starvation"
 		default:
 			continue

@@ -303,12 +303,26 @@ func TestStarvingGangPreempts(t *testing.T) {
 // an eight-GPU gang of that class waits. Without a starvation bound it waits for ever (no
 // gang is below it); with the default bound, once it has waited an hour, it evicts one
 // machine's gangs of its own class that were running when it queued (n0's), not those
-// that started after it, ahead of it in the order (n1's).
+// that started after it, ahead of it in the order (n1's). A class of priority 10 (a live
+// cluster's value: ClassWeight^10 makes it starving at once) still waits OwnClassAfter,
+// an hour; latency-sensitive gangs (a service's replicas) are never taken.
 func TestStarvingGangEvictsItsOwnClass(t *testing.T) {
-	for _, starve := range []time.Duration{0, DefaultPreemptConfig().StarvationWait} {
-		t.Run(fmt.Sprint("bound ", starve), func(t *testing.T) {
+	tests := []struct {
+		name      string
+		starve    time.Duration // Preempt.StarvationWait
+		prio      int
+		sensitive bool // the running gangs are latency-sensitive
+		evict     bool
+	}{
+		{"no starvation bound", 0, 2, false, false},
+		{"default bound", DefaultPreemptConfig().StarvationWait, 2, false, true},
+		{"priority 10", DefaultPreemptConfig().StarvationWait, 10, false, true},
+		{"latency-sensitive victims", DefaultPreemptConfig().StarvationWait, 2, true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
 			cfg := DefaultConfig()
-			cfg.Preempt.StarvationWait = starve
+			cfg.Preempt.StarvationWait = tt.starve
 			s, err := New(cfg, testSnapshot(2, 8, 2))
 			if err != nil {
 				t.Fatal(err)
@@ -325,7 +339,7 @@ func TestStarvingGangEvictsItsOwnClass(t *testing.T) {
 			class2 := func(node string, d time.Duration) []Request {
 				var out []Request
 				for i := range 8 {
-					out = append(out, Request{ID: fmt.Sprintf("%s-%d", node, i), Priority: 2, Min: 1, Member: Member{GPUs: 1}, Machines: []string{node}, Duration: d, Checkpoint: ck})
+					out = append(out, Request{ID: fmt.Sprintf("%s-%d", node, i), Priority: tt.prio, Min: 1, Member: Member{GPUs: 1}, Machines: []string{node}, Duration: d, Checkpoint: ck, LatencySensitive: tt.sensitive})
 				}
 				return out
 			}
@@ -337,7 +351,7 @@ func TestStarvingGangEvictsItsOwnClass(t *testing.T) {
 			}
 			now = now.Add(time.Hour)
 			submitted := now
-			submit(now, Request{ID: "big", Priority: 2, Min: 8, Member: Member{GPUs: 1}, Duration: 10 * time.Hour, Checkpoint: ck})
+			submit(now, Request{ID: "big", Priority: tt.prio, Min: 8, Member: Member{GPUs: 1}, Duration: 10 * time.Hour, Checkpoint: ck})
 			s.Cycle(now)
 			// n1 frees; its new gangs (short: first in the order) take it before big.
 			now = now.Add(10 * time.Minute)
@@ -345,17 +359,18 @@ func TestStarvingGangEvictsItsOwnClass(t *testing.T) {
 				t.Fatal(err)
 			}
 			submit(now, class2("n1", time.Hour)...)
-			if d := s.Cycle(now); len(d.Placements) != 8 || slices.ContainsFunc(d.Placements, func(p Placement) bool { return p.Gang == "big" }) {
+			d := s.Cycle(now)
+			if len(d.Placements) != 8 || slices.ContainsFunc(d.Placements, func(p Placement) bool { return p.Gang == "big" }) {
 				t.Fatalf("placed %+v; want n1's 8 new gangs ahead of big", d.Placements)
 			}
-			var victims []Preemption
-			for now.Sub(submitted) < 3*time.Hour && victims == nil {
+			victims := d.Preemptions
+			for now.Sub(submitted) < 3*time.Hour && len(victims) == 0 {
 				now = now.Add(time.Minute)
 				victims = s.Cycle(now).Preemptions
 			}
-			if starve == 0 {
-				if victims != nil {
-					t.Fatalf("evicted %+v without a starvation bound: a gang of the class above none", victims)
+			if !tt.evict {
+				if len(victims) > 0 {
+					t.Fatalf("evicted %+v: want none (no gang below it, and none of its class may go)", victims)
 				}
 				return
 			}
@@ -368,7 +383,7 @@ func TestStarvingGangEvictsItsOwnClass(t *testing.T) {
 				}
 			}
 			if waited := now.Sub(submitted); waited < time.Hour {
-				t.Fatalf("evicted after %s, before the starvation bound (1 h)", waited)
+				t.Fatalf("evicted after %s, before the starvation bound and OwnClassAfter (1 h)", waited)
 			}
 		})
 	}
