@@ -299,6 +299,42 @@ func TestStarvingGangPreempts(t *testing.T) {
 	}
 }
 
+// jitCkpt is the checkpoint the starvation tests' gangs declare: every 30 minutes, saved
+// just in time on a notice.
+var jitCkpt = Checkpoint{Interval: 30 * time.Minute, Save: 30 * time.Second, Restore: time.Minute, JustInTime: true}
+
+// twoMachines is a scheduler of the default configuration, changed by set, on two
+// machines of 8 GPUs.
+func twoMachines(t *testing.T, set func(*Config)) *Scheduler {
+	t.Helper()
+	cfg := DefaultConfig()
+	set(&cfg)
+	s, err := New(cfg, testSnapshot(2, 8, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// submitAll submits reqs at now; with place >= 0 it then runs a cycle that must place
+// that many gangs, and returns its decisions.
+func submitAll(t *testing.T, s *Scheduler, now time.Time, place int, reqs ...Request) Decisions {
+	t.Helper()
+	for _, r := range reqs {
+		if _, err := s.Submit(r, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if place < 0 {
+		return Decisions{}
+	}
+	d := s.Cycle(now)
+	if len(d.Placements) != place {
+		t.Fatalf("placed %+v; want %d gangs", d.Placements, place)
+	}
+	return d
+}
+
 // TestStarvingGangEvictsItsOwnClass: a cluster full of one-GPU gangs of the high class;
 // an eight-GPU gang of that class waits. Without a starvation bound it waits for ever (no
 // gang is below it); with the default bound, once it has waited an hour, it evicts one
@@ -321,46 +357,26 @@ func TestStarvingGangEvictsItsOwnClass(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := DefaultConfig()
-			cfg.Preempt.StarvationWait = tt.starve
-			s, err := New(cfg, testSnapshot(2, 8, 2))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ck := Checkpoint{Interval: 30 * time.Minute, Save: 30 * time.Second, Restore: time.Minute, JustInTime: true}
-			submit := func(at time.Time, reqs ...Request) {
-				t.Helper()
-				for _, r := range reqs {
-					if _, err := s.Submit(r, at); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			class2 := func(node string, d time.Duration) []Request {
+			s := twoMachines(t, func(c *Config) { c.Preempt.StarvationWait = tt.starve })
+			class := func(node string, d time.Duration) []Request {
 				var out []Request
 				for i := range 8 {
-					out = append(out, Request{ID: fmt.Sprintf("%s-%d", node, i), Priority: tt.prio, Min: 1, Member: Member{GPUs: 1}, Machines: []string{node}, Duration: d, Checkpoint: ck, LatencySensitive: tt.sensitive})
+					out = append(out, Request{ID: fmt.Sprintf("%s-%d", node, i), Priority: tt.prio, Min: 1, Member: Member{GPUs: 1}, Machines: []string{node}, Duration: d, Checkpoint: jitCkpt, LatencySensitive: tt.sensitive})
 				}
 				return out
 			}
 			now := epoch
-			submit(now, class2("n0", 0)...)
-			submit(now, Request{ID: "holder", Min: 8, Member: Member{GPUs: 1}, Machines: []string{"n1"}, NotPreemptible: true})
-			if d := s.Cycle(now); len(d.Placements) != 9 {
-				t.Fatalf("placed %+v; want n0's 8 gangs and the holder of n1", d.Placements)
-			}
+			submitAll(t, s, now, 9, append(class("n0", 0), Request{ID: "holder", Min: 8, Member: Member{GPUs: 1}, Machines: []string{"n1"}, NotPreemptible: true})...)
 			now = now.Add(time.Hour)
 			submitted := now
-			submit(now, Request{ID: "big", Priority: tt.prio, Min: 8, Member: Member{GPUs: 1}, Duration: 10 * time.Hour, Checkpoint: ck})
-			s.Cycle(now)
+			submitAll(t, s, now, 0, Request{ID: "big", Priority: tt.prio, Min: 8, Member: Member{GPUs: 1}, Duration: 10 * time.Hour, Checkpoint: jitCkpt})
 			// n1 frees; its new gangs (short: first in the order) take it before big.
 			now = now.Add(10 * time.Minute)
 			if err := s.Finish("holder", now); err != nil {
 				t.Fatal(err)
 			}
-			submit(now, class2("n1", time.Hour)...)
-			d := s.Cycle(now)
-			if len(d.Placements) != 8 || slices.ContainsFunc(d.Placements, func(p Placement) bool { return p.Gang == "big" }) {
+			d := submitAll(t, s, now, 8, class("n1", time.Hour)...)
+			if slices.ContainsFunc(d.Placements, func(p Placement) bool { return p.Gang == "big" }) {
 				t.Fatalf("placed %+v; want n1's 8 new gangs ahead of big", d.Placements)
 			}
 			victims := d.Preemptions
@@ -398,43 +414,26 @@ func TestStarvingGangEvictsItsOwnClass(t *testing.T) {
 func TestStarvingBudgetGoesRound(t *testing.T) {
 	for _, retry := range []time.Duration{0, DefaultPreemptConfig().StarvationRetry} {
 		t.Run(fmt.Sprint("retry ", retry), func(t *testing.T) {
-			cfg := DefaultConfig()
-			cfg.Preempt.StarvationRetry = retry
-			s, err := New(cfg, testSnapshot(2, 8, 2))
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := twoMachines(t, func(c *Config) { c.Preempt.StarvationRetry = retry })
 			now := epoch
-			ck := Checkpoint{Interval: 30 * time.Minute, Save: 30 * time.Second, Restore: time.Minute, JustInTime: true}
+			var full []Request
 			for i := range 8 {
-				for _, r := range []Request{
-					{ID: fmt.Sprint("held-", i), Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n0"}, NotPreemptible: true},
-					{ID: fmt.Sprint("low-", i), Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n1"}, Checkpoint: ck},
-				} {
-					if _, err := s.Submit(r, now); err != nil {
-						t.Fatal(err)
-					}
-				}
+				full = append(full, Request{ID: fmt.Sprint("held-", i), Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n0"}, NotPreemptible: true},
+					Request{ID: fmt.Sprint("low-", i), Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n1"}, Checkpoint: jitCkpt})
 			}
-			if d := s.Cycle(now); len(d.Placements) != 16 {
-				t.Fatalf("placed %d of the 16 gangs", len(d.Placements))
-			}
+			submitAll(t, s, now, 16, full...)
 			now = now.Add(time.Hour) // past every protection
 			submitted := now
-			for _, r := range []Request{
+			submitAll(t, s, now, -1,
 				// Short low-priority gangs of two shapes, first in the order, with nothing
 				// below them: they spend the cycle's own searches.
-				{ID: "small-a", Min: 1, Member: Member{GPUs: 1}, Duration: time.Minute},
-				{ID: "small-b", Min: 1, Member: Member{GPUs: 1, CPUMilli: 500}, Duration: time.Minute},
+				Request{ID: "small-a", Min: 1, Member: Member{GPUs: 1}, Duration: time.Minute},
+				Request{ID: "small-b", Min: 1, Member: Member{GPUs: 1, CPUMilli: 500}, Duration: time.Minute},
 				// Starving high-priority gangs pinned to n0, shorter than "big": before it.
-				{ID: "pinned-a", Priority: 2, Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n0"}, Duration: time.Hour},
-				{ID: "pinned-b", Priority: 2, Min: 1, Member: Member{GPUs: 1, CPUMilli: 500}, Machines: []string{"n0"}, Duration: time.Hour},
-				{ID: "big", Priority: 2, Min: 8, Member: Member{GPUs: 1}, Duration: 10 * time.Hour, Checkpoint: ck},
-			} {
-				if _, err := s.Submit(r, now); err != nil {
-					t.Fatal(err)
-				}
-			}
+				Request{ID: "pinned-a", Priority: 2, Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n0"}, Duration: time.Hour},
+				Request{ID: "pinned-b", Priority: 2, Min: 1, Member: Member{GPUs: 1, CPUMilli: 500}, Machines: []string{"n0"}, Duration: time.Hour},
+				Request{ID: "big", Priority: 2, Min: 8, Member: Member{GPUs: 1}, Duration: 10 * time.Hour, Checkpoint: jitCkpt},
+			)
 			var victims []string
 			for now.Sub(submitted) < 3*time.Hour && victims == nil {
 				for _, p := range s.Cycle(now).Preemptions {
