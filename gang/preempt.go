@@ -36,12 +36,11 @@ type PreemptConfig struct {
 	// members found no placement earlier in the cycle (its search may find victims the
 	// other's could not). Without it, a large gang whose remaining work is predicted long
 	// sorts behind a stream of smaller gangs that use up the cycle's searches, and waits
-	// for days (BENCHMARKS.md, issue 22). Victims are chosen as for any gang, and a
-	// starving gang may also evict gangs of its own class that were running when it
-	// queued, so have run at least as long as it has waited, once it has waited
-	// OwnClassAfter (cause "starvation"; Smith's
-	// rule and the protections still apply): once the bound has passed, service within
-	// the class goes to the gang that has had none for longer, as Tiresias'
+	// for days (BENCHMARKS.md, issue 22). Victims are chosen as for any gang, and once it
+	// has waited OwnClassAfter a starving gang may also evict gangs of its own class that
+	// were running when it queued, so have run at least as long as it has waited (cause
+	// "starvation"; Smith's rule and the protections still apply): service within the
+	// class then goes to the gang that has had none for longer, as Tiresias'
 	// least-attained-service order gives it. Without that, a class whose small gangs sit
 	// on every machine leaves its large gangs no machine to clear (on the Philly slice,
 	// 8- and 16-GPU gangs waited days beside 77 running gangs of their class). Default
@@ -89,8 +88,8 @@ func (s *Scheduler) EvictionCost(r *RunningGang, now time.Time) EvictionCost {
 //     not NotPreemptible, past their protection (MinRunBeforePreempt, doubled per earlier
 //     eviction with Backoff), within their eviction budget, and, when durations are
 //     known, not more urgent than the preemptor by Smith's rule (RemainingRule); a
-//     starving preemptor (PreemptConfig.StarvationWait) may also take gangs of its own
-//     class that were running when it queued (cause "starvation");
+//     starving preemptor (PreemptConfig.StarvationWait, OwnClassAfter) may also take
+//     gangs of its own class that were running when it queued (cause "starvation");
 //   - chosen cheapest first by weighted cost (the cost model: lost work or the
 //     just-in-time save, restore, CUDA context, communicator set-up, times GPUs, times the
 //     class weight), added until the preemptor fits, then pruned of any that turn out
@@ -218,10 +217,11 @@ func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Vic
 // mayHaveVictims reports whether any running gang could be a victim of g in the
 // preemption plugin: a preemptible gang, whole (not stopping, not shrinking), of g's class
 // or below, and either below it (a priority preemption), of another queue (a reclaim for
-// a queue under its share), or any such when the remaining-work rule or g's starvation
-// may apply (g's remaining work is known, or g is starving). A superset of the plugin's candidates, read from the gangs'
-// state without their views: with thousands running and none a candidate (one class, one
-// queue, durations unknown), viewing every running gang was 18% of a leader's CPU.
+// a queue under its share), or any such when the remaining-work rule or the own-class
+// rule of starvation may apply (ownClass). A superset of the plugin's candidates, read
+// from the gangs' state without their views: with thousands running and none a candidate
+// (one class, one queue, durations unknown), viewing every running gang was 18% of a
+// leader's CPU.
 func (s *Scheduler) mayHaveVictims(g *QueuedGang, may Victims, under, ownClass bool) bool {
 	p := g.Request.Priority
 	for _, v := range s.running {
