@@ -25,7 +25,7 @@ func newSimCmd() *cobra.Command {
 		prioSeed                                                             uint64
 		cpuStrand, elasticShare, saturate, strategyShare                     float64
 		ckptGBPerGPU, storageGBps                                            float64
-		weightsPath, inferencePath                                           string
+		weightsPath, inferencePath, classOnly                                string
 		mixed                                                                = sim.DefaultMixedOptions()
 	)
 	cmd := &cobra.Command{
@@ -99,12 +99,12 @@ func newSimCmd() *cobra.Command {
 					return fmt.Errorf("sim: --mode dynamic needs --jobs and --cluster")
 				}
 				opt := sim.DynamicOptions{Info: info, MaxJobs: maxJobs, Window: window, PrioritySeed: prioSeed, ElasticShare: elasticShare, SaturateLoad: saturate,
-					Strategy: gang.Strategy(strategy), StrategyShare: strategyShare, Weights: weights}
+					Strategy: gang.Strategy(strategy), StrategyShare: strategyShare, Weights: weights, ClassOnly: classOnly}
 				if policies != "" {
 					opt.Policies = strings.Split(policies, ",")
 				}
 				if err := opt.Validate(); err != nil {
-					return fmt.Errorf("%w (flags --info, --max-jobs, --window, --elastic-share, --strategy, --strategy-share, --saturate, --policies)", err)
+					return fmt.Errorf("%w (flags --info, --max-jobs, --window, --elastic-share, --strategy, --strategy-share, --saturate, --policies, --class-only)", err)
 				}
 				start := time.Now()
 				res, err := sim.RunDynamicFiles(ctx, jobsPath, clusterSpec, skipBad, sk, opt)
@@ -215,6 +215,7 @@ func newSimCmd() *cobra.Command {
 	f.Float64Var(&strategyShare, "strategy-share", 0, "share (0-1) of the multi-GPU jobs that are not elastic given --strategy (dynamic mode)")
 	f.Float64Var(&saturate, "saturate", 0, "compress arrivals so the work offered is this many times what the cluster can do in the arrival window (0 = off, at most 100; dynamic mode)")
 	f.Uint64Var(&prioSeed, "priority-seed", 1, "seed of the priority-class assignment for traces without priorities")
+	f.StringVar(&classOnly, "class-only", "", "replay only the jobs of this priority class (high, normal or low) after the seeded assignment: what the class alone asks of the cluster (dynamic mode)")
 	f.Float64Var(&cpuStrand, "cpu-strand", 0, "scale of the atoll policy's CPU-stranding ratio, times the CPU per GPU of the GPU pods seen so far, within ±1000 (fgd mode; 0 = default 1, negative = off)")
 	f.StringVar(&policies, "policies", "", "comma-separated policies (default: all of the mode)")
 	f.BoolVar(&jsonOut, "json", false, "print one JSON object on stdout")

@@ -220,6 +220,11 @@ type DynamicOptions struct {
 	SaturateLoad float64
 	// Weights, when set, replace the atoll policy's tunable weights (atoll tune).
 	Weights *gang.SchedulerWeights
+	// ClassOnly, when set ("high", "normal" or "low"), replays only the jobs of that
+	// priority class after the seeded assignment: what the class alone asks of the cluster,
+	// as if every other class gave way at no cost (a bound on the class's queueing under
+	// any policy that does not time-slice it).
+	ClassOnly string
 }
 
 // Bounds of the dynamic options and the trace values (checked by Validate and the
@@ -260,6 +265,8 @@ func (o DynamicOptions) Validate() error {
 		return fmt.Errorf("sim: strategy %q: want one of %q: %w", o.Strategy, Strategies, ErrBadSpec)
 	case !(o.SaturateLoad >= 0 && o.SaturateLoad <= MaxSaturateLoad):
 		return fmt.Errorf("sim: saturate load %v outside [0, %v]: %w", o.SaturateLoad, MaxSaturateLoad, ErrBadSpec)
+	case o.ClassOnly != "" && !slices.Contains([]string{ClassName(PrioHigh), ClassName(PrioNormal), ClassName(PrioLow)}, o.ClassOnly):
+		return fmt.Errorf("sim: class %q: want high, normal or low: %w", o.ClassOnly, ErrBadSpec)
 	}
 	for _, p := range o.Policies {
 		if _, _, err := PolicyConfig(p); err != nil {
@@ -484,6 +491,12 @@ func prepareJobs(ctx context.Context, jobs []Job, snap gang.Snapshot, model gang
 	}
 	if opt.StrategyShare > 0 {
 		AssignStrategy(jobs, opt.Strategy, opt.StrategyShare, opt.PrioritySeed)
+	}
+	if opt.ClassOnly != "" {
+		jobs = slices.DeleteFunc(jobs, func(j Job) bool { return ClassName(j.Priority) != opt.ClassOnly })
+		if len(jobs) == 0 {
+			return nil, 0, fmt.Errorf("sim: no job of class %q in the slice: %w", opt.ClassOnly, ErrBadSpec)
+		}
 	}
 	compression := 1.0
 	if opt.SaturateLoad > 0 {

@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -476,5 +477,39 @@ func TestCommittedTraces(t *testing.T) {
 	snap, _, _, err := LoadCluster(filepath.Join(dir, "philly", "philly_cluster_machine_list.csv"), false, nil)
 	if err != nil || len(snap.Nodes) != 552 {
 		t.Fatalf("Philly machine list: %d machines, %v; want 552", len(snap.Nodes), err)
+	}
+}
+
+// TestClassOnly: --class-only replays the jobs of one class after the seeded assignment
+// (the same jobs that class has in the full replay), and refuses an unknown class.
+func TestClassOnly(t *testing.T) {
+	snap := gang.Snapshot{Nodes: []gang.Node{{Name: "n", GPUs: make([]gang.GPU, 8)}}}
+	var jobs []Job
+	for i := range 200 {
+		jobs = append(jobs, Job{ID: fmt.Sprint(i), Submit: time.Duration(i) * time.Minute, Duration: time.Hour, GPUs: 1})
+	}
+	all, _, err := prepareJobs(context.Background(), jobs, snap, nil, DynamicOptions{PrioritySeed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, j := range all {
+		if j.Priority == PrioHigh {
+			want = append(want, j.ID)
+		}
+	}
+	high, _, err := prepareJobs(context.Background(), jobs, snap, nil, DynamicOptions{PrioritySeed: 1, ClassOnly: "high"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, j := range high {
+		got = append(got, j.ID)
+	}
+	if len(want) == 0 || len(want) == len(jobs) || !slices.Equal(got, want) {
+		t.Fatalf("class-only high kept %v; want the %d high-priority jobs of the full replay %v", got, len(want), want)
+	}
+	if err := (DynamicOptions{ClassOnly: "urgent"}).Validate(); err == nil || !strings.Contains(err.Error(), `class "urgent"`) {
+		t.Fatalf("an unknown class: %v", err)
 	}
 }
