@@ -392,22 +392,7 @@ Existing files are kept.`,
 // them a moment later (freeport: below the kernel's ephemeral range, where no outgoing
 // connection takes them in between).
 func freeAddrs(n int) ([]string, error) {
-	var lns []net.Listener
-	var out []string
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	for i := 0; i < n; i++ {
-		ln, err := freeport.Listen("127.0.0.1")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		out = append(out, ln.Addr().String())
-	}
-	return out, nil
+	return freeport.Addrs("127.0.0.1", n)
 }
 
 // spawn starts a detached process of this executable (its own session, so that it outlives

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,26 +16,16 @@ import (
 	"time"
 
 	"github.com/atoll-run/atoll/cmd/atoll/internal/clustertest"
-	"github.com/atoll-run/atoll/internal/freeport"
 	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/store/meta"
 )
 
 func freePorts(t *testing.T, n int) []string {
-	var lns []net.Listener
-	var out []string
-	for i := 0; i < n; i++ {
-		ln, err := freeport.Listen("127.0.0.1") // below the ephemeral range: see freeport
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		out = append(out, ln.Addr().String())
+	addrs, err := freeAddrs(n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, ln := range lns {
-		ln.Close()
-	}
-	return out
+	return addrs
 }
 
 type headProc struct {

@@ -37,6 +37,27 @@ func Listen(host string) (net.Listener, error) {
 	return net.Listen("tcp", net.JoinHostPort(host, "0"))
 }
 
+// Addrs returns n distinct addresses (host:port) of host free now: Listen's, all held
+// until the last is picked (so none is given twice), then closed.
+func Addrs(host string, n int) ([]string, error) {
+	out := make([]string, 0, n)
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	for range n {
+		ln, err := Listen(host)
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		out = append(out, ln.Addr().String())
+	}
+	return out, nil
+}
+
 // Port returns a port of host free now (Listen's, closed at once).
 func Port(host string) (int, error) {
 	ln, err := Listen(host)

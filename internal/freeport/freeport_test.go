@@ -41,3 +41,20 @@ func TestPortsBelowTheEphemeralRange(t *testing.T) {
 	}
 	ln.Close()
 }
+
+// TestAddrsDistinct: Addrs gives n distinct addresses of Range on the host.
+func TestAddrsDistinct(t *testing.T) {
+	addrs, err := Addrs("127.0.0.1", 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, a := range addrs {
+		host, port, err := net.SplitHostPort(a)
+		p, _ := strconv.Atoi(port)
+		if err != nil || host != "127.0.0.1" || p < Low || p >= Low+Span || seen[a] {
+			t.Fatalf("addresses %v: %q is not a distinct one of 127.0.0.1:[%d, %d)", addrs, a, Low, Low+Span)
+		}
+		seen[a] = true
+	}
+}

@@ -20,12 +20,11 @@ import (
 
 func freeTCP(t *testing.T) string {
 	t.Helper()
-	ln, err := freeport.Listen("127.0.0.1") // below the ephemeral range: see freeport
+	addrs, err := freeport.Addrs("127.0.0.1", 1) // below the ephemeral range: see freeport
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addrs[0]
 }
 
 // TestHollowMachines: 20 hollow agents in this process, each with its own scoped credential

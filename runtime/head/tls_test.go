@@ -19,12 +19,11 @@ import (
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := freeport.Listen("127.0.0.1") // below the ephemeral range: see freeport
+	addrs, err := freeport.Addrs("127.0.0.1", 1) // below the ephemeral range: see freeport
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addrs[0]
 }
 
 // A head with the cluster CA serves its API over mutual TLS: a process with the token gets a

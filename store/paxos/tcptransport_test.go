@@ -17,16 +17,11 @@ import (
 )
 
 func freeAddrs(t *testing.T, n int) []string {
-	var out []string
-	for i := 0; i < n; i++ {
-		ln, err := freeport.Listen("127.0.0.1") // below the ephemeral range: see freeport
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, ln.Addr().String())
-		ln.Close()
+	addrs, err := freeport.Addrs("127.0.0.1", n) // below the ephemeral range: see freeport
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return addrs
 }
 
 func TestTCPClusterAndBadFrames(t *testing.T) {
