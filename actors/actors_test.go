@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/atoll-run/atoll/internal/codec"
+	"github.com/atoll-run/atoll/internal/freeport"
 )
 
 // Messages of the test kinds.
@@ -498,5 +500,40 @@ func TestKillStopsTheRunningHandler(t *testing.T) {
 	case id := <-entered:
 		t.Fatalf("the queued call %d ran on the killed actor", id)
 	default:
+	}
+}
+
+// TestRemoteListenPicksAgain: a port picked for the remote listener that another process
+// binds before the system does makes it pick another (CI saw a driver fail on such a
+// port); a port that stays taken ends in an error that names it.
+func TestRemoteListenPicksAgain(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	takenPort := taken.Addr().(*net.TCPAddr).Port
+	defer func(p func(string) (int, error)) { pickPort = p }(pickPort)
+
+	picks := 0
+	pickPort = func(host string) (int, error) {
+		picks++
+		if picks == 1 {
+			return takenPort, nil
+		}
+		return freeport.Port(host)
+	}
+	s := newTestSystem(t, Config{Remote: &RemoteConfig{}}, nil)
+	if picks != 2 || strings.HasSuffix(s.Address(), fmt.Sprintf(":%d", takenPort)) {
+		t.Fatalf("%d picks, listening at %s: want a second pick, not the taken port %d", picks, s.Address(), takenPort)
+	}
+
+	picks = 0
+	pickPort = func(string) (int, error) { picks++; return takenPort, nil }
+	c := codec.New()
+	register(c)
+	_, err = NewSystem(Config{Codec: c, Remote: &RemoteConfig{}})
+	if err == nil || picks != listenTries || !strings.Contains(err.Error(), fmt.Sprint(takenPort)) {
+		t.Fatalf("a port that stays taken: %v after %d picks, want an error naming %d after %d", err, picks, takenPort, listenTries)
 	}
 }

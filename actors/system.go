@@ -29,6 +29,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/atoll-run/atoll/internal/codec"
+	"github.com/atoll-run/atoll/internal/freeport"
 	"github.com/atoll-run/atoll/internal/pki"
 )
 
@@ -197,14 +198,11 @@ func (s *System) startRemote(rc RemoteConfig) error {
 	if err != nil || port < 0 || port > 65535 {
 		return fmt.Errorf("%w: remote listen port %q", ErrInvalidSpec, portS)
 	}
-	if port == 0 { // protoactor panics on a failed listen: pick a free port ourselves first
-		ln, err := net.Listen("tcp", rc.Listen)
-		if err != nil {
-			return fmt.Errorf("actors: remote listen %s: %w", rc.Listen, err)
-		}
-		port = ln.Addr().(*net.TCPAddr).Port
-		_ = ln.Close()
-	}
+	// protoactor listens inside Start and panics when it cannot, so a free port is picked
+	// here first (below the ephemeral range, where an outgoing connection cannot take it in
+	// between: internal/freeport) and, when another process binds it first all the same,
+	// another one is tried.
+	pick := port == 0
 	opts := []remote.ConfigOption{}
 	if rc.Advertise != "" {
 		opts = append(opts, remote.WithAdvertisedHost(rc.Advertise))
@@ -264,23 +262,27 @@ func (s *System) startRemote(rc RemoteConfig) error {
 		opts = append(opts, remote.WithServerOptions(serverOpts...))
 	}
 	opts = append(opts, remote.WithDialOptions(dialOpts...))
-	rcfg := remote.Configure(host, port, opts...)
-	// A process that is gone is reported by the runtime (its agent saw it exit); one failed
-	// connection attempt (then protoactor's fixed 2 s pause) is enough before its messages
-	// are answered as dead letters.
-	rcfg.MaxRetryCount = 1
-	r := remote.NewRemote(s.sys, rcfg)
-	var startErr error
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				startErr = fmt.Errorf("actors: remote listen %s:%d: %v", host, port, p)
+	var r *remote.Remote
+	for try := 1; ; try++ {
+		if pick {
+			if port, err = pickPort(host); err != nil {
+				return fmt.Errorf("actors: remote listen %s: %w", rc.Listen, err)
 			}
-		}()
-		r.Start()
-	}()
-	if startErr != nil {
-		return startErr
+		}
+		rcfg := remote.Configure(host, port, opts...)
+		// A process that is gone is reported by the runtime (its agent saw it exit); one
+		// failed connection attempt (then protoactor's fixed 2 s pause) is enough before its
+		// messages are answered as dead letters.
+		rcfg.MaxRetryCount = 1
+		r = remote.NewRemote(s.sys, rcfg)
+		err := startRemote(r, host, port)
+		if err == nil {
+			break
+		}
+		if !pick || try == listenTries {
+			return err
+		}
+		s.log.Info("the picked remote port was taken before it was bound; picking another", zap.Error(err))
 	}
 	s.rem = r
 	s.sys.EventStream.Subscribe(func(evt any) {
@@ -289,6 +291,24 @@ func (s *System) startRemote(rc RemoteConfig) error {
 		}
 	})
 	s.log.Info("remote listening", zap.String("address", s.sys.Address()))
+	return nil
+}
+
+// pickPort picks the port of a remote listener asked for on port 0 (a test's hook).
+var pickPort = freeport.Port
+
+// listenTries is how many free ports a system picks before it gives up listening.
+const listenTries = 5
+
+// startRemote starts r, whose listen failure protoactor reports by panicking (before it
+// changes any state), as an error.
+func startRemote(r *remote.Remote, host string, port int) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("actors: remote listen %s:%d: %v", host, port, p)
+		}
+	}()
+	r.Start()
 	return nil
 }
 

@@ -5,13 +5,13 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/atoll-run/atoll/internal/freeport"
 	"github.com/atoll-run/atoll/store/meta"
 	"github.com/atoll-run/atoll/store/paxos"
 )
@@ -94,18 +94,13 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	}
 	trs := map[uint64]paxos.Transport{}
 	if cfg.TCP {
-		peers := map[uint64]string{}
-		var lns []net.Listener
-		for _, id := range c.IDs {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				return nil, fmt.Errorf("meta: pick port: %w", err)
-			}
-			peers[id] = ln.Addr().String()
-			lns = append(lns, ln)
+		addrs, err := freeport.Addrs("127.0.0.1", len(c.IDs))
+		if err != nil {
+			return nil, fmt.Errorf("meta: pick ports: %w", err)
 		}
-		for _, ln := range lns {
-			ln.Close()
+		peers := map[uint64]string{}
+		for i, id := range c.IDs {
+			peers[id] = addrs[i]
 		}
 		for _, id := range c.IDs {
 			tr, err := paxos.NewTCPTransport(paxos.TCPConfig{ID: id, Listen: peers[id], Peers: peers, Token: cfg.Token, TLS: cfg.TLS, Logger: cfg.Logger})
