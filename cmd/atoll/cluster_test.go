@@ -66,6 +66,11 @@ func TestClusterSurvivesFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	addr, _, err := clusterAddress(dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkLinksAreMutualTLS(t, addr)
 	ctx, cancel := testtime.Context(t, 2*time.Minute)
 	defer cancel()
 	c, job := connectJob(ctx, t, dir, "survivor")

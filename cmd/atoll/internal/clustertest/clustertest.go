@@ -1,6 +1,7 @@
 // Package clustertest starts clusters of atoll processes for the atoll command's tests,
-// which live in two test binaries (cmd/atoll and cmd/atoll/scenariotest) so that each
-// stays within go test's default timeout on a busy machine.
+// which live in three test binaries (cmd/atoll, cmd/atoll/scenariotest and
+// cmd/atoll/readmetest) so that each stays within go test's default timeout on a busy
+// machine.
 package clustertest
 
 import (

@@ -1,4 +1,4 @@
-package main
+package readmetest
 
 import (
 	"bufio"
@@ -8,9 +8,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/atoll-run/atoll/cmd/atoll/internal/clustertest"
 	"github.com/atoll-run/atoll/internal/testtime"
 	"github.com/atoll-run/atoll/sdk/sdktest"
 )
@@ -19,7 +21,7 @@ import (
 // titled title (from its "## " heading to the next).
 func readmeShellLines(t *testing.T, title string) []string {
 	t.Helper()
-	f, err := os.Open("../../README.md")
+	f, err := os.Open("../../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,9 +83,9 @@ func TestREADMECluster(t *testing.T) {
 	lines = append(lines, down)
 	bin, cluster := filepath.Join(tmp, "atoll"), filepath.Join(tmp, "mycluster")
 	t.Cleanup(func() { // whatever a failed line left running
-		if _, err := os.Stat(filepath.Join(cluster, clusterFileName)); err == nil {
+		if _, err := os.Stat(filepath.Join(cluster, "cluster.json")); err == nil {
 			if t.Failed() {
-				printLogs(t, cluster)
+				clustertest.PrintLogs(t, cluster)
 			}
 			_ = exec.Command(bin, "down", "--dir", cluster, "--grace", "5s").Run()
 		}
@@ -105,7 +107,7 @@ func TestREADMECluster(t *testing.T) {
 		}
 		start := time.Now()
 		cmd := exec.CommandContext(ctx, "bash", "-c", cmdline)
-		cmd.Dir = "../.."
+		cmd.Dir = "../../.."
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
@@ -141,12 +143,7 @@ func checkREADMELine(t *testing.T, bin, cluster, line, out string) {
 		}
 	case strings.HasPrefix(cmd, "./atoll up"):
 		has("cluster up in "+cluster, "3 heads (leader", "4 agents of dgx-h100", "address: https://")
-		checkStatusJSON(t, bin, cluster)
-		addr, err := exec.Command(bin, "address", "--dir", cluster).Output()
-		if err != nil {
-			t.Fatalf("atoll address: %v", err)
-		}
-		checkLinksAreMutualTLS(t, strings.TrimSpace(string(addr)))
+		checkStatusJSON(t, bin, cluster) // its links are mutual TLS: cmd/atoll TestClusterSurvivesFailures
 	case strings.HasPrefix(cmd, "./atoll status"):
 		has("leader: head ", "HEAD", "leader", "follower", "MACHINE", "node-0", "node-3", "simulated", "GANG", "QUEUE")
 	case strings.HasPrefix(cmd, "./atoll demo"):
@@ -208,8 +205,8 @@ func checkREADMELine(t *testing.T, bin, cluster, line, out string) {
 		has("node-1")
 	case strings.HasPrefix(cmd, "./atoll down"):
 		has("stopped 7 processes")
-		if _, err := runCLI(t, "status", "--dir", cluster); err == nil || !strings.Contains(err.Error(), "no cluster runs in") {
-			t.Fatalf("atoll status after down: %v", err)
+		if out, err := exec.Command(bin, "status", "--dir", cluster).CombinedOutput(); err == nil || !strings.Contains(string(out), "no cluster runs in") {
+			t.Fatalf("atoll status after down: %v\n%s", err, out)
 		}
 	default:
 		t.Fatalf("%s: the test does not know what this README line prints: teach checkREADMELine", line)
@@ -250,7 +247,7 @@ func checkStatusJSON(t *testing.T, bin, dir string) {
 				t.Errorf("head %d marked leader, status leader %d", h.ID, st.Leader)
 			}
 		}
-		if h.PID == 0 || !alive(h.PID) {
+		if h.PID == 0 || !running(h.PID) {
 			t.Errorf("head %d pid %d is not a live process", h.ID, h.PID)
 		}
 	}
@@ -258,11 +255,15 @@ func checkStatusJSON(t *testing.T, bin, dir string) {
 		t.Fatalf("status: %d heads, %d leaders, %d machines\n%s", len(st.Heads), leaders, len(st.Machines), out)
 	}
 	for _, m := range st.Machines {
-		if m.GPUs != 8 || m.FreeGPUs != 8 || !m.Alive || !alive(m.PID) {
+		if m.GPUs != 8 || m.FreeGPUs != 8 || !m.Alive || !running(m.PID) {
 			t.Errorf("machine %+v", m)
 		}
 	}
 }
+
+// running reports whether pid is a process: the heads and agents of `atoll up` outlive
+// the command that started them, and init reaps them, so none stays a zombie.
+func running(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
 
 func tail(s string, n int) string {
 	if len(s) > n {
