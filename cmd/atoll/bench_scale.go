@@ -59,6 +59,11 @@ type scaleConfig struct {
 	// run is written (its /debug/pprof/profile, probeProfileFor long).
 	probeProfile    string
 	probeProfileFor time.Duration
+	// failoverProfile, when set, is the prefix of the surviving heads' CPU profiles taken
+	// from just before the leader's SIGKILL, failoverProfileFor long
+	// (PREFIX-head<ID>.pprof): what the heads do while a new one takes office.
+	failoverProfile    string
+	failoverProfileFor time.Duration
 }
 
 func (c scaleConfig) validate() error {
@@ -240,6 +245,8 @@ and running_tasks and queued_tasks are null with a note.`,
 	f.BoolVar(&cfg.skipFailover, "skip-failover", false, "do not kill the leader head")
 	f.StringVar(&cfg.probeProfile, "probe-cpuprofile", "", "write the leader head's CPU profile, taken while the scheduling probes run, to this file")
 	f.DurationVar(&cfg.probeProfileFor, "probe-cpuprofile-for", 10*time.Second, "how long the probes' CPU profile runs (give enough --probes to cover it)")
+	f.StringVar(&cfg.failoverProfile, "failover-cpuprofile", "", "write the surviving heads' CPU profiles, taken from just before the leader's SIGKILL, to PREFIX-head<ID>.pprof")
+	f.DurationVar(&cfg.failoverProfileFor, "failover-cpuprofile-for", 20*time.Second, "how long the failover's CPU profiles run")
 	f.BoolVar(&cfg.keep, "keep", false, "keep the run's directory (the heads' and agents' logs) even when the run succeeds")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
@@ -857,7 +864,13 @@ func (b *scaleBench) schedLatency(ctx context.Context) error {
 	before := cp.scrapeMetrics(ctx)
 	profiled := make(chan error, 1)
 	if b.cfg.probeProfile != "" {
-		go func() { profiled <- b.leaderProfile(ctx, cp, b.cfg.probeProfile, b.cfg.probeProfileFor) }()
+		go func() {
+			id, _, err := cp.leaderNow(ctx)
+			if err == nil {
+				err = b.headProfile(ctx, id, b.cfg.probeProfile, b.cfg.probeProfileFor)
+			}
+			profiled <- err
+		}()
 	} else {
 		profiled <- nil
 	}
@@ -908,13 +921,9 @@ func (b *scaleBench) schedLatency(ctx context.Context) error {
 	return nil
 }
 
-// leaderProfile writes the leader head's CPU profile over span to file (its
-// /debug/pprof/profile, with the bench's admin credential).
-func (b *scaleBench) leaderProfile(ctx context.Context, cp *cpBench, file string, span time.Duration) error {
-	id, _, err := cp.leaderNow(ctx)
-	if err != nil {
-		return err
-	}
+// headProfile writes head id's CPU profile over span to file (its /debug/pprof/profile,
+// with the bench's admin credential).
+func (b *scaleBench) headProfile(ctx context.Context, id uint64, file string, span time.Duration) error {
 	var base string
 	for _, h := range b.cf.Heads {
 		if h.ID == id {
@@ -922,7 +931,7 @@ func (b *scaleBench) leaderProfile(ctx context.Context, cp *cpBench, file string
 		}
 	}
 	if base == "" {
-		return fmt.Errorf("the leader, head %d, is not in the cluster's file", id)
+		return fmt.Errorf("head %d is not in the cluster's file", id)
 	}
 	url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, max(1, int(span.Seconds())))
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -986,8 +995,28 @@ func (b *scaleBench) failover(ctx context.Context) error {
 	if _, err := b.d.SubmitJob(ctx, api.Job{Name: "bench-cp-pending"}); err != nil && !errors.Is(err, api.ErrExists) {
 		return err
 	}
+	var profiles []chan error
+	if b.cfg.failoverProfile != "" {
+		for _, h := range b.cf.Heads {
+			if h.ID == leader {
+				continue
+			}
+			done := make(chan error, 1)
+			profiles = append(profiles, done)
+			file := fmt.Sprintf("%s-head%d.pprof", b.cfg.failoverProfile, h.ID)
+			go func() { done <- b.headProfile(ctx, h.ID, file, b.cfg.failoverProfileFor) }()
+		}
+		// The profile handlers start when the requests arrive: give them a moment, so that
+		// the profiles hold the kill's first instants.
+		_ = sleepCtx(ctx, 500*time.Millisecond)
+	}
 	b.say("failover: killing leader head %d", leader)
 	elected, inOffice, _, err := cp.killAndProbe(ctx, leader, p)
+	for _, done := range profiles {
+		if perr := <-done; perr != nil {
+			b.res.Notes = append(b.res.Notes, "failover-cpuprofile: "+perr.Error())
+		}
+	}
 	if err != nil {
 		return err
 	}
