@@ -3,13 +3,13 @@ package head
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +22,7 @@ import (
 	"golang.org/x/net/netutil"
 
 	"github.com/atoll-run/atoll/internal/pki"
+	"github.com/atoll-run/atoll/internal/tlsgate"
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/runtime/member"
 	"github.com/atoll-run/atoll/store/meta/metaserver"
@@ -76,6 +77,11 @@ type Config struct {
 	// (workers' requests queued behind each other), and what the bound bought at 2,000
 	// machines is not separated from the dispatcher's part (BENCHMARKS.md).
 	MaxInflight int
+	// MaxHandshakes bounds the API's TLS handshakes in progress (default: half of
+	// GOMAXPROCS, at least 1); further connections wait for a slot without using CPU
+	// (internal/tlsgate). Without it, every agent reconnecting to a new leader shook hands
+	// at once, and the head's Paxos replica and term loading waited behind them.
+	MaxHandshakes int
 	// APIAdvertise is the API's base URL as others reach it (default http://<listen address>).
 	APIAdvertise string
 	// CA, when set, turns mutual TLS on: the head issues itself a certificate of the
@@ -149,6 +155,14 @@ func maxAPIConns(n int) int {
 		return 1 << 14
 	}
 	return max(256, int(lim.Cur/2))
+}
+
+// maxHandshakes is Config.MaxHandshakes, or its default: half of GOMAXPROCS, at least 1.
+func maxHandshakes(n int) int {
+	if n > 0 {
+		return n
+	}
+	return max(1, runtime.GOMAXPROCS(0)/2)
 }
 
 // Start starts a head: it opens the WAL, starts the replica, the controller and the API.
@@ -243,7 +257,11 @@ func Start(cfg Config) (*Head, error) {
 	h.ln = netutil.LimitListener(h.ln, maxAPIConns(cfg.MaxAPIConns))
 	scheme := "http"
 	if h.id != nil {
-		h.ln = tls.NewListener(h.ln, h.id.BootstrapServer())
+		hlog := log.Named("http")
+		h.ln = tlsgate.New(h.ln, tlsgate.Config{TLS: h.id.BootstrapServer(), Limit: maxHandshakes(cfg.MaxHandshakes),
+			OnError: func(remote net.Addr, err error) {
+				hlog.Debug("TLS handshake failed", zap.Stringer("remote", remote), zap.Error(err))
+			}})
 		scheme = "https"
 	}
 	h.addr = cfg.APIAdvertise
