@@ -260,7 +260,9 @@ func Start(cfg Config) (*Head, error) {
 	scheme := "http"
 	if h.id != nil {
 		hlog := log.Named("http")
-		h.ln = tlsgate.New(h.ln, tlsgate.Config{TLS: h.id.BootstrapServer(), Limit: maxHandshakes(cfg.MaxHandshakes),
+		// A handshake has 5 s once it has its slot, as net/http gives it (the server's
+		// ReadHeaderTimeout below) when it shakes hands itself.
+		h.ln = tlsgate.New(h.ln, tlsgate.Config{TLS: h.id.BootstrapServer(), Limit: maxHandshakes(cfg.MaxHandshakes), Timeout: 5 * time.Second,
 			OnError: func(remote net.Addr, err error) {
 				hlog.Debug("TLS handshake failed", zap.Stringer("remote", remote), zap.Error(err))
 			}})
