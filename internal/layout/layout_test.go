@@ -21,7 +21,7 @@ var layers = []struct {
 	rank   int
 }{
 	{"proto/", 0}, {"internal/jsonpos", 0}, {"internal/codec", 0}, {"internal/pki", 0},
-	{"internal/cudactx", 0}, {"internal/devcert", 0}, {"internal/jsoncheck", 0}, {"internal/testtime", 0}, {"internal/lockdir", 0}, {"internal/freeport", 0}, {"internal/dockerapi", 0},
+	{"internal/cudactx", 0}, {"internal/devcert", 0}, {"internal/jsoncheck", 0}, {"internal/testtime", 0}, {"internal/lockdir", 0}, {"internal/freeport", 0}, {"internal/tlsgate", 0}, {"internal/dockerapi", 0},
 	{"topology", 1}, {"store/object", 1}, {"store/paxos", 1}, {"gang", 1},
 	{"store/transfer", 2}, {"store/meta", 2}, {"gang/", 2}, {"pools", 2}, {"internal/topoview", 2},
 	{"store/meta/metaserver", 3}, {"actors", 3},
