@@ -7,7 +7,7 @@
 // the process, a Paxos replica's included, waits its turn behind them. At 1,000 hollow
 // machines the new leader's goroutines waited up to 1.9 s to run while 30% of its CPU went
 // to handshakes, its Paxos followers' acknowledgments came late, and loading its term
-// took 4 s (BENCHMARKS.md, "Failover at 1,000 machines"). Here at most Limit handshakes
+// took 4 s (BENCHMARKS.md, "Handshakes off the run queue"). Here at most Limit handshakes
 // run at once; the other connections wait for a slot on a blocked goroutine, which costs
 // no CPU and takes no place in the run queue, in the order they came.
 package tlsgate
@@ -104,14 +104,10 @@ func (l *Listener) handshake(c net.Conn) {
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.Timeout)
-	_ = c.SetDeadline(time.Now().Add(l.cfg.Timeout))
 	tc := tls.Server(c, l.cfg.TLS)
 	err := tc.HandshakeContext(ctx)
 	cancel()
 	<-l.slots
-	if err == nil {
-		err = c.SetDeadline(time.Time{})
-	}
 	if err != nil {
 		if l.cfg.OnError != nil {
 			l.cfg.OnError(c.RemoteAddr(), err)
@@ -148,8 +144,8 @@ func (l *Listener) stop(err error) {
 	})
 }
 
-// Close closes the inner listener; Accept returns net.ErrClosed, and connections still
-// waiting or shaking hands are closed.
+// Close closes the inner listener; Accept returns net.ErrClosed, connections waiting for
+// a slot are closed, and those shaking hands are closed when their handshake ends.
 func (l *Listener) Close() error {
 	l.stop(net.ErrClosed)
 	return l.inner.Close()
