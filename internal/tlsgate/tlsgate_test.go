@@ -3,6 +3,7 @@ package tlsgate
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -84,7 +85,7 @@ func TestHandshakesWaitForASlot(t *testing.T) {
 				body, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
 				if resp.StatusCode != http.StatusOK || string(body) != "ok" {
-					err = &net.AddrError{Err: resp.Status + " " + string(body)}
+					err = fmt.Errorf("%s %s", resp.Status, body)
 				}
 			}
 			errs <- err
