@@ -71,7 +71,7 @@ func (c *Context) Buckets(ctx context.Context, bytes int) (*Buckets, error) {
 	if c.w == nil {
 		return nil, ErrNotInGang
 	}
-	m, err := c.w.ring(ctx)
+	m, err := c.w.ringFor(ctx, false)
 	if err != nil {
 		return nil, err
 	}

@@ -191,3 +191,65 @@ func clusterCollectives(t *testing.T, cl *sdktest.Cluster) {
 		}
 	}
 }
+
+// givenUpReq asks a worker for an AllReduce of Len copies of Value, bounded by Timeout.
+type givenUpReq struct {
+	Value   float32
+	Len     int
+	Timeout time.Duration
+}
+
+// givingUp runs one AllReduce per call, with the caller's deadline.
+type givingUp struct{}
+
+func (givingUp) Receive(c *sdk.Context, msg any) (any, error) {
+	m := msg.(givenUpReq)
+	ctx, cancel := context.WithTimeout(c, m.Timeout)
+	defer cancel()
+	v := make([]float32, m.Len)
+	for i := range v {
+		v[i] = m.Value
+	}
+	if err := c.AllReduce(ctx, v); err != nil {
+		return nil, err
+	}
+	return v[0], nil
+}
+
+// TestCollectiveGivenUpWhileTheRingForms: a worker whose first collective's deadline passes
+// while its world's communicator forms gives that collective up, and the communicator
+// forms all the same; the rank that ran the collective sees it fail, and the next
+// collective of both sums exactly. (CI once saw a 32-rank gang that never recovered from
+// a ring that formed slowly: the rank that gave up formed its ring again, one collective
+// behind the others, and the ranks met each other's collectives out of step.)
+func TestCollectiveGivenUpWhileTheRingForms(t *testing.T) {
+	c := newCluster(t)
+	ctx := testContext(t)
+	job, err := c.Submit(ctx, sdk.JobSpec{Name: "giveup"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := job.SpawnGang(ctx, sdk.GangSpec{Name: "g", Kind: "givingup", Workers: 2, GPUsPerWorker: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rank 0 alone: its ring cannot form before rank 1 takes part.
+	_, err = sdk.Call[float32](ctx, c, g.Worker(0), givenUpReq{Value: 1, Len: 4, Timeout: 200 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "still forming") {
+		t.Fatalf("rank 0 alone: %v, want its collective given up while the ring forms", err)
+	}
+	// Rank 1 forms the ring with rank 0's formation, still under way, then runs the
+	// collective rank 0 gave up: it waits for rank 0's part, which never comes.
+	_, err = sdk.Call[float32](ctx, c, g.Worker(1), givenUpReq{Value: 2, Len: 4, Timeout: 2 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "rank 0 never sent it") {
+		t.Fatalf("rank 1 in the collective rank 0 gave up: %v, want it to wait for rank 0's part", err)
+	}
+	f0 := sdk.CallAsync[float32](ctx, c, g.Worker(0), givenUpReq{Value: 1, Len: 4, Timeout: time.Minute})
+	f1 := sdk.CallAsync[float32](ctx, c, g.Worker(1), givenUpReq{Value: 2, Len: 4, Timeout: time.Minute})
+	for r, f := range []*sdk.Future[float32]{f0, f1} {
+		sum, err := f.Await(ctx)
+		if err != nil || sum != 3 {
+			t.Fatalf("rank %d: the next collective: %v %v, want the sum 3", r, sum, err)
+		}
+	}
+}

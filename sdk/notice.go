@@ -305,10 +305,16 @@ func (h *hosted) initWorld() {
 // setWorld takes a new world: the collective of the old one ends here.
 func (h *hosted) setWorld(epoch int, members []int) {
 	h.mu.Lock()
-	old := h.epoch
+	old, forming := h.epoch, h.forming
+	if old != epoch {
+		h.skipped = 0
+	}
 	h.epoch, h.members, h.member = epoch, slices.Clone(members), nil
 	h.mu.Unlock()
 	if old != epoch {
+		if forming != nil && forming.epoch == old {
+			forming.cancel()
+		}
 		s := h.spec
 		h.c.plane.End(s.Job, s.Gang, ringID(s.Generation, old))
 	}

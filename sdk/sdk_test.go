@@ -32,6 +32,7 @@ func testOptions() []sdk.Option {
 		sdk.Kind("stepper", func() sdk.Actor { return &stepper{} }, stepReq{}, stateReq{}),
 		sdk.Kind("logging", func() sdk.Actor { return logging{} }, logStep{}),
 		sdk.Kind("collector", func() sdk.Actor { return collector{} }, collReq{}),
+		sdk.Kind("givingup", func() sdk.Actor { return givingUp{} }, givenUpReq{}),
 		sdk.Tasks(square, where, crashOnce, failing, putBytes, putPattern, spawnFromTask, rendezvous, fanOut),
 	}, append(semanticsOptions(), serviceOptions()...)...)
 }

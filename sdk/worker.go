@@ -41,11 +41,13 @@ type hosted struct {
 
 	permanent bool // its actor could not be made (unknown kind, bad arguments)
 
-	mu     sync.Mutex
-	member *coll.Member
-	done   chan struct{}
-	err    error
-	ended  bool
+	mu      sync.Mutex
+	member  *coll.Member
+	forming *formation // the current (or last) world's communicator while it forms
+	skipped int        // collectives of the current world given up while it formed
+	done    chan struct{}
+	err     error
+	ended   bool
 	// epoch and members are the gang's world as this worker's program sees it (member
 	// indices in rank order): an elastic gang's changes at each resize its driver takes.
 	epoch   int
@@ -200,6 +202,7 @@ func (h *hosted) stop() {
 }
 
 func (h *hosted) teardown() {
+	h.stopForming()
 	s := h.spec
 	epoch, _ := h.world()
 	h.c.plane.End(s.Job, s.Gang, ringID(s.Generation, epoch))
@@ -248,15 +251,110 @@ func (h *hosted) Stop(context.Context, time.Duration) error { h.stop(); return n
 // Kill implements embed.Handle: the worker's actor crashes, as its process dying would.
 func (h *hosted) Kill() error { return h.group.InjectMemberFailure(h.name, "killed") }
 
-// ring returns the worker's ring member for its current world, joining it once every
-// member of that world is ready (their addresses are in the workers table).
-func (h *hosted) ring(ctx context.Context) (*coll.Member, error) {
+// formation is one world's communicator while it forms: once every member of the world is
+// ready (their addresses are in the workers table), a first collective of one value
+// connects each member to its neighbours, as a communicator's initialization does. It runs
+// once per world, in the background, for as long as the world lasts: a caller that gives
+// up waiting for it leaves it running, and the next caller waits for the same one. Its
+// fields other than done and cancel are under hosted.mu.
+type formation struct {
+	epoch  int
+	done   chan struct{} // closed when m or err is set
+	cancel context.CancelFunc
+	m      *coll.Member
+	err    error
+	retry  bool   // err came before any member was joined: the next caller forms again
+	state  string // what it waits for, for a caller's error
+}
+
+// ring returns the worker's ring member for its current world, for a collective: a caller
+// whose ctx ends while the world's communicator forms gives up its collective, which the
+// member counts as skipped (coll.Member.Skip), so that the next collective has the same
+// number on every member.
+func (h *hosted) ring(ctx context.Context) (*coll.Member, error) { return h.ringFor(ctx, true) }
+
+// ringFor returns the ring member of the worker's current world, waiting (as long as ctx
+// allows) for it to form; collective says whether the caller is a collective.
+func (h *hosted) ringFor(ctx context.Context, collective bool) (*coll.Member, error) {
 	h.mu.Lock()
-	m, epoch, world := h.member, h.epoch, h.members
-	h.mu.Unlock()
-	if m != nil {
+	if m := h.member; m != nil {
+		h.mu.Unlock()
 		return m, nil
 	}
+	f := h.forming
+	if f == nil || f.epoch != h.epoch || (f.retry && isDone(f.done)) {
+		fctx, cancel := context.WithCancel(context.Background())
+		f = &formation{epoch: h.epoch, done: make(chan struct{}), cancel: cancel, state: "starting"}
+		h.forming = f
+		go h.form(fctx, f, slices.Clone(h.members))
+	}
+	h.mu.Unlock()
+	select {
+	case <-f.done:
+		return f.m, f.err
+	case <-ctx.Done():
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if isDone(f.done) {
+		return f.m, f.err
+	}
+	if collective && f.epoch == h.epoch {
+		h.skipped++
+	}
+	return nil, fmt.Errorf("sdk: the communicator of generation %d (world %d) is still forming: %s: %w", h.spec.Generation, f.epoch, f.state, ctx.Err())
+}
+
+func isDone(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// stopForming ends the formation of a world that ended (the worker's, or its epoch's).
+func (h *hosted) stopForming() {
+	h.mu.Lock()
+	f := h.forming
+	h.mu.Unlock()
+	if f != nil {
+		f.cancel()
+	}
+}
+
+// form forms the communicator of world (member indices in rank order) and publishes it,
+// with the collectives its callers gave up on counted as skipped.
+func (h *hosted) form(ctx context.Context, f *formation, world []int) {
+	m, err := h.formRing(ctx, f, world)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f.m, f.err = m, err
+	f.retry = err != nil && m == nil && !errors.Is(err, ErrStale) && ctx.Err() == nil
+	if err == nil && h.epoch == f.epoch {
+		for range h.skipped {
+			m.Skip()
+		}
+		h.skipped = 0
+		if h.member == nil {
+			h.member = m
+		}
+	}
+	if err != nil {
+		f.m = nil
+	}
+	close(f.done)
+	f.cancel()
+}
+
+func (h *hosted) setState(f *formation, state string) {
+	h.mu.Lock()
+	f.state = state
+	h.mu.Unlock()
+}
+
+func (h *hosted) formRing(ctx context.Context, f *formation, world []int) (*coll.Member, error) {
 	s := h.spec
 	rank := slices.Index(world, s.Rank)
 	if rank < 0 {
@@ -265,6 +363,15 @@ func (h *hosted) ring(ctx context.Context) (*coll.Member, error) {
 	n := len(world)
 	errReady := errors.New("ready")
 	got := map[int]api.Worker{}
+	missing := func() []int {
+		var out []int
+		for r, m := range world {
+			if _, ok := got[m]; !ok {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
 	take := func(v []byte) error {
 		var w api.Worker
 		if json.Unmarshal(v, &w) != nil {
@@ -295,40 +402,35 @@ func (h *hosted) ring(ctx context.Context) (*coll.Member, error) {
 				}
 			}
 		}
+		h.setState(f, fmt.Sprintf("ranks %v of %d are not ready yet", missing(), n))
 		return nil
 	})
 	if !errors.Is(err, errReady) {
-		var missing []int
-		for r, m := range world {
-			if _, ok := got[m]; !ok {
-				missing = append(missing, r)
-			}
-		}
-		return nil, fmt.Errorf("sdk: allreduce: ranks %v of generation %d never became ready: %w", missing, s.Generation, err)
+		return nil, fmt.Errorf("sdk: allreduce: ranks %v of generation %d never became ready: %w", missing(), s.Generation, err)
 	}
+	h.setState(f, fmt.Sprintf("every rank is ready; the ring of %d members connects", n))
 	peers := make([]coll.Peer, n)
 	for r, m := range world {
 		peers[r] = coll.Peer{Address: got[m].Address, Machine: got[m].Machine}
 	}
 	start := time.Now()
-	m, err = h.c.plane.Join(s.Job, s.Gang, ringID(s.Generation, epoch), rank, peers)
+	m, err := h.c.plane.Join(s.Job, s.Gang, ringID(s.Generation, f.epoch), rank, peers)
 	if err != nil {
 		return nil, err
 	}
-	// A first collective of one value forms the ring (every member connects to its
-	// neighbour), as a communicator's initialization does: its time is the set-up a restart
-	// or a resize pays, which the scheduler's cost model learns.
+	// Its time is the set-up a restart or a resize pays, which the scheduler's cost model
+	// learns. It counts as a collective on every member: one that fails here (a peer
+	// that failed) leaves the member joined, and the next collective meets the failure.
 	if err := m.AllReduce(ctx, []float32{0}); err != nil {
-		return nil, err
+		if errors.Is(err, coll.ErrAborted) {
+			return m, fmt.Errorf("%w: the world ended while its communicator formed: %w", ErrStale, err)
+		}
+		h.log.Warn("the communicator's first collective failed", zap.Int("world", f.epoch), zap.Error(err))
+		return m, nil
 	}
 	if rank == 0 && n > 1 && s.Member.GPUModel != "" {
 		h.reportCost("communicator", n, time.Since(start))
 	}
-	h.mu.Lock()
-	if h.member == nil && h.epoch == epoch {
-		h.member = m
-	}
-	h.mu.Unlock()
 	return m, nil
 }
 

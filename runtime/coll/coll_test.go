@@ -234,3 +234,57 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+// TestSkippedCollectiveKeepsRanksInStep: ranks 0 and 1 begin a collective that rank 2's
+// caller gave up on before it began (Skip); theirs fails, on both alike, and the next
+// collective of every rank sums exactly, the chunks of the skipped one dropped.
+func TestSkippedCollectiveKeepsRanksInStep(t *testing.T) {
+	sys, p := newPlane(t, false)
+	for _, length := range []int{5, 40000} { // recursive doubling, the ring
+		gang := fmt.Sprintf("skip-%d", length)
+		peers := []Peer{{Address: sys.Address()}, {Address: sys.Address()}, {Address: sys.Address()}}
+		ms := make([]*Member, len(peers))
+		for r := range ms {
+			ms[r], _ = p.Join("job", gang, 0, r, peers)
+		}
+		ms[2].Skip()
+		errs := make(chan error, 2)
+		for r := 0; r < 2; r++ {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				defer cancel()
+				errs <- ms[r].AllReduce(ctx, vector(r, length))
+			}()
+		}
+		for range 2 {
+			if err := <-errs; !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("length %d: the skipped collective on a rank that began it: %v, want its deadline", length, err)
+			}
+		}
+		var wg sync.WaitGroup
+		got := make([][]float32, len(ms))
+		fail := make([]error, len(ms))
+		for r, m := range ms {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				got[r] = vector(r, length)
+				fail[r] = m.AllReduce(ctx, got[r])
+			}()
+		}
+		wg.Wait()
+		w := want(len(ms), length)
+		for r := range ms {
+			if fail[r] != nil {
+				t.Fatalf("length %d rank %d: the collective after the skipped one: %v", length, r, fail[r])
+			}
+			for j := range w {
+				if got[r][j] != w[j] {
+					t.Fatalf("length %d rank %d: [%d] = %v, want %v", length, r, j, got[r][j], w[j])
+				}
+			}
+		}
+	}
+}

@@ -163,11 +163,7 @@ func (mm *Member) allReduce(ctx context.Context, data []float32) error {
 
 // allReduce is the flat AllReduce among the member's peers.
 func (m *member) allReduce(ctx context.Context, data []float32) error {
-	m.mu.Lock()
-	n := len(m.peers)
-	m.seq++
-	seq := m.seq
-	m.mu.Unlock()
+	n, seq := m.next()
 	if n <= 1 {
 		return nil
 	}
@@ -299,7 +295,7 @@ func (m *member) take(ctx context.Context, from int, k stepKey, data []float32, 
 		return err
 	}
 	if in.total != int64(len(data)) || in.lo != int64(lo) || in.n != int64(hi-lo) {
-		m.release(in)
+		m.drop(in)
 		return fmt.Errorf("%w: rank %d got chunk [%d,+%d) of a vector of %d from rank %d, expected [%d,+%d) of %d (ranks called collectives out of order or with different lengths)",
 			ErrMismatch, m.key.rank, in.lo, in.n, in.total, from, lo, hi-lo, len(data))
 	}
@@ -428,7 +424,7 @@ func (m *member) receive(ctx context.Context, left int, want stepKey) (incoming,
 				return in, nil
 			}
 			if in.seq < want.seq {
-				m.release(in) // a chunk of a collective this member gave up on
+				m.drop(in) // a chunk of a collective this member gave up on
 				continue
 			}
 			m.mu.Lock()
@@ -494,6 +490,16 @@ func (m *member) ackRemote(c *collpb.Chunk) {
 func (m *member) release(in incoming) {
 	if in.done != nil {
 		in.done()
+	}
+}
+
+// drop gives up a chunk unread: a local sender may write it again, a remote one is told it
+// was read (or it would keep the chunk exposed, and its next send of that chunk would wait
+// for a read that never comes).
+func (m *member) drop(in incoming) {
+	m.release(in)
+	if in.remote != nil && in.remote.Data == nil && len(in.remote.Key) > 0 {
+		m.ackRemote(in.remote)
 	}
 }
 

@@ -77,12 +77,35 @@ func (mm *Member) Barrier(ctx context.Context) error {
 	return m.wrap("barrier", m.allReduce(ctx, []float32{0}))
 }
 
+// next begins a collective: it takes the collective's sequence number and drops the chunks
+// of earlier ones that were taken from the inbox before their turn and never used (their
+// collective failed here).
 func (m *member) next() (n int, seq int64) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.seq++
-	return len(m.peers), m.seq
+	n, seq = len(m.peers), m.seq
+	var stale []incoming
+	for k, in := range m.early {
+		if k.seq < seq {
+			stale = append(stale, in)
+			delete(m.early, k)
+		}
+	}
+	m.mu.Unlock()
+	for _, in := range stale {
+		m.drop(in)
+	}
+	return n, seq
 }
+
+// Skip counts a collective this member's caller gave up on before it began here (its
+// context ended while the world's communicator formed), as the members that began it
+// count it: every member's next collective then has the same number, and the chunks the
+// others sent for the skipped one are dropped when they arrive. The others' skipped
+// collective fails (this member never sends its part), on every member alike. Skip keeps
+// the count of the flat ring; a member of a machine's shared segment that skips leaves
+// its machine's other members waiting at the segment, as any member's failure does.
+func (mm *Member) Skip() { mm.m.next() }
 
 // allGather is the ring all-gather among the member's peers: rank r owns chunk bnd(r).
 func (m *member) allGather(ctx context.Context, data []float32, bnd func(int) (int, int)) error {
