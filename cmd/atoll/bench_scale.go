@@ -64,6 +64,11 @@ type scaleConfig struct {
 	// (PREFIX-head<ID>.pprof): what the heads do while a new one takes office.
 	failoverProfile    string
 	failoverProfileFor time.Duration
+	// workloadProfile, when set, is the prefix of the three heads' CPU profiles taken from
+	// the start of the workload's submission, workloadProfileFor long
+	// (PREFIX-head<ID>.pprof): what the heads do while thousands of gangs are placed.
+	workloadProfile    string
+	workloadProfileFor time.Duration
 }
 
 func (c scaleConfig) validate() error {
@@ -247,6 +252,8 @@ and running_tasks and queued_tasks are null with a note.`,
 	f.DurationVar(&cfg.probeProfileFor, "probe-cpuprofile-for", 10*time.Second, "how long the probes' CPU profile runs (give enough --probes to cover it)")
 	f.StringVar(&cfg.failoverProfile, "failover-cpuprofile", "", "write the surviving heads' CPU profiles, taken from just before the leader's SIGKILL, to PREFIX-head<ID>.pprof")
 	f.DurationVar(&cfg.failoverProfileFor, "failover-cpuprofile-for", 20*time.Second, "how long the failover's CPU profiles run")
+	f.StringVar(&cfg.workloadProfile, "workload-cpuprofile", "", "write the heads' CPU profiles, taken from the start of the workload's submission, to PREFIX-head<ID>.pprof")
+	f.DurationVar(&cfg.workloadProfileFor, "workload-cpuprofile-for", 30*time.Second, "how long the workload's CPU profiles run")
 	f.BoolVar(&cfg.keep, "keep", false, "keep the run's directory (the heads' and agents' logs) even when the run succeeds")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
@@ -736,6 +743,12 @@ func (b *scaleBench) workload(ctx context.Context) error {
 		specs = append(specs, api.GangSpec{Job: scaleJob, Name: fmt.Sprintf("a%06d", i), Kind: "hollow", Workers: 1, NotPreemptible: true, MaxRestarts: 10})
 	}
 	b.say("workload: submitting %d gangs and %d actors", gangs, actors)
+	if b.cfg.workloadProfile != "" {
+		if leader, err := b.leaderID(ctx); err == nil {
+			b.res.Notes = append(b.res.Notes, fmt.Sprintf("workload-cpuprofile: head %d led when the profiles began", leader))
+		}
+		defer b.profileHeads(ctx, "workload-cpuprofile", b.cfg.workloadProfile, b.cfg.workloadProfileFor, 0)()
+	}
 	start := time.Now()
 	n0, err := b.submit(ctx, specs)
 	b.res.SubmitS, b.res.WorkloadSubmit = round2(time.Since(start).Seconds()), n0
@@ -921,6 +934,29 @@ func (b *scaleBench) schedLatency(ctx context.Context) error {
 	return nil
 }
 
+// profileHeads starts the CPU profiles of every head but skip (0: none) over span, to
+// PREFIX-head<ID>.pprof; the function it returns waits for them and notes their errors
+// under flag's name.
+func (b *scaleBench) profileHeads(ctx context.Context, flag, prefix string, span time.Duration, skip uint64) func() {
+	var profiles []chan error
+	for _, h := range b.cf.Heads {
+		if h.ID == skip {
+			continue
+		}
+		done := make(chan error, 1)
+		profiles = append(profiles, done)
+		file := fmt.Sprintf("%s-head%d.pprof", prefix, h.ID)
+		go func() { done <- b.headProfile(ctx, h.ID, file, span) }()
+	}
+	return func() {
+		for _, done := range profiles {
+			if err := <-done; err != nil {
+				b.res.Notes = append(b.res.Notes, flag+": "+err.Error())
+			}
+		}
+	}
+}
+
 // headProfile writes head id's CPU profile over span to file (its /debug/pprof/profile,
 // with the bench's admin credential).
 func (b *scaleBench) headProfile(ctx context.Context, id uint64, file string, span time.Duration) error {
@@ -995,27 +1031,17 @@ func (b *scaleBench) failover(ctx context.Context) error {
 	if _, err := b.d.SubmitJob(ctx, api.Job{Name: "bench-cp-pending"}); err != nil && !errors.Is(err, api.ErrExists) {
 		return err
 	}
-	var profiles []chan error
+	var profiled func()
 	if b.cfg.failoverProfile != "" {
-		for _, h := range b.cf.Heads {
-			if h.ID == leader {
-				continue
-			}
-			done := make(chan error, 1)
-			profiles = append(profiles, done)
-			file := fmt.Sprintf("%s-head%d.pprof", b.cfg.failoverProfile, h.ID)
-			go func() { done <- b.headProfile(ctx, h.ID, file, b.cfg.failoverProfileFor) }()
-		}
+		profiled = b.profileHeads(ctx, "failover-cpuprofile", b.cfg.failoverProfile, b.cfg.failoverProfileFor, leader)
 		// The profile handlers start when the requests arrive: give them a moment, so that
 		// the profiles hold the kill's first instants.
 		_ = sleepCtx(ctx, 500*time.Millisecond)
 	}
 	b.say("failover: killing leader head %d", leader)
 	elected, inOffice, _, err := cp.killAndProbe(ctx, leader, p)
-	for _, done := range profiles {
-		if perr := <-done; perr != nil {
-			b.res.Notes = append(b.res.Notes, "failover-cpuprofile: "+perr.Error())
-		}
+	if profiled != nil {
+		profiled()
 	}
 	if err != nil {
 		return err
