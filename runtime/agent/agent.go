@@ -129,6 +129,7 @@ type Config struct {
 // Agent is a running agent.
 type Agent struct {
 	cfg    Config
+	period atomic.Int64  // the load reports' period now (a time.Duration): the leader's or the agent's own
 	id     *pki.Identity // the agent's certificate (nil without TLS)
 	log    *zap.Logger
 	client *api.Client
@@ -452,7 +453,9 @@ func (a *Agent) joinGossip(ctx context.Context) error {
 // and the machine never registered with it) gets a new registration.
 func (a *Agent) loadLoop() {
 	defer a.wg.Done()
-	t := time.NewTicker(a.cfg.LoadInterval)
+	every := a.cfg.LoadInterval
+	a.period.Store(int64(every))
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
@@ -476,9 +479,17 @@ func (a *Agent) loadLoop() {
 		a.mu.Unlock()
 		// A report that waits is still a heartbeat when it arrives; one given up closes its
 		// connection, and the next pays a TLS handshake: under load that spirals.
-		ctx, cancel := context.WithTimeout(a.ctx, max(5*time.Second, 2*a.cfg.LoadInterval))
-		err := a.client.ReportLoad(ctx, api.LoadReport{Machine: a.cfg.Name, Incarnation: inc, Load: l, At: time.Now(), Store: a.storeUsage()})
+		ctx, cancel := context.WithTimeout(a.ctx, max(5*time.Second, 2*every))
+		ans, err := a.client.ReportLoad(ctx, api.LoadReport{Machine: a.cfg.Name, Incarnation: inc, Load: l, At: time.Now(), Store: a.storeUsage()})
 		cancel()
+		// The leader paces a large cluster's reports: this machine's period is the one it
+		// asks, or the agent's own if that is longer.
+		if next := max(a.cfg.LoadInterval, time.Duration(ans.Interval)); err == nil && next != every {
+			a.log.Info("report period", zap.Duration("from", every), zap.Duration("to", next))
+			every = next
+			t.Reset(every)
+			a.period.Store(int64(every))
+		}
 		if errors.Is(err, api.ErrNotFound) || errors.Is(err, api.ErrStale) {
 			a.log.Warn("the leader does not know this machine as alive; registering again", zap.Error(err))
 			if err := a.register(a.ctx); err != nil {

@@ -39,8 +39,10 @@ func TestHollowMachines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A report rate of 4 a second paces the 20 machines' reports: each is asked for one
+	// every 5 s, capped at a third of the 10 s heartbeat timeout.
 	h, err := head.Start(head.Config{ID: 1, Peers: map[uint64]string{1: freeTCP(t)}, DataDir: t.TempDir(), NoSync: true, Token: headToken,
-		CA: ca, Gossip: "127.0.0.1:0", Logger: zaptest.NewLogger(t)})
+		CA: ca, Gossip: "127.0.0.1:0", Logger: zaptest.NewLogger(t), Controller: head.ControllerConfig{ReportRate: 4}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,6 +146,16 @@ func TestHollowMachines(t *testing.T) {
 		case <-tick.C:
 		case <-ctx.Done():
 			t.Fatalf("%d of %d machines report their cards held: %+v", full, n, st.Machines)
+		}
+	}
+	// Every agent took the period the leader asked in its answers.
+	for _, a := range agents {
+		for time.Duration(a.period.Load()) != 3333*time.Millisecond {
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				t.Fatalf("%s reports every %v, want the leader's 3.333s", a.Name(), time.Duration(a.period.Load()))
+			}
 		}
 	}
 	// A hollow worker that exits is reported: the gang restarts (the next generation is

@@ -600,10 +600,13 @@ func (c *Client) RegisterMachine(ctx context.Context, m Machine) (Machine, error
 	return out, err
 }
 
-// ReportLoad sends a machine's load sample to the leader. Reports are periodic: one that a
-// head answers "unavailable" is not retried (the next report takes its place).
-func (c *Client) ReportLoad(ctx context.Context, r LoadReport) error {
-	return c.do(ctx, http.MethodPost, "/v1/machines/load", r, nil, true)
+// ReportLoad sends a machine's load sample to the leader; the answer carries the period
+// the leader asks of the reports. Reports are periodic: one that a head answers
+// "unavailable" is not retried (the next report takes its place).
+func (c *Client) ReportLoad(ctx context.Context, r LoadReport) (LoadAnswer, error) {
+	var a LoadAnswer
+	err := c.do(ctx, http.MethodPost, "/v1/machines/load", r, &a, true)
+	return a, err
 }
 
 // SubmitJob creates a job.

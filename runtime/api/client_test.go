@@ -672,7 +672,7 @@ func TestReportLoadIsNotRetriedWhileUnavailable(t *testing.T) {
 			writeTestJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: "no leader", Kind: "unavailable"})
 		}
 	})
-	err := c.ReportLoad(ctxT(t, 5*time.Second), LoadReport{Machine: "m"})
+	_, err := c.ReportLoad(ctxT(t, 5*time.Second), LoadReport{Machine: "m"})
 	if !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("report: %v, want ErrUnavailable", err)
 	}

@@ -886,6 +886,14 @@ type LoadReport struct {
 	Store *StoreUsage `json:"store,omitempty"`
 }
 
+// LoadAnswer is the leader's answer to a load report.
+type LoadAnswer struct {
+	// Interval is the period the leader asks of this machine's reports: the machines
+	// over the leader's report rate, up to a third of its heartbeat timeout (0 from
+	// older heads). An agent reports at this period or its own, the longer.
+	Interval Duration `json:"interval"`
+}
+
 // HeadInfo is one head as the cluster sees it.
 type HeadInfo struct {
 	ID      uint64 `json:"id"`

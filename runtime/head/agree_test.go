@@ -106,7 +106,7 @@ func keepAlive(t *testing.T, c *api.Client, machines ...api.Machine) {
 		defer close(done)
 		for {
 			for _, m := range machines {
-				_ = c.ReportLoad(ctx, api.LoadReport{Machine: m.Name, Incarnation: m.Incarnation, At: time.Now()})
+				_, _ = c.ReportLoad(ctx, api.LoadReport{Machine: m.Name, Incarnation: m.Incarnation, At: time.Now()})
 			}
 			select {
 			case <-ctx.Done():

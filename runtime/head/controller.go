@@ -63,8 +63,16 @@ type ControllerConfig struct {
 	// (the only rule without gossip). Default 10 s. Failure detection: detect.go.
 	HeartbeatTimeout time.Duration
 	// GossipConfirm declares dead a machine that gossip has failed (or left) and whose agent
-	// sent no load report for this long: gossip alone never does. Default 3 s.
+	// sent no load report for this long: gossip alone never does. Default 3 s; never
+	// under one and a half of the report period the leader asks (ReportRate).
 	GossipConfirm time.Duration
+	// ReportRate is how many load reports a second the leader takes from all machines
+	// together: it asks each agent for a report every machines/ReportRate seconds when
+	// that is longer than the agent's own period, up to a third of HeartbeatTimeout
+	// (Kubernetes' kubelets renew their leases every 10 s at any size; here a small
+	// cluster keeps its agents' 1 s and a large one is paced). Default 500; negative:
+	// never ask.
+	ReportRate float64
 	// PauseThreshold: a gap between two sweeps longer than this means the leader itself
 	// was paused or starved; every machine then gets a fresh grace period. Default 1 s.
 	PauseThreshold time.Duration
@@ -281,6 +289,9 @@ func NewController(cfg ControllerConfig, rep *paxos.Replica, sm *metaserver.Stat
 	}
 	if cfg.PauseThreshold == 0 {
 		cfg.PauseThreshold = max(time.Second, 5*cfg.Poll)
+	}
+	if cfg.ReportRate == 0 {
+		cfg.ReportRate = DefaultReportRate
 	}
 	if cfg.FlapMemory == 0 {
 		cfg.FlapMemory = time.Minute

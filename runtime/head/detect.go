@@ -27,7 +27,10 @@ import (
 // failureDetector holds that evidence for one term. It is pure: time is an argument, and
 // it decides nothing by itself (the controller asks it at each sweep and commits).
 type failureDetector struct {
-	cfg       detectorConfig
+	cfg detectorConfig
+	// interval is the report period the leader asks of the agents (reportInterval): a
+	// machine gossip has down is given one and a half of it to report.
+	interval  time.Duration
 	graceFrom time.Time // the term's start or the end of the last pause
 	lastSweep time.Time
 	m         map[string]*machineWatch
@@ -108,7 +111,7 @@ func (d *failureDetector) confirmFor(w *machineWatch, now time.Time) time.Durati
 	if w.flaps > 0 && now.Sub(w.flapAt) > d.cfg.flapMemory {
 		w.flaps = 0
 	}
-	c := d.cfg.confirm
+	c := max(d.cfg.confirm, d.interval*3/2)
 	for i := 0; i < w.flaps && c < d.cfg.silence; i++ {
 		c *= 2
 	}

@@ -187,10 +187,10 @@ func TestLivenessOffTheControllerLock(t *testing.T) {
 	}()
 	rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
 	defer rcancel()
-	if err := c.ReportLoad(rctx, api.LoadReport{Machine: "m0", Incarnation: m.Incarnation, Load: api.Load{CPU: 0.5}}); err != nil {
+	if _, err := c.ReportLoad(rctx, api.LoadReport{Machine: "m0", Incarnation: m.Incarnation, Load: api.Load{CPU: 0.5}}); err != nil {
 		t.Fatalf("a load report while the controller's lock is held: %v", err)
 	}
-	if err := c.ReportLoad(rctx, api.LoadReport{Machine: "m0", Incarnation: m.Incarnation + 1}); !errors.Is(err, api.ErrStale) {
+	if _, err := c.ReportLoad(rctx, api.LoadReport{Machine: "m0", Incarnation: m.Incarnation + 1}); !errors.Is(err, api.ErrStale) {
 		t.Fatalf("a report of another incarnation: %v, want stale", err)
 	}
 	if l, ok := ctl.liveLoad("m0"); !ok || l.Load.CPU != 0.5 {
@@ -229,7 +229,7 @@ func TestVerdictDroppedWhenTheMachineReported(t *testing.T) {
 	ctl.liveMu.Lock()
 	v := liveVerdict{verdict: verdict{"m0", "no heartbeat (test)"}, inc: m.Incarnation, heard: ctl.live.detect.watch("m0").heard}
 	ctl.liveMu.Unlock()
-	if err := c.ReportLoad(ctx, api.LoadReport{Machine: "m0", Incarnation: m.Incarnation}); err != nil {
+	if _, err := c.ReportLoad(ctx, api.LoadReport{Machine: "m0", Incarnation: m.Incarnation}); err != nil {
 		t.Fatal(err)
 	}
 	if err := ctl.declareDead(ctx, []liveVerdict{v}); err != nil {
@@ -244,5 +244,45 @@ func TestVerdictDroppedWhenTheMachineReported(t *testing.T) {
 	}
 	if got, err := ctl.Machine("m0"); err != nil || got.Alive {
 		t.Fatalf("m0 after a standing verdict: %+v, %v", got, err)
+	}
+}
+
+func TestReportInterval(t *testing.T) {
+	for _, tc := range []struct {
+		machines int
+		rate     float64
+		timeout  time.Duration
+		want     time.Duration
+	}{
+		{100, 500, 10 * time.Second, 0}, // a small cluster: the agents' own period
+		{500, 500, 10 * time.Second, 0},
+		{501, 500, 10 * time.Second, 2 * time.Second},
+		{1100, 500, 10 * time.Second, 3 * time.Second},
+		{2000, 500, 10 * time.Second, 3333 * time.Millisecond}, // a third of the timeout
+		{2000, -1, 10 * time.Second, 0},                        // never asked
+	} {
+		if got := reportInterval(tc.machines, tc.rate, tc.timeout); got != tc.want {
+			t.Errorf("reportInterval(%d, %v, %v) = %v, want %v", tc.machines, tc.rate, tc.timeout, got, tc.want)
+		}
+	}
+}
+
+// A machine whose reports the leader paces gets one and a half of their period to report
+// after gossip has it failed, where the default confirmation is 3 s.
+func TestPacedMachineGetsItsPeriodToConfirm(t *testing.T) {
+	cfg := detectorConfig{silence: 10 * time.Second, confirm: 3 * time.Second, pause: time.Second, flapMemory: time.Minute}
+	t0 := time.Unix(1000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	d := newFailureDetector(cfg, t0)
+	d.interval = 3333 * time.Millisecond
+	d.heard("m0", at(1))
+	d.gossip("m0", "failed", at(1.1))
+	for s := 0.2; s < 5.9; s += 0.2 { // from the term's start: no pause
+		if _, dead := d.sweep(at(s), []string{"m0"}); len(dead) > 0 {
+			t.Fatalf("sweep at %.1fs, %.1fs after its last report: %v (its period is 3.3 s)", s, s-1, dead)
+		}
+	}
+	if _, dead := d.sweep(at(6.1), []string{"m0"}); len(dead) != 1 {
+		t.Fatalf("5.1 s after its last report, with gossip agreeing: %v, want it dead", dead)
 	}
 }

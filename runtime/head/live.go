@@ -3,6 +3,7 @@ package head
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
 	"time"
 
@@ -123,42 +124,64 @@ func (c *Controller) takeLoadsLocked(t *term) {
 	}
 }
 
+// DefaultReportRate is ControllerConfig.ReportRate's default: the load reports a second
+// the leader takes in all. An idle leader of 1,100 machines reporting every second used
+// 0.40 cores (bench scale), at most 0.36 ms a report (TLS, HTTP, JSON): 500 a second is
+// at most a fifth of a core, at any size.
+const DefaultReportRate = 500
+
+// reportInterval is the report period the leader asks of every agent when machines are
+// alive: none (0: the agents keep their own) up to rate machines, then machines/rate in
+// whole seconds (rounded up: the period changes at every rate machines, not at each one),
+// up to a third of the heartbeat timeout, so that a machine misses two reports before it
+// is declared dead for its silence.
+func reportInterval(machines int, rate float64, timeout time.Duration) time.Duration {
+	if rate <= 0 || float64(machines) <= rate {
+		return 0
+	}
+	iv := time.Duration(math.Ceil(float64(machines)/rate)) * time.Second
+	return min(iv, (timeout / 3).Truncate(time.Millisecond))
+}
+
 // ReportLoad records an agent's load sample (its heartbeat) for the failure detector and
-// the scheduler's load plugin, which takes it at its next cycle. Samples are not committed:
-// only the leader uses them, and a new leader gets fresh ones within a period. It takes
-// only the liveness lock, never the controller's.
-func (c *Controller) ReportLoad(r api.LoadReport) error {
+// the scheduler's load plugin, which takes it at its next cycle, and answers with the
+// report period the leader asks (reportInterval). Samples are not committed: only the
+// leader uses them, and a new leader gets fresh ones within a period. It takes only the
+// liveness lock, never the controller's.
+func (c *Controller) ReportLoad(r api.LoadReport) (api.LoadAnswer, error) {
 	c.liveMu.Lock()
 	v := c.live
 	c.liveMu.Unlock()
 	if v == nil {
-		return c.notLeader()
+		return api.LoadAnswer{}, c.notLeader()
 	}
 	if !c.rep.Leading() {
-		return fmt.Errorf("%w: the leader cannot confirm its leadership (its lease ran out)", api.ErrUnavailable)
+		return api.LoadAnswer{}, fmt.Errorf("%w: the leader cannot confirm its leadership (its lease ran out)", api.ErrUnavailable)
 	}
 	now := c.cfg.Clock()
 	c.liveMu.Lock()
 	defer c.liveMu.Unlock()
 	if c.live != v {
-		return c.notLeader()
+		return api.LoadAnswer{}, c.notLeader()
 	}
 	inc, ok := v.inc[r.Machine]
 	if !ok {
-		return fmt.Errorf("%w: machine %q is not registered (register again)", api.ErrNotFound, r.Machine)
+		return api.LoadAnswer{}, fmt.Errorf("%w: machine %q is not registered (register again)", api.ErrNotFound, r.Machine)
 	}
 	if r.Incarnation != inc {
-		return fmt.Errorf("%w: machine %q is in incarnation %d, the report is of %d (register again)", api.ErrStale, r.Machine, inc, r.Incarnation)
+		return api.LoadAnswer{}, fmt.Errorf("%w: machine %q is in incarnation %d, the report is of %d (register again)", api.ErrStale, r.Machine, inc, r.Incarnation)
 	}
 	for _, f := range []float64{r.Load.CPU, r.Load.GPU, r.Load.Mem, r.Load.Net} {
 		if !(f >= 0 && f <= 1) {
-			return fmt.Errorf("%w: machine %q load %+v: every figure must be in [0, 1]", api.ErrInvalid, r.Machine, r.Load)
+			return api.LoadAnswer{}, fmt.Errorf("%w: machine %q load %+v: every figure must be in [0, 1]", api.ErrInvalid, r.Machine, r.Load)
 		}
 	}
 	v.loads[r.Machine] = r
 	v.fresh[r.Machine] = true
 	v.detect.heard(r.Machine, now)
-	return nil
+	iv := reportInterval(len(v.inc), c.cfg.ReportRate, c.cfg.HeartbeatTimeout)
+	v.detect.interval = iv
+	return api.LoadAnswer{Interval: api.Duration(iv)}, nil
 }
 
 // GossipEvent tells the leader what membership (serf) says of a machine's agent: "failed"
