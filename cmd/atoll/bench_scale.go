@@ -55,6 +55,8 @@ type scaleConfig struct {
 	groupNice int
 	// election is the heads' Paxos election timeout (0: the heads' default).
 	election time.Duration
+	// reportRate is the heads' --report-rate (0: their default).
+	reportRate float64
 	// probeProfile, when set, is where the leader's CPU profile taken while the probes
 	// run is written (its /debug/pprof/profile, probeProfileFor long).
 	probeProfile    string
@@ -128,8 +130,10 @@ type scaleResult struct {
 	LogCommitsPerS     *float64 `json:"log_commits_per_s"`
 	IdleMetaWritesPerS *float64 `json:"idle_meta_writes_per_s"`
 	// HollowCPUCores is the hollow agents' processes' CPU over the loaded window (what the
-	// machines' side costs on this host, beside the heads).
-	HollowCPUCores *float64 `json:"hollow_cpu_cores"`
+	// machines' side costs on this host, beside the heads); IdleHollowCPUCores over the
+	// idle window.
+	HollowCPUCores     *float64 `json:"hollow_cpu_cores"`
+	IdleHollowCPUCores *float64 `json:"idle_hollow_cpu_cores"`
 	// SchedP50MS and SchedP99MS: --probes gangs of one 1-GPU worker submitted one after
 	// another while PendingGangs wait: from the submission to the gang placed (its record
 	// starting or running).
@@ -179,9 +183,12 @@ type scaleResult struct {
 	// ElectionTimeoutS is the heads' Paxos election timeout (--election-timeout; their
 	// default when 0 was asked).
 	ElectionTimeoutS float64 `json:"election_timeout_s"`
-	WindowS          float64 `json:"window_s"`
-	SubmitS          float64 `json:"submit_s"`
-	WorkloadSubmit   int     `json:"workload_submitted"`
+	// ReportRate is the heads' --report-rate (their default when 0 was asked; negative:
+	// the agents' reports were not paced).
+	ReportRate     float64 `json:"report_rate"`
+	WindowS        float64 `json:"window_s"`
+	SubmitS        float64 `json:"submit_s"`
+	WorkloadSubmit int     `json:"workload_submitted"`
 	// WorkloadFailed counts the workload's gangs that failed (or stopped), WorkloadRestarts
 	// their restarts (a machine declared dead moves its gangs), when the count was taken.
 	WorkloadFailed   int     `json:"workload_failed"`
@@ -252,6 +259,7 @@ and running_tasks and queued_tasks are null with a note.`,
 	f.DurationVar(&cfg.probeProfileFor, "probe-cpuprofile-for", 10*time.Second, "how long the probes' CPU profile runs (give enough --probes to cover it)")
 	f.StringVar(&cfg.failoverProfile, "failover-cpuprofile", "", "write the surviving heads' CPU profiles, taken from just before the leader's SIGKILL, to PREFIX-head<ID>.pprof")
 	f.DurationVar(&cfg.failoverProfileFor, "failover-cpuprofile-for", 20*time.Second, "how long the failover's CPU profiles run")
+	f.Float64Var(&cfg.reportRate, "report-rate", 0, "the heads' --report-rate (0: their default, 500; negative: the leader never paces the agents' reports)")
 	f.StringVar(&cfg.workloadProfile, "workload-cpuprofile", "", "write the heads' CPU profiles, taken from the start of the workload's submission, to PREFIX-head<ID>.pprof")
 	f.DurationVar(&cfg.workloadProfileFor, "workload-cpuprofile-for", 30*time.Second, "how long the workload's CPU profiles run")
 	f.BoolVar(&cfg.keep, "keep", false, "keep the run's directory (the heads' and agents' logs) even when the run succeeds")
@@ -299,7 +307,7 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 	began := time.Now()
 	res := &scaleResult{Started: began.UTC().Format(time.RFC3339), Machines: cfg.machines, Heads: 3, TLS: true, CPUs: runtime.NumCPU(),
 		GossipMembers: cfg.gossip, HollowNice: cfg.nice, HollowGroupNice: cfg.groupNice, WindowS: cfg.window.Seconds(), Notes: []string{},
-		ElectionTimeoutS: cmp.Or(cfg.election, head.DefaultElectionTimeout).Seconds(),
+		ElectionTimeoutS: cmp.Or(cfg.election, head.DefaultElectionTimeout).Seconds(), ReportRate: cmp.Or(cfg.reportRate, head.DefaultReportRate),
 		Targets: map[string]float64{"machines": 2000, "actors": 20000, "running_tasks": 15000, "running_gangs": 1000, "head_cpu_cores": 1,
 			"sched_p99_ms": 100, "failover_s": 3, "lost_machine_detect_s": 10},
 		Met: map[string]bool{}}
@@ -322,7 +330,7 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 	}()
 	b := &scaleBench{cfg: cfg, res: res, dir: tmp, say: say}
 	say("starting 3 heads")
-	cf, _, err := startCluster(ctx, filepath.Join(tmp, "cluster"), 3, 0, "dgx-h100", true, 2*time.Minute, upOptions{election: b.cfg.election})
+	cf, _, err := startCluster(ctx, filepath.Join(tmp, "cluster"), 3, 0, "dgx-h100", true, 2*time.Minute, upOptions{election: b.cfg.election, reportRate: b.cfg.reportRate})
 	if err != nil {
 		return nil, err
 	}
@@ -350,6 +358,7 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 		return nil, err
 	}
 	res.IdleHeadCPUCores, res.IdleHeadsCPUCores, res.IdleHeadRSSMiB, res.IdleMetaWritesPerS = &idle.leaderCPU, &idle.headsCPU, &idle.leaderRSS, &idle.writes
+	res.IdleHollowCPUCores = &idle.hollowCPU
 	if err := b.workload(ctx); err != nil {
 		return nil, err
 	}

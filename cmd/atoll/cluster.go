@@ -51,6 +51,8 @@ type clusterFile struct {
 	// started with ("" for their defaults), kept so that a restart runs them the same.
 	GossipProbe      string `json:"gossip_probe,omitempty"`
 	HeartbeatTimeout string `json:"heartbeat_timeout,omitempty"`
+	// ReportRate is the heads' --report-rate ("" for their default).
+	ReportRate string `json:"report_rate,omitempty"`
 	// Tick and ElectionTimeout are the heads' Paxos timing ("" for their defaults).
 	Tick            string `json:"tick,omitempty"`
 	ElectionTimeout string `json:"election_timeout,omitempty"`
@@ -68,6 +70,8 @@ type upOptions struct {
 	gossipProbe, heartbeatTimeout time.Duration
 	// tick and election are the heads' Paxos timing (0: their defaults).
 	tick, election time.Duration
+	// reportRate is the heads' --report-rate (0: their default).
+	reportRate float64
 	// agent are the agents' object store options.
 	agent agentOptions
 }
@@ -551,6 +555,9 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		if opts.election > 0 {
 			cf.ElectionTimeout = opts.election.String()
 		}
+		if opts.reportRate != 0 {
+			cf.ReportRate = strconv.FormatFloat(opts.reportRate, 'g', -1, 64)
+		}
 		cf.AgentArgs = opts.agent.args()
 	}
 	for i := len(cf.Agents); i < agents; i++ {
@@ -741,6 +748,9 @@ func headArgs(abs string, cf *clusterFile, i int) []string {
 	}
 	if cf.ElectionTimeout != "" {
 		args = append(args, "--election-timeout", cf.ElectionTimeout)
+	}
+	if cf.ReportRate != "" {
+		args = append(args, "--report-rate", cf.ReportRate)
 	}
 	return args
 }
