@@ -786,7 +786,7 @@ func (b *scaleBench) workload(ctx context.Context) error {
 				}
 			}
 			b.res.RunningGangs, b.res.Actors, b.res.WorkloadFailed, b.res.WorkloadRestarts = &running, &acting, failed, restarts
-			if running+acting+failed == len(specs) {
+			if running+acting+failed >= n0 { // every admitted gang
 				break
 			}
 		}
@@ -794,6 +794,11 @@ func (b *scaleBench) workload(ctx context.Context) error {
 			b.res.Notes = append(b.res.Notes, fmt.Sprintf("running_gangs, actors: counted when --setup-timeout %v ran out, not all of the %d submitted ran", b.cfg.setupTimeout, len(specs)))
 			break
 		}
+	}
+	if b.res.RunningGangs == nil { // no leader answered the status all that time
+		zero, none := 0, 0
+		b.res.RunningGangs, b.res.Actors = &zero, &none
+		b.res.Notes = append(b.res.Notes, "running_gangs, actors: no head answered the cluster's status before --setup-timeout ran out")
 	}
 	b.say("workload: %d gangs and %d actors run after %.1f s", *b.res.RunningGangs, *b.res.Actors, time.Since(start).Seconds())
 	specs = specs[:0]

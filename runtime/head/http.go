@@ -412,11 +412,13 @@ func (a *API) watch(w http.ResponseWriter, r *http.Request) {
 	keep := a.readable(r)
 	var events []meta.Event
 	var covered int64
+	filtered := false
 	for {
 		if machine != "" && a.hub != nil {
 			// An agent's watch scans when an event may concern its machine (placedHub),
-			// not at every commit.
-			events, covered, err = a.sm.EventsAfter(prefix, rev, maxWatchEvents)
+			// not at every commit, and copies only the events that concern it.
+			events, covered, err = a.placedEvents(prefix, rev, machine, keep)
+			filtered = true
 			if err == nil && len(events) == 0 {
 				woken, stop := a.hub.wait(machine, covered)
 				select {
@@ -443,7 +445,7 @@ func (a *API) watch(w http.ResponseWriter, r *http.Request) {
 		if r.Context().Err() != nil {
 			return
 		}
-		if keep != nil || machine != "" {
+		if !filtered && (keep != nil || machine != "") {
 			kept := events[:0:0]
 			for _, ev := range events {
 				if (keep == nil || keep(ev.KV.Key)) && (machine == "" || ev.Type == meta.EventDelete || a.placed.Concerns(ev.KV, machine)) {
@@ -463,6 +465,26 @@ func (a *API) watch(w http.ResponseWriter, r *http.Request) {
 		events = []meta.Event{}
 	}
 	writeJSON(w, http.StatusOK, api.WatchAnswer{Revision: covered, Events: events})
+}
+
+// placedEvents is the events of prefix after rev that machine's agent may read (keep) and
+// that concern it (api.GangConcerns), read from the history without a copy of the others,
+// and the revision they cover: at most maxWatchEvents, whole revisions.
+func (a *API) placedEvents(prefix string, rev int64, machine string, keep func(string) bool) ([]meta.Event, int64, error) {
+	view, covered, err := a.sm.EventsView(rev)
+	if err != nil {
+		return nil, rev, err
+	}
+	var out []meta.Event
+	for _, ev := range view {
+		if len(out) >= maxWatchEvents && ev.Revision != out[len(out)-1].Revision {
+			return out, out[len(out)-1].Revision, nil
+		}
+		if strings.HasPrefix(ev.KV.Key, prefix) && (keep == nil || keep(ev.KV.Key)) && (ev.Type == meta.EventDelete || a.placed.Concerns(ev.KV, machine)) {
+			out = append(out, ev)
+		}
+	}
+	return out, covered, nil
 }
 
 // cluster answers the cluster's status (at the leader).

@@ -420,3 +420,36 @@ func TestRangePagesWalkThePrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestEventsView: the view is the history after a revision, every prefix, without a copy;
+// what it holds stays as it was while the history grows and is cut, and an append to it
+// never reaches the history.
+func TestEventsView(t *testing.T) {
+	const limit = 16
+	sm := NewStateMachine(limit)
+	put := func(key string) int64 {
+		return sm.ApplyRequest(&meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: key, Value: []byte(key)}}}).Revision
+	}
+	r1 := put("gangs/a")
+	put("jobs/x")
+	r3 := put("gangs/b")
+	view, covered, err := sm.EventsView(r1)
+	if err != nil || covered != r3 || len(view) != 2 || view[0].KV.Key != "jobs/x" || view[1].KV.Key != "gangs/b" {
+		t.Fatalf("after %d: %+v covering %d, %v; want jobs/x and gangs/b covering %d", r1, view, covered, err, r3)
+	}
+	_ = append(view, meta.Event{KV: meta.KeyValue{Key: "written"}})
+	put("gangs/c")
+	later, _, _ := sm.EventsView(r3)
+	if len(later) != 1 || later[0].KV.Key != "gangs/c" {
+		t.Fatalf("an append to a view reached the history: %+v", later)
+	}
+	for i := range 4 * limit { // cut the history several times
+		put("jobs/" + strconv.Itoa(i))
+	}
+	if view[0].KV.Key != "jobs/x" || view[1].KV.Key != "gangs/b" || string(view[1].KV.Value) != "gangs/b" {
+		t.Fatalf("a view changed under its reader: %+v", view)
+	}
+	if _, _, err := sm.EventsView(r1); !errors.Is(err, meta.ErrCompacted) {
+		t.Fatalf("a view from before the history: %v, want ErrCompacted", err)
+	}
+}

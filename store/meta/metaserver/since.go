@@ -46,6 +46,24 @@ func (s *StateMachine) EventsAfter(prefix string, fromRev int64, max int) ([]met
 	return s.eventsAfterLocked(prefix, fromRev, max)
 }
 
+// EventsView is what the history holds after revision next now, every prefix, without a
+// copy, and the revision it covers. The slice shares the history's array: the caller reads
+// it and must not write it (a full slice expression keeps an append from reaching the
+// history's later elements). It is safe because the history is only appended to and cut
+// by copying into a new array, so the elements a view sees are never written again. A
+// filtered watch reads many events for each one it keeps: copying them all, under the
+// state machine's lock, was most of the cost of a cluster's agents' watches.
+func (s *StateMachine) EventsView(next int64) ([]meta.Event, int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if next < s.compact {
+		return nil, next, fmt.Errorf("meta: events after revision %d (history starts after %d): %w", next, s.compact, meta.ErrCompacted)
+	}
+	i := sort.Search(len(s.history), func(i int) bool { return s.history[i].Revision > next })
+	n := len(s.history)
+	return s.history[i:n:n], max(s.revision, next), nil
+}
+
 func (s *StateMachine) eventsAfterLocked(prefix string, next int64, limit int) ([]meta.Event, int64, error) {
 	if next < s.compact {
 		return nil, next, fmt.Errorf("meta: events after revision %d (history starts after %d): %w", next, s.compact, meta.ErrCompacted)
