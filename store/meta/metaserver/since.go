@@ -37,17 +37,10 @@ func (s *StateMachine) EventsSince(ctx context.Context, prefix string, fromRev i
 	}
 }
 
-// EventsAfter is EventsSince without the wait: what the history holds after fromRev now
-// (perhaps nothing, covering the current revision). A caller that learns of new revisions
-// otherwise (a dispatcher that wakes only the watchers an event concerns) scans with it.
-func (s *StateMachine) EventsAfter(prefix string, fromRev int64, max int) ([]meta.Event, int64, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.eventsAfterLocked(prefix, fromRev, max)
-}
-
-// EventsView is what the history holds after revision next now, every prefix, without a
-// copy, and the revision it covers. The slice shares the history's array: the caller reads
+// EventsView is what the history holds after revision next now (perhaps nothing, covering
+// the current revision), every prefix, without a copy: EventsSince without the wait, for
+// a caller that learns of new revisions otherwise (a dispatcher that wakes only the
+// watchers an event concerns). The slice shares the history's array: the caller reads
 // it and must not write it (a full slice expression keeps an append from reaching the
 // history's later elements). It is safe because the history is only appended to and cut
 // by copying into a new array, so the elements a view sees are never written again. A
