@@ -453,3 +453,75 @@ func TestEventsView(t *testing.T) {
 		t.Fatalf("a view from before the history: %v, want ErrCompacted", err)
 	}
 }
+
+// TestEventsSinceWakesOnlyItsPrefix: of many watchers asleep on prefixes of their own, a
+// commit wakes those a key of it falls under (and the watcher of every key), and each gets
+// its event; the others sleep on.
+func TestEventsSinceWakesOnlyItsPrefix(t *testing.T) {
+	sm := NewStateMachine(0)
+	rev := sm.ApplyRequest(&meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: "jobs/j", Value: []byte("j")}}}).Revision
+	type answer struct {
+		prefix string
+		events []meta.Event
+		err    error
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	answers := make(chan answer, 64)
+	prefixes := []string{"", "gangs/j/", "gangs/j/g7"}
+	for i := range 50 {
+		if i != 7 {
+			prefixes = append(prefixes, fmt.Sprintf("gangs/j/g%d", i))
+		}
+	}
+	for _, p := range prefixes {
+		go func() {
+			evs, _, err := sm.EventsSince(ctx, p, rev, 0)
+			answers <- answer{p, evs, err}
+		}()
+	}
+	asleep := func() int { // watchers registered
+		sm.mu.Lock()
+		defer sm.mu.Unlock()
+		n := 0
+		for _, set := range sm.sleepers {
+			n += len(set)
+		}
+		return n
+	}
+	for asleep() < len(prefixes) {
+		time.Sleep(time.Millisecond)
+	}
+	sm.ApplyRequest(&meta.Request{Ops: []meta.Op{{Type: meta.OpPut, Key: "gangs/j/g7", Value: []byte("g7")}}})
+	got := map[string]bool{}
+	for range 3 {
+		a := <-answers
+		if a.err != nil || len(a.events) != 1 || a.events[0].KV.Key != "gangs/j/g7" {
+			t.Fatalf("watcher of %q: %+v, %v; want the put of gangs/j/g7", a.prefix, a.events, a.err)
+		}
+		got[a.prefix] = true
+	}
+	if !got[""] || !got["gangs/j/"] || !got["gangs/j/g7"] {
+		t.Fatalf("woken: %v, want the watchers of \"\", gangs/j/ and gangs/j/g7", got)
+	}
+	sm.mu.Lock()
+	woken := sm.woken
+	sm.mu.Unlock()
+	if woken != 3 || asleep() != len(prefixes)-3 {
+		t.Fatalf("%d watchers woken and %d asleep; want 3 woken and the other %d asleep", woken, asleep(), len(prefixes)-3)
+	}
+	select {
+	case a := <-answers:
+		t.Fatalf("the watcher of %q answered: %+v, %v", a.prefix, a.events, a.err)
+	default:
+	}
+	cancel()
+	for range len(prefixes) - 3 {
+		if a := <-answers; a.err != nil || len(a.events) != 0 {
+			t.Fatalf("watcher of %q after its context ended: %+v, %v; want no event", a.prefix, a.events, a.err)
+		}
+	}
+	if n := asleep(); n != 0 {
+		t.Fatalf("%d watchers still registered after their contexts ended", n)
+	}
+}

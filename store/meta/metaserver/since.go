@@ -16,23 +16,71 @@ import (
 // (ctx ended first) the covered revision is the current one, so a watcher of a quiet prefix
 // moves forward. It fails with ErrCompacted when events after fromRev are no longer kept.
 func (s *StateMachine) EventsSince(ctx context.Context, prefix string, fromRev int64, max int) ([]meta.Event, int64, error) {
-	stop := context.AfterFunc(ctx, func() {
-		s.mu.Lock()
-		s.cond.Broadcast()
-		s.mu.Unlock()
-	})
-	defer stop()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	next := fromRev
 	for {
+		s.mu.Lock()
 		out, covered, err := s.eventsAfterLocked(prefix, next, max)
 		if err != nil || len(out) > 0 || ctx.Err() != nil {
+			s.mu.Unlock()
 			return out, covered, err
 		}
 		next = covered
-		for ctx.Err() == nil && s.revision <= next {
-			s.cond.Wait()
+		ch := s.sleepLocked(prefix)
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			s.mu.Lock()
+			s.unsleepLocked(prefix, ch)
+			s.mu.Unlock()
+		}
+	}
+}
+
+// sleepLocked registers a watcher of prefix that found nothing after the current
+// revision: the channel closes at the next event whose key has the prefix (or at a
+// Restore).
+func (s *StateMachine) sleepLocked(prefix string) chan struct{} {
+	set := s.sleepers[prefix]
+	if set == nil {
+		set = map[chan struct{}]struct{}{}
+		s.sleepers[prefix] = set
+	}
+	ch := make(chan struct{})
+	set[ch] = struct{}{}
+	return ch
+}
+
+// unsleepLocked forgets a watcher that stopped waiting (its context ended).
+func (s *StateMachine) unsleepLocked(prefix string, ch chan struct{}) {
+	if set := s.sleepers[prefix]; set != nil {
+		delete(set, ch)
+		if len(set) == 0 {
+			delete(s.sleepers, prefix)
+		}
+	}
+}
+
+// wakeLocked wakes the watchers of the history's events from index first on: those whose
+// prefix is a prefix of one of their keys. Thousands of watchers of one gang each (a
+// driver's gang handles) were all woken by every commit and each scanned the new events,
+// one after another under the lock: a commit now costs a map lookup per byte of its keys.
+func (s *StateMachine) wakeLocked(first int) {
+	if len(s.sleepers) == 0 {
+		return
+	}
+	for _, ev := range s.history[first:] {
+		key := ev.KV.Key
+		for l := 0; l <= len(key) && len(s.sleepers) > 0; l++ {
+			set := s.sleepers[key[:l]]
+			if set == nil {
+				continue
+			}
+			for ch := range set {
+				close(ch)
+				s.woken++
+			}
+			delete(s.sleepers, key[:l])
 		}
 	}
 }

@@ -40,6 +40,11 @@ type StateMachine struct {
 	history  []meta.Event // events with Revision > compacted, in order
 	compact  int64        // revisions <= compact are no longer in history
 	limit    int
+	// sleepers are the EventsSince callers waiting for an event, by the prefix they
+	// watch: a commit wakes those whose prefix one of its keys has, not every watcher
+	// (woken counts the wakeups, for tests).
+	sleepers map[string]map[chan struct{}]struct{}
+	woken    int64
 }
 
 var _ paxos.StateMachine = (*StateMachine)(nil)
@@ -50,7 +55,8 @@ func NewStateMachine(historyLimit int) *StateMachine {
 	if historyLimit <= 0 {
 		historyLimit = DefaultHistoryLimit
 	}
-	s := &StateMachine{kv: map[string]*meta.KeyValue{}, keys: newKeyIndex(), clients: map[string]*clientState{}, limit: historyLimit}
+	s := &StateMachine{kv: map[string]*meta.KeyValue{}, keys: newKeyIndex(), clients: map[string]*clientState{}, limit: historyLimit,
+		sleepers: map[string]map[chan struct{}]struct{}{}}
 	s.cond = sync.NewCond(&s.mu)
 	return s
 }
@@ -121,6 +127,7 @@ func (s *StateMachine) applyTxn(req *meta.Request) meta.Response {
 	}
 	s.revision++
 	rev := s.revision
+	first := len(s.history)
 	for _, op := range req.Ops {
 		switch op.Type {
 		case meta.OpPut:
@@ -144,6 +151,7 @@ func (s *StateMachine) applyTxn(req *meta.Request) meta.Response {
 			s.history = append(s.history, meta.Event{Type: meta.EventDelete, Revision: rev, KV: meta.KeyValue{Key: op.Key, ModRevision: rev}})
 		}
 	}
+	s.wakeLocked(first)
 	// The history runs up to an eighth over its limit before it is cut back to it: cut at
 	// every transaction, each would copy the whole history (100,000 events) under the
 	// lock that the replica's apply and every reader wait for.
@@ -333,6 +341,12 @@ func (s *StateMachine) Restore(b []byte) error {
 		s.clients[id] = cs
 	}
 	s.history = nil
+	for prefix, set := range s.sleepers { // their history is gone: each reads again
+		for ch := range set {
+			close(ch)
+		}
+		delete(s.sleepers, prefix)
+	}
 	s.cond.Broadcast()
 	return nil
 }
