@@ -177,3 +177,43 @@ func TestTaskPoolGrowsWhileItPays(t *testing.T) {
 	sh.spawning = 5
 	want(t0.Add(2*time.Millisecond), 0, "their workers are starting")
 }
+
+// TestGiveFreshWorkerOneTask: a worker that never answered takes one task of a burst (the
+// others wait for the workers the pool starts), one that has just answered takes the
+// pipelined tasks behind it up to taskPipeline, and a task run from inside a task is never
+// pipelined behind another.
+func TestGiveFreshWorkerOneTask(t *testing.T) {
+	burst := func(n int, pipelined bool) *shape {
+		sh := &shape{slots: map[*slot]bool{}}
+		for range n {
+			sh.enqueue(&waiter{ch: make(chan grant, 1), pipelined: pipelined}, time.Now())
+		}
+		return sh
+	}
+	p := &taskPool{}
+	now := time.Now()
+	for _, tc := range []struct {
+		name      string
+		progress  time.Time
+		pipelined bool
+		want      int
+	}{
+		{"never answered", time.Time{}, true, 1},
+		{"answered long ago", now.Add(-time.Second), true, 1},
+		{"just answered", now, true, taskPipeline},
+		{"just answered, nested tasks", now, false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sh := burst(40, tc.pipelined)
+			s := &slot{sh: sh, progress: tc.progress}
+			sh.slots[s] = true
+			p.giveLocked(s)
+			if s.inflight != tc.want || len(sh.waiting) != 40-tc.want {
+				t.Fatalf("the worker took %d tasks (%d still wait), want %d", s.inflight, len(sh.waiting), tc.want)
+			}
+			if fresh := now.Sub(tc.progress) >= pipelineWindow; fresh && sh.pipelineToLocked(now) != nil {
+				t.Fatal("a task is pipelined behind a worker that has not answered lately")
+			}
+		})
+	}
+}

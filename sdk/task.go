@@ -339,7 +339,7 @@ type slot struct {
 	minGen    int // the generation it must reach (after a failure) before it takes a task
 	idleSince time.Time
 	inflight  int       // tasks pushed to it and not yet answered
-	progress  time.Time // when it last answered a task, or took one while idle
+	progress  time.Time // when it last answered a task (zero: never)
 	failing   bool      // a run on it failed: it takes no pipelined task until it is idle again
 }
 
@@ -454,7 +454,6 @@ func (p *taskPool) acquire(ctx context.Context, res Resources, pipelined bool) (
 		s := sh.idle[n-1] // the most recently used: the others may go idle for good
 		sh.idle = sh.idle[:n-1]
 		s.inflight++
-		s.progress = time.Now()
 		p.mu.Unlock()
 		return s, nil
 	}
@@ -705,15 +704,24 @@ func (p *taskPool) spawn(sh *shape, name string) {
 	}
 }
 
-// giveLocked hands an idle task worker to the first task waiting, or keeps it idle.
+// giveLocked hands an idle task worker to the first task waiting, or keeps it idle. A
+// worker that has just answered (within pipelineWindow) takes the pipelined tasks behind
+// that one too, up to taskPipeline; one that never answered, or not lately, takes one: a
+// burst of long tasks must not queue behind each other on the first workers while the pool
+// starts more.
 func (p *taskPool) giveLocked(s *slot) {
 	sh := s.sh
 	s.failing = false
 	if len(sh.waiting) > 0 {
-		w := sh.dequeue(0, time.Now())
+		now := time.Now()
+		w := sh.dequeue(0, now)
 		s.inflight++
-		s.progress = time.Now()
 		w.ch <- grant{s: s}
+		for now.Sub(s.progress) < pipelineWindow && s.inflight < taskPipeline && len(sh.waiting) > 0 && sh.waiting[0].pipelined {
+			w := sh.dequeue(0, now)
+			s.inflight++
+			w.ch <- grant{s: s}
+		}
 		return
 	}
 	s.idleSince = time.Now()
