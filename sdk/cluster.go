@@ -117,6 +117,9 @@ type conn struct {
 	// workerProc: this is a worker process an agent started, whose logger names its
 	// worker (job, gang, rank, generation) in every line.
 	workerProc bool
+	// agentAnnounces: the agent that launched a worker hosted here reports it ready (a
+	// WorkerHost's workers); otherwise host does, on this process's credential.
+	agentAnnounces bool
 	// agents is the client of the agents' APIs (with this process's certificate when the
 	// cluster runs mutual TLS).
 	agents *http.Client
@@ -125,6 +128,7 @@ type conn struct {
 	locals map[string]*objects.Local // stores in this process, by location (embedded machines)
 	hosted map[string]*hosted        // workers hosted in this process, by job/gang/rank
 	gangs  map[*Gang]bool            // gang handles following the log
+	feeds  map[string]*jobFeed       // what the gang handles follow, by job
 	pools  map[string]*taskPool      // task workers, by job
 	jobs   []string                  // jobs this driver submitted (stopped at Shutdown)
 
@@ -136,6 +140,7 @@ type conn struct {
 // init fills what every conn needs.
 func (c *conn) init() {
 	c.locals, c.hosted, c.gangs, c.pools = map[string]*objects.Local{}, map[string]*hosted{}, map[*Gang]bool{}, map[string]*taskPool{}
+	c.feeds = map[string]*jobFeed{}
 	if c.agents == nil {
 		c.agents = http.DefaultClient
 	}

@@ -134,8 +134,13 @@ type Gang struct {
 	mu      sync.Mutex
 	rec     api.Gang
 	workers map[int]api.Worker // by member index
-	changed chan struct{}
-	gens    map[int]genCtx
+	// recRev and workerRevs are the log revisions of rec and of each worker (0: the
+	// spawn's answer): an older copy never replaces a newer one. One transaction may put a
+	// record twice, at one revision: the later put comes later.
+	recRev     int64
+	workerRevs map[int]int64
+	changed    chan struct{}
+	gens       map[int]genCtx
 	// notices delivers the notices given to the gang (Notices); seen is the newest one's
 	// issue time. lastCkpt and lastStep are this process's newest checkpoint of it.
 	notices  chan Notice
@@ -171,7 +176,7 @@ type genCtx struct {
 // newGang returns a handle on a gang that follows its record and workers in the log until
 // stop (or the end of the process's connection).
 func (c *conn) newGang(job, name string, size, keep int, rec api.Gang) *Gang {
-	g := &Gang{c: c, job: job, name: name, key: job + "/" + name, size: size, keep: keep, rec: rec, workers: map[int]api.Worker{},
+	g := &Gang{c: c, job: job, name: name, key: job + "/" + name, size: size, keep: keep, rec: rec, workers: map[int]api.Worker{}, workerRevs: map[int]int64{},
 		changed: make(chan struct{}), gens: map[int]genCtx{}, done: make(chan struct{}), notices: make(chan Notice, 16)}
 	wctx, cancel := context.WithCancel(c.life)
 	g.stop = cancel
@@ -278,45 +283,14 @@ func (j *Job) Gang(ctx context.Context, name string) (*Gang, error) {
 	return j.c.newGang(j.name, name, rec.Spec.Workers, 2, rec), nil
 }
 
-// follow keeps the gang's record and workers up to date from the log.
+// follow keeps the gang's record and workers up to date from the log (through its job's
+// feed) until ctx ends.
 func (g *Gang) follow(ctx context.Context) {
 	defer close(g.done)
 	c := g.c
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		for ctx.Err() == nil {
-			_ = c.client.Watch(ctx, api.TableGangs+g.key, func(reset bool, l api.Listing, evs []meta.Event) error {
-				for _, kv := range l.KVs {
-					g.setRecord(kv.Key, kv.Value)
-				}
-				for _, ev := range evs {
-					if ev.Type == meta.EventPut {
-						g.setRecord(ev.KV.Key, ev.KV.Value)
-					}
-				}
-				return nil
-			})
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		for ctx.Err() == nil {
-			_ = c.client.Watch(ctx, api.TableWorkers+g.key+"/", func(reset bool, l api.Listing, evs []meta.Event) error {
-				for _, kv := range l.KVs {
-					g.setWorker(kv.Value)
-				}
-				for _, ev := range evs {
-					if ev.Type == meta.EventPut {
-						g.setWorker(ev.KV.Value)
-					}
-				}
-				return nil
-			})
-		}
-	}()
-	wg.Wait()
+	c.attach(g)
+	<-ctx.Done()
+	c.detach(g)
 	g.mu.Lock()
 	for _, gc := range g.gens {
 		gc.cancel()
@@ -327,20 +301,23 @@ func (g *Gang) follow(ctx context.Context) {
 	c.mu.Unlock()
 }
 
-func (g *Gang) setRecord(key string, v []byte) {
-	if key != api.TableGangs+g.key {
+func (g *Gang) setRecord(kv meta.KeyValue) {
+	if kv.Key != api.TableGangs+g.key {
 		return // another gang whose name starts with this one's
-	}
-	var rec api.Gang
-	if json.Unmarshal(v, &rec) != nil {
-		return
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if kv.ModRevision != 0 && kv.ModRevision < g.recRev {
+		return // the feed's copy from before (a transaction may put the record twice: the same revision is taken)
+	}
+	var rec api.Gang
+	if json.Unmarshal(kv.Value, &rec) != nil {
+		return
+	}
 	if rec.UID != g.rec.UID || rec.Generation < g.rec.Generation {
 		return
 	}
-	g.rec = rec
+	g.rec, g.recRev = rec, kv.ModRevision
 	for gen, gc := range g.gens {
 		if gen < rec.Generation || !rec.State.Live() {
 			gc.cancel()
@@ -359,9 +336,9 @@ func (g *Gang) setRecord(key string, v []byte) {
 	g.changed = make(chan struct{})
 }
 
-func (g *Gang) setWorker(v []byte) {
+func (g *Gang) setWorker(kv meta.KeyValue) {
 	var w api.Worker
-	if json.Unmarshal(v, &w) != nil {
+	if json.Unmarshal(kv.Value, &w) != nil {
 		return
 	}
 	g.mu.Lock()
@@ -369,10 +346,11 @@ func (g *Gang) setWorker(v []byte) {
 	if w.GangUID != g.rec.UID {
 		return // a worker of an earlier gang of the same names
 	}
-	if old, ok := g.workers[w.Rank]; ok && old.Generation > w.Generation {
+	if old, ok := g.workers[w.Rank]; ok && (old.Generation > w.Generation || kv.ModRevision != 0 && kv.ModRevision < g.workerRevs[w.Rank]) {
 		return
 	}
 	g.workers[w.Rank] = w
+	g.workerRevs[w.Rank] = kv.ModRevision
 	close(g.changed)
 	g.changed = make(chan struct{})
 }

@@ -1,0 +1,83 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/atoll-run/atoll/runtime/api"
+	"github.com/atoll-run/atoll/store/meta"
+)
+
+// TestJobFeed: one feed serves every handle of a job's gangs: each handle gets its own
+// gang's records and workers, a record put twice in one transaction (one revision) ends
+// as the later put (with its notice), an older copy never replaces a newer one, a handle
+// made after the changes starts from the newest the feed saw, and the job's last handle
+// ends the feed.
+func TestJobFeed(t *testing.T) {
+	c := &conn{log: zap.NewNop()}
+	c.init()
+	defer c.endLife()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	f := &jobFeed{c: c, job: "j", stop: stop, handles: map[string]map[*Gang]bool{}, recs: map[string]meta.KeyValue{},
+		workers: map[string]map[string]meta.KeyValue{}}
+	c.feeds["j"] = f // no watch of its own: the test delivers
+	rec := func(name string, rev int64, g api.Gang) meta.KeyValue {
+		g.UID = "u-" + name
+		b, err := json.Marshal(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return meta.KeyValue{Key: api.TableGangs + "j/" + name, Value: b, ModRevision: rev}
+	}
+	worker := func(name string, rank int, rev int64) meta.KeyValue {
+		b, _ := json.Marshal(api.Worker{Job: "j", Gang: name, Rank: rank, GangUID: "u-" + name, Address: "addr"})
+		return meta.KeyValue{Key: api.TableWorkers + "j/" + name + "/" + string(rune('0'+rank)), Value: b, ModRevision: rev}
+	}
+	handle := func(name string) *Gang {
+		g := &Gang{c: c, job: "j", name: name, key: "j/" + name, size: 1, rec: api.Gang{UID: "u-" + name}, workers: map[int]api.Worker{},
+			workerRevs: map[int]int64{}, changed: make(chan struct{}), gens: map[int]genCtx{}, notices: make(chan Notice, 4)}
+		c.attach(g)
+		return g
+	}
+	a1, a2, b := handle("a"), handle("a"), handle("b")
+	issued := time.Unix(100, 0)
+	f.deliver(api.TableGangs+"j/", false, false, []meta.KeyValue{
+		rec("a", 5, api.Gang{State: api.GangRunning}),
+		rec("b", 6, api.Gang{State: api.GangStarting}),
+		rec("a", 7, api.Gang{State: api.GangRunning, World: &api.World{Epoch: 1}}),
+		rec("a", 7, api.Gang{State: api.GangRunning, World: &api.World{Epoch: 1}, Notice: &api.Notice{Kind: api.NoticeShrink, Issued: issued}}),
+	}, nil)
+	f.deliver(api.TableWorkers+"j/", true, false, []meta.KeyValue{worker("b", 0, 8)}, nil)
+	for _, g := range []*Gang{a1, a2} {
+		select {
+		case n := <-g.notices:
+			if n.Kind != NoticeShrink || n.epoch != 1 {
+				t.Fatalf("notice %+v, want the shrink of epoch 1", n)
+			}
+		default:
+			t.Fatal("the second put of a's record in one transaction (its notice) did not reach a handle")
+		}
+	}
+	if b.State() != GangStarting || b.Worker(0).IsZero() {
+		t.Fatalf("b: %s, worker %v; want starting with its worker 0", b.State(), b.Worker(0))
+	}
+	f.deliver(api.TableGangs+"j/", false, false, []meta.KeyValue{rec("b", 4, api.Gang{State: api.GangStopped})}, nil)
+	if b.State() != GangStarting {
+		t.Fatalf("an older record of b (revision 4 after 6) made it %s", b.State())
+	}
+	late := handle("a")
+	if late.rec.World == nil || late.rec.World.Epoch != 1 || late.rec.Notice == nil {
+		t.Fatalf("a handle made after the changes starts from %+v, want a's newest record", late.rec)
+	}
+	for _, g := range []*Gang{a1, a2, b, late} {
+		c.detach(g)
+	}
+	if c.feeds["j"] != nil || ctx.Err() == nil {
+		t.Fatal("the job's last handle did not end its feed")
+	}
+}
