@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/pprof"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -468,21 +469,50 @@ func (a *API) watch(w http.ResponseWriter, r *http.Request) {
 }
 
 // placedEvents is the events of prefix after rev that machine's agent may read (keep) and
-// that concern it (api.GangConcerns), read from the history without a copy of the others,
-// and the revision they cover: at most maxWatchEvents, whole revisions.
+// that concern it (api.GangConcerns), and the revision they cover: at most maxWatchEvents,
+// whole revisions. It reads the history at the revisions the placedHub listed for the
+// machine only, without a copy (every woken machine used to scan every event since its
+// last answer: a third of the leader's CPU while 2,000 machines took 21,000 gangs); where
+// the hub's lists cannot say (a watch from before what they hold), the whole history
+// after rev.
 func (a *API) placedEvents(prefix string, rev int64, machine string, keep func(string) bool) ([]meta.Event, int64, error) {
-	view, covered, err := a.sm.EventsView(rev)
+	revs, covered, listed := a.hub.concerning(machine, rev)
+	if listed && len(revs) == 0 {
+		return nil, covered, nil
+	}
+	view, all, err := a.sm.EventsView(rev)
 	if err != nil {
 		return nil, rev, err
 	}
+	if !listed {
+		covered = all
+	}
 	var out []meta.Event
-	for _, ev := range view {
-		if len(out) >= maxWatchEvents && ev.Revision != out[len(out)-1].Revision {
+	concerns := func(ev meta.Event) bool {
+		return strings.HasPrefix(ev.KV.Key, prefix) && (keep == nil || keep(ev.KV.Key)) && (ev.Type == meta.EventDelete || a.placed.Concerns(ev.KV, machine))
+	}
+	if !listed {
+		for _, ev := range view {
+			if len(out) >= maxWatchEvents && ev.Revision != out[len(out)-1].Revision {
+				return out, out[len(out)-1].Revision, nil
+			}
+			if concerns(ev) {
+				out = append(out, ev)
+			}
+		}
+		return out, covered, nil
+	}
+	for _, r := range revs {
+		if len(out) >= maxWatchEvents {
 			return out, out[len(out)-1].Revision, nil
 		}
-		if strings.HasPrefix(ev.KV.Key, prefix) && (keep == nil || keep(ev.KV.Key)) && (ev.Type == meta.EventDelete || a.placed.Concerns(ev.KV, machine)) {
-			out = append(out, ev)
+		i := sort.Search(len(view), func(i int) bool { return view[i].Revision >= r })
+		for ; i < len(view) && view[i].Revision == r; i++ {
+			if concerns(view[i]) {
+				out = append(out, view[i])
+			}
 		}
+		view = view[i:]
 	}
 	return out, covered, nil
 }

@@ -3,6 +3,7 @@ package head
 import (
 	"context"
 	"errors"
+	"sort"
 	"sync"
 
 	"github.com/atoll-run/atoll/runtime/api"
@@ -33,15 +34,39 @@ type placedHub struct {
 	// for that record, and agents drop an ended gang, so its deletion (the retention of
 	// ended gangs, retention.go) concerns none. Only the dispatcher touches it.
 	ended map[string]bool
+	// revs are, by machine, the revisions (ascending) of the events that concern it, and
+	// every those that concern every machine: a woken watch reads those revisions of the
+	// history and no other (placedEvents). covered is the revision dispatched through.
+	// A list holds the revisions after its floor only (floors, everyFloor: a list past
+	// maxConcernRevs keeps its newer half; floor: the dispatcher fell behind the history
+	// and lost events): a watch from before reads the whole history after it instead.
+	revs       map[string][]int64
+	every      []int64
+	floors     map[string]int64
+	everyFloor int64
+	floor      int64
+	covered    int64
 }
 
+// maxConcernRevs bounds a machine's list of revisions (and the list of those that concern
+// every machine): past it the older half is dropped.
+const maxConcernRevs = 2048
+
 func newPlacedHub(sm *metaserver.StateMachine) *placedHub {
-	return &placedHub{sm: sm, last: map[string]int64{}, waiters: map[string][]chan struct{}{}, ended: map[string]bool{}}
+	h := &placedHub{sm: sm, last: map[string]int64{}, waiters: map[string][]chan struct{}{}, ended: map[string]bool{},
+		revs: map[string][]int64{}, floors: map[string]int64{}}
+	if sm != nil {
+		h.covered = sm.Revision()
+		h.floor = h.covered // what came before the hub is not in its lists
+	}
+	return h
 }
 
 // run follows the gangs table until ctx ends.
 func (h *placedHub) run(ctx context.Context) {
-	rev := h.sm.Revision()
+	h.mu.Lock()
+	rev := h.covered
+	h.mu.Unlock()
 	for ctx.Err() == nil {
 		evs, covered, err := h.sm.EventsSince(ctx, api.TableGangs, rev, 4096)
 		if errors.Is(err, meta.ErrCompacted) {
@@ -61,10 +86,17 @@ func (h *placedHub) run(ctx context.Context) {
 // dispatch records what the events up to covered concern and wakes those waiting.
 func (h *placedHub) dispatch(evs []meta.Event, covered int64, everyone bool) {
 	concerned := map[string]bool{}
+	type concern struct {
+		rev      int64
+		machines []string
+		every    bool
+	}
+	concerns := make([]concern, 0, len(evs))
 	for _, ev := range evs {
 		if ev.Type == meta.EventDelete {
 			if !h.ended[ev.KV.Key] {
 				everyone = true // a gang deleted while it may have held machines
+				concerns = append(concerns, concern{rev: ev.Revision, every: true})
 			}
 			delete(h.ended, ev.KV.Key)
 			continue
@@ -79,9 +111,27 @@ func (h *placedHub) dispatch(evs []meta.Event, covered int64, everyone bool) {
 			concerned[m] = true
 		}
 		everyone = everyone || every
+		if every || len(machines) > 0 {
+			concerns = append(concerns, concern{rev: ev.Revision, machines: machines, every: every})
+		}
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if evs == nil && everyone { // fell behind the history: the lists lost events
+		h.floor = covered
+		h.revs, h.every = map[string][]int64{}, nil
+	}
+	for _, c := range concerns {
+		if c.every {
+			h.every = appendRev(h.every, c.rev, &h.everyFloor)
+		}
+		for _, m := range c.machines {
+			fl := h.floors[m]
+			h.revs[m] = appendRev(h.revs[m], c.rev, &fl)
+			h.floors[m] = fl
+		}
+	}
+	h.covered = max(h.covered, covered)
 	if everyone {
 		h.all = covered
 		for m, ws := range h.waiters {
@@ -99,6 +149,50 @@ func (h *placedHub) dispatch(evs []meta.Event, covered int64, everyone bool) {
 		}
 		delete(h.waiters, m)
 	}
+}
+
+// appendRev adds rev to a list of ascending revisions (once); past maxConcernRevs it
+// keeps the newer half and raises floor to the newest revision dropped.
+func appendRev(list []int64, rev int64, floor *int64) []int64 {
+	if n := len(list); n > 0 && list[n-1] >= rev {
+		return list
+	}
+	if len(list) >= maxConcernRevs {
+		half := len(list) / 2
+		*floor = max(*floor, list[half-1])
+		list = append(list[:0:0], list[half:]...)
+	}
+	return append(list, rev)
+}
+
+// concerning is the revisions after rev, up to what the hub has dispatched, of the events
+// that may concern machine (its own and every machine's, merged), and the revision they
+// cover; ok is false when the lists cannot say (rev is before a list's floor): the caller
+// then reads the whole history after rev.
+func (h *placedHub) concerning(machine string, rev int64) (revs []int64, covered int64, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if rev < h.floor || rev < h.floors[machine] || rev < h.everyFloor {
+		return nil, 0, false
+	}
+	mine, all := h.revs[machine], h.every
+	i := sort.Search(len(mine), func(i int) bool { return mine[i] > rev })
+	j := sort.Search(len(all), func(j int) bool { return all[j] > rev })
+	for i < len(mine) || j < len(all) {
+		switch {
+		case j == len(all) || i < len(mine) && mine[i] < all[j]:
+			revs = append(revs, mine[i])
+			i++
+		case i == len(mine) || all[j] < mine[i]:
+			revs = append(revs, all[j])
+			j++
+		default: // the same revision in both
+			revs = append(revs, mine[i])
+			i++
+			j++
+		}
+	}
+	return revs, max(h.covered, rev), true
 }
 
 // wait returns a channel closed once an event after rev may concern machine (at once when

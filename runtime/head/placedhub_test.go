@@ -3,6 +3,7 @@ package head
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -183,5 +184,46 @@ func closed(ch <-chan struct{}) bool {
 		return true
 	default:
 		return false
+	}
+}
+
+// TestPlacedHubLists: the hub lists, by machine, the revisions of the events that concern
+// it, merged with those that concern every machine; a watch from before what a list holds
+// (a trimmed list, a hub that fell behind the history) is told to read the whole history.
+func TestPlacedHubLists(t *testing.T) {
+	h := newPlacedHub(nil)
+	put := func(rev int64, v string) meta.Event {
+		return meta.Event{Type: meta.EventPut, Revision: rev, KV: meta.KeyValue{Key: api.TableGangs + "j/g", Value: []byte(v)}}
+	}
+	onA := `{"state":"starting","placement":{"members":[{"machine":"a"}]}}`
+	onB := `{"state":"starting","placement":{"members":[{"machine":"b"}]}}`
+	h.dispatch([]meta.Event{put(2, onA), put(3, onB), put(3, onA), put(4, `{"state":"pending"}`), put(5, `{"state":"stopped"}`), put(6, onB)}, 7, false)
+	want := func(machine string, rev int64, revs []int64) {
+		t.Helper()
+		got, covered, ok := h.concerning(machine, rev)
+		if !ok || covered != 7 || fmt.Sprint(got) != fmt.Sprint(revs) {
+			t.Fatalf("%s after %d: %v covering %d (listed %v); want %v covering 7", machine, rev, got, covered, ok, revs)
+		}
+	}
+	want("a", 0, []int64{2, 3, 5})
+	want("b", 0, []int64{3, 5, 6})
+	want("b", 3, []int64{5, 6})
+	want("c", 0, []int64{5})
+	want("a", 7, nil)
+	for r := int64(10); r < 10+maxConcernRevs+1; r++ {
+		h.dispatch([]meta.Event{put(r, onA)}, r, false)
+	}
+	if _, _, ok := h.concerning("a", 5); ok {
+		t.Fatal("a watch from before a's trimmed list was answered from it")
+	}
+	if revs, _, ok := h.concerning("a", 10+maxConcernRevs-2); !ok || len(revs) != 2 {
+		t.Fatalf("a's newest revisions: %v (listed %v), want 2", revs, ok)
+	}
+	h.dispatch(nil, 9000, true) // fell behind the history
+	if _, _, ok := h.concerning("b", 8000); ok {
+		t.Fatal("a watch from before the hub lost events was answered from its lists")
+	}
+	if revs, covered, ok := h.concerning("b", 9000); !ok || len(revs) != 0 || covered != 9000 {
+		t.Fatalf("b after the loss: %v covering %d (listed %v)", revs, covered, ok)
 	}
 }
