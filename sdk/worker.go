@@ -125,9 +125,11 @@ func (c *conn) host(ctx context.Context, spec api.WorkerSpec, store objectHost) 
 	h.ref = ref
 	w := api.Worker{Job: spec.Job, Gang: spec.Gang, Rank: spec.Rank, Generation: spec.Generation, GangUID: spec.GangUID, Machine: spec.Machine,
 		Address: c.sys.Address(), ActorID: ref.ID(), PID: os.Getpid(), Started: time.Now()}
-	if err := c.client.WorkerReady(ctx, w); err != nil {
-		h.stop()
-		return nil, err
+	if !c.agentAnnounces {
+		if err := c.client.WorkerReady(ctx, w); err != nil {
+			h.stop()
+			return nil, err
+		}
 	}
 	h.log.Debug("worker ready", zap.String("actor", w.ActorID), zap.String("address", w.Address))
 	if h.rank() == 0 && spec.Member.GPUModel != "" && !spec.Driver {

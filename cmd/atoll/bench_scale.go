@@ -38,6 +38,7 @@ type scaleConfig struct {
 	gossip       int
 	gangs        int
 	actors       int
+	tasks        int
 	pending      int
 	probes       int
 	concurrency  int
@@ -71,6 +72,9 @@ type scaleConfig struct {
 	// (PREFIX-head<ID>.pprof): what the heads do while thousands of gangs are placed.
 	workloadProfile    string
 	workloadProfileFor time.Duration
+	// tasksProfile: the same from the start of the tasks' submission.
+	tasksProfile    string
+	tasksProfileFor time.Duration
 }
 
 func (c scaleConfig) validate() error {
@@ -83,6 +87,8 @@ func (c scaleConfig) validate() error {
 		return fmt.Errorf("--gossip-members %d: want 0..--machines", c.gossip)
 	case c.gangs < -1 || c.actors < -1 || c.pending < 0 || c.pending > 100_000:
 		return fmt.Errorf("--gangs %d --actors %d --pending %d: want gangs and actors ≥ -1 (-1: the default for the size), pending 0..100000", c.gangs, c.actors, c.pending)
+	case c.tasks < -1 || c.tasks > 100_000:
+		return fmt.Errorf("--tasks %d: want -1..100000 (-1: the default for the size)", c.tasks)
 	case c.probes < 1 || c.probes > 10_000:
 		return fmt.Errorf("--probes %d: want 1..10000", c.probes)
 	case c.concurrency < 1 || c.concurrency > 256:
@@ -155,8 +161,16 @@ type scaleResult struct {
 	// leader's status after the workload was submitted.
 	RunningGangs *int `json:"running_gangs"`
 	Actors       *int `json:"actors"`
-	RunningTasks *int `json:"running_tasks"`
-	QueuedTasks  *int `json:"queued_tasks"`
+	// RunningTasks: --tasks tasks of one CPU submitted at once through the SDK, each
+	// holding its task worker (hosted by its hollow machine's process, answering calls)
+	// until released: how many the tasks themselves said run at once (a count actor's
+	// count), when all had or --setup-timeout ran out; QueuedTasks: those then neither
+	// started nor ended; TasksS: from the submission to that count; TasksEnded: tasks that
+	// ended (failed) before it.
+	RunningTasks *int     `json:"running_tasks"`
+	QueuedTasks  *int     `json:"queued_tasks"`
+	TasksS       *float64 `json:"tasks_s"`
+	TasksEnded   int      `json:"tasks_ended_early"`
 	// FailoverS: the leader head SIGKILLed at this size, to the first submission a new
 	// leader admits (its term committed, its scheduler rebuilt from the log with every
 	// machine and gang). LostMachineDetectS: one hollow machine's process SIGKILLed, to the
@@ -200,7 +214,7 @@ type scaleResult struct {
 }
 
 func newBenchScaleCmd() *cobra.Command {
-	cfg := scaleConfig{machines: 100, perProcess: 500, gossip: 32, gangs: -1, actors: -1, pending: 10_000, probes: 200, concurrency: 16,
+	cfg := scaleConfig{machines: 100, perProcess: 500, gossip: 32, gangs: -1, actors: -1, tasks: -1, pending: 10_000, probes: 200, concurrency: 16,
 		window: 20 * time.Second, setupTimeout: 30 * time.Minute}
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -221,8 +235,11 @@ others are judged by their load reports (every second) alone. It measures:
                       of it in place;
   lost_machine_detect_s  one hollow machine's process SIGKILLed to its death in the status;
   failover_s          the leader SIGKILLed to the first submission a new leader admits.
-Hollow workers run no program: tasks (which need a worker's actor system) are not measured,
-and running_tasks and queued_tasks are null with a note.`,
+  running_tasks       tasks of one CPU (--tasks, default min(15000, 8 per machine)) submitted
+                      at once through the SDK, each holding its task worker: how many run at
+                      once by the tasks' own count (queued_tasks: those not started then).
+Hollow workers run no program, except task workers (and the tasks' count actor): the hollow
+agents' processes host those as real actors that answer calls, one actor system per process.`,
 		Args: noSubcommand,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cfg.validate(); err != nil {
@@ -245,6 +262,7 @@ and running_tasks and queued_tasks are null with a note.`,
 	f.IntVar(&cfg.gossip, "gossip-members", cfg.gossip, "hollow machines that run a serf member of their own (the others: load reports alone)")
 	f.IntVar(&cfg.gangs, "gangs", cfg.gangs, "running gangs of 2 workers x 4 GPUs (-1: min(1000, machines/2))")
 	f.IntVar(&cfg.actors, "actors", cfg.actors, "placed actors, one worker without GPUs each (-1: 10 per machine)")
+	f.IntVar(&cfg.tasks, "tasks", cfg.tasks, "tasks held at once, each on its own task worker (-1: min(15000, 8 per machine); 0: none)")
 	f.IntVar(&cfg.pending, "pending", cfg.pending, "gangs waiting while the scheduling latency is measured")
 	f.IntVar(&cfg.probes, "probes", cfg.probes, "1-GPU gangs submitted one at a time to measure the scheduling latency")
 	f.IntVar(&cfg.concurrency, "concurrency", cfg.concurrency, "concurrent submissions of the workload and the pending gangs")
@@ -262,6 +280,8 @@ and running_tasks and queued_tasks are null with a note.`,
 	f.Float64Var(&cfg.reportRate, "report-rate", 0, "the heads' --report-rate (0: their default, 500; negative: the leader never paces the agents' reports)")
 	f.StringVar(&cfg.workloadProfile, "workload-cpuprofile", "", "write the heads' CPU profiles, taken from the start of the workload's submission, to PREFIX-head<ID>.pprof")
 	f.DurationVar(&cfg.workloadProfileFor, "workload-cpuprofile-for", 30*time.Second, "how long the workload's CPU profiles run")
+	f.StringVar(&cfg.tasksProfile, "tasks-cpuprofile", "", "write the heads' CPU profiles, taken from the start of the tasks' submission, to PREFIX-head<ID>.pprof")
+	f.DurationVar(&cfg.tasksProfileFor, "tasks-cpuprofile-for", 30*time.Second, "how long the tasks' CPU profiles run")
 	f.BoolVar(&cfg.keep, "keep", false, "keep the run's directory (the heads' and agents' logs) even when the run succeeds")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
@@ -284,6 +304,9 @@ func printScale(w io.Writer, r *scaleResult) {
 		r.Machines, r.GPUs, r.HollowProcesses, r.GossipMembers, r.LoadAvgMean, r.LoadAvgMax, r.CPUs)
 	fmt.Fprintf(w, "registered in %s s; idle leader %s cores, %s MiB, %s writes/s\n", f(r.RegisterS), f(r.IdleHeadCPUCores), f(r.IdleHeadRSSMiB), f(r.IdleMetaWritesPerS))
 	fmt.Fprintf(w, "running gangs %s, actors %s, running tasks %s, queued tasks %s, pending gangs %d\n", i(r.RunningGangs), i(r.Actors), i(r.RunningTasks), i(r.QueuedTasks), r.PendingGangs)
+	if r.TasksS != nil {
+		fmt.Fprintf(w, "tasks: %d ran at once %.1f s after their submission (%d ended before)\n", *r.RunningTasks, *r.TasksS, r.TasksEnded)
+	}
 	fmt.Fprintf(w, "loaded leader %s cores (heads %s), %s MiB, %s writes/s; scheduling p50 %s ms p99 %s ms\n",
 		f(r.HeadCPUCores), f(r.HeadsCPUCores), f(r.HeadRSSMiB), f(r.MetaWritesPerS), f(r.SchedP50MS), f(r.SchedP99MS))
 	fmt.Fprintf(w, "lost machine detected in %s s; failover %s s\n", f(r.LostMachineDetectS), f(r.FailoverS))
@@ -328,6 +351,9 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 			say("the run's directory (logs) is kept: %s", tmp)
 		}
 	}()
+	if cfg.tasks < 0 {
+		cfg.tasks = min(15_000, 8*cfg.machines)
+	}
 	b := &scaleBench{cfg: cfg, res: res, dir: tmp, say: say}
 	say("starting 3 heads")
 	cf, _, err := startCluster(ctx, filepath.Join(tmp, "cluster"), 3, 0, "dgx-h100", true, 2*time.Minute, upOptions{election: b.cfg.election, reportRate: b.cfg.reportRate})
@@ -362,6 +388,16 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 	if err := b.workload(ctx); err != nil {
 		return nil, err
 	}
+	if cfg.tasks != 0 {
+		if err := b.tasks(ctx); err != nil {
+			return nil, err
+		}
+	} else {
+		res.Notes = append(res.Notes, "running_tasks, queued_tasks: not measured (--tasks 0)")
+	}
+	if err := b.pendingGangs(ctx); err != nil {
+		return nil, err
+	}
 	say("loaded: measuring the heads for %v", cfg.window)
 	loaded, err := b.steady(ctx)
 	if err != nil {
@@ -386,7 +422,6 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 	} else {
 		res.Notes = append(res.Notes, "failover_s: skipped (--skip-failover)")
 	}
-	res.Notes = append(res.Notes, "running_tasks, queued_tasks: not measured: hollow workers run no program, and a task runs in a task worker's actor system (the task workers' gangs are placed like the actors counted here)")
 	b.verdicts()
 	res.LoadAvgMean, res.LoadAvgMax = loads.stop()
 	res.TotalS = time.Since(began).Seconds()
@@ -414,6 +449,7 @@ func (b *scaleBench) verdicts() {
 	set("lost_machine_detect_s", r.LostMachineDetectS, 10)
 	seti("running_gangs", r.RunningGangs, 1000)
 	seti("actors", r.Actors, 20000)
+	seti("running_tasks", r.RunningTasks, 15000)
 }
 
 // teardown stops the hollow agents' processes, then the heads.
@@ -453,7 +489,7 @@ func (b *scaleBench) register(ctx context.Context) error {
 	for i, bt := range batches {
 		p := procInfo{Name: fmt.Sprintf("hollow-agents-%d", i), Log: filepath.Join(b.dir, fmt.Sprintf("hollow-%d.log", i))}
 		pid, err := spawnNice(b.cfg.nice, b.cfg.groupNice, p.Log, env, "bench", "hollow-agents", "--join", b.cf.Address, "--dir", hdir, "--first", strconv.Itoa(bt.first),
-			"--count", strconv.Itoa(bt.count), "--gossip", strconv.Itoa(bt.gossip))
+			"--count", strconv.Itoa(bt.count), "--gossip", strconv.Itoa(bt.gossip), "--host="+strconv.FormatBool(b.cfg.tasks != 0))
 		if err != nil {
 			return fmt.Errorf("start %s: %w", p.Name, err)
 		}
@@ -696,6 +732,8 @@ const (
 	scaleJob     = "bench-scale"
 	scaleHolder  = "holder"
 	scalePending = "bench-scale-pending"
+	// scaleTasksJob is the job of the tasks (bench_scale_tasks.go).
+	scaleTasksJob = "bench-scale-tasks"
 )
 
 // pinnedMachine is the machine the holder keeps and the pending gangs are pinned to: the
@@ -709,9 +747,8 @@ func (b *scaleBench) pinnedMachine() string {
 	return hollowName(0)
 }
 
-// workload submits the holder of the pinned machine, the running gangs and the actors,
-// waits until they run, then the pending gangs (pinned to that machine, which the holder
-// keeps).
+// workload submits the holder of the pinned machine (which the pending gangs are pinned
+// to), the running gangs and the actors, and waits until they run.
 func (b *scaleBench) workload(ctx context.Context) error {
 	n := b.cfg.machines
 	gangs, actors := b.cfg.gangs, b.cfg.actors
@@ -725,7 +762,7 @@ func (b *scaleBench) workload(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	need := b.cfg.pending + gangs*2 + actors + b.cfg.probes + 1000
+	need := b.cfg.pending + gangs*2 + actors + max(b.cfg.tasks, 0) + b.cfg.probes + 1000
 	if conf.MaxPending < need || conf.JobWorkersBound() < need || conf.ClusterWorkersBound() < need {
 		conf.MaxPending = max(conf.MaxPending, need)
 		conf.MaxJobWorkers = max(conf.JobWorkersBound(), need)
@@ -801,13 +838,18 @@ func (b *scaleBench) workload(ctx context.Context) error {
 		b.res.Notes = append(b.res.Notes, "running_gangs, actors: no head answered the cluster's status before --setup-timeout ran out")
 	}
 	b.say("workload: %d gangs and %d actors run after %.1f s", *b.res.RunningGangs, *b.res.Actors, time.Since(start).Seconds())
-	specs = specs[:0]
+	return nil
+}
+
+// pendingGangs submits the --pending gangs, pinned to the machine the holder keeps.
+func (b *scaleBench) pendingGangs(ctx context.Context) error {
+	var specs []api.GangSpec
 	for i := range b.cfg.pending {
 		specs = append(specs, api.GangSpec{Job: scalePending, Name: fmt.Sprintf("p%06d", i), Kind: "hollow", Workers: 1, Resources: api.Resources{GPUs: 8},
 			Machines: []string{b.pinnedMachine()}})
 	}
 	b.say("pending: submitting %d gangs pinned to %s", len(specs), b.pinnedMachine())
-	start = time.Now()
+	start := time.Now()
 	n1, err := b.submit(ctx, specs)
 	b.res.PendingSubmitS, b.res.PendingGangs = round2(time.Since(start).Seconds()), n1
 	if err != nil {

@@ -34,6 +34,9 @@ type hollowConfig struct {
 	gossipProbe time.Duration
 	concurrency int
 	objectStore int64
+	// host: the process hosts the task workers (and the tasks' count actor) of `bench
+	// scale --tasks` as real actors that answer calls (sdk.WorkerHost).
+	host bool
 }
 
 func (c hollowConfig) validate() error {
@@ -66,7 +69,9 @@ agent (runtime/agent) of a declared --machine with a hollow launcher: its worker
 ready and stopped as processes would be, without processes. Each reads its own credential from
 DIR/agents/<name>/credential (a scoped agent token, as atoll up makes them) and gets its own
 certificate from the heads. The first --gossip of them run a serf member each; the others
-are watched by their load reports alone. It prints "hollow: N registered" once all are up and
+are watched by their load reports alone. With --host, the workers of the kinds this program
+has (the task workers and the count actor of bench scale --tasks) are hosted in this process
+as real actors that answer calls (one actor system for all). It prints "hollow: N registered" once all are up and
 runs until SIGTERM.`,
 		Hidden: true,
 		Args:   cobra.NoArgs,
@@ -90,6 +95,7 @@ runs until SIGTERM.`,
 	f.DurationVar(&cfg.gossipProbe, "gossip-probe", cfg.gossipProbe, gossipProbeUsage)
 	f.IntVar(&cfg.concurrency, "concurrency", cfg.concurrency, "agents starting at once")
 	f.Int64Var(&cfg.objectStore, "object-store", cfg.objectStore, "bytes of each agent's object store")
+	f.BoolVar(&cfg.host, "host", false, "host the task workers of bench scale --tasks as actors that answer calls")
 	return cmd
 }
 
@@ -122,6 +128,22 @@ func runHollowAgents(ctx context.Context, cfg hollowConfig, out interface{ Write
 		return err
 	}
 	defer logger.Sync()
+	var wh *sdk.WorkerHost
+	if cfg.host {
+		// Its links' certificate is the first machine's agent's.
+		token, err := sdk.ReadTokenFile(filepath.Join(cfg.dir, "agents", hollowName(cfg.first), agentCredentialFile))
+		if err != nil {
+			return fmt.Errorf("hollow-agents: --host: %w", err)
+		}
+		hctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		wh, err = sdk.NewWorkerHost(hctx, sdk.HostConfig{Heads: heads, Token: string(token), CACert: caPEM},
+			append(scaleTaskKinds(), sdk.WithLogger(logger))...)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("hollow-agents: --host: %w", err)
+		}
+		defer wh.Close(context.Background())
+	}
 	agents := make([]*agent.Agent, cfg.count)
 	errs := make([]error, cfg.count)
 	sem := make(chan struct{}, cfg.concurrency)
@@ -151,10 +173,20 @@ func runHollowAgents(ctx context.Context, cfg hollowConfig, out interface{ Write
 			}
 			sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 			defer cancel()
+			l := &agent.HollowLauncher{}
+			var hosted *hostOn
+			if wh != nil {
+				hosted = &hostOn{wh: wh, started: make(chan struct{})}
+				l.Host = hosted
+			}
 			agents[i], errs[i] = agent.Start(sctx, agent.Config{Name: name, Rack: (cfg.first + i) / 32, Spec: spec, Simulated: true,
 				Heads: heads, Token: token, CACert: caPEM, Dir: dir, ObjectCapacity: cfg.objectStore, ShmDir: shm,
-				Launcher: &agent.HollowLauncher{}, Load: agent.HollowLoad, Gossip: gossip, GossipProbe: cfg.gossipProbe,
+				Launcher: l, Load: agent.HollowLoad, Gossip: gossip, GossipProbe: cfg.gossipProbe,
 				Logger: logger.With(zap.String("hollow", name))})
+			if hosted != nil {
+				hosted.a = agents[i]
+				close(hosted.started)
+			}
 		}()
 	}
 	wg.Wait()
@@ -182,4 +214,30 @@ func runHollowAgents(ctx context.Context, cfg hollowConfig, out interface{ Write
 	<-ctx.Done()
 	shutdown()
 	return nil
+}
+
+// hostOn hosts one hollow agent's workers of the program's kinds in the process's
+// WorkerHost, on that agent's object store.
+type hostOn struct {
+	wh      *sdk.WorkerHost
+	started chan struct{} // closed once agent.Start returned (a is nil if it failed)
+	a       *agent.Agent
+}
+
+func (h *hostOn) Hosts(spec api.WorkerSpec) bool { return h.wh.HostsWorker(spec) }
+
+func (h *hostOn) Host(ctx context.Context, spec api.WorkerSpec) (agent.Handle, error) {
+	select {
+	case <-h.started:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if h.a == nil {
+		return nil, errors.New("hollow agent did not start")
+	}
+	w, err := h.wh.HostWorker(ctx, spec, h.a.Objects())
+	if err != nil {
+		return nil, err // not a nil *HostedActor in a non-nil Handle
+	}
+	return w, nil
 }

@@ -823,14 +823,19 @@ func (a *Agent) launch(key string, w *worker) {
 	}
 	if rr, ok := a.cfg.Launcher.(ReadyReporter); w.spec.Driver || w.spec.Process != nil || ok && rr.AgentReportsReady() {
 		// A submitted driver, a process gang's member or a hollow worker hosts no actor to
-		// announce: it is ready once it runs. A process member's Address is its gang's rendezvous address
+		// announce (a hollow launcher's hosted worker announces its own): it is ready once
+		// it runs. A process member's Address is its gang's rendezvous address
 		// (rank 0's announces it to the others).
 		go func() {
 			ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
 			defer cancel()
 			s := w.spec
-			if err := a.client.WorkerReady(ctx, api.Worker{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation,
-				GangUID: s.GangUID, Machine: a.cfg.Name, Address: s.Master, PID: h.PID(), Started: time.Now()}); err != nil {
+			ready := api.Worker{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation,
+				GangUID: s.GangUID, Machine: a.cfg.Name, Address: s.Master, PID: h.PID(), Started: time.Now()}
+			if an, ok := h.(Announcer); ok { // a hosted worker's actor answers calls
+				ready.Address, ready.ActorID = an.Announce()
+			}
+			if err := a.client.WorkerReady(ctx, ready); err != nil {
 				a.log.Warn("could not report the worker running", workerField(s), zap.Error(err))
 			}
 		}()

@@ -26,6 +26,11 @@ import (
 type HollowLauncher struct {
 	// OnLaunch, when set, is called with every worker launched (tests, benchmarks).
 	OnLaunch func(spec api.WorkerSpec)
+	// Host, when set, hosts the workers it Hosts in this process instead (an SDK
+	// WorkerHost on this agent's store): they run the program's actor and answer calls,
+	// and the agent reports them ready with the address they Announce. Running and Exit
+	// are about the hollow workers only.
+	Host WorkerHost
 
 	launched atomic.Int64
 	mu       sync.Mutex
@@ -36,6 +41,21 @@ var (
 	_ Launcher      = (*HollowLauncher)(nil)
 	_ ReadyReporter = (*HollowLauncher)(nil)
 )
+
+// WorkerHost hosts workers in this process: a HollowLauncher's workers that must answer
+// calls (the task workers of `atoll bench scale`).
+type WorkerHost interface {
+	// Hosts reports whether it hosts the worker (its program has the worker's kind).
+	Hosts(spec api.WorkerSpec) bool
+	// Host starts the worker and returns once it runs; its Handle is an Announcer.
+	Host(ctx context.Context, spec api.WorkerSpec) (Handle, error)
+}
+
+// Announcer is a started worker that the agent announces ready (a ReadyReporter's) with
+// the address and actor that calls reach it at.
+type Announcer interface {
+	Announce() (address, actorID string)
+}
 
 // ReadyReporter is implemented by launchers whose workers do not tell the leader they are
 // ready themselves (a worker process's actor system does): the agent reports each one ready
@@ -51,6 +71,16 @@ func (*HollowLauncher) AgentReportsReady() bool { return true }
 func (l *HollowLauncher) Launch(ctx context.Context, spec api.WorkerSpec, _ api.Job) (Handle, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if l.Host != nil && l.Host.Hosts(spec) {
+		h, err := l.Host.Host(ctx, spec)
+		if err == nil {
+			l.launched.Add(1)
+			if l.OnLaunch != nil {
+				l.OnLaunch(spec)
+			}
+		}
+		return h, err
 	}
 	key := spec.Key()
 	h := &hollowHandle{done: make(chan struct{})}
