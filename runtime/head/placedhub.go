@@ -3,6 +3,7 @@ package head
 import (
 	"context"
 	"errors"
+	"slices"
 	"sort"
 	"sync"
 
@@ -34,6 +35,11 @@ type placedHub struct {
 	// for that record, and agents drop an ended gang, so its deletion (the retention of
 	// ended gangs, retention.go) concerns none. Only the dispatcher touches it.
 	ended map[string]bool
+	// placed is, by gang key, the machines of the last record that placed the gang, as the
+	// dispatcher saw it: a gang requeued, ended or deleted concerns those machines only,
+	// not every machine (15,000 task workers stopped at once were 15,000 records sent to
+	// each of 2,000 agents). A gang the hub never saw placed concerns every machine.
+	placed map[string][]string
 	// revs are, by machine, the revisions (ascending) of the events that concern it, and
 	// every those that concern every machine: a woken watch reads those revisions of the
 	// history and no other (placedEvents). covered is the revision dispatched through.
@@ -54,7 +60,7 @@ const maxConcernRevs = 2048
 
 func newPlacedHub(sm *metaserver.StateMachine) *placedHub {
 	h := &placedHub{sm: sm, last: map[string]int64{}, waiters: map[string][]chan struct{}{}, ended: map[string]bool{},
-		revs: map[string][]int64{}, floors: map[string]int64{}}
+		placed: map[string][]string{}, revs: map[string][]int64{}, floors: map[string]int64{}}
 	if sm != nil {
 		h.covered = sm.Revision()
 		h.floor = h.covered // what came before the hub is not in its lists
@@ -93,19 +99,44 @@ func (h *placedHub) dispatch(evs []meta.Event, covered int64, everyone bool) {
 	}
 	concerns := make([]concern, 0, len(evs))
 	for _, ev := range evs {
+		key := ev.KV.Key
+		prev, seen := h.placed[key]
 		if ev.Type == meta.EventDelete {
-			if !h.ended[ev.KV.Key] {
-				everyone = true // a gang deleted while it may have held machines
+			switch {
+			case h.ended[key]:
+			case seen: // deleted while it may have held the machines it was placed on
+				for _, m := range prev {
+					concerned[m] = true
+				}
+				concerns = append(concerns, concern{rev: ev.Revision, machines: prev})
+			default: // a gang deleted while it may have held machines the hub does not know
+				everyone = true
 				concerns = append(concerns, concern{rev: ev.Revision, every: true})
 			}
-			delete(h.ended, ev.KV.Key)
+			delete(h.ended, key)
+			delete(h.placed, key)
 			continue
 		}
 		machines, every, ended := api.GangConcernedMachines(ev.KV.Value)
-		if ended {
-			h.ended[ev.KV.Key] = true
-		} else {
-			delete(h.ended, ev.KV.Key)
+		if every && (seen || len(machines) > 0) {
+			// Requeued or ended: the machines it was placed on (the record's, and those of
+			// the last record that placed it) are the ones that may run it.
+			for _, m := range prev {
+				if !slices.Contains(machines, m) {
+					machines = append(machines, m)
+				}
+			}
+			every = false
+		}
+		switch {
+		case ended:
+			h.ended[key] = true
+			delete(h.placed, key)
+		case len(machines) > 0:
+			delete(h.ended, key)
+			h.placed[key] = machines
+		default:
+			delete(h.ended, key)
 		}
 		for _, m := range machines {
 			concerned[m] = true

@@ -14,7 +14,7 @@ import (
 // TestPlacedWatchWakesItsMachine: an agent's filtered watch of the gangs table is answered
 // as soon as a gang is placed on its machine, within a second (its long poll waits 10 s:
 // a watch the placedHub failed to wake would answer late), never with a gang placed on
-// another machine, and sees a gang that ended anywhere (it may have run here).
+// another machine, not even when that gang stops, and sees its own gang stop.
 func TestPlacedWatchWakesItsMachine(t *testing.T) {
 	c := setup(t, 2, api.SchedulerConfig{}, "j")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -90,20 +90,24 @@ func TestPlacedWatchWakesItsMachine(t *testing.T) {
 	if err := c.StopGang(ctx, "j", elsewhere); err != nil {
 		t.Fatal(err)
 	}
+	if err := c.StopGang(ctx, "j", here); err != nil {
+		t.Fatal(err)
+	}
 	for {
-		g := next("the other machine's gang stopped")
-		if g.Spec.Name == elsewhere && g.State == api.GangStopped {
-			break
-		}
+		g := next("m1's gang stopped")
 		if g.Spec.Name == elsewhere {
 			t.Fatalf("m1's watch saw %s %s, placed on another machine", elsewhere, g.State)
+		}
+		if g.Spec.Name == here && g.State == api.GangStopped {
+			break
 		}
 	}
 }
 
-// TestPlacedHubDispatch: the hub wakes the machines a record places a member on, every
-// machine for a record that may concern any, and a waiter that comes after a concerning
-// event at once.
+// TestPlacedHubDispatch: the hub wakes the machines a record places a member on, the
+// machines it was placed on when it ends, every machine for a record that may concern
+// any (a gang it never saw placed), and a waiter that comes after a concerning event at
+// once.
 func TestPlacedHubDispatch(t *testing.T) {
 	h := newPlacedHub(nil)
 	put := func(v string) meta.Event {
@@ -126,9 +130,16 @@ func TestPlacedHubDispatch(t *testing.T) {
 	if closed(b) {
 		t.Fatal("a new pending gang woke b")
 	}
+	a2, stopA2 := h.wait("a", 6)
+	defer stopA2()
 	h.dispatch([]meta.Event{put(`{"state":"stopped"}`)}, 7, false)
+	if !closed(a2) || closed(b) {
+		t.Fatalf("a gang placed on a ended: a woken %v, b woken %v; want a only", closed(a2), closed(b))
+	}
+	other := meta.Event{Type: meta.EventPut, KV: meta.KeyValue{Key: api.TableGangs + "j/never", Value: []byte(`{"state":"stopped"}`)}}
+	h.dispatch([]meta.Event{other}, 7, false)
 	if !closed(b) {
-		t.Fatal("a gang that ended did not wake b")
+		t.Fatal("a gang the hub never saw placed ended and did not wake b")
 	}
 	c, stopC := h.wait("c", 7)
 	defer stopC()
@@ -205,11 +216,16 @@ func TestPlacedHubLists(t *testing.T) {
 			t.Fatalf("%s after %d: %v covering %d (listed %v); want %v covering 7", machine, rev, got, covered, ok, revs)
 		}
 	}
-	want("a", 0, []int64{2, 3, 5})
-	want("b", 0, []int64{3, 5, 6})
-	want("b", 3, []int64{5, 6})
-	want("c", 0, []int64{5})
+	want("a", 0, []int64{2, 3, 5}) // 5: j/g, placed on a (last at 3), stopped
+	want("b", 0, []int64{3, 6})
+	want("b", 3, []int64{6})
+	want("c", 0, nil)
 	want("a", 7, nil)
+	never := meta.Event{Type: meta.EventPut, Revision: 8, KV: meta.KeyValue{Key: api.TableGangs + "j/never", Value: []byte(`{"state":"failed"}`)}}
+	h.dispatch([]meta.Event{never}, 8, false)
+	if revs, _, _ := h.concerning("c", 7); fmt.Sprint(revs) != "[8]" {
+		t.Fatalf("c after a gang the hub never saw placed failed: %v, want [8]", revs)
+	}
 	for r := int64(10); r < 10+maxConcernRevs+1; r++ {
 		h.dispatch([]meta.Event{put(r, onA)}, r, false)
 	}
