@@ -78,7 +78,9 @@ func scaleTaskKinds() []sdk.Option {
 // them and stops their job, whose task workers stop with it (tasks_stopped_s).
 func (b *scaleBench) tasks(ctx context.Context) (err error) {
 	n := b.cfg.tasks
-	c, err := sdk.Connect(ctx, clusterAddr(b.cf), scaleTaskKinds()...)
+	cctx, ccancel := context.WithTimeout(ctx, b.cfg.setupTimeout)
+	c, err := sdk.Connect(cctx, clusterAddr(b.cf), scaleTaskKinds()...)
+	ccancel()
 	if err != nil {
 		return fmt.Errorf("tasks: connect: %w", err)
 	}
