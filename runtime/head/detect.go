@@ -22,7 +22,13 @@ import (
 //     arrive is alive, whatever a gossip partition says;
 //   - flapping is damped: a machine gossip had failed that comes back before it was
 //     declared dead is not lost, and each such comeback doubles its GossipConfirm (up to
-//     HeartbeatTimeout) until it has stayed up for FlapMemory.
+//     HeartbeatTimeout) until it has stayed up for FlapMemory;
+//   - a leader that hears from less than half of a large cluster (disruptionMin machines
+//     or more) holds the verdicts of silence: the trouble is more likely its own (2,000
+//     agents reconnecting to a new leader after a failover were 1,021 machines declared
+//     dead 10 s after it took office, and their gangs all moved), as Kubernetes' node
+//     lifecycle controller stops evicting in a zone that is wholly disrupted. Gossip's
+//     confirmed failures are still declared; the silent ones are once fewer than half are.
 //
 // failureDetector holds that evidence for one term. It is pure: time is an argument, and
 // it decides nothing by itself (the controller asks it at each sweep and commits).
@@ -34,7 +40,14 @@ type failureDetector struct {
 	graceFrom time.Time // the term's start or the end of the last pause
 	lastSweep time.Time
 	m         map[string]*machineWatch
+	// held is how many verdicts of silence the last sweep held (a disruption).
+	held int
 }
+
+// disruptionMin is the smallest cluster in which the leader holds its verdicts of silence
+// when it hears from less than half the machines (Kubernetes' large-cluster-size-threshold
+// is 50 nodes).
+const disruptionMin = 50
 
 // detectorConfig are the detector's thresholds (ControllerConfig's).
 type detectorConfig struct {
@@ -131,6 +144,7 @@ func (d *failureDetector) sweep(now time.Time, alive []string) (paused time.Dura
 		d.lastSweep = now
 	}
 	sort.Strings(alive)
+	var silentOnes []int // indexes in dead of the verdicts of silence alone
 	for _, name := range alive {
 		w := d.watch(name)
 		since := w.heard
@@ -142,8 +156,23 @@ func (d *failureDetector) sweep(now time.Time, alive []string) (paused time.Dura
 		case !w.gossipDown.IsZero() && silent >= d.confirmFor(w, now):
 			dead = append(dead, verdict{name, fmt.Sprintf("its agent %s (gossip) and sent no heartbeat for %v", w.gossipKind, silent.Round(time.Millisecond))})
 		case silent > d.cfg.silence:
+			silentOnes = append(silentOnes, len(dead))
 			dead = append(dead, verdict{name, fmt.Sprintf("no heartbeat for %v", silent.Round(time.Millisecond))})
 		}
+	}
+	d.held = 0
+	if len(alive) >= disruptionMin && 2*len(silentOnes) > len(alive) {
+		d.held = len(silentOnes)
+		kept := dead[:0]
+		j := 0
+		for i, v := range dead {
+			if j < len(silentOnes) && silentOnes[j] == i {
+				j++
+				continue
+			}
+			kept = append(kept, v)
+		}
+		dead = kept
 	}
 	return paused, dead
 }

@@ -286,3 +286,58 @@ func TestPacedMachineGetsItsPeriodToConfirm(t *testing.T) {
 		t.Fatalf("5.1 s after its last report, with gossip agreeing: %v, want it dead", dead)
 	}
 }
+
+// TestDisruptionHoldsVerdictsOfSilence: a leader of a large cluster that hears from less
+// than half of it (a new leader the agents have not reached yet) declares none of them
+// dead for their silence, still declares a machine gossip confirms failed, and declares
+// the silent ones once most machines are heard again; a small cluster is judged machine
+// by machine.
+func TestDisruptionHoldsVerdictsOfSilence(t *testing.T) {
+	cfg := detectorConfig{silence: 10 * time.Second, confirm: 3 * time.Second, pause: time.Second, flapMemory: time.Minute}
+	t0 := time.Unix(1000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	names := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprintf("m%03d", i)
+		}
+		return out
+	}
+	sweepTo := func(d *failureDetector, until float64, alive []string) []string { // the machines found dead, once each
+		seen := map[string]bool{}
+		var dead []string
+		for s := 0.2; s <= until+1e-9; s += 0.2 {
+			_, vs := d.sweep(at(s), alive)
+			for _, v := range vs {
+				if !seen[v.machine] {
+					seen[v.machine] = true
+					dead = append(dead, v.machine)
+				}
+			}
+		}
+		return dead
+	}
+	alive := names(100)
+	d := newFailureDetector(cfg, t0)
+	for _, m := range alive[:40] { // 40 of 100 heard: 60 silent
+		d.heard(m, at(5))
+	}
+	d.gossip("m099", "failed", at(5))
+	dead := sweepTo(d, 10.4, alive)
+	if len(dead) != 1 || dead[0] != "m099" || d.held != 59 {
+		t.Fatalf("60 of 100 silent past the timeout: declared %v, held %d; want m099 (gossip) only, 59 held", dead, d.held)
+	}
+	for _, m := range alive[:60] { // most are heard again: the 39 still silent are declared
+		d.heard(m, at(10.5))
+	}
+	_, found := d.sweep(at(10.6), alive[:99])
+	if len(found) != 39 || d.held != 0 {
+		t.Fatalf("60 of 99 heard: declared %d, held %d; want the 39 silent, none held", len(found), d.held)
+	}
+	small := names(4)
+	d = newFailureDetector(cfg, t0)
+	d.heard(small[0], at(5))
+	if dead := sweepTo(d, 10.4, small); len(dead) != 3 {
+		t.Fatalf("3 of 4 silent in a small cluster: declared %v, want the 3", dead)
+	}
+}

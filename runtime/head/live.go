@@ -32,6 +32,7 @@ type liveView struct {
 	inc    map[string]uint64         // the machines alive, by name: their incarnation
 	loads  map[string]api.LoadReport // their latest load reports
 	fresh  map[string]bool           // reports the scheduler has not taken yet (takeLoadsLocked)
+	held   bool                      // the last sweep held verdicts of silence (a disruption)
 	// verdicts are the machines the detector found dead, waiting for declareLoop.
 	verdicts map[string]liveVerdict
 }
@@ -221,7 +222,15 @@ func (c *Controller) sweep() {
 	for _, d := range dead {
 		v.verdicts[d.machine] = liveVerdict{verdict: d, inc: v.inc[d.machine], heard: v.detect.watch(d.machine).heard}
 	}
+	held, wasHeld := v.detect.held, v.held
+	v.held = held > 0
 	c.liveMu.Unlock()
+	if held > 0 && !wasHeld {
+		c.log.Warn("most machines are silent at once: their deaths are held while this leader hears from less than half of them (a disruption of its own, not theirs)",
+			zap.Int("silent", held), zap.Int("machines", len(alive)))
+	} else if held == 0 && wasHeld {
+		c.log.Info("the machines are heard again: verdicts of silence resume", zap.Int("machines", len(alive)))
+	}
 	worst, over := c.schedLat.since()
 	if paused > 0 {
 		c.obs.pauses.Inc()
