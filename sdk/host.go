@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 
 	"github.com/atoll-run/atoll/actors"
 	"github.com/atoll-run/atoll/runtime/api"
@@ -65,7 +66,7 @@ func NewWorkerHost(ctx context.Context, cfg HostConfig, opts ...Option) (*Worker
 		return nil, fmt.Errorf("sdk: worker host: cannot reach the heads: %w", err)
 	}
 	var who api.WhoAmI
-	if err := client.Do(ctx, "GET", "/v1/whoami", nil, &who); err != nil {
+	if err := client.Do(ctx, http.MethodGet, "/v1/whoami", nil, &who); err != nil {
 		return nil, fmt.Errorf("sdk: worker host: who it is to the heads: %w", err)
 	}
 	link := []byte(who.LinkKey)
