@@ -81,3 +81,40 @@ func TestJobFeed(t *testing.T) {
 		t.Fatal("the job's last handle did not end its feed")
 	}
 }
+
+// TestServiceRelaysTheFeedsFirstChange: a replica's worker that the job's feed hands its
+// new handle at once (the feed already follows the job) wakes the service's waiters, even
+// when the handle gets it before the goroutine relaying the handle's changes runs. Each
+// round races the two; a lost wake-up leaves AwaitReady waiting for ever.
+func TestServiceRelaysTheFeedsFirstChange(t *testing.T) {
+	for round := range 200 {
+		func() {
+			c := &conn{log: zap.NewNop()}
+			c.init()
+			defer c.endLife()
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			f := &jobFeed{c: c, job: "j", stop: stop, handles: map[string]map[*Gang]bool{}, recs: map[string]meta.KeyValue{},
+				workers: map[string]map[string]meta.KeyValue{}}
+			c.feeds["j"] = f // no watch of its own: the test delivers
+			rec := api.Gang{UID: "u-r0", State: api.GangRunning, Spec: api.GangSpec{Name: api.ReplicaName("svc", 0), Service: "svc"}}
+			b, _ := json.Marshal(api.Worker{Job: "j", Gang: rec.Spec.Name, Rank: 0, GangUID: rec.UID, Address: "addr"})
+			f.deliver(api.TableWorkers+"j/", true, false, []meta.KeyValue{{Key: api.TableWorkers + "j/" + rec.Spec.Name + "/0", Value: b, ModRevision: 3}}, nil)
+			s := &Service{c: c, job: "j", name: "svc", rec: api.Service{UID: "s", Replicas: 1}, replicas: map[int]*Gang{},
+				inflight: map[int]int{}, changed: make(chan struct{})}
+			v, _ := json.Marshal(rec)
+			s.setReplica(ctx, v)
+			wait, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			if err := s.AwaitReady(wait, 1); err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			s.mu.Lock()
+			for _, g := range s.replicas {
+				g.stop()
+				<-g.done
+			}
+			s.mu.Unlock()
+		}()
+	}
+}

@@ -258,18 +258,24 @@ func (s *Service) setReplica(ctx context.Context, v []byte) {
 	}
 	g := s.c.newGang(s.job, rec.Spec.Name, 1, 0, rec)
 	s.replicas[i] = g
-	go s.relay(ctx, g)
+	// The relay starts from the channel of the state the waiters are about to read: a
+	// change the job's feed hands g before the relay's goroutine runs still wakes them.
+	g.mu.Lock()
+	ch := g.changed
+	g.mu.Unlock()
+	go s.relay(ctx, g, ch)
 	s.notifyLocked()
 }
 
-// relay passes a replica's changes on to the service's waiters.
-func (s *Service) relay(ctx context.Context, g *Gang) {
+// relay passes a replica's changes on to the service's waiters, from ch: g's channel
+// when the waiters were last told.
+func (s *Service) relay(ctx context.Context, g *Gang, ch chan struct{}) {
 	for {
-		g.mu.Lock()
-		ch := g.changed
-		g.mu.Unlock()
 		select {
 		case <-ch:
+			g.mu.Lock()
+			ch = g.changed
+			g.mu.Unlock()
 			s.mu.Lock()
 			s.notifyLocked()
 			s.mu.Unlock()
