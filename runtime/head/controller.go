@@ -62,6 +62,10 @@ type ControllerConfig struct {
 	// HeartbeatTimeout declares dead a machine whose agent sent no load report for this long
 	// (the only rule without gossip). Default 10 s. Failure detection: detect.go.
 	HeartbeatTimeout time.Duration
+	// StartupGrace is the silence allowed a machine whose agent has not reported to this
+	// leader at all yet (after a failover, while the agents find it). Default twice
+	// HeartbeatTimeout; never under it.
+	StartupGrace time.Duration
 	// GossipConfirm declares dead a machine that gossip has failed (or left) and whose agent
 	// sent no load report for this long: gossip alone never does. Default 3 s; never
 	// under one and a half of the report period the leader asks (ReportRate).
@@ -283,6 +287,9 @@ func NewController(cfg ControllerConfig, rep *paxos.Replica, sm *metaserver.Stat
 	}
 	if cfg.HeartbeatTimeout == 0 {
 		cfg.HeartbeatTimeout = 10 * time.Second
+	}
+	if cfg.StartupGrace == 0 {
+		cfg.StartupGrace = 2 * cfg.HeartbeatTimeout
 	}
 	if cfg.GossipConfirm == 0 {
 		cfg.GossipConfirm = min(3*time.Second, cfg.HeartbeatTimeout)

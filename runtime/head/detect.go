@@ -16,7 +16,13 @@ import (
 //     start: when its term began, or when it last resumed from a pause (a gap between two
 //     of its sweeps longer than PauseThreshold). A leader never holds against a machine
 //     the time it could not have heard it;
-//   - heartbeats alone: silent for HeartbeatTimeout;
+//   - heartbeats alone: silent for HeartbeatTimeout; a machine not heard at all yet this
+//     term, for StartupGrace (twice HeartbeatTimeout by default) from the term's start
+//     or the end of the last pause: after a failover every agent must find the new
+//     leader, shake hands with it through a bounded gate and report at its paced period,
+//     and at 2,000 machines the last 50 of them had not done so 10 s after it took office
+//     (their gangs all moved). A machine that died with the old leader is still found
+//     by gossip within GossipConfirm;
 //   - gossip and heartbeats agree: gossip has the agent failed or left, and it has been
 //     silent for GossipConfirm. Gossip alone never kills: a machine whose heartbeats still
 //     arrive is alive, whatever a gossip partition says;
@@ -52,6 +58,8 @@ const disruptionMin = 50
 // detectorConfig are the detector's thresholds (ControllerConfig's).
 type detectorConfig struct {
 	silence, confirm, pause, flapMemory time.Duration
+	// startup is the silence allowed a machine not heard yet this term (at least silence).
+	startup time.Duration
 }
 
 // machineWatch is the evidence about one machine.
@@ -151,11 +159,17 @@ func (d *failureDetector) sweep(now time.Time, alive []string) (paused time.Dura
 		if since.Before(d.graceFrom) {
 			since = d.graceFrom
 		}
-		silent := now.Sub(since)
+		silent, limit := now.Sub(since), d.cfg.silence
+		if w.heard.IsZero() {
+			limit = max(limit, d.cfg.startup)
+		}
 		switch {
 		case !w.gossipDown.IsZero() && silent >= d.confirmFor(w, now):
 			dead = append(dead, verdict{name, fmt.Sprintf("its agent %s (gossip) and sent no heartbeat for %v", w.gossipKind, silent.Round(time.Millisecond))})
-		case silent > d.cfg.silence:
+		case silent > limit && w.heard.IsZero():
+			silentOnes = append(silentOnes, len(dead))
+			dead = append(dead, verdict{name, fmt.Sprintf("no heartbeat to this leader in the %v since it took office or resumed", silent.Round(time.Millisecond))})
+		case silent > limit:
 			silentOnes = append(silentOnes, len(dead))
 			dead = append(dead, verdict{name, fmt.Sprintf("no heartbeat for %v", silent.Round(time.Millisecond))})
 		}

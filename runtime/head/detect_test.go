@@ -58,6 +58,8 @@ func TestFailureDetector(t *testing.T) {
 	cfg := detectorConfig{silence: 10 * time.Second, confirm: 3 * time.Second, pause: time.Second, flapMemory: time.Minute}
 	noPause := cfg
 	noPause.pause = time.Hour
+	startup := cfg
+	startup.startup = 20 * time.Second
 	cases := []struct {
 		name  string
 		cfg   detectorConfig
@@ -76,6 +78,20 @@ func TestFailureDetector(t *testing.T) {
 		{"a new leader counts silence from its term's start", cfg, steps(
 			sweeps(0, 10),
 			detectStep{at: 10.2, op: "sweep", want: "m0"},
+		)},
+		{"a machine not heard yet this term gets the startup grace", startup, steps(
+			sweeps(0, 20),
+			detectStep{at: 20.2, op: "sweep", want: "m0"},
+		)},
+		{"a machine heard this term does not", startup, steps(
+			heartbeats("m0", 0, 1),
+			sweeps(1.2, 10.8),
+			detectStep{at: 11.2, op: "sweep", want: "m0"},
+		)},
+		{"gossip finds a machine that died with the old leader within its confirmation", startup, steps(
+			detectStep{at: 0, op: "failed", m: "m0"},
+			sweeps(0, 2.8),
+			detectStep{at: 3.0, op: "sweep", want: "m0"},
 		)},
 		{"gossip alone never kills a machine whose heartbeats arrive", cfg, steps(
 			detectStep{at: 0.1, op: "failed", m: "m0"},

@@ -262,7 +262,7 @@ func (t *term) machineDown(name, reason string, now time.Time) []commitFn {
 // newDetector is a term's failure detector (detect.go), its grace period starting now.
 func (c *Controller) newDetector(now time.Time) *failureDetector {
 	return newFailureDetector(detectorConfig{silence: c.cfg.HeartbeatTimeout, confirm: c.cfg.GossipConfirm,
-		pause: c.cfg.PauseThreshold, flapMemory: c.cfg.FlapMemory}, now)
+		pause: c.cfg.PauseThreshold, flapMemory: c.cfg.FlapMemory, startup: c.cfg.StartupGrace}, now)
 }
 
 // Machine returns a machine's record.
