@@ -40,8 +40,34 @@ type queuedWork struct {
 // maxBatchOps bounds the ops of one transaction (a batch holds at least one decision).
 const maxBatchOps = 1024
 
+// workOps is what a decision weighs in a transaction: its ops and its events (each an
+// event record and the events' counter).
+func workOps(w commitFn) int { return len(w.ops) + 2*len(w.events) }
+
+// splitWork cuts decisions made together into parts of at most maxBatchOps (a decision is
+// never cut): stopping a job of 15,001 gangs was one transaction of some 45,000 ops, tens
+// of megabytes that every replica had to take, decode and apply at once while its
+// elections' heartbeats waited behind it, and the leadership moved for minutes
+// (BENCHMARKS.md, the scale envelope). The parts are committed in order, each in a
+// transaction of its own (or with others of the queue); decisions that fit one
+// transaction stay in one.
+func splitWork(work []commitFn) [][]commitFn {
+	var parts [][]commitFn
+	start, n := 0, 0
+	for i, w := range work {
+		k := workOps(w)
+		if i > start && n+k > maxBatchOps {
+			parts = append(parts, work[start:i])
+			start, n = i, 0
+		}
+		n += k
+	}
+	return append(parts, work[start:])
+}
+
 // enqueueLocked queues decisions for the log, after those made before; the channel
-// answers when they are committed (nil) or not.
+// answers when they are committed (nil) or not (the first error of their parts: a part
+// refused leaves the parts before it committed, and the records it touched read back).
 func (c *Controller) enqueueLocked(t *term, work []commitFn) <-chan error {
 	ch := make(chan error, 1)
 	n := 0
@@ -56,9 +82,29 @@ func (c *Controller) enqueueLocked(t *term, work []commitFn) <-chan error {
 		ch <- c.notLeader()
 		return ch
 	}
-	t.queue = append(t.queue, &queuedWork{work: work, done: ch})
+	parts := splitWork(work)
+	if len(parts) == 1 {
+		t.queue = append(t.queue, &queuedWork{work: work, done: ch})
+	} else {
+		dones := make([]chan error, len(parts))
+		for i, p := range parts {
+			dones[i] = make(chan error, 1)
+			t.queue = append(t.queue, &queuedWork{work: p, done: dones[i]})
+		}
+		go func() { // every part is answered: committed, refused or dropped with the term
+			var first error
+			for _, d := range dones {
+				if err := <-d; err != nil && first == nil {
+					first = err
+				}
+			}
+			ch <- first
+		}()
+	}
 	if prune := c.pruneEndedLocked(t); len(prune) > 0 {
-		t.queue = append(t.queue, &queuedWork{work: prune, done: make(chan error, 1)})
+		for _, p := range splitWork(prune) {
+			t.queue = append(t.queue, &queuedWork{work: p, done: make(chan error, 1)})
+		}
 	}
 	select {
 	case t.kick <- struct{}{}:
@@ -98,7 +144,7 @@ func (c *Controller) commitLoop(t *term) {
 				q := t.queue[0]
 				k := 0
 				for _, w := range q.work {
-					k += len(w.ops) + 2*len(w.events)
+					k += workOps(w)
 				}
 				if len(batch) > 0 && n+k > maxBatchOps {
 					break
@@ -124,6 +170,7 @@ func answer(qs []*queuedWork, err error) {
 // commitBatch proposes a batch as one transaction and answers its decisions.
 func (c *Controller) commitBatch(t *term, batch []*queuedWork) {
 	req, evs, what := batchRequest(batch, c.obs)
+	c.obs.txOps.Observe(float64(len(req.Ops)))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	err := c.logw.propose(ctx, req)
 	cancel()

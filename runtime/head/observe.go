@@ -27,6 +27,7 @@ type ctlObs struct {
 	cycle         prometheus.Histogram
 	wait          prometheus.Histogram
 	commit        prometheus.Histogram
+	txOps         prometheus.Histogram
 	commitErrors  prometheus.Counter
 	leaderChanges prometheus.Counter
 	pauses        prometheus.Counter
@@ -81,6 +82,8 @@ func newCtlObs() *ctlObs {
 			Help: "Time a gang waited from submission (or from losing its machine) until the scheduler placed it."}),
 		commit: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "atoll_paxos_commit_seconds", Buckets: lat,
 			Help: "Duration of proposals through this head's Paxos replica until chosen and applied (the control plane's decisions and the clients' writes)."}),
+		txOps: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "atoll_decision_transaction_ops", Buckets: prometheus.ExponentialBuckets(1, 4, 9),
+			Help: "Operations of each transaction the leader's committer proposed (its decisions, grouped; at most 1,024 but for one decision larger alone)."}),
 		commitErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "atoll_paxos_commit_errors_total",
 			Help: "Proposals through this head that failed (not leader, timeout)."}),
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "atoll_paxos_leader_changes_total",
@@ -114,7 +117,7 @@ func newCtlObs() *ctlObs {
 }
 
 func (o *ctlObs) collectors() []prometheus.Collector {
-	return []prometheus.Collector{o.cycle, o.wait, o.commit, o.commitErrors, o.leaderChanges, o.pauses, o.preemptions, o.preemptCost, o.eventsTotal, o.restarts, o.resizes, o.saturations, o.busyRefusals, o.endedDeleted}
+	return []prometheus.Collector{o.cycle, o.wait, o.commit, o.txOps, o.commitErrors, o.leaderChanges, o.pauses, o.preemptions, o.preemptCost, o.eventsTotal, o.restarts, o.resizes, o.saturations, o.busyRefusals, o.endedDeleted}
 }
 
 func (o *ctlObs) sawLeader(id uint64) {
