@@ -457,6 +457,7 @@ func (a *Agent) loadLoop() {
 	a.period.Store(int64(every))
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var failing reportFailures
 	for {
 		select {
 		case <-a.ctx.Done():
@@ -480,8 +481,10 @@ func (a *Agent) loadLoop() {
 		// A report that waits is still a heartbeat when it arrives; one given up closes its
 		// connection, and the next pays a TLS handshake: under load that spirals.
 		ctx, cancel := context.WithTimeout(a.ctx, max(5*time.Second, 2*every))
-		ans, err := a.client.ReportLoad(ctx, api.LoadReport{Machine: a.cfg.Name, Incarnation: inc, Load: l, At: time.Now(), Store: a.storeUsage()})
+		sent := time.Now()
+		ans, err := a.client.ReportLoad(ctx, api.LoadReport{Machine: a.cfg.Name, Incarnation: inc, Load: l, At: sent, Store: a.storeUsage()})
 		cancel()
+		failing.note(a.log, sent, err)
 		// The leader paces a large cluster's reports: this machine's period is the one it
 		// asks, or the agent's own if that is longer.
 		if next := max(a.cfg.LoadInterval, time.Duration(ans.Interval)); err == nil && next != every {
@@ -506,6 +509,35 @@ func (a *Agent) loadLoop() {
 			}
 		}
 	}
+}
+
+// reportFailures tells the operator when this machine's heartbeats stop reaching the
+// leader and when they reach it again: the leader declares a machine dead on its silence,
+// and without these lines the agent's side of that silence (a report that waited, timed
+// out or was refused) left no trace.
+type reportFailures struct {
+	since time.Time // the first report that failed in a row (zero: the last one arrived)
+	n     int       // the reports that failed in a row
+	took  time.Duration
+}
+
+// note records one report's outcome: sent is when it was sent.
+func (f *reportFailures) note(log *zap.Logger, sent time.Time, err error) {
+	took := time.Since(sent)
+	if err == nil {
+		if f.n > 0 {
+			log.Info("load reports reach the leader again", zap.Int("failed", f.n), zap.Duration("after", time.Since(f.since)),
+				zap.Duration("longest_attempt", f.took))
+		}
+		*f = reportFailures{}
+		return
+	}
+	if f.n == 0 {
+		f.since = sent
+		log.Warn("a load report failed: the leader declares a machine dead after a long enough silence", zap.Duration("took", took), zap.Error(err))
+	}
+	f.n++
+	f.took = max(f.took, took)
 }
 
 // heldGPUsLocked counts the cards held by the workers this agent runs (started or starting).

@@ -1,10 +1,14 @@
 package agent
 
 import (
+	"errors"
 	"math"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/atoll-run/atoll/runtime/api"
 )
@@ -128,5 +132,31 @@ func TestHeldShare(t *testing.T) {
 	}}
 	if got := a.heldGPUsLocked(); got != 3 {
 		t.Errorf("held %d cards, want 3", got)
+	}
+}
+
+// TestReportFailuresLogged: the first of a run of failed load reports is logged as a
+// warning, the others are not, and the first report that arrives after them says how many
+// failed and for how long.
+func TestReportFailuresLogged(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	log := zap.New(core)
+	var f reportFailures
+	t0 := time.Now()
+	f.note(log, t0, nil)
+	for i := range 3 {
+		f.note(log, t0.Add(time.Duration(i)*time.Second), errors.New("api: unavailable"))
+	}
+	f.note(log, t0.Add(3*time.Second), nil)
+	f.note(log, t0.Add(4*time.Second), nil)
+	var got []string
+	for _, e := range logs.All() {
+		got = append(got, e.Message)
+	}
+	if len(got) != 2 || !strings.HasPrefix(got[0], "a load report failed") || got[1] != "load reports reach the leader again" {
+		t.Fatalf("logged %q, want one warning for the run of failures and one line when reports arrive again", got)
+	}
+	if n := logs.All()[1].ContextMap()["failed"]; n != int64(3) {
+		t.Fatalf("failed = %v, want 3", n)
 	}
 }
