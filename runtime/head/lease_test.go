@@ -60,4 +60,28 @@ func TestLeaderWithoutLeaseDecidesNothing(t *testing.T) {
 	if err := l.Controller().MachineDown(ctx, "m0", "test"); !errors.Is(err, api.ErrUnavailable) {
 		t.Errorf("a decision of a leader without a lease: %v, want ErrUnavailable", err)
 	}
+	// A load report is refused as unavailable, but it is a heartbeat all the same: the
+	// leader does not count that silence against the machine if its lease comes back.
+	c := l.Controller()
+	heardAt := func() time.Time {
+		c.liveMu.Lock()
+		defer c.liveMu.Unlock()
+		if c.live == nil {
+			return time.Time{}
+		}
+		return c.live.detect.watch("m0").heard
+	}
+	before := heardAt()
+	if before.IsZero() {
+		t.Skip("the cut-off leader's term ended before the report: no stale window to test this time")
+	}
+	if _, err := c.ReportLoad(api.LoadReport{Machine: "m0", Incarnation: 1}); !errors.Is(err, api.ErrUnavailable) {
+		t.Errorf("a load report to a leader without a lease: %v, want ErrUnavailable", err)
+	}
+	if _, err := c.ReportLoad(api.LoadReport{Machine: "nosuch", Incarnation: 1}); !errors.Is(err, api.ErrUnavailable) {
+		t.Errorf("a report of a machine it does not know, to a leader without a lease: %v, want ErrUnavailable (never 'register again')", err)
+	}
+	if after := heardAt(); !after.After(before) {
+		t.Errorf("the report to a leader without a lease was not kept as a heartbeat (heard %v, before %v)", after, before)
+	}
 }
