@@ -58,6 +58,8 @@ type scaleConfig struct {
 	election time.Duration
 	// reportRate is the heads' --report-rate (0: their default).
 	reportRate float64
+	// handshakes is the heads' --max-handshakes (0: their default, GOMAXPROCS).
+	handshakes int
 	// probeProfile, when set, is where the leader's CPU profile taken while the probes
 	// run is written (its /debug/pprof/profile, probeProfileFor long).
 	probeProfile    string
@@ -103,6 +105,9 @@ func (c scaleConfig) validate() error {
 		return fmt.Errorf("--election-timeout: %w", checkTiming(head.DefaultTick, c.election))
 	case c.setupTimeout <= 0 || c.setupTimeout > 2*time.Hour:
 		return fmt.Errorf("--setup-timeout %v: want (0, 2h]", c.setupTimeout)
+	}
+	if c.handshakes < 0 {
+		return fmt.Errorf("--max-handshakes %d: want 0 (the heads' default) or more", c.handshakes)
 	}
 	return nil
 }
@@ -203,7 +208,9 @@ type scaleResult struct {
 	ElectionTimeoutS float64 `json:"election_timeout_s"`
 	// ReportRate is the heads' --report-rate (their default when 0 was asked; negative:
 	// the agents' reports were not paced).
-	ReportRate     float64 `json:"report_rate"`
+	ReportRate float64 `json:"report_rate"`
+	// MaxHandshakes is the heads' --max-handshakes (0: their default, GOMAXPROCS).
+	MaxHandshakes  int     `json:"max_handshakes"`
 	WindowS        float64 `json:"window_s"`
 	SubmitS        float64 `json:"submit_s"`
 	WorkloadSubmit int     `json:"workload_submitted"`
@@ -282,6 +289,7 @@ agents' processes host those as real actors that answer calls, one actor system 
 	f.StringVar(&cfg.failoverProfile, "failover-cpuprofile", "", "write the surviving heads' CPU profiles, taken from just before the leader's SIGKILL, to PREFIX-head<ID>.pprof")
 	f.DurationVar(&cfg.failoverProfileFor, "failover-cpuprofile-for", 20*time.Second, "how long the failover's CPU profiles run")
 	f.Float64Var(&cfg.reportRate, "report-rate", 0, "the heads' --report-rate (0: their default, 500; negative: the leader never paces the agents' reports)")
+	f.IntVar(&cfg.handshakes, "max-handshakes", 0, "the heads' --max-handshakes (0: their default, GOMAXPROCS)")
 	f.StringVar(&cfg.workloadProfile, "workload-cpuprofile", "", "write the heads' CPU profiles, taken from the start of the workload's submission, to PREFIX-head<ID>.pprof")
 	f.DurationVar(&cfg.workloadProfileFor, "workload-cpuprofile-for", 30*time.Second, "how long the workload's CPU profiles run")
 	f.StringVar(&cfg.tasksProfile, "tasks-cpuprofile", "", "write the heads' CPU profiles, taken from the start of the tasks' submission, to PREFIX-head<ID>.pprof")
@@ -335,7 +343,7 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 	began := time.Now()
 	res := &scaleResult{Started: began.UTC().Format(time.RFC3339), Machines: cfg.machines, Heads: 3, TLS: true, CPUs: runtime.NumCPU(),
 		GossipMembers: cfg.gossip, HollowNice: cfg.nice, HollowGroupNice: cfg.groupNice, WindowS: cfg.window.Seconds(), Notes: []string{},
-		ElectionTimeoutS: cmp.Or(cfg.election, head.DefaultElectionTimeout).Seconds(), ReportRate: cmp.Or(cfg.reportRate, head.DefaultReportRate),
+		ElectionTimeoutS: cmp.Or(cfg.election, head.DefaultElectionTimeout).Seconds(), ReportRate: cmp.Or(cfg.reportRate, head.DefaultReportRate), MaxHandshakes: cfg.handshakes,
 		Targets: map[string]float64{"machines": 2000, "actors": 20000, "running_tasks": 15000, "running_gangs": 1000, "head_cpu_cores": 1,
 			"sched_p99_ms": 100, "failover_s": 3, "lost_machine_detect_s": 10},
 		Met: map[string]bool{}}
@@ -361,7 +369,7 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 	}
 	b := &scaleBench{cfg: cfg, res: res, dir: tmp, say: say}
 	say("starting 3 heads")
-	cf, _, err := startCluster(ctx, filepath.Join(tmp, "cluster"), 3, 0, "dgx-h100", true, 2*time.Minute, upOptions{election: b.cfg.election, reportRate: b.cfg.reportRate})
+	cf, _, err := startCluster(ctx, filepath.Join(tmp, "cluster"), 3, 0, "dgx-h100", true, 2*time.Minute, upOptions{election: b.cfg.election, reportRate: b.cfg.reportRate, handshakes: b.cfg.handshakes})
 	if err != nil {
 		return nil, err
 	}

@@ -53,6 +53,8 @@ type clusterFile struct {
 	HeartbeatTimeout string `json:"heartbeat_timeout,omitempty"`
 	// ReportRate is the heads' --report-rate ("" for their default).
 	ReportRate string `json:"report_rate,omitempty"`
+	// MaxHandshakes is the heads' --max-handshakes ("" for their default).
+	MaxHandshakes string `json:"max_handshakes,omitempty"`
 	// Tick and ElectionTimeout are the heads' Paxos timing ("" for their defaults).
 	Tick            string `json:"tick,omitempty"`
 	ElectionTimeout string `json:"election_timeout,omitempty"`
@@ -72,6 +74,8 @@ type upOptions struct {
 	tick, election time.Duration
 	// reportRate is the heads' --report-rate (0: their default).
 	reportRate float64
+	// handshakes is the heads' --max-handshakes (0: their default).
+	handshakes int
 	// agent are the agents' object store options.
 	agent agentOptions
 }
@@ -558,6 +562,9 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		if opts.reportRate != 0 {
 			cf.ReportRate = strconv.FormatFloat(opts.reportRate, 'g', -1, 64)
 		}
+		if opts.handshakes > 0 {
+			cf.MaxHandshakes = strconv.Itoa(opts.handshakes)
+		}
 		cf.AgentArgs = opts.agent.args()
 	}
 	for i := len(cf.Agents); i < agents; i++ {
@@ -751,6 +758,9 @@ func headArgs(abs string, cf *clusterFile, i int) []string {
 	}
 	if cf.ReportRate != "" {
 		args = append(args, "--report-rate", cf.ReportRate)
+	}
+	if cf.MaxHandshakes != "" {
+		args = append(args, "--max-handshakes", cf.MaxHandshakes)
 	}
 	return args
 }
