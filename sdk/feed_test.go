@@ -12,20 +12,27 @@ import (
 	"github.com/atoll-run/atoll/store/meta"
 )
 
+// testFeed is a connection with job j's feed, which has no watch of its own (the test
+// delivers), and the feed's context; both end with the test.
+func testFeed(t *testing.T) (*conn, *jobFeed, context.Context) {
+	c := &conn{log: zap.NewNop()}
+	c.init()
+	t.Cleanup(c.endLife)
+	ctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	f := &jobFeed{c: c, job: "j", stop: stop, handles: map[string]map[*Gang]bool{}, recs: map[string]meta.KeyValue{},
+		workers: map[string]map[string]meta.KeyValue{}}
+	c.feeds["j"] = f
+	return c, f, ctx
+}
+
 // TestJobFeed: one feed serves every handle of a job's gangs: each handle gets its own
 // gang's records and workers, a record put twice in one transaction (one revision) ends
 // as the later put (with its notice), an older copy never replaces a newer one, a handle
 // made after the changes starts from the newest the feed saw, and the job's last handle
 // ends the feed.
 func TestJobFeed(t *testing.T) {
-	c := &conn{log: zap.NewNop()}
-	c.init()
-	defer c.endLife()
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	f := &jobFeed{c: c, job: "j", stop: stop, handles: map[string]map[*Gang]bool{}, recs: map[string]meta.KeyValue{},
-		workers: map[string]map[string]meta.KeyValue{}}
-	c.feeds["j"] = f // no watch of its own: the test delivers
+	c, f, ctx := testFeed(t)
 	rec := func(name string, rev int64, g api.Gang) meta.KeyValue {
 		g.UID = "u-" + name
 		b, err := json.Marshal(g)
@@ -89,14 +96,7 @@ func TestJobFeed(t *testing.T) {
 func TestServiceRelaysTheFeedsFirstChange(t *testing.T) {
 	for round := range 200 {
 		func() {
-			c := &conn{log: zap.NewNop()}
-			c.init()
-			defer c.endLife()
-			ctx, stop := context.WithCancel(context.Background())
-			defer stop()
-			f := &jobFeed{c: c, job: "j", stop: stop, handles: map[string]map[*Gang]bool{}, recs: map[string]meta.KeyValue{},
-				workers: map[string]map[string]meta.KeyValue{}}
-			c.feeds["j"] = f // no watch of its own: the test delivers
+			c, f, ctx := testFeed(t)
 			rec := api.Gang{UID: "u-r0", State: api.GangRunning, Spec: api.GangSpec{Name: api.ReplicaName("svc", 0), Service: "svc"}}
 			b, _ := json.Marshal(api.Worker{Job: "j", Gang: rec.Spec.Name, Rank: 0, GangUID: rec.UID, Address: "addr"})
 			f.deliver(api.TableWorkers+"j/", true, false, []meta.KeyValue{{Key: api.TableWorkers + "j/" + rec.Spec.Name + "/0", Value: b, ModRevision: 3}}, nil)
