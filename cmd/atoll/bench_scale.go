@@ -105,8 +105,7 @@ func (c scaleConfig) validate() error {
 		return fmt.Errorf("--election-timeout: %w", checkTiming(head.DefaultTick, c.election))
 	case c.setupTimeout <= 0 || c.setupTimeout > 2*time.Hour:
 		return fmt.Errorf("--setup-timeout %v: want (0, 2h]", c.setupTimeout)
-	}
-	if c.handshakes < 0 {
+	case c.handshakes < 0:
 		return fmt.Errorf("--max-handshakes %d: want 0 (the heads' default) or more", c.handshakes)
 	}
 	return nil

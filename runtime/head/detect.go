@@ -166,12 +166,13 @@ func (d *failureDetector) sweep(now time.Time, alive []string) (paused time.Dura
 		switch {
 		case !w.gossipDown.IsZero() && silent >= d.confirmFor(w, now):
 			dead = append(dead, verdict{name, fmt.Sprintf("its agent %s (gossip) and sent no heartbeat for %v", w.gossipKind, silent.Round(time.Millisecond))})
-		case silent > limit && w.heard.IsZero():
-			silentOnes = append(silentOnes, len(dead))
-			dead = append(dead, verdict{name, fmt.Sprintf("no heartbeat to this leader in the %v since it took office or resumed", silent.Round(time.Millisecond))})
 		case silent > limit:
+			reason := fmt.Sprintf("no heartbeat for %v", silent.Round(time.Millisecond))
+			if w.heard.IsZero() {
+				reason = fmt.Sprintf("no heartbeat to this leader in the %v since it took office or resumed", silent.Round(time.Millisecond))
+			}
 			silentOnes = append(silentOnes, len(dead))
-			dead = append(dead, verdict{name, fmt.Sprintf("no heartbeat for %v", silent.Round(time.Millisecond))})
+			dead = append(dead, verdict{name, reason})
 		}
 	}
 	d.held = 0
