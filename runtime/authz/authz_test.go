@@ -140,6 +140,9 @@ func TestAuthenticate(t *testing.T) {
 		{"worker of a stopped job", tok(Claims{Principal: "worker/stopped/g/0", JobBound: true}), nil, Principal{}, "ended with its job"},
 		{"job-bound certificate of a stopped job", string(secret), certState(t, ca, pki.Grant{URI: Grant(Worker("stopped", "g", 0), "", true)}), Principal{}, "ended with its job"},
 	}
+	// Twice: the second time the scoped tokens' MACs are remembered (parse), and every
+	// case must come out the same.
+	cases = append(cases, cases...)
 	for _, c := range cases {
 		id, err := a.Authenticate(c.bearer, c.st)
 		switch {
@@ -150,6 +153,31 @@ func TestAuthenticate(t *testing.T) {
 		case c.err == "" && id.Principal != c.want:
 			t.Errorf("%s: principal %v, want %v", c.name, id.Principal, c.want)
 		}
+	}
+	// A token remembered is still refused once revoked, expired, or past its job.
+	later := tok(Claims{ID: "later", Principal: "driver/train", Expires: now.Add(time.Hour).Unix()})
+	bound := tok(Claims{Principal: "worker/ending/g/0", JobBound: true})
+	for _, b := range []string{later, bound} {
+		if _, err := a.Authenticate(b, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	revoked["later"], ended["ending"] = true, true
+	if _, err := a.Authenticate(later, nil); err == nil || !strings.Contains(err.Error(), "revoked") {
+		t.Errorf("a remembered token revoked since: %v; want it refused as revoked", err)
+	}
+	if _, err := a.Authenticate(bound, nil); err == nil || !strings.Contains(err.Error(), "ended with its job") {
+		t.Errorf("a remembered job-bound token whose job ended since: %v; want it refused", err)
+	}
+	revoked["later"] = false
+	now = now.Add(2 * time.Hour)
+	if _, err := a.Authenticate(later, nil); err == nil || !strings.Contains(err.Error(), "expired") {
+		t.Errorf("a remembered token past its expiry: %v; want it refused as expired", err)
+	}
+	// A token with a bad MAC is never remembered as good: one byte changed is refused.
+	forged := later[:len(later)-2] + string(later[len(later)-2]^1) + later[len(later)-1:]
+	if _, err := a.Authenticate(forged, nil); err == nil {
+		t.Error("a token with its MAC changed was accepted")
 	}
 }
 
