@@ -151,8 +151,10 @@ func (d *failureDetector) sweep(now time.Time, alive []string) (paused time.Dura
 	if now.After(d.lastSweep) {
 		d.lastSweep = now
 	}
-	sort.Strings(alive)
-	var silentOnes []int // indexes in dead of the verdicts of silence alone
+	// The machines are judged in map order and only the verdicts sorted: the sweep holds
+	// the liveness lock, which every load report takes, and sorting 2,000 names every
+	// 200 ms made the reports queue behind it.
+	var silentOnes []verdict // the verdicts of silence alone
 	for _, name := range alive {
 		w := d.watch(name)
 		since := w.heard
@@ -171,23 +173,15 @@ func (d *failureDetector) sweep(now time.Time, alive []string) (paused time.Dura
 			if w.heard.IsZero() {
 				reason = fmt.Sprintf("no heartbeat to this leader in the %v since it took office or resumed", silent.Round(time.Millisecond))
 			}
-			silentOnes = append(silentOnes, len(dead))
-			dead = append(dead, verdict{name, reason})
+			silentOnes = append(silentOnes, verdict{name, reason})
 		}
 	}
 	d.held = 0
 	if len(alive) >= disruptionMin && 2*len(silentOnes) > len(alive) {
 		d.held = len(silentOnes)
-		kept := dead[:0]
-		j := 0
-		for i, v := range dead {
-			if j < len(silentOnes) && silentOnes[j] == i {
-				j++
-				continue
-			}
-			kept = append(kept, v)
-		}
-		dead = kept
+	} else {
+		dead = append(dead, silentOnes...)
 	}
+	sort.Slice(dead, func(i, j int) bool { return dead[i].machine < dead[j].machine })
 	return paused, dead
 }
