@@ -60,7 +60,9 @@ type Config struct {
 	// its API, its object store's transfer plane and its workers' links are mutual TLS.
 	CACert []byte
 	// TrustPoll is how often the agent asks the heads whether the cluster CA rotated
-	// (default api.TrustPoll).
+	// (default api.TrustPoll) until its load reports' answers carry the heads' trust tag;
+	// from then on it asks when the tag changes, and every api.TrustHintedPoll (or
+	// TrustPoll, if longer) all the same.
 	TrustPoll time.Duration
 	// Dir is the agent's own directory: its object store's spill files, the jobs'
 	// executables, the workers' spec files and logs.
@@ -129,7 +131,11 @@ type Config struct {
 // Agent is a running agent.
 type Agent struct {
 	cfg    Config
-	period atomic.Int64  // the load reports' period now (a time.Duration): the leader's or the agent's own
+	period atomic.Int64 // the load reports' period now (a time.Duration): the leader's or the agent's own
+	// trust carries the heads' trust tag from the load reports' answers to the goroutine
+	// that follows the cluster CA (api.FollowIdentity): it asks for the CAs when the tag
+	// changes, not every TrustPoll.
+	trust  chan string
 	id     *pki.Identity // the agent's certificate (nil without TLS)
 	log    *zap.Logger
 	client *api.Client
@@ -365,6 +371,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 			return nil, err
 		}
 	}
+	a.trust = make(chan string, 1)
 	a.wg.Add(3)
 	go a.loadLoop()
 	go a.watchLoop()
@@ -373,8 +380,8 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()
-			api.KeepIdentity(a.ctx, client, id, api.Renewal{Heads: cfg.Heads, Token: string(cfg.Token), Name: "agent/" + cfg.Name,
-				Principal: authz.Agent(cfg.Name).String(), Hosts: serverHosts(cfg)}, cfg.TrustPoll, log)
+			api.FollowIdentity(a.ctx, client, id, api.Renewal{Heads: cfg.Heads, Token: string(cfg.Token), Name: "agent/" + cfg.Name,
+				Principal: authz.Agent(cfg.Name).String(), Hosts: serverHosts(cfg)}, cfg.TrustPoll, a.trust, log)
 		}()
 	}
 	return a, nil
@@ -485,6 +492,12 @@ func (a *Agent) loadLoop() {
 		ans, err := a.client.ReportLoad(ctx, api.LoadReport{Machine: a.cfg.Name, Incarnation: inc, Load: l, At: sent, Store: a.storeUsage()})
 		cancel()
 		failing.note(a.log, sent, err)
+		if err == nil && ans.Trust != "" {
+			select { // the follower is busy: it reads the CAs then, or takes the next one
+			case a.trust <- ans.Trust:
+			default:
+			}
+		}
 		// The leader paces a large cluster's reports: this machine's period is the one it
 		// asks, or the agent's own if that is longer.
 		if next := max(a.cfg.LoadInterval, time.Duration(ans.Interval)); err == nil && next != every {

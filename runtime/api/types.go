@@ -892,6 +892,10 @@ type LoadAnswer struct {
 	// over the leader's report rate, up to a third of its heartbeat timeout (0 from
 	// older heads). An agent reports at this period or its own, the longer.
 	Interval Duration `json:"interval"`
+	// Trust is the answering head's trust tag (TrustTag; "" without TLS, and from older
+	// heads): the agent asks for the cluster's CAs when it differs from the one it
+	// followed, instead of every TrustPoll (FollowIdentity).
+	Trust string `json:"trust,omitempty"`
 }
 
 // HeadInfo is one head as the cluster sees it.

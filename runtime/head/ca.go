@@ -34,6 +34,12 @@ type caView struct {
 	ca     *pki.CA
 	bundle []byte
 	phase  string
+	tag    string // api.TrustTag of the bundle and the signing CA
+}
+
+func newCAView(ca *pki.CA, phase string) *caView {
+	b := ca.TrustPEM()
+	return &caView{ca: ca, bundle: b, phase: phase, tag: api.TrustTag(string(b), string(ca.CertPEM))}
 }
 
 type staleSeen struct {
@@ -46,7 +52,7 @@ const maxChecked = 1 << 14
 
 func newAuthority(ca *pki.CA, dir string, log *zap.Logger) (*authority, error) {
 	au := &authority{dir: dir, log: log, checked: map[string]bool{}, stale: map[string]staleSeen{}}
-	v := &caView{ca: ca, bundle: ca.TrustPEM(), phase: pki.PhaseSteady}
+	v := newCAView(ca, pki.PhaseSteady)
 	if dir != "" {
 		var err error
 		if v, err = readCAView(dir); err != nil {
@@ -66,7 +72,7 @@ func readCAView(dir string) (*caView, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &caView{ca: ca, bundle: ca.TrustPEM(), phase: phase}, nil
+	return newCAView(ca, phase), nil
 }
 
 // signer is the CA that signs now.
@@ -74,6 +80,9 @@ func (au *authority) signer() *pki.CA { return au.cur.Load().ca }
 
 // bundle is the CAs trusted now (PEM).
 func (au *authority) bundle() []byte { return au.cur.Load().bundle }
+
+// tag is the trust tag now (api.TrustTag): the agents' load reports carry it back.
+func (au *authority) tag() string { return au.cur.Load().tag }
 
 // reload reads the CA directory again: it reports whether the signing CA or the bundle
 // changed. A directory caught between two files of a step (a key of one CA beside the
@@ -137,7 +146,7 @@ func (au *authority) observe(c *x509.Certificate, principal string) (stale bool)
 // info answers GET /v1/trust.
 func (au *authority) info() api.TrustInfo {
 	v := au.cur.Load()
-	ti := api.TrustInfo{Bundle: string(v.bundle), Signing: string(v.ca.CertPEM), Phase: v.phase, Stale: []api.StaleCert{}}
+	ti := api.TrustInfo{Bundle: string(v.bundle), Signing: string(v.ca.CertPEM), Phase: v.phase, Tag: v.tag, Stale: []api.StaleCert{}}
 	now := time.Now()
 	au.mu.Lock()
 	for name, s := range au.stale {

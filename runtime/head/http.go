@@ -100,7 +100,13 @@ func NewAPI(ctl *Controller, rep *paxos.Replica, sm *metaserver.StateMachine, to
 	m.HandleFunc("GET /v1/watch", a.watch)
 	m.HandleFunc("GET /v1/cluster", a.cluster)
 	m.HandleFunc("POST /v1/machines/register", post(a, func(ctx context.Context, m api.Machine) (any, error) { return ctl.RegisterMachine(ctx, m) }))
-	m.HandleFunc("POST /v1/machines/load", post(a, func(_ context.Context, r api.LoadReport) (any, error) { return ctl.ReportLoad(r) }))
+	m.HandleFunc("POST /v1/machines/load", post(a, func(_ context.Context, r api.LoadReport) (any, error) {
+		ans, err := ctl.ReportLoad(r)
+		if err == nil && a.au != nil {
+			ans.Trust = a.au.tag() // the agent asks for the CAs only when this changes
+		}
+		return ans, err
+	}))
 	m.HandleFunc("POST /v1/jobs", postReq(a, func(r *http.Request, j api.Job) (any, error) {
 		j.Principal = principalOf(r) // the job is its submitter's (authz.go)
 		return ctl.SubmitJob(a.ctx(r), j)
