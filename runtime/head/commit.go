@@ -118,6 +118,12 @@ func await(ctx context.Context, ch <-chan error) error {
 	select {
 	case err := <-ch:
 		return err
+	default:
+	}
+	releaseSlot(ctx) // it uses no CPU until the log answers (http.go)
+	select {
+	case err := <-ch:
+		return err
 	case <-ctx.Done():
 		return fmt.Errorf("%w: waiting for the commit: %v", api.ErrUnavailable, ctx.Err())
 	}

@@ -1,6 +1,7 @@
 package head
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"syscall"
@@ -73,5 +74,39 @@ func TestMaxInflight(t *testing.T) {
 	}
 	if n := DefaultMaxInflight(2); n != 32 {
 		t.Fatalf("default for 2 cores: %d, want 32", n)
+	}
+}
+
+// TestAwaitGivesBackTheSlot: a request that waits for a commit gives its API slot back
+// while it waits, once only (the request's own release at its end is then nothing); one
+// whose commit is already answered keeps it.
+func TestAwaitGivesBackTheSlot(t *testing.T) {
+	slots := make(chan struct{}, 1)
+	slots <- struct{}{} // the request's slot
+	s := &apiSlot{slots: slots}
+	ctx := context.WithValue(context.Background(), slotKey{}, s)
+	ch := make(chan error)
+	done := make(chan error, 1)
+	go func() { done <- await(ctx, ch) }()
+	select {
+	case slots <- struct{}{}: // another request takes the slot the waiting one gave back
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slot was not given back while the request waited for its commit")
+	}
+	ch <- nil
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s.release() // the request ends
+	if len(slots) != 1 {
+		t.Fatalf("after the request's end %d slots are taken, want the other request's 1", len(slots))
+	}
+
+	held := make(chan struct{}, 1)
+	held <- struct{}{}
+	answered := make(chan error, 1)
+	answered <- nil
+	if err := await(context.WithValue(context.Background(), slotKey{}, &apiSlot{slots: held}), answered); err != nil || len(held) != 1 {
+		t.Fatalf("a commit already answered: %v, %d slots taken; want the slot kept", err, len(held))
 	}
 }

@@ -72,10 +72,14 @@ type Config struct {
 	// MaxInflight bounds the API's requests served at once, long polls aside (0: no bound;
 	// DefaultMaxInflight(GOMAXPROCS) is the figure tried at 2,000 machines); the machines'
 	// load reports have as many slots again of their own. One over the bound waits up to
-	// a second for a slot, then is answered 503 with a retry hint. Not on by default: with
-	// 32 slots on two cores the clusters of the scenario tests ran three times slower
-	// (workers' requests queued behind each other), and what the bound bought at 2,000
-	// machines is not separated from the dispatcher's part (BENCHMARKS.md).
+	// a second for a slot, then is answered 503 with a retry hint; one that waits for a
+	// commit gives its slot back meanwhile. The waiting requests are blocked, not
+	// runnable: at 2,000 machines on two shared cores the leader had up to 1,950 runnable
+	// goroutines at once, and its Paxos replica's waited behind them until its followers
+	// elected another. Not on by default: with 32 slots held for whole requests the
+	// scenario tests' clusters ran three times slower (workers' requests queued behind
+	// submissions waiting on commits), and it has not been measured since they give
+	// their slots back.
 	MaxInflight int
 	// MaxHandshakes bounds the API's TLS handshakes in progress (default GOMAXPROCS);
 	// further connections wait for a slot without using CPU (internal/tlsgate). Without
