@@ -60,6 +60,8 @@ type scaleConfig struct {
 	reportRate float64
 	// handshakes is the heads' --max-handshakes (0: their default, GOMAXPROCS).
 	handshakes int
+	// inflight is the heads' --max-inflight (0: their default, no bound).
+	inflight int
 	// probeProfile, when set, is where the leader's CPU profile taken while the probes
 	// run is written (its /debug/pprof/profile, probeProfileFor long).
 	probeProfile    string
@@ -77,6 +79,12 @@ type scaleConfig struct {
 	// tasksProfile: the same from the start of the tasks' submission.
 	tasksProfile    string
 	tasksProfileFor time.Duration
+	// pendingProfile: the same from the start of the pending gangs' submission.
+	pendingProfile    string
+	pendingProfileFor time.Duration
+	// profileTrace: each phase's profiles come with the heads' execution traces of the
+	// same span (PREFIX-head<ID>.trace: which goroutines waited to run, and for what).
+	profileTrace bool
 }
 
 func (c scaleConfig) validate() error {
@@ -107,6 +115,8 @@ func (c scaleConfig) validate() error {
 		return fmt.Errorf("--setup-timeout %v: want (0, 2h]", c.setupTimeout)
 	case c.handshakes < 0:
 		return fmt.Errorf("--max-handshakes %d: want 0 (the heads' default) or more", c.handshakes)
+	case c.inflight < 0:
+		return fmt.Errorf("--max-inflight %d: want 0 (the heads' default, no bound) or more", c.inflight)
 	}
 	return nil
 }
@@ -209,7 +219,9 @@ type scaleResult struct {
 	// the agents' reports were not paced).
 	ReportRate float64 `json:"report_rate"`
 	// MaxHandshakes is the heads' --max-handshakes (0: their default, GOMAXPROCS).
-	MaxHandshakes  int     `json:"max_handshakes"`
+	MaxHandshakes int `json:"max_handshakes"`
+	// MaxInflight is the heads' --max-inflight (0: no bound).
+	MaxInflight    int     `json:"max_inflight"`
 	WindowS        float64 `json:"window_s"`
 	SubmitS        float64 `json:"submit_s"`
 	WorkloadSubmit int     `json:"workload_submitted"`
@@ -289,10 +301,14 @@ agents' processes host those as real actors that answer calls, one actor system 
 	f.DurationVar(&cfg.failoverProfileFor, "failover-cpuprofile-for", 20*time.Second, "how long the failover's CPU profiles run")
 	f.Float64Var(&cfg.reportRate, "report-rate", 0, "the heads' --report-rate (0: their default, 500; negative: the leader never paces the agents' reports)")
 	f.IntVar(&cfg.handshakes, "max-handshakes", 0, "the heads' --max-handshakes (0: their default, GOMAXPROCS)")
+	f.IntVar(&cfg.inflight, "max-inflight", 0, "the heads' --max-inflight (0: their default, no bound)")
 	f.StringVar(&cfg.workloadProfile, "workload-cpuprofile", "", "write the heads' CPU profiles, taken from the start of the workload's submission, to PREFIX-head<ID>.pprof")
 	f.DurationVar(&cfg.workloadProfileFor, "workload-cpuprofile-for", 30*time.Second, "how long the workload's CPU profiles run")
 	f.StringVar(&cfg.tasksProfile, "tasks-cpuprofile", "", "write the heads' CPU profiles, taken from the start of the tasks' submission, to PREFIX-head<ID>.pprof")
 	f.DurationVar(&cfg.tasksProfileFor, "tasks-cpuprofile-for", 30*time.Second, "how long the tasks' CPU profiles run")
+	f.StringVar(&cfg.pendingProfile, "pending-cpuprofile", "", "write the heads' CPU profiles, taken from the start of the pending gangs' submission, to PREFIX-head<ID>.pprof")
+	f.DurationVar(&cfg.pendingProfileFor, "pending-cpuprofile-for", 30*time.Second, "how long the pending gangs' CPU profiles run")
+	f.BoolVar(&cfg.profileTrace, "profile-trace", false, "with each phase's CPU profiles, the heads' execution traces of the same span (PREFIX-head<ID>.trace)")
 	f.BoolVar(&cfg.keep, "keep", false, "keep the run's directory (the heads' and agents' logs) even when the run succeeds")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
@@ -342,7 +358,7 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 	began := time.Now()
 	res := &scaleResult{Started: began.UTC().Format(time.RFC3339), Machines: cfg.machines, Heads: 3, TLS: true, CPUs: runtime.NumCPU(),
 		GossipMembers: cfg.gossip, HollowNice: cfg.nice, HollowGroupNice: cfg.groupNice, WindowS: cfg.window.Seconds(), Notes: []string{},
-		ElectionTimeoutS: cmp.Or(cfg.election, head.DefaultElectionTimeout).Seconds(), ReportRate: cmp.Or(cfg.reportRate, head.DefaultReportRate), MaxHandshakes: cfg.handshakes,
+		ElectionTimeoutS: cmp.Or(cfg.election, head.DefaultElectionTimeout).Seconds(), ReportRate: cmp.Or(cfg.reportRate, head.DefaultReportRate), MaxHandshakes: cfg.handshakes, MaxInflight: cfg.inflight,
 		Targets: map[string]float64{"machines": 2000, "actors": 20000, "running_tasks": 15000, "running_gangs": 1000, "head_cpu_cores": 1,
 			"sched_p99_ms": 100, "failover_s": 3, "lost_machine_detect_s": 10},
 		Met: map[string]bool{}}
@@ -368,7 +384,7 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 	}
 	b := &scaleBench{cfg: cfg, res: res, dir: tmp, say: say}
 	say("starting 3 heads")
-	cf, _, err := startCluster(ctx, filepath.Join(tmp, "cluster"), 3, 0, "dgx-h100", true, 2*time.Minute, upOptions{election: b.cfg.election, reportRate: b.cfg.reportRate, handshakes: b.cfg.handshakes})
+	cf, _, err := startCluster(ctx, filepath.Join(tmp, "cluster"), 3, 0, "dgx-h100", true, 2*time.Minute, upOptions{election: b.cfg.election, reportRate: b.cfg.reportRate, handshakes: b.cfg.handshakes, inflight: b.cfg.inflight})
 	if err != nil {
 		return nil, err
 	}
@@ -863,6 +879,12 @@ func (b *scaleBench) pendingGangs(ctx context.Context) error {
 			Machines: []string{b.pinnedMachine()}})
 	}
 	b.say("pending: submitting %d gangs pinned to %s", len(specs), b.pinnedMachine())
+	if b.cfg.pendingProfile != "" {
+		if leader, err := b.leaderID(ctx); err == nil {
+			b.res.Notes = append(b.res.Notes, fmt.Sprintf("pending-cpuprofile: head %d led when the profiles began", leader))
+		}
+		defer b.profileHeads(ctx, "pending-cpuprofile", b.cfg.pendingProfile, b.cfg.pendingProfileFor, 0)()
+	}
 	start := time.Now()
 	n1, err := b.submit(ctx, specs)
 	b.res.PendingSubmitS, b.res.PendingGangs = round2(time.Since(start).Seconds()), n1
@@ -950,7 +972,7 @@ func (b *scaleBench) schedLatency(ctx context.Context) error {
 		go func() {
 			id, _, err := cp.leaderNow(ctx)
 			if err == nil {
-				err = b.headProfile(ctx, id, b.cfg.probeProfile, b.cfg.probeProfileFor)
+				err = b.headProfile(ctx, id, "profile", b.cfg.probeProfile, b.cfg.probeProfileFor)
 			}
 			profiled <- err
 		}()
@@ -1016,7 +1038,13 @@ func (b *scaleBench) profileHeads(ctx context.Context, flag, prefix string, span
 		done := make(chan error, 1)
 		profiles = append(profiles, done)
 		file := fmt.Sprintf("%s-head%d.pprof", prefix, h.ID)
-		go func() { done <- b.headProfile(ctx, h.ID, file, span) }()
+		go func() { done <- b.headProfile(ctx, h.ID, "profile", file, span) }()
+		if b.cfg.profileTrace {
+			done := make(chan error, 1)
+			profiles = append(profiles, done)
+			file := fmt.Sprintf("%s-head%d.trace", prefix, h.ID)
+			go func() { done <- b.headProfile(ctx, h.ID, "trace", file, span) }()
+		}
 	}
 	return func() {
 		for _, done := range profiles {
@@ -1027,9 +1055,9 @@ func (b *scaleBench) profileHeads(ctx context.Context, flag, prefix string, span
 	}
 }
 
-// headProfile writes head id's CPU profile over span to file (its /debug/pprof/profile,
-// with the bench's admin credential).
-func (b *scaleBench) headProfile(ctx context.Context, id uint64, file string, span time.Duration) error {
+// headProfile writes head id's CPU profile or execution trace (kind "profile" or "trace")
+// over span to file (its /debug/pprof/KIND, with the bench's admin credential).
+func (b *scaleBench) headProfile(ctx context.Context, id uint64, kind, file string, span time.Duration) error {
 	var base string
 	for _, h := range b.cf.Heads {
 		if h.ID == id {
@@ -1039,7 +1067,7 @@ func (b *scaleBench) headProfile(ctx context.Context, id uint64, file string, sp
 	if base == "" {
 		return fmt.Errorf("head %d is not in the cluster's file", id)
 	}
-	url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, max(1, int(span.Seconds())))
+	url := fmt.Sprintf("%s/debug/pprof/%s?seconds=%d", base, kind, max(1, int(span.Seconds())))
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
@@ -1053,11 +1081,15 @@ func (b *scaleBench) headProfile(ctx context.Context, id uint64, file string, sp
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("%s: %s", url, resp.Status)
 	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	f, err := os.Create(file)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(file, data, 0o644)
+	if _, err := io.Copy(f, io.LimitReader(resp.Body, 1<<30)); err != nil {
+		f.Close()
+		return fmt.Errorf("%s: %w", url, err)
+	}
+	return f.Close()
 }
 
 // loseMachine SIGKILLs the process of the last hollow machine and times its death in the

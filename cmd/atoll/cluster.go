@@ -55,6 +55,8 @@ type clusterFile struct {
 	ReportRate string `json:"report_rate,omitempty"`
 	// MaxHandshakes is the heads' --max-handshakes ("" for their default).
 	MaxHandshakes string `json:"max_handshakes,omitempty"`
+	// MaxInflight is the heads' --max-inflight ("" for their default, no bound).
+	MaxInflight string `json:"max_inflight,omitempty"`
 	// Tick and ElectionTimeout are the heads' Paxos timing ("" for their defaults).
 	Tick            string `json:"tick,omitempty"`
 	ElectionTimeout string `json:"election_timeout,omitempty"`
@@ -76,6 +78,8 @@ type upOptions struct {
 	reportRate float64
 	// handshakes is the heads' --max-handshakes (0: their default).
 	handshakes int
+	// inflight is the heads' --max-inflight (0: their default, no bound).
+	inflight int
 	// agent are the agents' object store options.
 	agent agentOptions
 }
@@ -565,6 +569,9 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		if opts.handshakes > 0 {
 			cf.MaxHandshakes = strconv.Itoa(opts.handshakes)
 		}
+		if opts.inflight > 0 {
+			cf.MaxInflight = strconv.Itoa(opts.inflight)
+		}
 		cf.AgentArgs = opts.agent.args()
 	}
 	for i := len(cf.Agents); i < agents; i++ {
@@ -761,6 +768,9 @@ func headArgs(abs string, cf *clusterFile, i int) []string {
 	}
 	if cf.MaxHandshakes != "" {
 		args = append(args, "--max-handshakes", cf.MaxHandshakes)
+	}
+	if cf.MaxInflight != "" {
+		args = append(args, "--max-inflight", cf.MaxInflight)
 	}
 	return args
 }
