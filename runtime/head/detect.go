@@ -34,7 +34,15 @@ import (
 //     agents reconnecting to a new leader after a failover were 1,021 machines declared
 //     dead 10 s after it took office, and their gangs all moved), as Kubernetes' node
 //     lifecycle controller stops evicting in a zone that is wholly disrupted. Gossip's
-//     confirmed failures are still declared; the silent ones are once fewer than half are.
+//     confirmed failures are still declared; the silent ones are once fewer than half are;
+//   - verdicts of silence alone are paced (silenceBudget): a burst of max(10, 2%) of the
+//     machines at once, then max(0.5, 0.2% of them) a second, the longest silent first,
+//     as Kubernetes' node lifecycle controller paces its evictions (--node-eviction-rate).
+//     A rack that loses its power is declared at once; a leader overwhelmed after a
+//     failover, whose machines' reports time out in its queues, no longer kills hundreds
+//     at once (583 at 2,000 machines, each death more work for the leader: their gangs
+//     moved, committed and placed again), and a machine whose report gets through before
+//     its turn is saved. Gossip's confirmed failures are not paced.
 //
 // failureDetector holds that evidence for one term. It is pure: time is an argument, and
 // it decides nothing by itself (the controller asks it at each sweep and commits).
@@ -48,6 +56,18 @@ type failureDetector struct {
 	m         map[string]*machineWatch
 	// held is how many verdicts of silence the last sweep held (a disruption).
 	held int
+	// tokens are the verdicts of silence alone the detector may give now (silenceBudget),
+	// as of tokensAt (zero: the bucket is full); deferred is how many the last sweep
+	// deferred for want of them.
+	tokens   float64
+	tokensAt time.Time
+	deferred int
+}
+
+// silenceBudget is the pace of verdicts of silence alone among n machines: burst at once,
+// then rate a second.
+func silenceBudget(n int) (burst, rate float64) {
+	return max(10, float64(n)/50), max(0.5, float64(n)/500)
 }
 
 // disruptionMin is the smallest cluster in which the leader holds its verdicts of silence
@@ -69,11 +89,15 @@ type machineWatch struct {
 	gossipKind string    // "failed" or "left"
 	flaps      int       // comebacks after gossip had it down, within FlapMemory
 	flapAt     time.Time // the last comeback
+	// judged: a verdict of silence alone was given and took its share of the pace; it is
+	// given again at every sweep, unpaced, until the machine is declared or heard.
+	judged bool
 }
 
 // verdict is a machine the detector finds dead, with the evidence.
 type verdict struct {
 	machine, reason string
+	silent          time.Duration // how long it was silent (the pace's order)
 }
 
 func newFailureDetector(cfg detectorConfig, now time.Time) *failureDetector {
@@ -95,6 +119,7 @@ func (d *failureDetector) heard(name string, now time.Time) {
 	if now.After(w.heard) {
 		w.heard = now
 	}
+	w.judged = false
 }
 
 // gossip records what membership says of a machine's agent: "failed" or "left" (down),
@@ -154,7 +179,7 @@ func (d *failureDetector) sweep(now time.Time, alive []string) (paused time.Dura
 	// The machines are judged in map order and only the verdicts sorted: the sweep holds
 	// the liveness lock, which every load report takes, and sorting 2,000 names every
 	// 200 ms made the reports queue behind it.
-	var silentOnes []verdict // the verdicts of silence alone
+	var silentOnes, judged []verdict // the verdicts of silence alone: new ones, given before
 	for _, name := range alive {
 		w := d.watch(name)
 		since := w.heard
@@ -167,20 +192,43 @@ func (d *failureDetector) sweep(now time.Time, alive []string) (paused time.Dura
 		}
 		switch {
 		case !w.gossipDown.IsZero() && silent >= d.confirmFor(w, now):
-			dead = append(dead, verdict{name, fmt.Sprintf("its agent %s (gossip) and sent no heartbeat for %v", w.gossipKind, silent.Round(time.Millisecond))})
+			dead = append(dead, verdict{name, fmt.Sprintf("its agent %s (gossip) and sent no heartbeat for %v", w.gossipKind, silent.Round(time.Millisecond)), silent})
 		case silent > limit:
 			reason := fmt.Sprintf("no heartbeat for %v", silent.Round(time.Millisecond))
 			if w.heard.IsZero() {
 				reason = fmt.Sprintf("no heartbeat to this leader in the %v since it took office or resumed", silent.Round(time.Millisecond))
 			}
-			silentOnes = append(silentOnes, verdict{name, reason})
+			if w.judged {
+				judged = append(judged, verdict{name, reason, silent})
+			} else {
+				silentOnes = append(silentOnes, verdict{name, reason, silent})
+			}
 		}
 	}
-	d.held = 0
-	if len(alive) >= disruptionMin && 2*len(silentOnes) > len(alive) {
-		d.held = len(silentOnes)
+	burst, rate := silenceBudget(len(alive))
+	if d.tokensAt.IsZero() {
+		d.tokens = burst
+	} else if now.After(d.tokensAt) {
+		d.tokens = min(burst, d.tokens+now.Sub(d.tokensAt).Seconds()*rate)
+	}
+	d.tokensAt = now
+	d.held, d.deferred = 0, 0
+	if n := len(silentOnes) + len(judged); len(alive) >= disruptionMin && 2*n > len(alive) {
+		d.held = n
+		for _, v := range judged {
+			d.m[v.machine].judged = false // given again at its turn when the hold ends
+		}
 	} else {
-		dead = append(dead, silentOnes...)
+		if k := int(d.tokens); len(silentOnes) > k {
+			sort.Slice(silentOnes, func(i, j int) bool { return silentOnes[i].silent > silentOnes[j].silent })
+			d.deferred = len(silentOnes) - k
+			silentOnes = silentOnes[:k]
+		}
+		d.tokens -= float64(len(silentOnes))
+		for _, v := range silentOnes {
+			d.m[v.machine].judged = true
+		}
+		dead = append(append(dead, judged...), silentOnes...)
 	}
 	sort.Slice(dead, func(i, j int) bool { return dead[i].machine < dead[j].machine })
 	return paused, dead

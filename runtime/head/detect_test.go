@@ -243,7 +243,7 @@ func TestVerdictDroppedWhenTheMachineReported(t *testing.T) {
 	}
 	ctl := leader(t, heads).Controller()
 	ctl.liveMu.Lock()
-	v := liveVerdict{verdict: verdict{"m0", "no heartbeat (test)"}, inc: m.Incarnation, heard: ctl.live.detect.watch("m0").heard}
+	v := liveVerdict{verdict: verdict{machine: "m0", reason: "no heartbeat (test)"}, inc: m.Incarnation, heard: ctl.live.detect.watch("m0").heard}
 	ctl.liveMu.Unlock()
 	if _, err := c.ReportLoad(ctx, api.LoadReport{Machine: "m0", Incarnation: m.Incarnation}); err != nil {
 		t.Fatal(err)
@@ -347,13 +347,80 @@ func TestDisruptionHoldsVerdictsOfSilence(t *testing.T) {
 		d.heard(m, at(10.5))
 	}
 	_, found := d.sweep(at(10.6), alive[:99])
-	if len(found) != 39 || d.held != 0 {
-		t.Fatalf("60 of 99 heard: declared %d, held %d; want the 39 silent, none held", len(found), d.held)
+	if len(found) != 10 || d.held != 0 || d.deferred != 29 {
+		t.Fatalf("60 of 99 heard: declared %d, held %d, deferred %d; want 10 of the 39 silent (the pace's burst), none held, 29 deferred", len(found), d.held, d.deferred)
 	}
 	small := names(4)
 	d = newFailureDetector(cfg, t0)
 	d.heard(small[0], at(5))
 	if dead := sweepTo(d, 10.4, small); len(dead) != 3 {
 		t.Fatalf("3 of 4 silent in a small cluster: declared %v, want the 3", dead)
+	}
+}
+
+// TestVerdictsOfSilencePaced: verdicts of silence alone come at the pace of silenceBudget
+// (a burst, then a rate), the longest silent first; a verdict given is given again at
+// every sweep without taking more of the pace; a machine heard before its turn is saved;
+// gossip's confirmed failures are not paced.
+func TestVerdictsOfSilencePaced(t *testing.T) {
+	cfg := detectorConfig{silence: 10 * time.Second, confirm: 3 * time.Second, pause: time.Second, flapMemory: time.Minute}
+	t0 := time.Unix(1000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	alive := make([]string, 200)
+	for i := range alive {
+		alive[i] = fmt.Sprintf("m%03d", i)
+	}
+	burst, rate := silenceBudget(len(alive))
+	if burst != 10 || rate != 0.5 {
+		t.Fatalf("pace at 200 machines: %v at once, %v a second; want 10 and 0.5", burst, rate)
+	}
+	d := newFailureDetector(cfg, t0)
+	silent := alive[:30] // m000 has been silent longest, m029 the least
+	for i, m := range silent {
+		d.heard(m, at(0.5+float64(i)*0.001))
+	}
+	d.gossip("m199", "failed", at(9))
+	declared := map[string]float64{}
+	saved := "m011" // its turn would come at about 14.6 s
+	for s := 0.2; s <= 30+1e-9; s += 0.2 {
+		for _, m := range alive[30:199] {
+			d.heard(m, at(s))
+		}
+		if s > 14 && s < 14.3 {
+			d.heard(saved, at(s)) // heard before its turn
+		}
+		_, all := d.sweep(at(s), alive)
+		var vs []verdict // the verdicts of silence alone
+		for _, v := range all {
+			if _, ok := declared[v.machine]; !ok {
+				declared[v.machine] = s
+			}
+			if v.machine != "m199" {
+				vs = append(vs, v)
+			}
+		}
+		if s > 10.55 && s < 10.65 {
+			if len(vs) != 10 || d.deferred != 20 {
+				t.Fatalf("at %.1f s: %d verdicts, %d deferred; want the burst of 10 and 20 deferred", s, len(vs), d.deferred)
+			}
+			for i, v := range vs {
+				if v.machine != silent[i] {
+					t.Fatalf("at %.1f s: verdict %d is %s, want %s (the longest silent first)", s, i, v.machine, silent[i])
+				}
+			}
+		}
+		if s > 10.75 && s < 10.85 && len(vs) != 10 {
+			t.Fatalf("at %.1f s: %d verdicts; want the 10 given again, none more (the pace is spent)", s, len(vs))
+		}
+	}
+	if at, ok := declared["m199"]; !ok || at > 9.3 {
+		t.Fatalf("gossip's confirmed failure: declared at %v (%v); want it by 9.2 s, unpaced", at, ok)
+	}
+	if _, ok := declared[saved]; ok {
+		t.Fatalf("%s was heard before its turn and was still found dead", saved)
+	}
+	// 10 at once at 10.6 s, then one every 2 s: 19.4 s of pace after it gives 9 more.
+	if n := len(declared) - 1; n != 19 {
+		t.Fatalf("%d machines found dead by 30 s for silence; want 10 + 9 at 0.5 a second", n)
 	}
 }

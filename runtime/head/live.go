@@ -33,6 +33,8 @@ type liveView struct {
 	loads  map[string]api.LoadReport // their latest load reports
 	fresh  map[string]bool           // reports the scheduler has not taken yet (takeLoadsLocked)
 	held   bool                      // the last sweep held verdicts of silence (a disruption)
+	// deferred is how many verdicts of silence the last sweep deferred (their pace).
+	deferred int
 	// verdicts are the machines the detector found dead, waiting for declareLoop.
 	verdicts map[string]liveVerdict
 }
@@ -232,7 +234,13 @@ func (c *Controller) sweep() {
 	}
 	held, wasHeld := v.detect.held, v.held
 	v.held = held > 0
+	deferred, wasDeferred := v.detect.deferred, v.deferred
+	v.deferred = deferred
 	c.liveMu.Unlock()
+	if deferred > 0 && wasDeferred == 0 {
+		c.log.Warn("machines silent past the timeout are found dead at a pace: the longest silent first, and one heard meanwhile is saved",
+			zap.Int("deferred", deferred), zap.Int("machines", len(alive)))
+	}
 	if held > 0 && !wasHeld {
 		c.log.Warn("most machines are silent at once: their deaths are held while this leader hears from less than half of them (a disruption of its own, not theirs)",
 			zap.Int("silent", held), zap.Int("machines", len(alive)))
