@@ -128,6 +128,11 @@ type Config struct {
 	Logger *zap.Logger
 }
 
+// warmEvery is how often an agent asks each head but the leader for its status, to keep a
+// connection to it open (api.Client.KeepWarm): a new leader is reached without a TLS
+// handshake.
+const warmEvery = 30 * time.Second
+
 // Agent is a running agent.
 type Agent struct {
 	cfg    Config
@@ -372,7 +377,8 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		}
 	}
 	a.trust = make(chan string, 1)
-	a.wg.Add(3)
+	a.wg.Add(4)
+	go func() { defer a.wg.Done(); client.KeepWarm(a.ctx, warmEvery) }()
 	go a.loadLoop()
 	go a.watchLoop()
 	go a.reconcileLoop()

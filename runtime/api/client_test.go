@@ -28,15 +28,19 @@ type fakeHeads struct {
 	srvs []*httptest.Server
 
 	mu     sync.Mutex
-	leader uint64              // the replica id that leads (heads are 1..n)
-	hint   map[uint64]uint64   // a head's hint of the leader, when not the leader itself
-	hits   map[uint64][]string // the paths each head was asked, but /v1/status
-	mute   map[uint64]bool     // heads that answer /v1/status 503 (not up yet)
-	answer func(id uint64, w http.ResponseWriter, r *http.Request)
+	leader uint64                     // the replica id that leads (heads are 1..n)
+	hint   map[uint64]uint64          // a head's hint of the leader, when not the leader itself
+	hits   map[uint64][]string        // the paths each head was asked, but /v1/status
+	mute   map[uint64]bool            // heads that answer /v1/status 503 (not up yet)
+	status map[uint64]int             // the /v1/status requests each head had
+	from   map[uint64]map[string]bool // the client addresses (connections) they came from
+	// statusSeen, when set, is told the id of each head asked its status.
+	statusSeen chan uint64
+	answer     func(id uint64, w http.ResponseWriter, r *http.Request)
 }
 
 func newFakeHeads(t *testing.T, n int, leader uint64) *fakeHeads {
-	f := &fakeHeads{t: t, leader: leader, hint: map[uint64]uint64{}, hits: map[uint64][]string{}, mute: map[uint64]bool{},
+	f := &fakeHeads{t: t, leader: leader, hint: map[uint64]uint64{}, hits: map[uint64][]string{}, mute: map[uint64]bool{}, status: map[uint64]int{}, from: map[uint64]map[string]bool{},
 		answer: func(uint64, http.ResponseWriter, *http.Request) {}}
 	for i := 1; i <= n; i++ {
 		id := uint64(i)
@@ -68,9 +72,18 @@ func (f *fakeHeads) serve(id uint64, w http.ResponseWriter, r *http.Request) {
 	}
 	if r.URL.Path != "/v1/status" {
 		f.hits[id] = append(f.hits[id], r.URL.Path)
+	} else {
+		f.status[id]++
+		if f.from[id] == nil {
+			f.from[id] = map[string]bool{}
+		}
+		f.from[id][r.RemoteAddr] = true
 	}
-	mute := f.mute[id]
+	mute, seen := f.mute[id], f.statusSeen
 	f.mu.Unlock()
+	if seen != nil && r.URL.Path == "/v1/status" {
+		seen <- id
+	}
 	switch {
 	case r.URL.Path == "/v1/status" && mute:
 		writeTestJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: "starting", Kind: "unavailable"})
@@ -689,4 +702,39 @@ func TestReportLoadIsNotRetriedWhileUnavailable(t *testing.T) {
 	if got := f.asked(); got[1]+got[2] < 2 {
 		t.Fatalf("requests %v: want retries", got)
 	}
+}
+
+// TestKeepWarm: a client that keeps warm asks every head but the one it believes leads for
+// its status, again and again, over connections it keeps (one per follower).
+func TestKeepWarm(t *testing.T) {
+	f := newFakeHeads(t, 3, 1)
+	c := newTestClient(t, f.urls())
+	seen := make(chan uint64, 64)
+	f.set(func() { f.statusSeen = seen })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); c.KeepWarm(ctx, 10*time.Millisecond) }()
+	asked := map[uint64]int{}
+	for asked[2] < 3 || asked[3] < 3 {
+		select {
+		case id := <-seen:
+			asked[id]++
+		case <-time.After(10 * time.Second):
+			t.Fatalf("status asked of the heads: %v; want 3 rounds of each follower", asked)
+		}
+	}
+	cancel()
+	f.set(func() { f.statusSeen = nil })
+	for len(seen) > 0 {
+		asked[<-seen]++
+	}
+	<-done
+	if asked[1] != 0 {
+		t.Fatalf("the leader was asked its status %d times by the warm-keeping; want 0", asked[1])
+	}
+	f.set(func() {
+		if len(f.from[2]) != 1 || len(f.from[3]) != 1 {
+			t.Fatalf("connections the followers were asked over: %v; want one each, kept", f.from)
+		}
+	})
 }
