@@ -2,7 +2,10 @@ package head
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"syscall"
 	"testing"
@@ -10,6 +13,8 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/atoll-run/atoll/internal/pki"
+	"github.com/atoll-run/atoll/runtime/authz"
 	"github.com/atoll-run/atoll/store/paxos"
 )
 
@@ -108,5 +113,62 @@ func TestAwaitGivesBackTheSlot(t *testing.T) {
 	answered <- nil
 	if err := await(context.WithValue(context.Background(), slotKey{}, &apiSlot{slots: held}), answered); err != nil || len(held) != 1 {
 		t.Fatalf("a commit already answered: %v, %d slots taken; want the slot kept", err, len(held))
+	}
+}
+
+// TestShedReportIsAHeartbeat: a load report shed for want of a slot is kept as a heartbeat
+// of the machine its client certificate names, if that is one machine's agent whose
+// credential stands; any other certificate, or none, records nothing.
+func TestShedReportIsAHeartbeat(t *testing.T) {
+	h, err := Start(Config{ID: 1, Initial: []uint64{1}, Transport: paxos.NewMemNetwork(1).Transport(1), DataDir: t.TempDir(),
+		NoSync: true, Token: testToken, Logger: zaptest.NewLogger(t), MaxInflight: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = h.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ctl := h.Controller()
+	for _, m := range []string{"m0", "m1"} {
+		for { // once the head leads
+			if _, err := ctl.RegisterMachine(ctx, machine(t, m)); err == nil {
+				break
+			} else if ctx.Err() != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	ca, err := pki.NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shed := func(p authz.Principal, tokenID string) {
+		t.Helper()
+		id, err := ca.IssueIdentityGrant(p.String(), pki.Grant{URI: authz.Grant(p, tokenID, false)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := httptest.NewRequest(http.MethodPost, "/v1/machines/load", nil)
+		r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{id.Leaf()}}
+		h.api.shedReport(r)
+	}
+	heard := func(m string) time.Time {
+		ctl.liveMu.Lock()
+		defer ctl.liveMu.Unlock()
+		return ctl.live.detect.watch(m).heard
+	}
+	before0, before1 := heard("m0"), heard("m1")
+	h.api.authn.Revoked = func(id string) bool { return id == "gone" }
+	shed(authz.Agent("m1"), "gone")                                                  // a revoked credential's certificate
+	shed(authz.Agent(authz.AnyMachine), "")                                          // every machine's
+	shed(authz.Driver("train"), "")                                                  // not an agent's
+	h.api.shedReport(httptest.NewRequest(http.MethodPost, "/v1/machines/load", nil)) // no TLS
+	if got := heard("m1"); !got.Equal(before1) {
+		t.Fatalf("m1 heard at %v (was %v) from a certificate that may not stand for it", got, before1)
+	}
+	shed(authz.Agent("m0"), "")
+	if got := heard("m0"); !got.After(before0) {
+		t.Fatalf("m0's shed report: heard at %v, was %v; want it kept as a heartbeat", got, before0)
 	}
 }

@@ -195,6 +195,19 @@ func (c *Controller) ReportLoad(r api.LoadReport) (api.LoadAnswer, error) {
 	return api.LoadAnswer{Interval: api.Duration(iv)}, nil
 }
 
+// heardShed records a heartbeat of a machine alive in this term whose load report the
+// API shed (http.go): its agent is alive, whatever its load now.
+func (c *Controller) heardShed(machine string) {
+	now := c.cfg.Clock()
+	c.liveMu.Lock()
+	defer c.liveMu.Unlock()
+	if v := c.live; v != nil {
+		if _, ok := v.inc[machine]; ok {
+			v.detect.heard(machine, now)
+		}
+	}
+}
+
 // GossipEvent tells the leader what membership (serf) says of a machine's agent: "failed"
 // or "left", "join" or "update". Gossip alone declares no machine dead: the next sweep
 // weighs it with the machine's heartbeats (detect.go). Called from membership's
