@@ -878,16 +878,22 @@ func (a *Agent) launch(key string, w *worker) {
 		// it runs. A process member's Address is its gang's rendezvous address
 		// (rank 0's announces it to the others).
 		go func() {
-			ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
-			defer cancel()
 			s := w.spec
 			ready := api.Worker{Job: s.Job, Gang: s.Gang, Rank: s.Rank, Generation: s.Generation,
 				GangUID: s.GangUID, Machine: a.cfg.Name, Address: s.Master, PID: h.PID(), Started: time.Now()}
 			if an, ok := h.(Announcer); ok { // a hosted worker's actor answers calls
 				ready.Address, ready.ActorID = an.Announce()
 			}
-			if err := a.client.WorkerReady(ctx, ready); err != nil {
-				a.log.Warn("could not report the worker running", workerField(s), zap.Error(err))
+			tries, err := retryUnavailable(a.ctx, h.Done(), 500*time.Millisecond, 10*time.Second, func(ctx context.Context) error {
+				ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				return a.client.WorkerReady(ctx, ready)
+			})
+			switch {
+			case err != nil:
+				a.log.Warn("could not report the worker running", workerField(s), zap.Int("tries", tries), zap.Error(err))
+			case tries > 1:
+				a.log.Info("reported the worker running", workerField(s), zap.Int("tries", tries))
 			}
 		}()
 	}
@@ -995,6 +1001,29 @@ func (a *Agent) wanted(w *worker) bool {
 
 // Permanent is implemented by launch and exit errors that a restart cannot cure.
 type Permanent interface{ Permanent() bool }
+
+// retryUnavailable calls try until it succeeds, fails other than unavailable (the heads
+// refused it for good: the gang moved or ended), ctx ends or stop closes, waiting from
+// first, doubled up to most, between tries; it returns the tries made and the last error.
+// A worker's ready report was tried once: lost to a leader that was overloaded (its
+// attempts timed out), it left the gang starting for ever (244 gangs at 2,000 machines).
+func retryUnavailable(ctx context.Context, stop <-chan struct{}, first, most time.Duration, try func(context.Context) error) (int, error) {
+	wait := first
+	for n := 1; ; n++ {
+		err := try(ctx)
+		if err == nil || !errors.Is(err, api.ErrUnavailable) {
+			return n, err
+		}
+		select {
+		case <-ctx.Done():
+			return n, err
+		case <-stop:
+			return n, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, most)
+	}
+}
 
 func isPermanent(err error) bool {
 	var p Permanent

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/store/meta"
@@ -270,5 +271,37 @@ func TestFileSHA256(t *testing.T) {
 	}
 	if _, err := fileSHA256(path + ".missing"); err == nil {
 		t.Error("the hash of a missing file")
+	}
+}
+
+// TestRetryUnavailable: a report the heads could not take (unavailable: no leader, a
+// timeout, a busy head) is tried again until it is taken; one refused for good is not;
+// the worker's end stops the tries.
+func TestRetryUnavailable(t *testing.T) {
+	ctx := context.Background()
+	calls := 0
+	n, err := retryUnavailable(ctx, nil, time.Millisecond, 2*time.Millisecond, func(context.Context) error {
+		calls++
+		if calls < 3 {
+			return fmt.Errorf("%w: waiting for the commit: context deadline exceeded", api.ErrUnavailable)
+		}
+		return nil
+	})
+	if err != nil || n != 3 || calls != 3 {
+		t.Fatalf("unavailable twice, then taken: %d tries, %v; want 3 tries and no error", n, err)
+	}
+	n, err = retryUnavailable(ctx, nil, time.Millisecond, time.Millisecond, func(context.Context) error {
+		return fmt.Errorf("%w: the gang moved", api.ErrNotFound)
+	})
+	if n != 1 || !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("refused for good: %d tries, %v; want 1 try and the refusal", n, err)
+	}
+	stop := make(chan struct{})
+	n, err = retryUnavailable(ctx, stop, time.Hour, time.Hour, func(context.Context) error {
+		close(stop) // the worker ends while its report waits
+		return api.ErrUnavailable
+	})
+	if n != 1 || !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("the worker ended: %d tries, %v; want 1 try and the last error", n, err)
 	}
 }
