@@ -126,6 +126,12 @@ type Client struct {
 	meta   *meta.Client
 }
 
+// HTTP/2 health checks of a client's connections (NewClient).
+const (
+	h2PingAfter   = 10 * time.Second
+	h2PingTimeout = 10 * time.Second
+)
+
 // NewClient returns a client of the heads. It asks each head for its replica id (so that a
 // follower's hint names a URL), tolerating heads that do not answer, and fails when none
 // answers before ctx ends (ErrUnavailable), or at once when a head refuses the token or
@@ -149,8 +155,14 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		cfg.Logger = zap.NewNop()
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = cfg.TLS
+	tr.TLSClientConfig = cfg.TLS.Clone() // HTTP/2 adds its protocol to it: the caller's is not ours to change
 	tr.MaxIdleConnsPerHost = 64
+	// The heads speak HTTP/2 (one connection per head for all of a client's requests; a
+	// request given up resets its stream, not its connection). A connection that carries
+	// nothing for h2PingAfter is pinged, and closed when the ping is not answered within
+	// h2PingTimeout: a dead head's connection is not kept (as client-go does).
+	tr.ForceAttemptHTTP2 = true
+	tr.HTTP2 = &http.HTTP2Config{SendPingTimeout: h2PingAfter, PingTimeout: h2PingTimeout}
 	c := &Client{cfg: cfg, hc: &http.Client{Transport: tr}, log: cfg.Logger.Named("api-client"), ids: map[uint64]string{}}
 	for {
 		if err := c.learnIDs(ctx, false); err == nil {

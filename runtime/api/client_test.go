@@ -738,3 +738,74 @@ func TestKeepWarm(t *testing.T) {
 		}
 	})
 }
+
+// TestRequestsShareOneConnection: a client speaks HTTP/2 to a head that offers it (the
+// heads do: head.apiTLS), so its requests in flight at once share one connection, and a
+// request given up resets its stream without closing the connection the next one uses.
+func TestRequestsShareOneConnection(t *testing.T) {
+	const n = 8
+	arrived, release := make(chan struct{}, 2*n), make(chan struct{})
+	var mu sync.Mutex
+	from, protos := map[string]bool{}, map[string]bool{}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		from[r.RemoteAddr], protos[r.Proto] = true, true
+		mu.Unlock()
+		switch r.URL.Path {
+		case "/v1/status":
+			writeTestJSON(w, http.StatusOK, map[string]uint64{"id": 1, "leader": 1})
+		case "/v1/hold":
+			arrived <- struct{}{}
+			<-release
+			writeTestJSON(w, http.StatusOK, map[string]string{})
+		case "/v1/stuck": // answers only by its context's end
+			arrived <- struct{}{}
+			<-r.Context().Done()
+		default:
+			writeTestJSON(w, http.StatusOK, map[string]string{})
+		}
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	tlsc := srv.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
+	c, err := NewClient(ctxT(t, 10*time.Second), ClientConfig{Heads: []string{srv.URL}, Token: testToken, TLS: tlsc, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 20*time.Second)
+	done := make(chan error, n)
+	for range n {
+		go func() { done <- c.Do(ctx, http.MethodGet, "/v1/hold", nil, nil) }()
+	}
+	for range n { // every request is in flight at once
+		select {
+		case <-arrived:
+		case <-ctx.Done():
+			t.Fatal("the requests did not all arrive")
+		}
+	}
+	close(release)
+	for range n {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A request given up resets its stream only.
+	short, cancel := context.WithCancel(ctx)
+	go func() { <-arrived; cancel() }()
+	if err := c.Do(short, http.MethodGet, "/v1/stuck", nil, nil); err == nil {
+		t.Fatal("a request given up succeeded")
+	}
+	if err := c.Do(ctx, http.MethodGet, "/v1/after", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(protos) != 1 || !protos["HTTP/2.0"] {
+		t.Fatalf("protocols: %v, want HTTP/2.0 only", protos)
+	}
+	if len(from) != 1 {
+		t.Fatalf("connections: %v, want one shared by %d requests at once, one given up, and one after", from, n)
+	}
+}

@@ -3,6 +3,7 @@ package head
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -163,6 +164,20 @@ func maxAPIConns(n int) int {
 	return max(256, int(lim.Cur/2))
 }
 
+// apiTLS is the API listener's TLS configuration: the identity's, offering HTTP/2 first.
+// Over HTTP/1.1 a process holds a connection per request in flight: at 2,000 machines
+// each agent held 2 to 3 to each head (its watch's long poll, its reports, its reads),
+// every head reached its bound on connections (maxAPIConns: 10,000 at 20,000 files)
+// and new ones waited in the accept queue while load reports timed out; a request
+// given up also closed its connection, and the next paid a handshake. Over HTTP/2 a
+// client's requests share one connection per head, and one given up resets its stream
+// only.
+func apiTLS(id *pki.Identity) *tls.Config {
+	c := id.BootstrapServer()
+	c.NextProtos = []string{"h2", "http/1.1"}
+	return c
+}
+
 // maxHandshakes is Config.MaxHandshakes, or its default, GOMAXPROCS.
 func maxHandshakes(n int) int {
 	if n > 0 {
@@ -266,7 +281,7 @@ func Start(cfg Config) (*Head, error) {
 		hlog := log.Named("http")
 		// A handshake has 5 s once it has its slot, as net/http gives it (the server's
 		// ReadHeaderTimeout below) when it shakes hands itself.
-		h.ln = tlsgate.New(h.ln, tlsgate.Config{TLS: h.id.BootstrapServer(), Limit: maxHandshakes(cfg.MaxHandshakes), Timeout: 5 * time.Second,
+		h.ln = tlsgate.New(h.ln, tlsgate.Config{TLS: apiTLS(h.id), Limit: maxHandshakes(cfg.MaxHandshakes), Timeout: 5 * time.Second,
 			OnError: func(remote net.Addr, err error) {
 				hlog.Debug("TLS handshake failed", zap.Stringer("remote", remote), zap.Error(err))
 			}})

@@ -62,6 +62,17 @@ func TestHeadAPIIsMutualTLS(t *testing.T) {
 	if _, err := c.Status(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// It offers HTTP/2: a process's requests share one connection (apiTLS).
+	h2 := id.Client()
+	h2.NextProtos = []string{"h2", "http/1.1"}
+	conn, err := tls.Dial("tcp", strings.TrimPrefix(h.Address(), "https://"), h2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := conn.ConnectionState().NegotiatedProtocol; p != "h2" {
+		t.Fatalf("negotiated %q, want h2", p)
+	}
+	conn.Close()
 
 	// The wrong token gets no certificate.
 	if _, err := api.RequestIdentity(ctx, heads, "not-the-cluster-token-xx", ca.CertPEM, "intruder"); !errors.Is(err, api.ErrUnauthenticated) {
