@@ -183,6 +183,9 @@ func (n *Node) Status() Status {
 		Epoch: n.conf.Epoch, Members: slices.Clone(n.conf.Members)}
 }
 
+// Role returns the node's role.
+func (n *Node) Role() Role { return n.role }
+
 // Leader returns the leader hint (0 when unknown).
 func (n *Node) Leader() uint64 { return n.leader }
 
@@ -241,6 +244,25 @@ func (n *Node) Tick() {
 			n.trk.resetActive()
 		}
 	}
+}
+
+// TickN ticks the node k times at once, as its driver does for the ticks it was not
+// scheduled for. A follower's or candidate's ticks are Tick's, one by one. A leader's
+// heartbeat and check-quorum are judged once, at the end: ticked one by one, a stall of
+// more than two election timeouts made the leader judge twice in a row, the second time
+// on no message at all (its driver steps none between two ticks), and step down although
+// its followers had answered every heartbeat.
+func (n *Node) TickN(k uint64) {
+	if n.role != Leader || k <= 1 {
+		for ; k > 0; k-- {
+			n.Tick()
+		}
+		return
+	}
+	n.now += k - 1
+	n.hbElapsed += int(k - 1)
+	n.checkElapsed += int(k - 1)
+	n.Tick()
 }
 
 // TicksUntilTimer returns how many ticks from now the node's next timer is due: a

@@ -346,3 +346,46 @@ func TestAcceptedRangeIsClipped(t *testing.T) {
 		t.Fatalf("commit %d after the clipped acknowledgement and the leader's own, want 2", got)
 	}
 }
+
+// TestStalledLeaderJudgesOnce: a leader whose driver missed more than two election
+// timeouts, and then steps the answers its followers sent meanwhile, judges check-quorum
+// once on them (TickN) and keeps leading; ticked one by one it judged twice, the second
+// time on no message, and stepped down.
+func TestStalledLeaderJudgesOnce(t *testing.T) {
+	for _, oneByOne := range []bool{false, true} {
+		h := newHarness(t, 3, nil)
+		h.elect(1)
+		l := h.nodes[1]
+		for l.hbElapsed < l.cfg.HeartbeatTicks-1 {
+			l.Tick()
+		}
+		l.Tick() // a heartbeat round, the last before the stall
+		var acks []Message
+		for _, m := range h.outbox(1) {
+			h.nodes[m.To].Step(m)
+		}
+		for _, id := range []uint64{2, 3} {
+			acks = append(acks, h.outbox(id)...)
+		}
+		if len(acks) == 0 {
+			t.Fatal("the followers answered nothing")
+		}
+		for _, m := range acks { // stepped when the driver runs again, before its ticks
+			l.Step(m)
+		}
+		stall := uint64(5 * l.cfg.ElectionTicks / 2)
+		if oneByOne {
+			for range stall {
+				l.Tick()
+			}
+		} else {
+			l.TickN(stall)
+		}
+		switch {
+		case oneByOne && l.role == Leader:
+			t.Fatal("ticked one by one, the stalled leader kept leading: the case TickN is for did not happen")
+		case !oneByOne && l.role != Leader:
+			t.Fatalf("after a stall of %d ticks and its followers' answers, the leader is %v", stall, l.role)
+		}
+	}
+}

@@ -314,8 +314,29 @@ func (r *Replica) catchUp() {
 		n = limit
 	}
 	r.caughtUp = n
-	for ; n > 0; n-- {
-		r.node.Tick()
+	if r.node.Role() == Leader {
+		r.stepQueued()
+	}
+	r.node.TickN(n)
+}
+
+// stepQueued steps the messages that wait in the transport's queue now, before a leader's
+// ticks judge check-quorum on them: they are its followers' answers that arrived while its
+// loop did not run, or was busy. Ticked first, a leader of 2,000 machines stepped down
+// with 46 messages waiting (bench scale). A follower ticks first (catchUp): a leader's
+// heartbeat stepped with a clock behind the wall's would be judged old once ticked.
+func (r *Replica) stepQueued() {
+	recv := r.tr.Recv()
+	for i := len(recv); i > 0; i-- {
+		select {
+		case m, ok := <-recv:
+			if !ok {
+				return
+			}
+			r.node.Step(m)
+		default:
+			return
+		}
 	}
 }
 
@@ -457,8 +478,14 @@ func (r *Replica) run() {
 				recv = nil
 				continue
 			}
-			r.catchUp() // time passed before anything else: a lease may have run out
-			r.node.Step(m)
+			if r.node.Role() == Leader {
+				// An answer to the leader is stepped before its ticks judge (stepQueued).
+				r.node.Step(m)
+				r.catchUp()
+			} else {
+				r.catchUp() // time passed before anything else: a lease may have run out
+				r.node.Step(m)
+			}
 		case p := <-r.props:
 			r.catchUp()
 			r.propose(p)
