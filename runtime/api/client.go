@@ -320,7 +320,10 @@ func (c *Client) once(ctx context.Context, base, method, path string, in, out an
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
 	if err != nil {
-		return resp.StatusCode, fmt.Errorf("api: read %s from %s: %w", path, base, err)
+		// An answer cut short is no answer (status 0: Do tries again, as for a head that did
+		// not answer): over HTTP/2 its headers and its body are frames of their own, and an
+		// attempt's deadline can fall between them on a starved head.
+		return 0, fmt.Errorf("api: read %s from %s: %w", path, base, err)
 	}
 	if resp.StatusCode/100 == 2 {
 		if out != nil && len(data) > 0 {

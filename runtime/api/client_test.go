@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -807,5 +808,35 @@ func TestRequestsShareOneConnection(t *testing.T) {
 	}
 	if len(from) != 1 {
 		t.Fatalf("connections: %v, want one shared by %d requests at once, one given up, and one after", from, n)
+	}
+}
+
+// TestAnswerCutShortIsTriedAgain: an answer whose body does not come within the attempt's
+// time (its headers did) is no answer: the request is tried again, not failed.
+func TestAnswerCutShortIsTriedAgain(t *testing.T) {
+	f := newFakeHeads(t, 1, 1)
+	var tries atomic.Int32
+	f.set(func() {
+		f.answer = func(_ uint64, w http.ResponseWriter, r *http.Request) {
+			if tries.Add(1) == 1 {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusOK)
+				w.(http.Flusher).Flush() // the headers go; the body waits past the attempt
+				<-r.Context().Done()
+				return
+			}
+			writeTestJSON(w, http.StatusOK, map[string]string{"ok": "yes"})
+		}
+	})
+	c, err := NewClient(ctxT(t, 10*time.Second), ClientConfig{Heads: f.urls(), Token: testToken, AttemptTimeout: 200 * time.Millisecond, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]string
+	if err := c.Do(ctxT(t, 10*time.Second), http.MethodPost, "/v1/gangs", map[string]string{}, &out); err != nil {
+		t.Fatalf("a request whose first answer was cut short: %v; want it tried again", err)
+	}
+	if out["ok"] != "yes" || tries.Load() != 2 {
+		t.Fatalf("answer %v after %d tries; want the second's", out, tries.Load())
 	}
 }
