@@ -997,17 +997,19 @@ func headsOf(ctx context.Context, c *dialed, leader uint64) []api.HeadInfo {
 		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, u+"/v1/status", nil)
 		req.Header.Set("Authorization", "Bearer "+c.token)
 		resp, err := c.hc.Do(req)
-		cancel()
 		if err == nil {
 			var st struct {
 				ID       uint64 `json:"id"`
 				DiskFull bool   `json:"disk_full"`
 				Error    string `json:"error"`
 			}
+			// The body is read before the request's context ends: over HTTP/2 its end
+			// resets the stream, and the answer was lost.
 			_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st)
 			resp.Body.Close()
 			h.ID, h.DiskFull, h.Error = st.ID, st.DiskFull, st.Error
 		}
+		cancel()
 		h.Leader = h.ID != 0 && h.ID == leader
 		out = append(out, h)
 	}
