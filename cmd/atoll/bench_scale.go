@@ -62,6 +62,8 @@ type scaleConfig struct {
 	handshakes int
 	// inflight is the heads' --max-inflight (0: their default, no bound).
 	inflight int
+	// http2 is the heads' --http2.
+	http2 bool
 	// probeProfile, when set, is where the leader's CPU profile taken while the probes
 	// run is written (its /debug/pprof/profile, probeProfileFor long).
 	probeProfile    string
@@ -221,7 +223,9 @@ type scaleResult struct {
 	// MaxHandshakes is the heads' --max-handshakes (0: their default, GOMAXPROCS).
 	MaxHandshakes int `json:"max_handshakes"`
 	// MaxInflight is the heads' --max-inflight (0: no bound).
-	MaxInflight    int     `json:"max_inflight"`
+	MaxInflight int `json:"max_inflight"`
+	// HTTP2 is the heads' --http2.
+	HTTP2          bool    `json:"http2"`
 	WindowS        float64 `json:"window_s"`
 	SubmitS        float64 `json:"submit_s"`
 	WorkloadSubmit int     `json:"workload_submitted"`
@@ -302,6 +306,7 @@ agents' processes host those as real actors that answer calls, one actor system 
 	f.Float64Var(&cfg.reportRate, "report-rate", 0, "the heads' --report-rate (0: their default, 500; negative: the leader never paces the agents' reports)")
 	f.IntVar(&cfg.handshakes, "max-handshakes", 0, "the heads' --max-handshakes (0: their default, GOMAXPROCS)")
 	f.IntVar(&cfg.inflight, "max-inflight", 0, "the heads' --max-inflight (0: their default, no bound)")
+	f.BoolVar(&cfg.http2, "http2", false, "the heads' --http2 (the API over HTTP/2: one connection per agent and head)")
 	f.StringVar(&cfg.workloadProfile, "workload-cpuprofile", "", "write the heads' CPU profiles, taken from the start of the workload's submission, to PREFIX-head<ID>.pprof")
 	f.DurationVar(&cfg.workloadProfileFor, "workload-cpuprofile-for", 30*time.Second, "how long the workload's CPU profiles run")
 	f.StringVar(&cfg.tasksProfile, "tasks-cpuprofile", "", "write the heads' CPU profiles, taken from the start of the tasks' submission, to PREFIX-head<ID>.pprof")
@@ -358,7 +363,7 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 	began := time.Now()
 	res := &scaleResult{Started: began.UTC().Format(time.RFC3339), Machines: cfg.machines, Heads: 3, TLS: true, CPUs: runtime.NumCPU(),
 		GossipMembers: cfg.gossip, HollowNice: cfg.nice, HollowGroupNice: cfg.groupNice, WindowS: cfg.window.Seconds(), Notes: []string{},
-		ElectionTimeoutS: cmp.Or(cfg.election, head.DefaultElectionTimeout).Seconds(), ReportRate: cmp.Or(cfg.reportRate, head.DefaultReportRate), MaxHandshakes: cfg.handshakes, MaxInflight: cfg.inflight,
+		ElectionTimeoutS: cmp.Or(cfg.election, head.DefaultElectionTimeout).Seconds(), ReportRate: cmp.Or(cfg.reportRate, head.DefaultReportRate), MaxHandshakes: cfg.handshakes, MaxInflight: cfg.inflight, HTTP2: cfg.http2,
 		Targets: map[string]float64{"machines": 2000, "actors": 20000, "running_tasks": 15000, "running_gangs": 1000, "head_cpu_cores": 1,
 			"sched_p99_ms": 100, "failover_s": 3, "lost_machine_detect_s": 10},
 		Met: map[string]bool{}}
@@ -384,7 +389,7 @@ func runScaleBench(ctx context.Context, cfg scaleConfig, progress io.Writer) (_ 
 	}
 	b := &scaleBench{cfg: cfg, res: res, dir: tmp, say: say}
 	say("starting 3 heads")
-	cf, _, err := startCluster(ctx, filepath.Join(tmp, "cluster"), 3, 0, "dgx-h100", true, 2*time.Minute, upOptions{election: b.cfg.election, reportRate: b.cfg.reportRate, handshakes: b.cfg.handshakes, inflight: b.cfg.inflight})
+	cf, _, err := startCluster(ctx, filepath.Join(tmp, "cluster"), 3, 0, "dgx-h100", true, 2*time.Minute, upOptions{election: b.cfg.election, reportRate: b.cfg.reportRate, handshakes: b.cfg.handshakes, inflight: b.cfg.inflight, http2: b.cfg.http2})
 	if err != nil {
 		return nil, err
 	}

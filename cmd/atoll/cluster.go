@@ -57,6 +57,8 @@ type clusterFile struct {
 	MaxHandshakes string `json:"max_handshakes,omitempty"`
 	// MaxInflight is the heads' --max-inflight ("" for their default, no bound).
 	MaxInflight string `json:"max_inflight,omitempty"`
+	// HTTP2 is the heads' --http2.
+	HTTP2 bool `json:"http2,omitempty"`
 	// Tick and ElectionTimeout are the heads' Paxos timing ("" for their defaults).
 	Tick            string `json:"tick,omitempty"`
 	ElectionTimeout string `json:"election_timeout,omitempty"`
@@ -80,6 +82,8 @@ type upOptions struct {
 	handshakes int
 	// inflight is the heads' --max-inflight (0: their default, no bound).
 	inflight int
+	// http2 is the heads' --http2.
+	http2 bool
 	// agent are the agents' object store options.
 	agent agentOptions
 }
@@ -572,6 +576,7 @@ func startCluster(ctx context.Context, dir string, heads, agents int, machine st
 		if opts.inflight > 0 {
 			cf.MaxInflight = strconv.Itoa(opts.inflight)
 		}
+		cf.HTTP2 = opts.http2
 		cf.AgentArgs = opts.agent.args()
 	}
 	for i := len(cf.Agents); i < agents; i++ {
@@ -771,6 +776,9 @@ func headArgs(abs string, cf *clusterFile, i int) []string {
 	}
 	if cf.MaxInflight != "" {
 		args = append(args, "--max-inflight", cf.MaxInflight)
+	}
+	if cf.HTTP2 {
+		args = append(args, "--http2")
 	}
 	return args
 }

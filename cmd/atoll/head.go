@@ -145,6 +145,7 @@ func newHeadCmd() *cobra.Command {
 		reportRate   float64
 		handshakes   int
 		inflight     int
+		http2        bool
 		keepEnded    int
 		schedWeights string
 		advertise    string
@@ -272,7 +273,7 @@ func newHeadCmd() *cobra.Command {
 			}
 			h, err := head.Start(head.Config{ID: id, Peers: peers, Initial: ids, Join: join, DataDir: dataDir, NoSync: noFsync, Tick: tick, ElectionTimeout: election,
 				APIListen: clientListen, APIAdvertise: apiAdv, Token: token, CA: ca, CADir: caDir, Gossip: gossip, GossipJoin: gj, GossipAdvertise: gossipAdv,
-				GossipProbe: gossipProbe, MaxHandshakes: handshakes, MaxInflight: inflight, Controller: ctl, Logger: logger})
+				GossipProbe: gossipProbe, MaxHandshakes: handshakes, MaxInflight: inflight, HTTP2: http2, Controller: ctl, Logger: logger})
 			if err != nil {
 				return err
 			}
@@ -310,6 +311,7 @@ func newHeadCmd() *cobra.Command {
 	f.DurationVar(&heartbeat, "heartbeat-timeout", 10*time.Second, "declare a machine dead after this long without its agent's load reports (a backstop to gossip)")
 	f.Float64Var(&reportRate, "report-rate", head.DefaultReportRate, "load reports a second the leader takes from all machines together: past that many machines it asks each agent for one every machines/rate seconds, up to a third of --heartbeat-timeout; negative: never asks")
 	f.IntVar(&inflight, "max-inflight", 0, "API requests served at once, long polls aside (0: no bound); the load reports have as many slots of their own, a request waiting for a commit gives its slot back, and one over the bound waits up to a second, then is answered 503")
+	f.BoolVar(&http2, "http2", false, "offer HTTP/2 on the API (HTTP/1.1 is served either way): a process's requests share one connection to the head; about twice HTTP/1.1's CPU per request")
 	f.IntVar(&handshakes, "max-handshakes", 0, "TLS handshakes of the API in progress at once (0: GOMAXPROCS); further connections wait without using CPU. A handshake holds its slot while it waits for a slow client too")
 	f.IntVar(&keepEnded, "keep-ended-gangs", head.DefaultKeepEndedGangs, "ended (stopped or failed) gangs whose records the leader keeps; it deletes the oldest beyond them, with their worker records (checkpoints stay); -1 keeps every one, 0 the default")
 	return cmd

@@ -82,6 +82,10 @@ type Config struct {
 	// submissions waiting on commits), and it has not been measured since they give
 	// their slots back.
 	MaxInflight int
+	// HTTP2 offers HTTP/2 on the API (apiTLS; HTTP/1.1 is served either way). Not on by
+	// default: it has run the 2,000-machine bench only, whose heads it kept from their
+	// connection bound, at about twice HTTP/1.1's CPU per request on the leader.
+	HTTP2 bool
 	// MaxHandshakes bounds the API's TLS handshakes in progress (default GOMAXPROCS);
 	// further connections wait for a slot without using CPU (internal/tlsgate). Without
 	// it, every agent reconnecting to a new leader shakes hands at once, and the head's
@@ -164,7 +168,8 @@ func maxAPIConns(n int) int {
 	return max(256, int(lim.Cur/2))
 }
 
-// apiTLS is the API listener's TLS configuration: the identity's, offering HTTP/2 first.
+// apiTLS is the API listener's TLS configuration: the identity's, offering HTTP/2 first
+// when http2 is set (Config.HTTP2).
 // Over HTTP/1.1 a process holds a connection per request in flight: at 2,000 machines
 // each agent held 2 to 3 to each head (its watch's long poll, its reports, its reads),
 // every head reached its bound on connections (maxAPIConns: 10,000 at 20,000 files)
@@ -172,9 +177,11 @@ func maxAPIConns(n int) int {
 // given up also closed its connection, and the next paid a handshake. Over HTTP/2 a
 // client's requests share one connection per head, and one given up resets its stream
 // only.
-func apiTLS(id *pki.Identity) *tls.Config {
+func apiTLS(id *pki.Identity, http2 bool) *tls.Config {
 	c := id.BootstrapServer()
-	c.NextProtos = []string{"h2", "http/1.1"}
+	if http2 {
+		c.NextProtos = []string{"h2", "http/1.1"}
+	}
 	return c
 }
 
@@ -281,7 +288,7 @@ func Start(cfg Config) (*Head, error) {
 		hlog := log.Named("http")
 		// A handshake has 5 s once it has its slot, as net/http gives it (the server's
 		// ReadHeaderTimeout below) when it shakes hands itself.
-		h.ln = tlsgate.New(h.ln, tlsgate.Config{TLS: apiTLS(h.id), Limit: maxHandshakes(cfg.MaxHandshakes), Timeout: 5 * time.Second,
+		h.ln = tlsgate.New(h.ln, tlsgate.Config{TLS: apiTLS(h.id, cfg.HTTP2), Limit: maxHandshakes(cfg.MaxHandshakes), Timeout: 5 * time.Second,
 			OnError: func(remote net.Addr, err error) {
 				hlog.Debug("TLS handshake failed", zap.Stringer("remote", remote), zap.Error(err))
 			}})

@@ -35,7 +35,7 @@ func TestHeadAPIIsMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	h, err := Start(Config{ID: 1, Peers: map[uint64]string{1: freeAddr(t)}, DataDir: t.TempDir(), NoSync: true, Token: testToken,
-		CA: ca, Logger: zaptest.NewLogger(t)})
+		CA: ca, HTTP2: true, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func TestHeadAPIIsMutualTLS(t *testing.T) {
 	if _, err := c.Status(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// It offers HTTP/2: a process's requests share one connection (apiTLS).
+	// With HTTP2 it offers HTTP/2: a process's requests share one connection (apiTLS).
 	h2 := id.Client()
 	h2.NextProtos = []string{"h2", "http/1.1"}
 	conn, err := tls.Dial("tcp", strings.TrimPrefix(h.Address(), "https://"), h2)
