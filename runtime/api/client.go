@@ -157,8 +157,8 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = cfg.TLS.Clone() // HTTP/2 adds its protocol to it: the caller's is not ours to change
 	tr.MaxIdleConnsPerHost = 64
-	// The heads speak HTTP/2 (one connection per head for all of a client's requests; a
-	// request given up resets its stream, not its connection). A connection that carries
+	// Heads that offer HTTP/2 (atoll head --http2) get one connection for all of a
+	// client's requests (a request given up resets its stream, not its connection). A connection that carries
 	// nothing for h2PingAfter is pinged, and closed when the ping is not answered within
 	// h2PingTimeout: a dead head's connection is not kept (as client-go does).
 	tr.ForceAttemptHTTP2 = true

@@ -740,8 +740,8 @@ func TestKeepWarm(t *testing.T) {
 	})
 }
 
-// TestRequestsShareOneConnection: a client speaks HTTP/2 to a head that offers it (the
-// heads do: head.apiTLS), so its requests in flight at once share one connection, and a
+// TestRequestsShareOneConnection: a client speaks HTTP/2 to a head that offers it (heads
+// with --http2: head.apiTLS), so its requests in flight at once share one connection, and a
 // request given up resets its stream without closing the connection the next one uses.
 func TestRequestsShareOneConnection(t *testing.T) {
 	const n = 8

@@ -171,7 +171,7 @@ func maxAPIConns(n int) int {
 // apiTLS is the API listener's TLS configuration: the identity's, offering HTTP/2 first
 // when http2 is set (Config.HTTP2).
 // Over HTTP/1.1 a process holds a connection per request in flight: at 2,000 machines
-// each agent held 2 to 3 to each head (its watch's long poll, its reports, its reads),
+// each agent held 2 to 5 to each head (its watch's long poll, its reports, its reads),
 // every head reached its bound on connections (maxAPIConns: 10,000 at 20,000 files)
 // and new ones waited in the accept queue while load reports timed out; a request
 // given up also closed its connection, and the next paid a handshake. Over HTTP/2 a
