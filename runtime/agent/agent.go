@@ -267,7 +267,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("agent %s: its certificate: %w", cfg.Name, err)
 		}
 	}
-	cc := api.ClientConfig{Heads: cfg.Heads, Token: string(cfg.Token), Logger: log}
+	cc := api.ClientConfig{Heads: cfg.Heads, Token: string(cfg.Token), Logger: log, MaxConnsPerHead: api.AgentConnsPerHead}
 	if id != nil {
 		cc.TLS = id.Client()
 	}

@@ -109,7 +109,21 @@ type ClientConfig struct {
 	AttemptTimeout time.Duration
 	// Logger (default no-op).
 	Logger *zap.Logger
+	// MaxConnsPerHead bounds the client's connections to each head, dialing, in use and
+	// idle together (0: no bound). A request that finds them all in use waits for one, within
+	// its attempt's time. Over HTTP/1.1 every request in flight holds a connection of its
+	// own; an agent bounds itself (AgentConnsPerHead) so that a large cluster's agents do not
+	// fill a head's bound on connections. Over HTTP/2 a client needs one.
+	MaxConnsPerHead int
 }
+
+// AgentConnsPerHead is the agents' MaxConnsPerHead: the watch's long poll holds one, the
+// load reports, ready reports, reads and writes share the rest. Unbounded, the agents of
+// 2,000 machines held 2 to 5 connections each to every head over HTTP/1.1, and every head
+// sat at its bound of 10,000 (half of this machine's open-file limit) with new connections,
+// and the load reports on them, waiting to be accepted until their machines were declared
+// dead (BENCHMARKS.md, "The heads' connections").
+const AgentConnsPerHead = 3
 
 // Client talks to the heads: it finds the leader by itself (following the 421 answers of
 // followers and trying the other heads when one does not answer), retries what can be
@@ -157,6 +171,10 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = cfg.TLS.Clone() // HTTP/2 adds its protocol to it: the caller's is not ours to change
 	tr.MaxIdleConnsPerHost = 64
+	if cfg.MaxConnsPerHead < 0 {
+		return nil, fmt.Errorf("%w: MaxConnsPerHead %d: want 0 (no bound) or more", ErrInvalid, cfg.MaxConnsPerHead)
+	}
+	tr.MaxConnsPerHost = cfg.MaxConnsPerHead
 	// Heads that offer HTTP/2 (atoll head --http2) get one connection for all of a
 	// client's requests (a request given up resets its stream, not its connection). A connection that carries
 	// nothing for h2PingAfter is pinged, and closed when the ping is not answered within

@@ -811,6 +811,78 @@ func TestRequestsShareOneConnection(t *testing.T) {
 	}
 }
 
+// TestConnsPerHeadBounded: over HTTP/1.1 a client bounded to two connections per head has
+// at most two requests at the head at once; a third waits for a connection (here past its
+// time, while the two are held), and once they are answered every request completes on
+// the same two connections.
+func TestConnsPerHeadBounded(t *testing.T) {
+	const n, bound = 6, 2
+	arrived, release := make(chan struct{}, n), make(chan struct{})
+	var mu sync.Mutex
+	from := map[string]bool{}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		from[r.RemoteAddr] = true
+		mu.Unlock()
+		switch r.URL.Path {
+		case "/v1/status":
+			writeTestJSON(w, http.StatusOK, map[string]uint64{"id": 1, "leader": 1})
+		case "/v1/hold":
+			arrived <- struct{}{}
+			<-release
+			writeTestJSON(w, http.StatusOK, map[string]string{})
+		default:
+			writeTestJSON(w, http.StatusOK, map[string]string{})
+		}
+	}))
+	srv.StartTLS() // HTTP/1.1 only
+	t.Cleanup(srv.Close)
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the server's close, which waits for its handlers
+	tlsc := srv.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
+	if _, err := NewClient(ctxT(t, 5*time.Second), ClientConfig{Heads: []string{srv.URL}, Token: testToken, TLS: tlsc, MaxConnsPerHead: -1}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a negative bound: %v, want ErrInvalid", err)
+	}
+	c, err := NewClient(ctxT(t, 10*time.Second), ClientConfig{Heads: []string{srv.URL}, Token: testToken, TLS: tlsc, MaxConnsPerHead: bound, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 20*time.Second)
+	done := make(chan error, n)
+	for range n {
+		go func() { done <- c.Do(ctx, http.MethodGet, "/v1/hold", nil, nil) }()
+	}
+	for range bound {
+		select {
+		case <-arrived:
+		case <-ctx.Done():
+			t.Fatal("the first requests did not arrive")
+		}
+	}
+	// Both connections are held: a request that would be answered at once waits for one.
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	err = c.Do(short, http.MethodGet, "/v1/quick", nil, nil)
+	cancel()
+	if err == nil {
+		t.Fatalf("a request was answered while %d requests held the client's %d connections", bound, bound)
+	}
+	free()
+	for range n {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Do(ctx, http.MethodGet, "/v1/after", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(from) > bound {
+		t.Fatalf("connections: %v, want at most %d", from, bound)
+	}
+}
+
 // TestAnswerCutShortIsTriedAgain: an answer whose body does not come within the attempt's
 // time (its headers did) is no answer: the request is tried again, not failed.
 func TestAnswerCutShortIsTriedAgain(t *testing.T) {
