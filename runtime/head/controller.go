@@ -142,7 +142,8 @@ type Controller struct {
 	rep  *paxos.Replica
 	sm   *metaserver.StateMachine
 	log  *zap.Logger
-	logw logWriter // writes to the log
+	logw logWriter   // writes to the log
+	warm *warmTables // the tables a term decodes, kept decoded while this head follows (warm.go)
 
 	mu sync.Mutex
 	t  *term
@@ -310,7 +311,7 @@ func NewController(cfg ControllerConfig, rep *paxos.Replica, sm *metaserver.Stat
 		cfg.Logger = zap.NewNop()
 	}
 	obs := newCtlObs()
-	return &Controller{cfg: cfg, rep: rep, sm: sm, log: cfg.Logger.Named("controller"), logw: logWriter{rep: rep, obs: obs},
+	return &Controller{cfg: cfg, rep: rep, sm: sm, log: cfg.Logger.Named("controller"), logw: logWriter{rep: rep, obs: obs}, warm: newWarmTables(sm),
 		stop: make(chan struct{}), done: make(chan struct{}), poke: make(chan struct{}, 1), declare: make(chan struct{}, 1), obs: obs}
 }
 
@@ -333,6 +334,9 @@ func (c *Controller) Run() {
 	svcDone := make(chan struct{})
 	go func() { defer close(svcDone); c.serviceLoop() }()
 	defer func() { <-svcDone }()
+	warmDone := make(chan struct{})
+	go func() { defer close(warmDone); c.warmLoop() }()
+	defer func() { <-warmDone }()
 	var sweep *time.Ticker
 	defer func() {
 		if sweep != nil {
@@ -555,13 +559,14 @@ func (c *Controller) buildTerm() error {
 		}
 		t.confVer = kv.Version
 	}
-	mkvs := c.sm.Range(api.TableMachines)
-	machines, err := decodeAll[api.Machine](mkvs, "machine")
+	// The tables, from what this head decoded while it followed where a record has not
+	// changed since (warm.go), decoded now where it has.
+	tabs, err := c.warm.take()
 	if err != nil {
 		return err
 	}
-	for i, m := range machines {
-		t.machines[m.Name] = &machineEntry{rec: m, ver: mkvs[i].Version}
+	for i, m := range tabs.machines {
+		t.machines[m.Name] = &machineEntry{rec: m, ver: tabs.mkvs[i].Version}
 	}
 	for _, kv := range c.sm.Range(api.CordonsPrefix) {
 		var cd api.Cordon
@@ -577,20 +582,11 @@ func (c *Controller) buildTerm() error {
 		}
 		t.jobs[j.Name] = &jobEntry{rec: j, ver: kv.Version}
 	}
-	gkvs := c.sm.Range(api.TableGangs)
-	gangs, err := decodeAll[api.Gang](gkvs, "gang")
-	if err != nil {
-		return err
-	}
-	for i, g := range gangs {
-		t.putGang(g.Spec.Key(), &gangEntry{rec: g, ver: gkvs[i].Version, ready: map[int]api.Worker{}})
+	for i, g := range tabs.gangs {
+		t.putGang(g.Spec.Key(), &gangEntry{rec: g, ver: tabs.gkvs[i].Version, ready: map[int]api.Worker{}})
 	}
 	t.endedGangs.sortByEnd()
-	workers, err := decodeAll[api.Worker](c.sm.Range(api.TableWorkers), "worker")
-	if err != nil {
-		return err
-	}
-	for _, w := range workers {
+	for _, w := range tabs.workers {
 		if e := t.gangs[w.Job+"/"+w.Gang]; e != nil && e.rec.Generation == w.Generation && w.GangUID == e.rec.UID {
 			e.ready[w.Rank] = w
 		}
@@ -644,7 +640,8 @@ func (c *Controller) buildTerm() error {
 	c.log.Info("control plane term starts", zap.Int64("term", t.id), zap.Int("machines", len(t.machines)),
 		zap.Int("jobs", len(t.jobs)), zap.Int("gangs", len(t.gangs)), zap.Int("cordons", len(t.cordons)),
 		zap.Duration("read", readAt.Sub(began)), zap.Duration("commit_term", termAt.Sub(readAt)),
-		zap.Duration("load", loadAt.Sub(termAt)), zap.Duration("build", time.Since(loadAt)))
+		zap.Duration("load", loadAt.Sub(termAt)), zap.Duration("build", time.Since(loadAt)),
+		zap.Int("decoded", tabs.decoded), zap.Int("warm", tabs.warm))
 	ch := c.enqueueLocked(t, work)
 	c.notifyLocked()
 	c.mu.Unlock()
