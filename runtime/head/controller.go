@@ -565,6 +565,8 @@ func (c *Controller) buildTerm() error {
 	if err != nil {
 		return err
 	}
+	c.obs.termRecords.WithLabelValues("warm").Add(float64(tabs.warm))
+	c.obs.termRecords.WithLabelValues("decoded").Add(float64(tabs.decoded))
 	for i, m := range tabs.machines {
 		t.machines[m.Name] = &machineEntry{rec: m, ver: tabs.mkvs[i].Version}
 	}

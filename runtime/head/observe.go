@@ -30,6 +30,7 @@ type ctlObs struct {
 	txOps         prometheus.Histogram
 	commitErrors  prometheus.Counter
 	leaderChanges prometheus.Counter
+	termRecords   *prometheus.CounterVec // records a new term read, by source (warm.go)
 	pauses        prometheus.Counter
 	preemptions   prometheus.Counter
 	preemptCost   prometheus.Counter
@@ -88,6 +89,8 @@ func newCtlObs() *ctlObs {
 			Help: "Proposals through this head that failed (not leader, timeout)."}),
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "atoll_paxos_leader_changes_total",
 			Help: "Changes of the Paxos leader this head has seen."}),
+		termRecords: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "atoll_term_start_records_total",
+			Help: "Machine, gang and worker records this head's new terms read: taken from the tables it kept decoded while it followed (source=warm), or decoded as it took office (source=decoded)."}, []string{"source"}),
 		pauses: prometheus.NewCounter(prometheus.CounterOpts{Name: "atoll_head_pauses_total",
 			Help: "Pauses of this head noticed while it led (a gap between two failure-detection sweeps over the pause threshold): after each, every machine got a fresh grace period."}),
 		preemptions: prometheus.NewCounter(prometheus.CounterOpts{Name: "atoll_preemptions_total",
@@ -117,7 +120,7 @@ func newCtlObs() *ctlObs {
 }
 
 func (o *ctlObs) collectors() []prometheus.Collector {
-	return []prometheus.Collector{o.cycle, o.wait, o.commit, o.txOps, o.commitErrors, o.leaderChanges, o.pauses, o.preemptions, o.preemptCost, o.eventsTotal, o.restarts, o.resizes, o.saturations, o.busyRefusals, o.endedDeleted}
+	return []prometheus.Collector{o.cycle, o.wait, o.commit, o.txOps, o.commitErrors, o.leaderChanges, o.termRecords, o.pauses, o.preemptions, o.preemptCost, o.eventsTotal, o.restarts, o.resizes, o.saturations, o.busyRefusals, o.endedDeleted}
 }
 
 func (o *ctlObs) sawLeader(id uint64) {

@@ -1,12 +1,16 @@
 package head
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/atoll-run/atoll/runtime/api"
 	"github.com/atoll-run/atoll/store/meta"
@@ -110,5 +114,56 @@ func TestWarmTablesPastTheHistory(t *testing.T) {
 	var syn *json.SyntaxError
 	if _, err := w.take(); !errors.As(err, &syn) {
 		t.Fatalf("the error %v does not carry the decoder's", err)
+	}
+}
+
+// TestNewLeaderStartsFromWarmTables: in a group of three heads, a follower that decoded
+// the machines and the job's gang while it followed takes them from its warm tables when it
+// becomes leader (it decodes none of them again), and its term has every record.
+func TestNewLeaderStartsFromWarmTables(t *testing.T) {
+	clk := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	heads, c, net := heads3(t, clk)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, n := range []string{"m0", "m1"} {
+		if _, err := c.RegisterMachine(ctx, machine(t, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.SubmitJob(ctx, api.Job{Name: "j"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SpawnGang(ctx, api.GangSpec{Job: "j", Name: "g", Kind: "k", Workers: 2, Resources: api.Resources{GPUs: 8}}); err != nil {
+		t.Fatal(err)
+	}
+	old := leader(t, heads)
+	rev := old.Controller().sm.Revision()
+	warmBefore := map[*Head]float64{}
+	for _, h := range heads {
+		if h == old {
+			continue
+		}
+		// The follower applies what the leader had applied (woken by each change), then
+		// decodes it.
+		sm := h.Controller().sm
+		for sm.Revision() < rev {
+			if _, _, err := sm.EventsSince(ctx, "", sm.Revision(), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.Controller().warm.refresh()
+		warmBefore[h] = testutil.ToFloat64(h.Controller().obs.termRecords.WithLabelValues("warm"))
+	}
+	nl := changeLeader(t, heads, net)
+	warm := testutil.ToFloat64(nl.Controller().obs.termRecords.WithLabelValues("warm")) - warmBefore[nl]
+	if warm < 3 { // two machines and the gang, at least
+		t.Fatalf("the new leader took %v records from its warm tables, want the 2 machines and the gang at least", warm)
+	}
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Machines) != 2 || len(st.Gangs) != 1 {
+		t.Fatalf("the new leader's status: %d machines, %d gangs; want 2 and 1", len(st.Machines), len(st.Gangs))
 	}
 }
