@@ -740,6 +740,37 @@ func TestKeepWarm(t *testing.T) {
 	})
 }
 
+// holdingHead is a head of one replica that tells seen of every request; /v1/hold
+// answers once release is closed, /v1/stuck only by its context's end (each says on
+// arrived that it arrived), and the rest at once.
+func holdingHead(arrived chan<- struct{}, release <-chan struct{}, seen func(*http.Request)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		seen(r)
+		switch r.URL.Path {
+		case "/v1/status":
+			writeTestJSON(w, http.StatusOK, map[string]uint64{"id": 1, "leader": 1})
+		case "/v1/hold":
+			arrived <- struct{}{}
+			<-release
+			writeTestJSON(w, http.StatusOK, map[string]string{})
+		case "/v1/stuck":
+			arrived <- struct{}{}
+			<-r.Context().Done()
+		default:
+			writeTestJSON(w, http.StatusOK, map[string]string{})
+		}
+	}
+}
+
+// sendHeld sends n requests to /v1/hold at once; their errors come on the channel.
+func sendHeld(ctx context.Context, c *Client, n int) <-chan error {
+	done := make(chan error, n)
+	for range n {
+		go func() { done <- c.Do(ctx, http.MethodGet, "/v1/hold", nil, nil) }()
+	}
+	return done
+}
+
 // TestRequestsShareOneConnection: a client speaks HTTP/2 to a head that offers it (heads
 // with --http2: head.apiTLS), so its requests in flight at once share one connection, and a
 // request given up resets its stream without closing the connection the next one uses.
@@ -748,23 +779,10 @@ func TestRequestsShareOneConnection(t *testing.T) {
 	arrived, release := make(chan struct{}, 2*n), make(chan struct{})
 	var mu sync.Mutex
 	from, protos := map[string]bool{}, map[string]bool{}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewUnstartedServer(holdingHead(arrived, release, func(r *http.Request) {
 		mu.Lock()
 		from[r.RemoteAddr], protos[r.Proto] = true, true
 		mu.Unlock()
-		switch r.URL.Path {
-		case "/v1/status":
-			writeTestJSON(w, http.StatusOK, map[string]uint64{"id": 1, "leader": 1})
-		case "/v1/hold":
-			arrived <- struct{}{}
-			<-release
-			writeTestJSON(w, http.StatusOK, map[string]string{})
-		case "/v1/stuck": // answers only by its context's end
-			arrived <- struct{}{}
-			<-r.Context().Done()
-		default:
-			writeTestJSON(w, http.StatusOK, map[string]string{})
-		}
 	}))
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
@@ -775,10 +793,7 @@ func TestRequestsShareOneConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t, 20*time.Second)
-	done := make(chan error, n)
-	for range n {
-		go func() { done <- c.Do(ctx, http.MethodGet, "/v1/hold", nil, nil) }()
-	}
+	done := sendHeld(ctx, c, n)
 	for range n { // every request is in flight at once
 		select {
 		case <-arrived:
@@ -820,20 +835,10 @@ func TestConnsPerHeadBounded(t *testing.T) {
 	arrived, release := make(chan struct{}, n), make(chan struct{})
 	var mu sync.Mutex
 	from := map[string]bool{}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewUnstartedServer(holdingHead(arrived, release, func(r *http.Request) {
 		mu.Lock()
 		from[r.RemoteAddr] = true
 		mu.Unlock()
-		switch r.URL.Path {
-		case "/v1/status":
-			writeTestJSON(w, http.StatusOK, map[string]uint64{"id": 1, "leader": 1})
-		case "/v1/hold":
-			arrived <- struct{}{}
-			<-release
-			writeTestJSON(w, http.StatusOK, map[string]string{})
-		default:
-			writeTestJSON(w, http.StatusOK, map[string]string{})
-		}
 	}))
 	srv.StartTLS() // HTTP/1.1 only
 	t.Cleanup(srv.Close)
@@ -849,10 +854,7 @@ func TestConnsPerHeadBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t, 20*time.Second)
-	done := make(chan error, n)
-	for range n {
-		go func() { done <- c.Do(ctx, http.MethodGet, "/v1/hold", nil, nil) }()
-	}
+	done := sendHeld(ctx, c, n)
 	for range bound {
 		select {
 		case <-arrived:

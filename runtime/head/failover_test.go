@@ -74,6 +74,25 @@ func heads3(t *testing.T, clk *fakeClock) ([]*Head, *api.Client, *paxos.MemNetwo
 	return heads, c, net
 }
 
+// heads3WithJob is heads3 on a fake clock with machines m0 and m1 registered and job j
+// submitted; the context ends with the test, a minute at most.
+func heads3WithJob(t *testing.T) ([]*Head, *api.Client, *paxos.MemNetwork, context.Context) {
+	t.Helper()
+	clk := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	heads, c, net := heads3(t, clk)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	for _, n := range []string{"m0", "m1"} {
+		if _, err := c.RegisterMachine(ctx, machine(t, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.SubmitJob(ctx, api.Job{Name: "j"}); err != nil {
+		t.Fatal(err)
+	}
+	return heads, c, net, ctx
+}
+
 // awaitHeads waits, on the controllers' change notifications, until ok holds of the heads.
 func awaitHeads(t *testing.T, heads []*Head, what string, ok func() bool) {
 	t.Helper()
@@ -290,18 +309,7 @@ func TestMachineLossOnFullClusterWaits(t *testing.T) {
 // status shows it and the term counted both changes; undrain lifts it and gangs land on
 // it again.
 func TestDrainSurvivesLeaderChanges(t *testing.T) {
-	clk := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	heads, c, net := heads3(t, clk)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for _, n := range []string{"m0", "m1"} {
-		if _, err := c.RegisterMachine(ctx, machine(t, n)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := c.SubmitJob(ctx, api.Job{Name: "j"}); err != nil {
-		t.Fatal(err)
-	}
+	heads, c, net, ctx := heads3WithJob(t)
 	if err := c.Drain(ctx, api.DrainRequest{Machine: "m0", Reason: "bad fan", By: "alice"}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,14 +1,12 @@
 package head
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -121,18 +119,7 @@ func TestWarmTablesPastTheHistory(t *testing.T) {
 // the machines and the job's gang while it followed takes them from its warm tables when it
 // becomes leader (it decodes none of them again), and its term has every record.
 func TestNewLeaderStartsFromWarmTables(t *testing.T) {
-	clk := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	heads, c, net := heads3(t, clk)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for _, n := range []string{"m0", "m1"} {
-		if _, err := c.RegisterMachine(ctx, machine(t, n)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := c.SubmitJob(ctx, api.Job{Name: "j"}); err != nil {
-		t.Fatal(err)
-	}
+	heads, c, net, ctx := heads3WithJob(t)
 	if _, err := c.SpawnGang(ctx, api.GangSpec{Job: "j", Name: "g", Kind: "k", Workers: 2, Resources: api.Resources{GPUs: 8}}); err != nil {
 		t.Fatal(err)
 	}
