@@ -162,6 +162,9 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		}
 		cfg.Heads[i] = strings.TrimRight(h, "/")
 	}
+	if cfg.MaxConnsPerHead < 0 {
+		return nil, fmt.Errorf("%w: MaxConnsPerHead %d: want 0 (no bound) or more", ErrInvalid, cfg.MaxConnsPerHead)
+	}
 	if cfg.AttemptTimeout == 0 {
 		cfg.AttemptTimeout = 5 * time.Second
 	}
@@ -171,9 +174,6 @@ func NewClient(ctx context.Context, cfg ClientConfig) (*Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = cfg.TLS.Clone() // HTTP/2 adds its protocol to it: the caller's is not ours to change
 	tr.MaxIdleConnsPerHost = 64
-	if cfg.MaxConnsPerHead < 0 {
-		return nil, fmt.Errorf("%w: MaxConnsPerHead %d: want 0 (no bound) or more", ErrInvalid, cfg.MaxConnsPerHead)
-	}
 	tr.MaxConnsPerHost = cfg.MaxConnsPerHead
 	// Heads that offer HTTP/2 (atoll head --http2) get one connection for all of a
 	// client's requests (a request given up resets its stream, not its connection). A connection that carries

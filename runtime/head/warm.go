@@ -183,14 +183,15 @@ func (w *warmTables) take() (termTables, error) {
 	return t, nil
 }
 
-// drop empties the cache (a leading head keeps none).
+// drop empties the cache (a leading head keeps none). The maps are replaced, not
+// cleared: a cleared map keeps its buckets, and a leader would hold them for its term.
 func (w *warmTables) drop() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.next = 0
-	clear(w.machines.byKey)
-	clear(w.gangs.byKey)
-	clear(w.workers.byKey)
+	w.machines.byKey = map[string]warmRec[api.Machine]{}
+	w.gangs.byKey = map[string]warmRec[api.Gang]{}
+	w.workers.byKey = map[string]warmRec[api.Worker]{}
 }
 
 // warmLoop refreshes the cache every warmEvery while the head's replica follows, and keeps
