@@ -77,9 +77,10 @@ type Config struct {
 	// gangs do not hide small ones; this bound keeps such skips from scanning a backlog of
 	// hundreds of thousands. Default 16: 4,096 looks at the default 256 tries.
 	MaxScanFactor int
-	// MaxPreemptionSearches bounds the preemption (PostFilter) searches per cycle. Each may
-	// try MaxPreemptionTries placements; default 2 keeps a saturated cycle's preemption
-	// work under ~100 placement searches.
+	// MaxPreemptionSearches bounds the preemption (PostFilter) searches per priority class
+	// per cycle (starving gangs have as many again, Preempt.StarvationWait). Each may try
+	// MaxPreemptionTries placements; default 2 keeps a saturated cycle's preemption work
+	// under ~100 placement searches a class.
 	MaxPreemptionSearches int
 	// MaxPreemptionVictims bounds the candidate victims one preemption search considers,
 	// cheapest first (default 256: far more than any gang needs to free; the rest cost

@@ -33,7 +33,7 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 		return d
 	}
 	q := s.sortPending(now)
-	c := cycleRun{d: &d, now: now, failed: map[shapeKeyModels]*Status{}, failedMin: map[shapeKeyModels]int{}, starvingTries: map[int]int{}}
+	c := cycleRun{d: &d, now: now, failed: map[shapeKeyModels]*Status{}, failedMin: map[shapeKeyModels]int{}, preemptTries: map[int]int{}, starvingTries: map[int]int{}}
 	for q.Len() > 0 && !c.stop {
 		if d.Attempts >= s.cfg.MaxGangsPerCycle || c.scanned >= s.cfg.MaxScanFactor*s.cfg.MaxGangsPerCycle {
 			break
@@ -42,7 +42,10 @@ func (s *Scheduler) Cycle(now time.Time) Decisions {
 		qg := q.pop()
 		g := qg.g
 		excl, exclKey := s.exclusionKeyed(g, now)
-		sk := shapeKeyModels{g.req.Member, g.placeInputs(), exclKey, g.req.Strategy}
+		sk := shapeKeyModels{m: g.req.Member, models: g.placeInputs(), excl: exclKey, strategy: g.req.Strategy}
+		if s.cfg.Preemption {
+			sk.priority = g.req.Priority // its victims are not the other class's
+		}
 		// A starving gang with a preemption search left is tried even when its shape
 		// failed: its search may find victims the other's could not. One whose last such
 		// search found none waits StarvationRetry before the next, leaving its class's
@@ -155,12 +158,13 @@ func (s *Scheduler) runStep(c *cycleRun, t *gangTry, st step) {
 	case ActionPreempt: // preempt, reclaim or both (step.may)
 		// A gang with no placement, or one its topology wait holds for a compact one (the
 		// preemption then looks for compact room only), may make room by preemption.
-		tries := &c.preemptTries
+		budget := c.preemptTries
 		if t.starving {
-			n := c.starvingTries[g.req.Priority]
-			tries = &n
-			defer func() { c.starvingTries[g.req.Priority] = n }()
+			budget = c.starvingTries
 		}
+		n := budget[g.req.Priority]
+		tries := &n
+		defer func() { budget[g.req.Priority] = n }()
 		if !(t.blocked || t.held) || len(s.prof.postFilter) == 0 || *tries >= s.cfg.MaxPreemptionSearches {
 			return
 		}
@@ -241,12 +245,16 @@ func (s *Scheduler) dropReservation(id string) {
 
 // cycleRun is what one cycle remembers between gangs.
 type cycleRun struct {
-	d            *Decisions
-	now          time.Time
-	placed       []*gangState
-	stop         bool // StrictFIFO: the first gang that did not fit ends the cycle
-	scanned      int
-	preemptTries int
+	d       *Decisions
+	now     time.Time
+	placed  []*gangState
+	stop    bool // StrictFIFO: the first gang that did not fit ends the cycle
+	scanned int
+	// preemptTries counts the preemption searches per priority class
+	// (MaxPreemptionSearches each): the gangs of a high class, which the urgency order
+	// may put behind shorter work of lower classes, are not passed over because those
+	// spent the cycle's searches on their own victims.
+	preemptTries map[int]int
 	// starvingTries counts the preemption searches of starving gangs
 	// (Preempt.StarvationWait) per priority class, apart from preemptTries.
 	starvingTries map[int]int
@@ -267,6 +275,9 @@ type shapeKeyModels struct {
 	models   string // gangState.placeInputs: models, pinned machines, one island
 	excl     string // the reservations that exclude nodes from the gang
 	strategy Strategy
+	// priority: with preemption on, a gang of another class may find victims where the
+	// one that failed could not (its own class's, or none), so its class is part of the key.
+	priority int
 }
 
 // queuedHeap yields pending gangs in QueueSort order, ties by arrival. A heap, not a sort:

@@ -183,7 +183,19 @@ func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Vic
 	// wait on in scattered room, and the evictions would be wasted): victims are then
 	// taken machine by machine, the machines cheapest to free first (byMachine). Without
 	// one, any room does, and the gang takes it as it is (Permit skipped).
+	//
+	// A gang of the classes that starve soonest (Preempt.StarvationPriority and above)
+	// wants compact room only while its topology wait for unforeseen room
+	// (TopologyWaitUnforeseen divided by its class weight) runs from its queueing: room
+	// made by evictions cannot be foreseen, and past that wait its Permit takes scattered
+	// room anyway. Without that, a high-priority gang among running gangs of its own
+	// class, where no machine can be cleared of lower classes alone, waited until it
+	// could evict its own class (BENCHMARKS.md, issue 22).
 	compact := slices.Contains(cfg.resolved().Permit, PluginTopologyWait) && cfg.topologyWait(g.Request) > 0
+	if compact && g.Request.Priority >= pc.StarvationPriority &&
+		g.Waited >= time.Duration(float64(cfg.TopologyWaitUnforeseen)/max(1, wp)) {
+		compact = false
+	}
 	if compact {
 		cands = byMachine(h, g, cands, now)
 	}

@@ -214,12 +214,12 @@ func TestHeldGangPreemptsForCompactRoom(t *testing.T) {
 }
 
 // TestStarvingGangPreempts: a large high-priority gang whose remaining work is long sorts
-// behind small low-priority gangs that cannot preempt anything (nothing below their
-// class) but use up the cycle's preemption searches (two shapes, two searches), so it
-// never gets a search of its own and waits for ever on a cluster full of low-priority
-// work. Once it has waited Preempt.StarvationWait / ClassWeight^2 (an hour), it is
-// starving: it searches from its class's own budget, evicts one machine of low-priority
-// gangs and starts there.
+// behind short gangs of its class pinned to a machine nobody may evict (two shapes, two
+// searches): they use up their class's preemption searches every cycle, so it never gets
+// a search of its own and waits for ever beside a machine of low-priority work. Once it
+// has waited Preempt.StarvationWait / ClassWeight^2 (an hour), it is starving: it searches
+// from its class's starving budget, evicts the low-priority machine's gangs and starts
+// there.
 func TestStarvingGangPreempts(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -240,7 +240,9 @@ func TestStarvingGangPreempts(t *testing.T) {
 			now := epoch
 			ck := Checkpoint{Interval: 30 * time.Minute, Save: 30 * time.Second, Restore: time.Minute, JustInTime: true}
 			for i := 0; i < 16; i++ {
-				req := Request{ID: fmt.Sprintf("run%d", i), Min: 1, Member: Member{GPUs: 1}, Checkpoint: ck}
+				// run0-7 on n0, not preemptible; run8-15 on n1, low priority.
+				req := Request{ID: fmt.Sprintf("run%d", i), Min: 1, Member: Member{GPUs: 1}, Checkpoint: ck,
+					Machines: []string{fmt.Sprint("n", i/8)}, NotPreemptible: i < 8}
 				if _, err := s.Submit(req, now); err != nil {
 					t.Fatal(err)
 				}
@@ -251,11 +253,11 @@ func TestStarvingGangPreempts(t *testing.T) {
 			now = now.Add(time.Hour) // past every protection
 			submitted := now
 			for _, req := range []Request{
-				// Short low-priority gangs of two shapes: first in the urgency order, each
-				// blocked with no victim below it.
-				{ID: "small-a", Min: 1, Member: Member{GPUs: 1}, Duration: time.Minute},
-				{ID: "small-b", Min: 1, Member: Member{GPUs: 1, CPUMilli: 500}, Duration: time.Minute},
-				// 8 GPUs for 10 h at priority 2: 8 × 36,000 / 64 GPU-seconds, after theirs.
+				// Short gangs of its class, of two shapes, pinned to n0: first in the urgency
+				// order, each blocked with no victim.
+				{ID: "small-a", Priority: 2, Min: 1, Member: Member{GPUs: 1}, Duration: time.Minute, Machines: []string{"n0"}},
+				{ID: "small-b", Priority: 2, Min: 1, Member: Member{GPUs: 1, CPUMilli: 500}, Duration: time.Minute, Machines: []string{"n0"}},
+				// 8 GPUs for 10 h at priority 2: 8 × 36,000 GPU-seconds, after theirs.
 				{ID: "big", Priority: 2, Min: 8, Member: Member{GPUs: 1}, Duration: 10 * time.Hour, Checkpoint: ck},
 			} {
 				if _, err := s.Submit(req, now); err != nil {
@@ -267,7 +269,7 @@ func TestStarvingGangPreempts(t *testing.T) {
 				d := s.Cycle(now)
 				for _, p := range d.Preemptions {
 					if p.For != "big" {
-						t.Fatalf("preemption for %s: the small gangs have nothing below them", p.For)
+						t.Fatalf("preemption for %s: the small gangs have no victim on n0", p.For)
 					}
 					victims = append(victims, p.Victim)
 				}
@@ -279,8 +281,8 @@ func TestStarvingGangPreempts(t *testing.T) {
 				}
 				return
 			}
-			if len(victims) != 8 {
-				t.Fatalf("evicted %v for the big gang within 3 h; want one machine's 8 gangs", victims)
+			if len(victims) != 8 || !slices.Contains(victims, "run8") {
+				t.Fatalf("evicted %v for the big gang within 3 h; want n1's 8 gangs", victims)
 			}
 			if waited := now.Sub(submitted); waited < time.Hour {
 				t.Fatalf("the big gang preempted after %s, before its starvation bound (1 h)", waited)
@@ -405,12 +407,13 @@ func TestStarvingGangEvictsItsOwnClass(t *testing.T) {
 	}
 }
 
-// TestStarvingBudgetGoesRound: two starving high-priority gangs pinned to a machine whose
+// TestStarvingBudgetGoesRound: four starving high-priority gangs pinned to a machine whose
 // gangs nobody may evict come first in the order and, searching every cycle, would spend
-// their class's starving budget (MaxPreemptionSearches, 2) before the third starving gang,
-// which low-priority work could make room for. After a fruitless search a starving gang
-// waits StarvationRetry before it searches from that budget again, so the third is
-// searched and evicts; with the retry at zero (every cycle) it never is.
+// their class's starving budget and its own (MaxPreemptionSearches, 2, each) before the
+// fifth starving gang, which low-priority work could make room for. After a fruitless
+// search a starving gang waits StarvationRetry before it searches from the starving budget
+// again, so the fifth is searched and evicts; with the retry at zero (every cycle) it
+// never is.
 func TestStarvingBudgetGoesRound(t *testing.T) {
 	for _, retry := range []time.Duration{0, DefaultPreemptConfig().StarvationRetry} {
 		t.Run(fmt.Sprint("retry ", retry), func(t *testing.T) {
@@ -429,9 +432,12 @@ func TestStarvingBudgetGoesRound(t *testing.T) {
 				// below them: they spend the cycle's own searches.
 				Request{ID: "small-a", Min: 1, Member: Member{GPUs: 1}, Duration: time.Minute},
 				Request{ID: "small-b", Min: 1, Member: Member{GPUs: 1, CPUMilli: 500}, Duration: time.Minute},
-				// Starving high-priority gangs pinned to n0, shorter than "big": before it.
+				// Starving high-priority gangs of four shapes pinned to n0, shorter than
+				// "big": before it.
 				Request{ID: "pinned-a", Priority: 2, Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n0"}, Duration: time.Hour},
 				Request{ID: "pinned-b", Priority: 2, Min: 1, Member: Member{GPUs: 1, CPUMilli: 500}, Machines: []string{"n0"}, Duration: time.Hour},
+				Request{ID: "pinned-c", Priority: 2, Min: 1, Member: Member{GPUs: 1, CPUMilli: 250}, Machines: []string{"n0"}, Duration: time.Hour},
+				Request{ID: "pinned-d", Priority: 2, Min: 1, Member: Member{GPUs: 1, CPUMilli: 750}, Machines: []string{"n0"}, Duration: time.Hour},
 				Request{ID: "big", Priority: 2, Min: 8, Member: Member{GPUs: 1}, Duration: 10 * time.Hour, Checkpoint: jitCkpt},
 			)
 			var victims []string
@@ -452,6 +458,144 @@ func TestStarvingBudgetGoesRound(t *testing.T) {
 			}
 			if len(victims) != 8 || !strings.HasPrefix(victims[0], "low-") {
 				t.Fatalf("big evicted %v within 3 h; want n1's 8 low-priority gangs", victims)
+			}
+		})
+	}
+}
+
+// TestClassesHaveTheirOwnPreemptionSearches: short low-priority gangs that cannot preempt
+// anything (nothing below their class) come first in the urgency order and spend their
+// class's preemption searches every cycle (two shapes, two searches). A high-priority gang
+// behind them still searches from its own class's and evicts the low-priority machine's
+// gangs in minutes, long before its starvation bound (an hour); with one budget for every
+// class it waited for that bound.
+func TestClassesHaveTheirOwnPreemptionSearches(t *testing.T) {
+	s := twoMachines(t, func(*Config) {})
+	now := epoch
+	var full []Request
+	for i := range 8 {
+		full = append(full, Request{ID: fmt.Sprint("held-", i), Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n0"}, NotPreemptible: true},
+			Request{ID: fmt.Sprint("low-", i), Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n1"}, Checkpoint: jitCkpt})
+	}
+	submitAll(t, s, now, 16, full...)
+	now = now.Add(time.Hour) // past every protection
+	submitted := now
+	submitAll(t, s, now, -1,
+		Request{ID: "small-a", Min: 1, Member: Member{GPUs: 1}, Duration: time.Minute},
+		Request{ID: "small-b", Min: 1, Member: Member{GPUs: 1, CPUMilli: 500}, Duration: time.Minute},
+		// 8 × 3,600 / 64 GPU-seconds: after theirs (60 each) in the order.
+		Request{ID: "hi", Priority: 2, Min: 8, Member: Member{GPUs: 1}, Duration: time.Hour, Checkpoint: jitCkpt},
+	)
+	var victims []string
+	for now.Sub(submitted) < time.Hour && victims == nil {
+		for _, p := range s.Cycle(now).Preemptions {
+			if p.For != "hi" {
+				t.Fatalf("preemption %+v: only hi has victims", p)
+			}
+			victims = append(victims, p.Victim)
+		}
+		now = now.Add(time.Minute)
+	}
+	if len(victims) != 8 || !strings.HasPrefix(victims[0], "low-") {
+		t.Fatalf("hi evicted %v within its first hour; want n1's 8 low-priority gangs", victims)
+	}
+	if waited := now.Sub(submitted); waited > 10*time.Minute {
+		t.Fatalf("hi evicted after %s: the low class's searches held it back", waited)
+	}
+}
+
+// TestFailedShapeIsPerClass: a low-priority gang of 8 one-GPU members, first in the order,
+// finds no room and no victim (nothing below its class) every cycle. A high-priority gang
+// of the same shape and size behind it is not passed over as "its shape failed": its
+// search evicts the low-priority gangs of a machine at once; before, it was skipped until
+// it starved (an hour).
+func TestFailedShapeIsPerClass(t *testing.T) {
+	s := twoMachines(t, func(*Config) {})
+	now := epoch
+	var full []Request
+	for i := range 16 {
+		full = append(full, Request{ID: fmt.Sprint("low-", i), Min: 1, Member: Member{GPUs: 1}, Checkpoint: jitCkpt})
+	}
+	submitAll(t, s, now, 16, full...)
+	now = now.Add(time.Hour) // past every protection
+	submitted := now
+	submitAll(t, s, now, -1,
+		Request{ID: "lo", Min: 8, Member: Member{GPUs: 1}, Duration: time.Minute},
+		// 8 × 7,200 / 64 GPU-seconds: after lo's 8 × 60 in the order.
+		Request{ID: "hi", Priority: 2, Min: 8, Member: Member{GPUs: 1}, Duration: 2 * time.Hour, Checkpoint: jitCkpt},
+	)
+	var victims []string
+	for now.Sub(submitted) < time.Hour && victims == nil {
+		for _, p := range s.Cycle(now).Preemptions {
+			if p.For != "hi" {
+				t.Fatalf("preemption %+v: only hi has victims", p)
+			}
+			victims = append(victims, p.Victim)
+		}
+		now = now.Add(time.Minute)
+	}
+	if len(victims) != 8 {
+		t.Fatalf("hi evicted %v within its first hour; want one machine's 8 gangs", victims)
+	}
+	if waited := now.Sub(submitted); waited > 10*time.Minute {
+		t.Fatalf("hi evicted after %s: passed over as the low-priority gang's shape", waited)
+	}
+}
+
+// TestHighClassTakesScatteredRoomByPreemption: each machine runs 4 high-priority and 4
+// low-priority gangs, so no machine can be cleared of lower classes alone. A high-priority
+// gang of 8 wants compact room (one machine) only during its topology wait for unforeseen
+// room (TopologyWaitUnforeseen / 64, under a minute); then it evicts the 8 low-priority
+// gangs of both machines and starts across them. Before, its preemption sought compact
+// room only, and it waited until it could evict its own class (an hour). A normal-priority
+// gang in its place still waits for compact room.
+func TestHighClassTakesScatteredRoomByPreemption(t *testing.T) {
+	for _, prio := range []int{2, 1} {
+		t.Run(fmt.Sprint("priority ", prio), func(t *testing.T) {
+			s := twoMachines(t, func(*Config) {})
+			now := epoch
+			var full []Request
+			for i := range 8 {
+				n := []string{fmt.Sprint("n", i%2)}
+				full = append(full, Request{ID: fmt.Sprint("high-", i), Priority: 2, Min: 1, Member: Member{GPUs: 1}, Machines: n, Checkpoint: jitCkpt},
+					Request{ID: fmt.Sprint("low-", i), Min: 1, Member: Member{GPUs: 1}, Machines: n, Checkpoint: jitCkpt})
+			}
+			submitAll(t, s, now, 16, full...)
+			now = now.Add(time.Hour) // past every protection
+			submitted := now
+			submitAll(t, s, now, -1, Request{ID: "g", Priority: prio, Min: 8, Member: Member{GPUs: 1}, Duration: time.Hour, Checkpoint: jitCkpt})
+			var victims []Preemption
+			for now.Sub(submitted) < 30*time.Minute && victims == nil {
+				victims = s.Cycle(now).Preemptions
+				now = now.Add(10 * time.Second)
+			}
+			if prio == 1 {
+				if victims != nil {
+					t.Fatalf("the normal-priority gang evicted %+v: want it waiting for compact room", victims)
+				}
+				return
+			}
+			if len(victims) != 8 {
+				t.Fatalf("evicted %+v within 30 min; want the 8 low-priority gangs", victims)
+			}
+			for _, p := range victims {
+				if !strings.HasPrefix(p.Victim, "low-") || p.Reason != "priority" {
+					t.Fatalf("preemption %+v: want low-priority victims only", p)
+				}
+			}
+			waited := now.Sub(submitted)
+			if waited > 5*time.Minute {
+				t.Fatalf("evicted after %s: want once its unforeseen topology wait (under a minute) ran out", waited)
+			}
+			stop := now.Add(time.Minute)
+			for _, p := range victims {
+				if err := s.Evicted(p.Victim, stop, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d := s.Cycle(stop)
+			if len(d.Placements) != 1 || d.Placements[0].Gang != "g" || d.Placements[0].Machines != 2 {
+				t.Fatalf("placements after the evictions %+v (waiting %+v): want g across both machines", d.Placements, d.Waiting)
 			}
 		})
 	}
