@@ -264,17 +264,7 @@ func TestStarvingGangPreempts(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			var victims []string
-			for now.Sub(submitted) < 3*time.Hour && victims == nil {
-				d := s.Cycle(now)
-				for _, p := range d.Preemptions {
-					if p.For != "big" {
-						t.Fatalf("preemption for %s: the small gangs have no victim on n0", p.For)
-					}
-					victims = append(victims, p.Victim)
-				}
-				now = now.Add(time.Minute)
-			}
+			victims, now := firstVictims(t, s, now, submitted, 3*time.Hour, "big")
 			if !tt.preempt {
 				if victims != nil {
 					t.Fatalf("evicted %v for the big gang without a starvation bound: the scenario no longer starves it", victims)
@@ -440,16 +430,7 @@ func TestStarvingBudgetGoesRound(t *testing.T) {
 				Request{ID: "pinned-d", Priority: 2, Min: 1, Member: Member{GPUs: 1, CPUMilli: 750}, Machines: []string{"n0"}, Duration: time.Hour},
 				Request{ID: "big", Priority: 2, Min: 8, Member: Member{GPUs: 1}, Duration: 10 * time.Hour, Checkpoint: jitCkpt},
 			)
-			var victims []string
-			for now.Sub(submitted) < 3*time.Hour && victims == nil {
-				for _, p := range s.Cycle(now).Preemptions {
-					if p.For != "big" {
-						t.Fatalf("preemption %+v: only big has victims", p)
-					}
-					victims = append(victims, p.Victim)
-				}
-				now = now.Add(time.Minute)
-			}
+			victims, now := firstVictims(t, s, now, submitted, 3*time.Hour, "big")
 			if retry == 0 {
 				if victims != nil {
 					t.Fatalf("big evicted %v with the budget spent by the pinned gangs every cycle: the scenario no longer blocks it", victims)
@@ -486,16 +467,7 @@ func TestClassesHaveTheirOwnPreemptionSearches(t *testing.T) {
 		// 8 × 3,600 / 64 GPU-seconds: after theirs (60 each) in the order.
 		Request{ID: "hi", Priority: 2, Min: 8, Member: Member{GPUs: 1}, Duration: time.Hour, Checkpoint: jitCkpt},
 	)
-	var victims []string
-	for now.Sub(submitted) < time.Hour && victims == nil {
-		for _, p := range s.Cycle(now).Preemptions {
-			if p.For != "hi" {
-				t.Fatalf("preemption %+v: only hi has victims", p)
-			}
-			victims = append(victims, p.Victim)
-		}
-		now = now.Add(time.Minute)
-	}
+	victims, now := firstVictims(t, s, now, submitted, time.Hour, "hi")
 	if len(victims) != 8 || !strings.HasPrefix(victims[0], "low-") {
 		t.Fatalf("hi evicted %v within its first hour; want n1's 8 low-priority gangs", victims)
 	}
@@ -524,16 +496,7 @@ func TestFailedShapeIsPerClass(t *testing.T) {
 		// 8 × 7,200 / 64 GPU-seconds: after lo's 8 × 60 in the order.
 		Request{ID: "hi", Priority: 2, Min: 8, Member: Member{GPUs: 1}, Duration: 2 * time.Hour, Checkpoint: jitCkpt},
 	)
-	var victims []string
-	for now.Sub(submitted) < time.Hour && victims == nil {
-		for _, p := range s.Cycle(now).Preemptions {
-			if p.For != "hi" {
-				t.Fatalf("preemption %+v: only hi has victims", p)
-			}
-			victims = append(victims, p.Victim)
-		}
-		now = now.Add(time.Minute)
-	}
+	victims, now := firstVictims(t, s, now, submitted, time.Hour, "hi")
 	if len(victims) != 8 {
 		t.Fatalf("hi evicted %v within its first hour; want one machine's 8 gangs", victims)
 	}
@@ -599,4 +562,22 @@ func TestHighClassTakesScatteredRoomByPreemption(t *testing.T) {
 			}
 		})
 	}
+}
+
+// firstVictims runs a cycle every minute from now until one evicts or within has passed
+// since submitted, and returns that cycle's victims (none: nil) and the minute after it.
+// Every eviction must be for gang forGang.
+func firstVictims(t *testing.T, s *Scheduler, now, submitted time.Time, within time.Duration, forGang string) ([]string, time.Time) {
+	t.Helper()
+	var victims []string
+	for now.Sub(submitted) < within && victims == nil {
+		for _, p := range s.Cycle(now).Preemptions {
+			if p.For != forGang {
+				t.Fatalf("preemption %+v: only %s has victims", p, forGang)
+			}
+			victims = append(victims, p.Victim)
+		}
+		now = now.Add(time.Minute)
+	}
+	return victims, now
 }
