@@ -408,14 +408,7 @@ func TestStarvingBudgetGoesRound(t *testing.T) {
 	for _, retry := range []time.Duration{0, DefaultPreemptConfig().StarvationRetry} {
 		t.Run(fmt.Sprint("retry ", retry), func(t *testing.T) {
 			s := twoMachines(t, func(c *Config) { c.Preempt.StarvationRetry = retry })
-			now := epoch
-			var full []Request
-			for i := range 8 {
-				full = append(full, Request{ID: fmt.Sprint("held-", i), Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n0"}, NotPreemptible: true},
-					Request{ID: fmt.Sprint("low-", i), Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n1"}, Checkpoint: jitCkpt})
-			}
-			submitAll(t, s, now, 16, full...)
-			now = now.Add(time.Hour) // past every protection
+			now := heldAndLow(t, s)
 			submitted := now
 			submitAll(t, s, now, -1,
 				// Short low-priority gangs of two shapes, first in the order, with nothing
@@ -452,14 +445,7 @@ func TestStarvingBudgetGoesRound(t *testing.T) {
 // class it waited for that bound.
 func TestClassesHaveTheirOwnPreemptionSearches(t *testing.T) {
 	s := twoMachines(t, func(*Config) {})
-	now := epoch
-	var full []Request
-	for i := range 8 {
-		full = append(full, Request{ID: fmt.Sprint("held-", i), Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n0"}, NotPreemptible: true},
-			Request{ID: fmt.Sprint("low-", i), Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n1"}, Checkpoint: jitCkpt})
-	}
-	submitAll(t, s, now, 16, full...)
-	now = now.Add(time.Hour) // past every protection
+	now := heldAndLow(t, s)
 	submitted := now
 	submitAll(t, s, now, -1,
 		Request{ID: "small-a", Min: 1, Member: Member{GPUs: 1}, Duration: time.Minute},
@@ -580,4 +566,18 @@ func firstVictims(t *testing.T, s *Scheduler, now, submitted time.Time, within t
 		now = now.Add(time.Minute)
 	}
 	return victims, now
+}
+
+// heldAndLow fills s's two machines at epoch: n0 with 8 one-GPU gangs nobody may evict
+// ("held-i"), n1 with 8 low-priority ones ("low-i"), and returns an hour later, when every
+// protection has passed.
+func heldAndLow(t *testing.T, s *Scheduler) time.Time {
+	t.Helper()
+	var full []Request
+	for i := range 8 {
+		full = append(full, Request{ID: fmt.Sprint("held-", i), Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n0"}, NotPreemptible: true},
+			Request{ID: fmt.Sprint("low-", i), Min: 1, Member: Member{GPUs: 1}, Machines: []string{"n1"}, Checkpoint: jitCkpt})
+	}
+	submitAll(t, s, epoch, 16, full...)
+	return epoch.Add(time.Hour)
 }
