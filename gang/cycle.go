@@ -162,13 +162,10 @@ func (s *Scheduler) runStep(c *cycleRun, t *gangTry, st step) {
 		if t.starving {
 			budget = c.starvingTries
 		}
-		n := budget[g.req.Priority]
-		tries := &n
-		defer func() { budget[g.req.Priority] = n }()
-		if !(t.blocked || t.held) || len(s.prof.postFilter) == 0 || *tries >= s.cfg.MaxPreemptionSearches {
+		if !(t.blocked || t.held) || len(s.prof.postFilter) == 0 || budget[g.req.Priority] >= s.cfg.MaxPreemptionSearches {
 			return
 		}
-		*tries++
+		budget[g.req.Priority]++
 		res := s.runPostFilter(a, st.may, now)
 		if t.starving {
 			g.starveFruitless = time.Time{}

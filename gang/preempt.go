@@ -193,7 +193,7 @@ func (preemption) PostFilter(h Handle, state *CycleState, g *QueuedGang, may Vic
 	// could evict its own class (BENCHMARKS.md, issue 22).
 	compact := slices.Contains(cfg.resolved().Permit, PluginTopologyWait) && cfg.topologyWait(g.Request) > 0
 	if compact && g.Request.Priority >= pc.StarvationPriority &&
-		g.Waited >= time.Duration(float64(cfg.TopologyWaitUnforeseen)/max(1, wp)) {
+		g.Waited >= cfg.topologyWaitUnforeseen(g.Request.Priority) {
 		compact = false
 	}
 	if compact {

@@ -25,13 +25,12 @@ func (*topologyWait) Name() string { return PluginTopologyWait }
 func (t *topologyWait) Permit(h Handle, state *CycleState, g *QueuedGang, c *Candidate, now time.Time) *Status {
 	cfg := h.Config()
 	best := c.Input
-	w := max(1, cfg.classWeight(g.Request.Priority))
 	wait := cfg.topologyWait(g.Request)
 	held := now.Sub(g.FitSince)
 	if wait <= 0 || best.Machines <= best.MinMachines || held >= wait {
 		return nil
 	}
-	if blind := time.Duration(float64(cfg.TopologyWaitUnforeseen) / w); held >= blind {
+	if held >= cfg.topologyWaitUnforeseen(g.Request.Priority) {
 		if !t.at.Equal(now) {
 			t.at, t.searches = now, 0
 		}
@@ -59,4 +58,10 @@ func (c *Config) topologyWait(r *Request) time.Duration {
 		wait = min(wait, time.Duration(f*float64(r.Duration)))
 	}
 	return wait
+}
+
+// topologyWaitUnforeseen is how long a gang of the given priority waits for compact room it
+// cannot foresee: TopologyWaitUnforeseen divided by its class weight.
+func (c *Config) topologyWaitUnforeseen(priority int) time.Duration {
+	return time.Duration(float64(c.TopologyWaitUnforeseen) / max(1, c.classWeight(priority)))
 }
