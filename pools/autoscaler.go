@@ -64,8 +64,8 @@ func New(cfg Config) (*Autoscaler, error) {
 	return &Autoscaler{cfg: cfg}, nil
 }
 
-// vm is one machine's capacity during a decision: a launching machine, or one the
-// decision plans to launch.
+// vm is one machine's capacity during a decision: a launching machine, one the decision
+// plans to launch, or an idle ready one (poolRun.idle).
 type vm struct {
 	free   []int // free cards per island
 	total  int   // sum of free
@@ -90,6 +90,11 @@ type poolRun struct {
 	domOrder []int         // domains in the order first seen
 	launches map[launchKey]*Launch
 	order    []launchKey
+	// idle are the pool's ready machines without gangs or a notice, by name. A gang too
+	// large for them alone may combine them with machines launching (topUp); one whose
+	// cards a gang is counted on is not drained for idleness in the same decision.
+	idle     []*vm
+	idleName map[string]*vm
 }
 
 type launchKey struct {
@@ -265,7 +270,7 @@ func newRuns(s *Snapshot) (map[string]*poolRun, []*poolRun, error) {
 		if runs[name] != nil {
 			return nil, nil, fmt.Errorf("%w: pool %q twice", ErrSnapshot, name)
 		}
-		r := &poolRun{st: ps, p: ps.Pool, byFree: make([][]int, ps.Pool.Shape.GPUs+1), domains: map[int]int{}, domVMs: map[int][]int{}, domFree: map[int]int{}, launches: map[launchKey]*Launch{}}
+		r := &poolRun{st: ps, p: ps.Pool, byFree: make([][]int, ps.Pool.Shape.GPUs+1), domains: map[int]int{}, domVMs: map[int][]int{}, domFree: map[int]int{}, launches: map[launchKey]*Launch{}, idleName: map[string]*vm{}}
 		runs[name] = r
 		order = append(order, r)
 	}
@@ -299,6 +304,12 @@ func (r *poolRun) addMachine(m *Machine) error {
 	case Draining:
 		r.draining++
 	case Ready:
+		if len(m.Gangs) == 0 && m.Notice.IsZero() {
+			v := r.fresh()
+			v.domain = m.Domain
+			r.idle = append(r.idle, v)
+			r.idleName[m.Name] = v
+		}
 	default:
 		return fmt.Errorf("%w: machine %q in state %d", ErrSnapshot, m.Name, m.State)
 	}
@@ -438,6 +449,10 @@ func (r *poolRun) scaleDown(d *Decision, s *Snapshot, drainingNow map[string]boo
 			continue
 		}
 		idle := isIdle(m, drainingNow)
+		counted := false
+		if v := r.idleName[m.Name]; v != nil && v.total < r.p.Shape.GPUs {
+			counted = true // a pending gang is counted on its cards (topUp)
+		}
 		switch {
 		case over > 0 && (idle || over > idleNow):
 			reason := fmt.Sprintf("pool has %d machines, above its max %d", keep, sp.Max)
@@ -447,7 +462,7 @@ func (r *poolRun) scaleDown(d *Decision, s *Snapshot, drainingNow map[string]boo
 			if idle {
 				idleNow--
 			}
-		case idle && !m.IdleSince.IsZero() && keep > sp.Min && s.Now.Sub(m.IdleSince) >= time.Duration(sp.IdleTimeout):
+		case idle && !counted && !m.IdleSince.IsZero() && keep > sp.Min && s.Now.Sub(m.IdleSince) >= time.Duration(sp.IdleTimeout):
 			d.Drains = append(d.Drains, idleDrain(m, s.Now, time.Duration(sp.IdleTimeout)))
 			keep--
 		}
@@ -760,7 +775,71 @@ func (a *Autoscaler) scaleFor(d *Decision, runs map[string]*poolRun, order []*po
 	}
 	best := slices.MinFunc(sv.ok, compareCands)
 	reason := launchReason(g, best, replaces, prewarm) + spotNote(runs, order, g, best, prewarm, sv.notNow)
+	if best.topUp {
+		best.r.launch(best.k, launchKey{prewarm: prewarm, replaces: replaces}, g.ID, reason)
+		best.r.topUp(g)
+		return
+	}
 	best.r.launchFor(g, best.k, launchKey{prewarm: prewarm, replaces: replaces}, reason)
+}
+
+// topUpNeed says whether the gang, too large for the pool's idle ready machines alone, can
+// combine them with machines launching, and how many fresh machines that needs beyond those
+// in flight. Idle machines alone are the scheduler's to fill, so a gang they hold, or one
+// they hold no member of, does not combine; nor do same-island gangs or rack-fabric pools,
+// whose machines must share an island or domain.
+func (r *poolRun) topUpNeed(g *Gang) (int, bool) {
+	if len(r.idle) == 0 || g.SameIsland || r.p.Shape.DomainMachines > 1 || g.Member.GPUs <= 0 {
+		return 0, false
+	}
+	got := 0
+	for _, v := range r.idle {
+		got += fits(v, g.Member, g.Size-got, nil)
+	}
+	if got == 0 || got >= g.Size {
+		return 0, false
+	}
+	// Fullest machines first, as topUp takes them, until the gang is whole.
+	for b := len(r.byFree) - 1; b >= g.Member.GPUs && got < g.Size; b-- {
+		for _, i := range r.byFree[b] {
+			if got += fits(r.flight[i], g.Member, g.Size-got, nil); got >= g.Size {
+				return 0, true
+			}
+		}
+	}
+	per := r.perMachine(g)
+	return (g.Size - got + per - 1) / per, true
+}
+
+// topUp places the gang on the pool's idle ready machines and then on machines in flight
+// (fullest first), once topUpNeed said they hold it.
+func (r *poolRun) topUp(g *Gang) {
+	m := g.Member
+	left := g.Size
+	for _, v := range r.idle {
+		cards := make([]int, len(v.free))
+		k := fits(v, m, left, cards)
+		for i, c := range cards {
+			v.free[i] -= c
+			v.total -= c
+		}
+		v.cpu -= int64(k) * m.CPUMilli
+		v.mem -= int64(k) * m.MemMiB
+		left -= k
+	}
+	for b := len(r.byFree) - 1; b >= m.GPUs && left > 0; b-- {
+		for _, i := range slices.Clone(r.byFree[b]) {
+			cards := make([]int, len(r.flight[i].free))
+			k := fits(r.flight[i], m, left, cards)
+			if k > 0 {
+				r.take(i, cards, int64(k)*m.CPUMilli, int64(k)*m.MemMiB)
+				left -= k
+			}
+			if left == 0 {
+				break
+			}
+		}
+	}
 }
 
 // candidates returns the pools that may hold the gang (its pinned pool, else all), or why
@@ -786,6 +865,8 @@ type cand struct {
 	k       int
 	islands int
 	spot    bool
+	// topUp: the k machines complete the pool's idle ready machines and those in flight.
+	topUp bool
 }
 
 // survey is what the candidate pools say of a gang.
@@ -814,6 +895,14 @@ func surveyPools(cands []*poolRun, g *Gang) survey {
 		if r.inFlight(g) {
 			sv.inFlight = r
 			return sv
+		}
+		if more, ok := r.topUpNeed(g); ok && more == 0 {
+			r.topUp(g)
+			sv.inFlight = r
+			return sv
+		} else if ok && more < k && r.blocked(more) == "" {
+			sv.ok = append(sv.ok, cand{r: r, k: more, islands: r.islands(g, k), spot: r.p.Spec.Capacity == Spot, topUp: true})
+			continue
 		}
 		if why := r.blocked(k); why != "" {
 			sv.notNow = append(sv.notNow, why)
@@ -853,6 +942,9 @@ func launchReason(g *Gang, best cand, replaces string, prewarm bool) string {
 		return "pre-warm for forecast arrivals"
 	case replaces != "":
 		return fmt.Sprintf("replacement for %s (spot interruption)", replaces)
+	}
+	if best.topUp {
+		return fmt.Sprintf("gang %s: %d members of %d cards need %d machines beside the pool's idle ones", g.ID, g.Size, g.Member.GPUs, best.k)
 	}
 	return fmt.Sprintf("gang %s: %d members of %d cards need %d machines, %d island(s)", g.ID, g.Size, g.Member.GPUs, best.k, best.islands)
 }

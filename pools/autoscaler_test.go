@@ -418,3 +418,52 @@ func TestReplacementsNameTheirMachine(t *testing.T) {
 		t.Fatalf("machines launched per replaced machine %v, want %v: %+v", got, want, d.Launches)
 	}
 }
+
+// TestTopUpUsesIdleMachines follows a gang too large for a spot pool's idle machines: it gets
+// only the machines they lack, on spot where the whole gang on fresh machines would pass the
+// pool's max and fall back to on-demand; the idle machines it is counted on are not drained
+// for idleness; and once the launches are in flight, it waits for them.
+func TestTopUpUsesIdleMachines(t *testing.T) {
+	od := testPool(t, "od", "dgx-h100", OnDemand, 0, 8, 98)
+	spot := testPool(t, "spot", "dgx-h100", Spot, 0, 6, 40)
+	idleSince := t0.Add(-time.Hour) // long past the 5 min idle timeout
+	var ms []Machine
+	for i := range 3 {
+		ms = append(ms, Machine{Name: fmt.Sprintf("spot-idle-%d", i), Pool: "spot", State: Ready, Since: t0.Add(-2 * time.Hour), IdleSince: idleSince})
+	}
+	ms = append(ms, Machine{Name: "spot-busy", Pool: "spot", State: Ready, Since: t0.Add(-2 * time.Hour), Gangs: []Hosted{{Gang: "x", Members: 1}}})
+	pending := []Gang{gpuGang("g", 5, 8, true)} // 40 cards: 3 idle machines + 2 fresh
+	d := decide(t, &Snapshot{Now: t0, Pools: []PoolState{{Pool: od}, {Pool: spot}}, Machines: ms, Pending: pending})
+	if launched(d, "spot") != 2 || launched(d, "od") != 0 {
+		t.Fatalf("launches %+v, want 2 spot machines beside the 3 idle ones (5 fresh would pass the max of 6 and go on-demand)", d.Launches)
+	}
+	if !strings.Contains(d.Launches[0].Reason, "need 2 machines beside the pool's idle ones") {
+		t.Errorf("reason %q", d.Launches[0].Reason)
+	}
+	for _, dr := range d.Drains {
+		t.Errorf("drained %s (%s), which the gang is counted on", dr.Machine, dr.Reason)
+	}
+
+	// The next decision: the two launching, the idle ones still idle and past their timeout.
+	ms = append(ms, Machine{Name: "spot-new-0", Pool: "spot", State: Launching, Since: t0}, Machine{Name: "spot-new-1", Pool: "spot", State: Launching, Since: t0})
+	d = decide(t, &Snapshot{Now: t0.Add(10 * time.Second), Pools: []PoolState{{Pool: od}, {Pool: spot}}, Machines: ms, Pending: pending})
+	if d.Machines() != 0 || len(d.Drains) != 0 {
+		t.Fatalf("launched %d, drained %+v; want neither while the gang waits for its machines", d.Machines(), d.Drains)
+	}
+	if why, ok := verdictOf(d.Waiting, "g"); !ok || !strings.Contains(why, "launching in pool spot") {
+		t.Fatalf("waiting %+v", d.Waiting)
+	}
+
+	// Without a pending gang the idle machines go as before.
+	d = decide(t, &Snapshot{Now: t0, Pools: []PoolState{{Pool: od}, {Pool: spot}}, Machines: ms[:4]})
+	if len(d.Drains) != 3 {
+		t.Fatalf("drains %+v, want the 3 idle machines", d.Drains)
+	}
+
+	// A gang the idle machines hold alone is the scheduler's to place there: it does not
+	// combine with them, and the pool sizes for it as for any pending gang.
+	d = decide(t, &Snapshot{Now: t0, Pools: []PoolState{{Pool: od}, {Pool: spot}}, Machines: ms[:4], Pending: []Gang{gpuGang("s", 2, 8, true)}})
+	if launched(d, "spot") != 2 {
+		t.Fatalf("launches %+v, want the 2 fresh machines a gang the idle ones hold gets", d.Launches)
+	}
+}
