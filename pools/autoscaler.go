@@ -449,10 +449,8 @@ func (r *poolRun) scaleDown(d *Decision, s *Snapshot, drainingNow map[string]boo
 			continue
 		}
 		idle := isIdle(m, drainingNow)
-		counted := false
-		if v := r.idleName[m.Name]; v != nil && v.total < r.p.Shape.GPUs {
-			counted = true // a pending gang is counted on its cards (topUp)
-		}
+		v := r.idleName[m.Name]
+		counted := v != nil && v.total < r.p.Shape.GPUs // a pending gang is counted on its cards (topUp)
 		switch {
 		case over > 0 && (idle || over > idleNow):
 			reason := fmt.Sprintf("pool has %d machines, above its max %d", keep, sp.Max)
